@@ -1,0 +1,43 @@
+# The two commands a newcomer needs: `make run` (demo on the simulated GPU) and `make test`.
+# Both create .venv on first use, install sharegpu into it and build the C libraries.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+NATIVE_STAMP := src/sharegpu/_lib/.built
+NATIVE_SRC := $(shell find native -name '*.c' -o -name '*.h' -o -name '*.map' -o -name '*.def' -o -name Makefile)
+
+.PHONY: run test bench check native clean setup
+
+setup: $(STAMP) $(NATIVE_STAMP)
+
+$(STAMP): pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+$(NATIVE_STAMP): $(NATIVE_SRC)
+	$(MAKE) -s -C native
+	touch $@
+
+native: $(NATIVE_STAMP)
+
+run: setup
+	$(BIN)/sharegpu demo
+
+test: setup
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: setup
+	$(BIN)/python bench/overhead.py
+
+check: setup
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+	$(MAKE) -s -C native OUT=$(CURDIR)/build/check all
+
+clean:
+	rm -rf $(VENV) build src/sharegpu/_lib .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,141 @@
+"""Python mirror of ``native/include/sharegpu/abi.h`` (ctypes).
+
+Every structure here has the same fields, in the same order, as its C twin; ``tests/test_abi.py``
+compiles a C program that prints each offset and size and compares them with these. Change both
+files together, append only within one major version, and read abi.h for who writes what.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import uuid as uuidlib
+
+ABI_MAJOR = 1
+ABI_MINOR = 0
+
+MAGIC_LIMITS = 0x4D4C4753  # "SGLM"
+MAGIC_USAGE = 0x53554753  # "SGUS"
+MAGIC_ARBITER = 0x52414753  # "SGAR"
+
+MAX_DEVICES = 16
+MAX_PROCS = 256
+TENANT_ID_LEN = 64
+
+LIMITS_FILE = "limits"
+USAGE_FILE = "usage"
+CONTAINER_TENANT_DIR = "/run/sharegpu/tenant"
+TENANT_ENV = "SHAREGPU_TENANT"
+
+POLICY_SHARE, POLICY_CAP, POLICY_BURST, POLICY_NATIVE = 0, 1, 2, 3
+PRIORITY_OFFLINE, PRIORITY_NORMAL, PRIORITY_ONLINE = 0, 1, 2
+
+POLICY_NAMES = {POLICY_SHARE: "share", POLICY_CAP: "cap", POLICY_BURST: "burst", POLICY_NATIVE: "native"}
+PRIORITY_NAMES = {PRIORITY_OFFLINE: "offline", PRIORITY_NORMAL: "normal", PRIORITY_ONLINE: "online"}
+
+u8, u16, u32, u64, i32 = ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int32
+
+
+class RegionHeader(ctypes.Structure):
+    _fields_ = (
+        ("magic", u32),
+        ("abi_major", u16),
+        ("abi_minor", u16),
+        ("header_size", u32),
+        ("total_size", u32),
+        ("created_ns", u64),
+        ("reserved", u8 * 40),
+    )
+
+
+class LimitsDevice(ctypes.Structure):
+    _fields_ = (
+        ("uuid", u8 * 16),
+        ("mem_cap_bytes", u64),
+        ("policy", u32),
+        ("priority", u32),
+        ("share_permille", u32),
+        ("ceiling_permille", u32),
+        ("weight", u32),
+        ("flags", u32),
+        ("reserved", u8 * 16),
+    )
+
+
+class Limits(ctypes.Structure):
+    _fields_ = (
+        ("hdr", RegionHeader),
+        ("generation", u64),
+        ("tenant_id", ctypes.c_char * TENANT_ID_LEN),
+        ("device_count", u32),
+        ("flags", u32),
+        ("reserved", u8 * 48),
+        ("devices", LimitsDevice * MAX_DEVICES),
+    )
+
+
+class UsageProcDev(ctypes.Structure):
+    _fields_ = (
+        ("mem_bytes", u64),
+        ("gpu_time_ns", u64),
+        ("wait_ns", u64),
+        ("throttled_ns", u64),
+        ("preemptions", u64),
+        ("oom_events", u64),
+        ("alloc_count", u64),
+        ("reserved", u64),
+    )
+
+
+class UsageProc(ctypes.Structure):
+    _fields_ = (
+        ("pid", i32),
+        ("host_pid", i32),
+        ("start_time", u64),
+        ("attached_ns", u64),
+        ("reserved", u8 * 40),
+        ("dev", UsageProcDev * MAX_DEVICES),
+    )
+
+
+class UsageDevice(ctypes.Structure):
+    _fields_ = (
+        ("mem_used_bytes", u64),
+        ("overhead_bytes", u64),
+        ("mem_peak_bytes", u64),
+        ("oom_events", u64),
+        ("reserved", u8 * 32),
+    )
+
+
+class Usage(ctypes.Structure):
+    _fields_ = (
+        ("hdr", RegionHeader),
+        ("lock", u8 * 64),  # robust process-shared pthread_mutex_t, opaque here
+        ("slot_count", u32),
+        ("device_count", u32),
+        ("recoveries", u64),
+        ("reserved", u8 * 48),
+        ("devices", UsageDevice * MAX_DEVICES),
+        ("procs", UsageProc * MAX_PROCS),
+    )
+
+
+STRUCTS: dict[str, type[ctypes.Structure]] = {
+    "sg_region_header": RegionHeader,
+    "sg_limits_device": LimitsDevice,
+    "sg_limits": Limits,
+    "sg_usage_proc_dev": UsageProcDev,
+    "sg_usage_proc": UsageProc,
+    "sg_usage_device": UsageDevice,
+    "sg_usage": Usage,
+}
+
+
+def uuid_to_bytes(gpu_uuid: str) -> bytes:
+    """'GPU-5a1e...' (NVML form) → the 16 raw bytes cuDeviceGetUuid returns."""
+    return uuidlib.UUID(gpu_uuid.removeprefix("GPU-")).bytes
+
+
+def bytes_to_uuid(raw: bytes) -> str:
+    """16 raw bytes → 'GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx'."""
+    return "GPU-" + str(uuidlib.UUID(bytes=bytes(raw)))

@@ -1,0 +1,216 @@
+"""The `sharegpu` command.
+
+Every deliberate error (sharegpu.errors) is printed as one line, ``sharegpu: error: ...``, with
+exit status 2 for bad input and 1 for anything else; a traceback only with SHAREGPU_DEBUG=1.
+JSON output is stable for scripts and carries ``"version": 1``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from enum import Enum
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from sharegpu import __version__
+from sharegpu.errors import SharegpuError, SpecError
+
+JSON_VERSION = 1
+
+app = typer.Typer(
+    name="sharegpu",
+    help="Share one NVIDIA GPU between many containers: memory caps and compute shares per tenant.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+simgpu_app = typer.Typer(help="The simulated GPU used by tests, benchmarks and the demo.", no_args_is_help=True)
+app.add_typer(simgpu_app, name="simgpu")
+
+console = Console()
+
+
+class Output(str, Enum):
+    table = "table"
+    json = "json"
+
+
+OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="Output format.")]
+
+
+def _emit_json(kind: str, items: list[dict[str, Any]]) -> None:
+    print(json.dumps({"version": JSON_VERSION, "kind": kind, "items": items}, indent=2))
+
+
+def _size(n: int) -> str:
+    from sharegpu.spec import format_size
+
+    return format_size(n) if n else "0"
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    help="Run COMMAND as a tenant with a memory cap on each GPU it uses.\n\n"
+    "Example: sharegpu run --memory 4GiB -- python train.py",
+)
+def run(
+    memory: Annotated[str, typer.Option("--memory", "-m", help="Memory cap per GPU, e.g. 512MiB, 4GiB, 1.5GiB.")],
+    command: Annotated[list[str] | None, typer.Argument(help="The command and its arguments, after --.")] = None,
+    gpu: Annotated[
+        list[str] | None, typer.Option("--gpu", "-g", help="GPU index or UUID; repeat for several. Default: all.")
+    ] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Tenant name (default run-<pid>).")] = None,
+) -> None:
+    from sharegpu.runtime.run import RunRequest
+    from sharegpu.runtime.run import run as run_tenant
+    from sharegpu.spec import GpuSelector, parse_memory_cap
+
+    request = RunRequest(
+        command=command or [],
+        memory_bytes=parse_memory_cap(memory),
+        gpus=[GpuSelector.parse(g) for g in gpu or []],
+        name=name,
+    )
+    raise typer.Exit(run_tenant(request))
+
+
+@app.command(help="List the GPUs of this node as NVML reports them.")
+def devices(output: OutputOpt = Output.table) -> None:
+    from sharegpu.devices import list_gpus
+
+    gpus = list_gpus()
+    if output is Output.json:
+        _emit_json(
+            "DeviceList",
+            [
+                {
+                    "index": g.index,
+                    "uuid": g.uuid,
+                    "name": g.name,
+                    "memory_total_bytes": g.memory_total,
+                    "memory_used_bytes": g.memory_used,
+                    "utilization_pct": g.utilization_pct,
+                }
+                for g in gpus
+            ],
+        )
+        return
+    table = Table("INDEX", "UUID", "NAME", "MEMORY USED / TOTAL", "UTIL", box=None)
+    for g in gpus:
+        table.add_row(str(g.index), g.uuid, g.name, f"{_size(g.memory_used)} / {_size(g.memory_total)}", f"{g.utilization_pct}%")
+    console.print(table)
+
+
+@app.command(help="List the tenants on this node with their caps and usage.")
+def tenants(output: OutputOpt = Output.table) -> None:
+    from sharegpu.tenant import iter_tenants, tenant_status
+
+    statuses = [tenant_status(p) for p in iter_tenants()]
+    if output is Output.json:
+        _emit_json(
+            "TenantList",
+            [
+                {
+                    "id": s.id,
+                    "path": str(s.path),
+                    "error": s.error,
+                    "command": s.meta.get("command"),
+                    "devices": [
+                        {
+                            "uuid": d.uuid,
+                            "memory_cap_bytes": d.mem_cap_bytes,
+                            "memory_used_bytes": d.mem_used_bytes,
+                            "memory_overhead_bytes": d.overhead_bytes,
+                            "memory_peak_bytes": d.mem_peak_bytes,
+                            "oom_events": d.oom_events,
+                        }
+                        for d in s.devices
+                    ],
+                    "processes": [
+                        {"pid": p.pid, "alive": p.alive, "memory_bytes": p.mem_bytes, "oom_events": p.oom_events}
+                        for p in s.processes
+                    ],
+                }
+                for s in statuses
+            ],
+        )
+        return
+    if not statuses:
+        console.print("no tenants")
+        return
+    table = Table("TENANT", "GPU", "MEMORY USED / CAP", "PEAK", "OOM REFUSED", "PROCESSES", box=None)
+    for s in statuses:
+        if s.error:
+            table.add_row(s.id, "-", f"[red]unreadable: {s.error}[/red]", "", "", "")
+            continue
+        live = sum(1 for p in s.processes if p.alive)
+        for i, d in enumerate(s.devices):
+            table.add_row(
+                s.id if i == 0 else "",
+                d.uuid,
+                f"{_size(d.mem_used_bytes + d.overhead_bytes)} / {_size(d.mem_cap_bytes)}",
+                _size(d.mem_peak_bytes),
+                str(d.oom_events),
+                str(live) if i == 0 else "",
+            )
+    console.print(table)
+
+
+@simgpu_app.command("env", help="Print the shell exports that select the simulated GPU: eval \"$(sharegpu simgpu env)\".")
+def simgpu_env(
+    gpus: Annotated[int | None, typer.Option(help="Number of simulated GPUs (writes a config).")] = None,
+    memory: Annotated[str | None, typer.Option(help="Memory per simulated GPU, e.g. 16GiB (writes a config).")] = None,
+) -> None:
+    from sharegpu import simgpu
+    from sharegpu.spec import parse_memory_cap
+    from sharegpu.tenant import runtime_dir
+
+    config = None
+    if gpus is not None or memory is not None:
+        defaults = simgpu.SimConfig()
+        cfg = simgpu.SimConfig(
+            gpus=gpus if gpus is not None else defaults.gpus,
+            memory_bytes=parse_memory_cap(memory) if memory else defaults.memory_bytes,
+        )
+        config = cfg.write(runtime_dir() / "simgpu.json")
+    for key, value in simgpu.environment(config=config).items():
+        print(f"export {key}={value}")
+
+
+@simgpu_app.command("reset", help="Clear the simulated GPU's shared state (memory, processes, clocks).")
+def simgpu_reset() -> None:
+    from sharegpu import simgpu
+
+    removed = simgpu.reset()
+    print(f"removed {removed}" if removed else f"nothing to reset ({simgpu.state_path()} does not exist)")
+
+
+@app.command(help="Show two tenants sharing a simulated GPU with their memory caps enforced.")
+def demo() -> None:
+    from sharegpu.demo import run_demo
+
+    raise typer.Exit(run_demo(console))
+
+
+@app.command(help="Print the version.")
+def version() -> None:
+    print(f"sharegpu {__version__}")
+
+
+def main() -> None:
+    try:
+        app()
+    except SharegpuError as err:
+        if os.environ.get("SHAREGPU_DEBUG"):
+            raise
+        print(f"sharegpu: error: {err}", file=sys.stderr)
+        sys.exit(2 if isinstance(err, SpecError) else 1)
+
+
+if __name__ == "__main__":
+    main()

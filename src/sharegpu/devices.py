@@ -1,0 +1,126 @@
+"""GPU discovery and per-process usage through NVML (nvidia-ml-py). The only module that
+imports pynvml.
+
+NVML is found the way the driver installs it (``libnvidia-ml.so.1`` on the library path). To use
+the simulated GPU, put its directory first on ``LD_LIBRARY_PATH`` (``sharegpu simgpu env``) or
+call :func:`use_library` before the first query.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pynvml
+
+from sharegpu.errors import DeviceError
+from sharegpu.spec import GpuSelector
+
+_lock = threading.Lock()
+_preloaded: ctypes.CDLL | None = None
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str
+    name: str
+    memory_total: int
+    memory_used: int
+    utilization_pct: int
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_bytes: int
+
+
+def use_library(path: Path) -> None:
+    """Load NVML from `path` before pynvml looks for it: dlopen of the same soname then returns
+    this copy (used for the simulated GPU when the library path was not set at start-up)."""
+    global _preloaded
+    _preloaded = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@contextmanager
+def nvml() -> Iterator[None]:
+    """An NVML session; errors become DeviceError with NVML's own words."""
+    with _lock:
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as err:
+            raise DeviceError(f"NVML is not available: {err} (is the NVIDIA driver installed?)") from err
+        try:
+            yield
+        except pynvml.NVMLError as err:
+            raise DeviceError(f"NVML query failed: {err}") from err
+        finally:
+            pynvml.nvmlShutdown()
+
+
+def _gpu(index: int) -> Gpu:
+    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    try:
+        util = int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    except pynvml.NVMLError_NotSupported:
+        util = 0
+    return Gpu(
+        index=index,
+        uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+        name=_text(pynvml.nvmlDeviceGetName(handle)),
+        memory_total=int(mem.total),
+        memory_used=int(mem.used),
+        utilization_pct=util,
+    )
+
+
+def list_gpus() -> list[Gpu]:
+    with nvml():
+        return [_gpu(i) for i in range(pynvml.nvmlDeviceGetCount())]
+
+
+def driver_version() -> str:
+    with nvml():
+        return _text(pynvml.nvmlSystemGetDriverVersion())
+
+
+def gpu_processes(uuid: str) -> list[GpuProcess]:
+    """Processes using `uuid` as NVML sees them (host pids, bytes)."""
+    with nvml():
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+        return [
+            GpuProcess(pid=int(p.pid), used_bytes=int(p.usedGpuMemory or 0))
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        ]
+
+
+def select_gpus(selectors: list[GpuSelector], gpus: list[Gpu]) -> list[Gpu]:
+    """Resolve --gpu selectors against the discovered GPUs; all GPUs when none are given."""
+    if not gpus:
+        raise DeviceError("no GPU found")
+    if not selectors:
+        return list(gpus)
+    chosen: list[Gpu] = []
+    for sel in selectors:
+        if sel.index is not None:
+            match = [g for g in gpus if g.index == sel.index]
+        else:
+            match = [g for g in gpus if sel.uuid and g.uuid.lower().startswith(sel.uuid.lower())]
+        if not match:
+            known = ", ".join(f"{g.index} ({g.uuid})" for g in gpus)
+            raise DeviceError(f"unknown GPU {sel}: this node has {known}")
+        if len(match) > 1:
+            raise DeviceError(f"GPU {sel} is ambiguous: it matches {len(match)} GPUs")
+        if match[0] not in chosen:
+            chosen.append(match[0])
+    return chosen

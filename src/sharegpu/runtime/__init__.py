@@ -1,0 +1,1 @@
+"""Running workloads under sharegpu: `sharegpu run` on a host (CDI and OCI hooks come later)."""

@@ -1,0 +1,75 @@
+"""The simulated GPU seen from Python: where its state lives, how to select it, how to reset it.
+
+The simulated ``libcuda.so.1`` and ``libnvidia-ml.so.1`` (native/simgpu) keep one shared state
+file that every process on the machine maps; this module only locates, configures and removes
+it. Figures measured on it are simulated, never GPU figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from sharegpu.errors import SpecError
+from sharegpu.native import simgpu_dir
+from sharegpu.spec import MIB
+
+STATE_ENV = "SIMGPU_STATE"
+CONFIG_ENV = "SIMGPU_CONFIG"
+KERNEL_US_ENV = "SIMGPU_KERNEL_US"
+
+
+def state_path() -> Path:
+    """`SIMGPU_STATE`, else /dev/shm/sharegpu-simgpu-<uid> (the default of the C library)."""
+    if env := os.environ.get(STATE_ENV):
+        return Path(env)
+    return Path(f"/dev/shm/sharegpu-simgpu-{os.getuid()}")
+
+
+def reset() -> Path | None:
+    """Remove the shared state; the next process to initialise the simulated driver recreates
+    it from the configuration. Returns the removed path, or None if there was none."""
+    path = state_path()
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return None
+    return path
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    gpus: int = 2
+    memory_bytes: int = 80 * 1024 * MIB
+    name: str = "sharegpu simulated H100"
+    sm_count: int = 132
+
+    def validate(self) -> None:
+        if not 1 <= self.gpus <= 16:
+            raise SpecError(f"invalid GPU count {self.gpus}: the simulated GPU supports 1 to 16")
+        if self.memory_bytes < MIB or self.memory_bytes % MIB:
+            raise SpecError("simulated GPU memory must be a positive whole number of MiB")
+        if not 1 <= self.sm_count <= 1024:
+            raise SpecError(f"invalid SM count {self.sm_count}")
+
+    def write(self, path: Path) -> Path:
+        self.validate()
+        doc = {"gpus": self.gpus, "memory_mib": self.memory_bytes // MIB, "name": self.name, "sm_count": self.sm_count}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc) + "\n")
+        return path
+
+
+def environment(state: Path | None = None, config: Path | None = None) -> dict[str, str]:
+    """Variables that make CUDA and NVML programs use the simulated GPU."""
+    lib = str(simgpu_dir())
+    current = os.environ.get("LD_LIBRARY_PATH", "")
+    parts = [lib] + [p for p in current.split(":") if p and p != lib]
+    env = {"LD_LIBRARY_PATH": ":".join(parts)}
+    if state is not None:
+        env[STATE_ENV] = str(state)
+    if config is not None:
+        env[CONFIG_ENV] = str(config)
+    return env

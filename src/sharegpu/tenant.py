@@ -1,0 +1,338 @@
+"""Tenant directories: the files the shim reads its limits from and writes its usage to.
+
+Layout under the runtime directory (see DESIGN.md)::
+
+    <runtime>/tenants/<id>/limits     struct sg_limits, mode 0444, never written by the tenant
+    <runtime>/tenants/<id>/usage      struct sg_usage, written by every shim of the tenant
+    <runtime>/tenants/<id>/meta.json  who made the tenant and for what command (for humans)
+
+Each file is published by writing a temporary file in the same directory and renaming it, so a
+reader never sees half a file. The usage region's robust, process-shared mutex is initialised
+here through libc (``pthread_mutex_init``) before the rename.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import json
+import mmap
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sharegpu import abi
+from sharegpu.errors import ConfigError, TenantError
+from sharegpu.spec import validate_tenant_id
+
+RUNTIME_ENV = "SHAREGPU_RUNTIME_DIR"
+
+
+def runtime_dir() -> Path:
+    """`SHAREGPU_RUNTIME_DIR`, else /run/sharegpu as root, else $XDG_RUNTIME_DIR/sharegpu."""
+    if env := os.environ.get(RUNTIME_ENV):
+        return Path(env)
+    if os.geteuid() == 0:
+        return Path("/run/sharegpu")
+    if xdg := os.environ.get("XDG_RUNTIME_DIR"):
+        return Path(xdg) / "sharegpu"
+    return Path(tempfile.gettempdir()) / f"sharegpu-{os.getuid()}"
+
+
+def tenants_dir(root: Path | None = None) -> Path:
+    return (root or runtime_dir()) / "tenants"
+
+
+@dataclass(frozen=True)
+class DeviceLimit:
+    """One vGPU of a tenant: the physical GPU and the limits on it."""
+
+    uuid: str
+    mem_cap_bytes: int
+    policy: int = abi.POLICY_NATIVE
+    priority: int = abi.PRIORITY_NORMAL
+    share_permille: int = 1000
+    ceiling_permille: int = 1000
+    weight: int = 1
+
+
+@dataclass
+class ProcessUsage:
+    pid: int
+    host_pid: int
+    alive: bool
+    mem_bytes: dict[str, int]
+    oom_events: int
+
+
+@dataclass
+class DeviceUsage:
+    uuid: str
+    mem_cap_bytes: int
+    mem_used_bytes: int
+    overhead_bytes: int
+    mem_peak_bytes: int
+    oom_events: int
+
+
+@dataclass
+class TenantStatus:
+    id: str
+    path: Path
+    devices: list[DeviceUsage]
+    processes: list[ProcessUsage]
+    meta: dict[str, object] = field(default_factory=dict)
+    error: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# libc: robust process-shared mutex initialisation.
+
+_PTHREAD_PROCESS_SHARED = 1
+_PTHREAD_MUTEX_ROBUST = 1
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def _init_robust_mutex(address: int) -> None:
+    libc = _libc()
+    attr = ctypes.create_string_buffer(64)  # pthread_mutexattr_t is 4 bytes on glibc; be generous
+    for call, args in (
+        (libc.pthread_mutexattr_init, (attr,)),
+        (libc.pthread_mutexattr_setpshared, (attr, _PTHREAD_PROCESS_SHARED)),
+        (libc.pthread_mutexattr_setrobust, (attr, _PTHREAD_MUTEX_ROBUST)),
+        (libc.pthread_mutex_init, (ctypes.c_void_p(address), attr)),
+    ):
+        if rc := call(*args):
+            raise TenantError(f"cannot initialise the usage mutex: {os.strerror(rc)}")
+    libc.pthread_mutexattr_destroy(attr)
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing regions.
+
+
+def _header(magic: int, size: int) -> abi.RegionHeader:
+    return abi.RegionHeader(
+        magic=magic,
+        abi_major=abi.ABI_MAJOR,
+        abi_minor=abi.ABI_MINOR,
+        header_size=ctypes.sizeof(abi.RegionHeader),
+        total_size=size,
+        created_ns=time.time_ns(),
+    )
+
+
+def _publish(directory: Path, name: str, data: bytes | None, size: int, mode: int,
+             fill: object = None) -> None:
+    """Write `name` in `directory` atomically: temp file, optional in-place init, rename."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=directory)
+    try:
+        os.ftruncate(fd, size)
+        with mmap.mmap(fd, size) as view:
+            if data is not None:
+                view[: len(data)] = data
+            if callable(fill):
+                fill(view)
+            view.flush()
+        os.fchmod(fd, mode)
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        os.rename(tmp, directory / name)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def limits_bytes(tenant_id: str, devices: Sequence[DeviceLimit], generation: int = 0) -> bytes:
+    if not devices:
+        raise TenantError("a tenant needs at least one GPU")
+    if len(devices) > abi.MAX_DEVICES:
+        raise TenantError(f"a tenant can use at most {abi.MAX_DEVICES} GPUs, not {len(devices)}")
+    region = abi.Limits()
+    region.hdr = _header(abi.MAGIC_LIMITS, ctypes.sizeof(abi.Limits))
+    region.generation = generation
+    region.tenant_id = tenant_id.encode()
+    region.device_count = len(devices)
+    for slot, dev in zip(region.devices, devices, strict=False):
+        slot.uuid[:] = abi.uuid_to_bytes(dev.uuid)
+        slot.mem_cap_bytes = dev.mem_cap_bytes
+        slot.policy = dev.policy
+        slot.priority = dev.priority
+        slot.share_permille = dev.share_permille
+        slot.ceiling_permille = dev.ceiling_permille
+        slot.weight = dev.weight
+    return bytes(region)
+
+
+def _usage_init(view: mmap.mmap) -> None:
+    region = abi.Usage.from_buffer(view)
+    region.hdr = _header(abi.MAGIC_USAGE, ctypes.sizeof(abi.Usage))
+    region.slot_count = abi.MAX_PROCS
+    region.device_count = abi.MAX_DEVICES
+    _init_robust_mutex(ctypes.addressof(region) + abi.Usage.lock.offset)
+    del region  # release the buffer export before the mmap closes
+
+
+def create_tenant(
+    tenant_id: str,
+    devices: Sequence[DeviceLimit],
+    *,
+    root: Path | None = None,
+    meta: dict[str, object] | None = None,
+) -> Path:
+    """Create a tenant directory with its limits, usage and meta files; returns the directory."""
+    validate_tenant_id(tenant_id)
+    base = tenants_dir(root)
+    try:
+        base.mkdir(parents=True, exist_ok=True, mode=0o755)
+    except OSError as err:
+        raise TenantError(f"cannot create the runtime directory {base}: {err.strerror}") from err
+    path = base / tenant_id
+    try:
+        path.mkdir(mode=0o755)
+    except FileExistsError as err:
+        raise TenantError(f"tenant {tenant_id!r} already exists ({path})") from err
+    except OSError as err:
+        raise TenantError(f"cannot create {path}: {err.strerror}") from err
+    try:
+        _publish(path, abi.LIMITS_FILE, limits_bytes(tenant_id, devices), ctypes.sizeof(abi.Limits), 0o444)
+        _publish(path, abi.USAGE_FILE, None, ctypes.sizeof(abi.Usage), 0o666, fill=_usage_init)
+        info = {"id": tenant_id, "created": time.time(), **(meta or {})}
+        (path / "meta.json").write_text(json.dumps(info, indent=2) + "\n")
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    return path
+
+
+def remove_tenant(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading regions.
+
+
+def _check_header(hdr: abi.RegionHeader, magic: int, need: int, what: Path) -> None:
+    if hdr.magic != magic:
+        raise ConfigError(f"{what}: not a sharegpu region (bad magic {hdr.magic:#x})")
+    if hdr.abi_major != abi.ABI_MAJOR:
+        raise ConfigError(f"{what}: ABI {hdr.abi_major}.{hdr.abi_minor}, this is {abi.ABI_MAJOR}.x")
+    if hdr.total_size < need:
+        raise ConfigError(f"{what}: region is {hdr.total_size} bytes, need {need}")
+
+
+def _read_region(path: Path, struct: type[ctypes.Structure], magic: int) -> ctypes.Structure:
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"{path}: {err.strerror}") from err
+    size = ctypes.sizeof(struct)
+    if len(data) < ctypes.sizeof(abi.RegionHeader):
+        raise ConfigError(f"{path}: truncated ({len(data)} bytes)")
+    hdr = abi.RegionHeader.from_buffer_copy(data)
+    _check_header(hdr, magic, size, path)
+    if len(data) < size:
+        raise ConfigError(f"{path}: truncated ({len(data)} of {size} bytes)")
+    return struct.from_buffer_copy(data[:size])
+
+
+def read_limits(path: Path) -> abi.Limits:
+    """Read a limits file with the seqlock protocol (retry while a writer is active)."""
+    for _ in range(100):
+        region = _read_region(path / abi.LIMITS_FILE, abi.Limits, abi.MAGIC_LIMITS)
+        assert isinstance(region, abi.Limits)
+        if region.generation % 2 == 0:
+            if region.device_count > abi.MAX_DEVICES:
+                raise ConfigError(f"{path / abi.LIMITS_FILE}: device_count {region.device_count} too large")
+            return region
+        time.sleep(0.001)
+    raise ConfigError(f"{path / abi.LIMITS_FILE}: a writer never finished (generation stays odd)")
+
+
+def read_usage(path: Path) -> abi.Usage:
+    region = _read_region(path / abi.USAGE_FILE, abi.Usage, abi.MAGIC_USAGE)
+    assert isinstance(region, abi.Usage)
+    return region
+
+
+def process_start_time(pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat (clock ticks after boot), or None if the pid is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[19])
+
+
+def slot_alive(proc: abi.UsageProc) -> bool:
+    """Liveness is pid plus start time, never pid alone (pids are reused)."""
+    pid = proc.host_pid or proc.pid
+    return pid > 0 and process_start_time(pid) == proc.start_time
+
+
+def tenant_status(path: Path) -> TenantStatus:
+    meta: dict[str, object] = {}
+    with contextlib.suppress(OSError, ValueError):
+        meta = json.loads((path / "meta.json").read_text())
+    try:
+        limits = read_limits(path)
+        usage = read_usage(path)
+    except ConfigError as err:
+        return TenantStatus(id=path.name, path=path, devices=[], processes=[], meta=meta, error=str(err))
+    uuids = [abi.bytes_to_uuid(bytes(d.uuid)) for d in limits.devices[: limits.device_count]]
+    processes = []
+    live_bytes = [0] * limits.device_count
+    for proc in usage.procs:
+        if proc.pid == 0:
+            continue
+        alive = slot_alive(proc)
+        per_dev = {uuids[i]: proc.dev[i].mem_bytes for i in range(limits.device_count) if proc.dev[i].mem_bytes}
+        if alive:
+            for i in range(limits.device_count):
+                live_bytes[i] += proc.dev[i].mem_bytes
+        processes.append(
+            ProcessUsage(
+                pid=proc.pid,
+                host_pid=proc.host_pid,
+                alive=alive,
+                mem_bytes=per_dev,
+                oom_events=sum(proc.dev[i].oom_events for i in range(limits.device_count)),
+            )
+        )
+    devices = [
+        DeviceUsage(
+            uuid=uuids[i],
+            mem_cap_bytes=limits.devices[i].mem_cap_bytes,
+            # Dead processes still in the ledger are not using memory: show live usage only.
+            mem_used_bytes=live_bytes[i],
+            overhead_bytes=usage.devices[i].overhead_bytes,
+            mem_peak_bytes=usage.devices[i].mem_peak_bytes,
+            oom_events=usage.devices[i].oom_events,
+        )
+        for i in range(limits.device_count)
+    ]
+    return TenantStatus(id=limits.tenant_id.decode(), path=path, devices=devices, processes=processes, meta=meta)
+
+
+def iter_tenants(root: Path | None = None) -> Iterator[Path]:
+    base = tenants_dir(root)
+    if not base.is_dir():
+        return
+    for entry in sorted(base.iterdir()):
+        if entry.is_dir() and not entry.name.startswith("."):
+            yield entry

@@ -1,0 +1,133 @@
+"""Shared fixtures: an isolated simulated GPU per test, the probe, and tenants.
+
+Every test gets its own simulated-GPU state file and runtime directory under tmp_path, so tests
+never see each other's devices, memory or tenants.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from sharegpu import native
+from sharegpu.spec import MIB
+from sharegpu.tenant import DeviceLimit, create_tenant
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _require_native() -> None:
+    # The C parts must be built; `make test` builds them. Fail loudly rather than skip.
+    for path in (native.LIB_DIR / "libsharegpu.so", native.LIB_DIR / "simgpu" / "libcuda.so.1"):
+        if not path.exists():
+            pytest.fail(f"{path} is missing: run `make -C native` (or `make test`)")
+
+
+@dataclass
+class ProbeResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    values: dict[str, str] = field(default_factory=dict)
+    lines: list[tuple[str, str]] = field(default_factory=list)
+
+    def __getitem__(self, key: str) -> str:
+        return self.values[key]
+
+    def all(self, key: str) -> list[str]:
+        return [v for k, v in self.lines if k == key]
+
+    def int(self, key: str) -> int:
+        return int(self.values[key])
+
+
+def parse_kv(text: str) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    lines = [tuple(line.split("=", 1)) for line in text.splitlines() if "=" in line]
+    return {k: v for k, v in lines}, lines  # type: ignore[misc]
+
+
+@dataclass
+class Sim:
+    """One isolated simulated GPU node."""
+
+    root: Path
+    gpus: int = 2
+    memory_mib: int = 1024
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _require_native()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.config = self.root / "simgpu.json"
+        self.config.write_text(json.dumps({"gpus": self.gpus, "memory_mib": self.memory_mib}))
+        self.state = self.root / "simgpu.state"
+        self.runtime = self.root / "run"
+        self._uuids: list[str] | None = None
+
+    def env(self, **overrides: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "SHAREGPU_TENANT", "CUDA_VISIBLE_DEVICES")}
+        env["LD_LIBRARY_PATH"] = str(native.LIB_DIR / "simgpu")
+        env["SIMGPU_STATE"] = str(self.state)
+        env["SIMGPU_CONFIG"] = str(self.config)
+        env["SHAREGPU_RUNTIME_DIR"] = str(self.runtime)
+        env.update(self.extra_env)
+        env.update(overrides)
+        return env
+
+    def tenant_env(self, tenant_dir: Path, **overrides: str) -> dict[str, str]:
+        return self.env(LD_PRELOAD=str(native.LIB_DIR / "libsharegpu.so"), SHAREGPU_TENANT=str(tenant_dir), **overrides)
+
+    def probe(self, *args: str, env: dict[str, str] | None = None, dlopen: bool = False,
+              timeout: float = 60, check: bool = True) -> ProbeResult:
+        cmd = [str(native.probe_path(dlopen)), *args]
+        proc = subprocess.run(cmd, env=env or self.env(), capture_output=True, text=True, timeout=timeout)
+        values, lines = parse_kv(proc.stdout)
+        result = ProbeResult(proc.returncode, proc.stdout, proc.stderr, values, lines)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"probe {args} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+        return result
+
+    def spawn_probe(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        cmd = [str(native.probe_path()), *args]
+        return subprocess.Popen(cmd, env=env or self.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def uuids(self) -> list[str]:
+        if self._uuids is None:
+            info = self.probe("info")
+            self._uuids = [info[f"dev{i}.uuid"] for i in range(info.int("count"))]
+        return self._uuids
+
+    def tenant(self, name: str, caps_mib: Sequence[int] | int, gpus: Sequence[int] | None = None) -> Path:
+        uuids = self.uuids()
+        indexes = list(gpus) if gpus is not None else list(range(len(uuids)))
+        caps = [caps_mib] * len(indexes) if isinstance(caps_mib, int) else list(caps_mib)
+        limits = [DeviceLimit(uuid=uuids[i], mem_cap_bytes=c * MIB) for i, c in zip(indexes, caps, strict=True)]
+        return create_tenant(name, limits, root=self.runtime)
+
+    def cli(self, *args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "sharegpu.cli", *args], env=env or self.env(),
+                              capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def sim(tmp_path: Path) -> Sim:
+    return Sim(tmp_path / "node")
+
+
+@pytest.fixture
+def sim_factory(tmp_path: Path):  # type: ignore[no-untyped-def]
+    count = 0
+
+    def make(**kwargs: object) -> Sim:
+        nonlocal count
+        count += 1
+        return Sim(tmp_path / f"node{count}", **kwargs)  # type: ignore[arg-type]
+
+    return make

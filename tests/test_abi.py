@@ -1,0 +1,66 @@
+"""The Python mirror (abi.py) and the C header (abi.h) describe the same bytes."""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sharegpu import abi
+
+INCLUDE = Path(__file__).resolve().parent.parent / "native" / "include"
+
+
+def _c_layout(tmp_path: Path) -> dict[str, int]:
+    lines = ['#include <stdio.h>', '#include <stddef.h>', '#include "sharegpu/abi.h"', "int main(void) {"]
+    for cname, struct in abi.STRUCTS.items():
+        lines.append(f'  printf("{cname}.sizeof %zu\\n", sizeof(struct {cname}));')
+        for fname, *_ in struct._fields_:
+            lines.append(f'  printf("{cname}.{fname} %zu\\n", offsetof(struct {cname}, {fname}));')
+    for name in ("SG_ABI_MAJOR", "SG_ABI_MINOR", "SG_MAGIC_LIMITS", "SG_MAGIC_USAGE", "SG_MAGIC_ARBITER",
+                 "SG_MAX_DEVICES", "SG_MAX_PROCS", "SG_TENANT_ID_LEN", "SG_POLICY_SHARE", "SG_POLICY_CAP",
+                 "SG_POLICY_BURST", "SG_POLICY_NATIVE", "SG_PRIORITY_OFFLINE", "SG_PRIORITY_NORMAL",
+                 "SG_PRIORITY_ONLINE"):
+        lines.append(f'  printf("{name} %lu\\n", (unsigned long){name});')
+    lines += ["  return 0;", "}"]
+    src = tmp_path / "layout.c"
+    src.write_text("\n".join(lines) + "\n")
+    exe = tmp_path / "layout"
+    subprocess.run(["gcc", "-std=c11", "-Wall", "-Werror", f"-I{INCLUDE}", str(src), "-o", str(exe)], check=True)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    return {k: int(v) for k, v in (line.split() for line in out.splitlines())}
+
+
+def test_every_offset_and_size_agrees(tmp_path: Path) -> None:
+    c = _c_layout(tmp_path)
+    for cname, struct in abi.STRUCTS.items():
+        assert c[f"{cname}.sizeof"] == ctypes.sizeof(struct), cname
+        for fname, *_ in struct._fields_:
+            assert c[f"{cname}.{fname}"] == getattr(struct, fname).offset, f"{cname}.{fname}"
+
+
+def test_constants_agree(tmp_path: Path) -> None:
+    c = _c_layout(tmp_path)
+    assert (c["SG_ABI_MAJOR"], c["SG_ABI_MINOR"]) == (abi.ABI_MAJOR, abi.ABI_MINOR)
+    assert c["SG_MAGIC_LIMITS"] == abi.MAGIC_LIMITS
+    assert c["SG_MAGIC_USAGE"] == abi.MAGIC_USAGE
+    assert c["SG_MAGIC_ARBITER"] == abi.MAGIC_ARBITER
+    assert c["SG_MAX_DEVICES"] == abi.MAX_DEVICES
+    assert c["SG_MAX_PROCS"] == abi.MAX_PROCS
+    assert c["SG_TENANT_ID_LEN"] == abi.TENANT_ID_LEN
+    assert [c["SG_POLICY_SHARE"], c["SG_POLICY_CAP"], c["SG_POLICY_BURST"], c["SG_POLICY_NATIVE"]] == [
+        abi.POLICY_SHARE, abi.POLICY_CAP, abi.POLICY_BURST, abi.POLICY_NATIVE]
+    assert [c["SG_PRIORITY_OFFLINE"], c["SG_PRIORITY_NORMAL"], c["SG_PRIORITY_ONLINE"]] == [
+        abi.PRIORITY_OFFLINE, abi.PRIORITY_NORMAL, abi.PRIORITY_ONLINE]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [pytest.param("GPU-5a1e0000-0000-4000-8000-000000000001", id="nvml-form")],
+)
+def test_uuid_round_trip(text: str) -> None:
+    raw = abi.uuid_to_bytes(text)
+    assert len(raw) == 16
+    assert abi.bytes_to_uuid(raw) == text
