@@ -50,7 +50,7 @@ class ProbeResult:
 
 def parse_kv(text: str) -> tuple[dict[str, str], list[tuple[str, str]]]:
     lines = [tuple(line.split("=", 1)) for line in text.splitlines() if "=" in line]
-    return {k: v for k, v in lines}, lines  # type: ignore[misc]
+    return dict(lines), lines  # type: ignore[misc]
 
 
 @dataclass
@@ -72,7 +72,11 @@ class Sim:
         self._uuids: list[str] | None = None
 
     def env(self, **overrides: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "SHAREGPU_TENANT", "CUDA_VISIBLE_DEVICES")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("LD_PRELOAD", "SHAREGPU_TENANT", "CUDA_VISIBLE_DEVICES")
+        }
         env["LD_LIBRARY_PATH"] = str(native.LIB_DIR / "simgpu")
         env["SIMGPU_STATE"] = str(self.state)
         env["SIMGPU_CONFIG"] = str(self.config)
@@ -82,21 +86,37 @@ class Sim:
         return env
 
     def tenant_env(self, tenant_dir: Path, **overrides: str) -> dict[str, str]:
-        return self.env(LD_PRELOAD=str(native.LIB_DIR / "libsharegpu.so"), SHAREGPU_TENANT=str(tenant_dir), **overrides)
+        return self.env(
+            LD_PRELOAD=str(native.LIB_DIR / "libsharegpu.so"),
+            SHAREGPU_TENANT=str(tenant_dir),
+            **overrides,
+        )
 
-    def probe(self, *args: str, env: dict[str, str] | None = None, dlopen: bool = False,
-              timeout: float = 60, check: bool = True) -> ProbeResult:
+    def probe(
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        dlopen: bool = False,
+        timeout: float = 60,
+        check: bool = True,
+    ) -> ProbeResult:
         cmd = [str(native.probe_path(dlopen)), *args]
-        proc = subprocess.run(cmd, env=env or self.env(), capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(
+            cmd, env=env or self.env(), capture_output=True, text=True, timeout=timeout, check=False
+        )
         values, lines = parse_kv(proc.stdout)
         result = ProbeResult(proc.returncode, proc.stdout, proc.stderr, values, lines)
         if check and proc.returncode != 0:
-            raise AssertionError(f"probe {args} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+            raise AssertionError(
+                f"probe {args} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+            )
         return result
 
     def spawn_probe(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
         cmd = [str(native.probe_path()), *args]
-        return subprocess.Popen(cmd, env=env or self.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            cmd, env=env or self.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
 
     def uuids(self) -> list[str]:
         if self._uuids is None:
@@ -108,12 +128,22 @@ class Sim:
         uuids = self.uuids()
         indexes = list(gpus) if gpus is not None else list(range(len(uuids)))
         caps = [caps_mib] * len(indexes) if isinstance(caps_mib, int) else list(caps_mib)
-        limits = [DeviceLimit(uuid=uuids[i], mem_cap_bytes=c * MIB) for i, c in zip(indexes, caps, strict=True)]
+        limits = [
+            DeviceLimit(uuid=uuids[i], mem_cap_bytes=c * MIB) for i, c in zip(indexes, caps, strict=True)
+        ]
         return create_tenant(name, limits, root=self.runtime)
 
-    def cli(self, *args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "sharegpu.cli", *args], env=env or self.env(),
-                              capture_output=True, text=True, timeout=timeout)
+    def cli(
+        self, *args: str, env: dict[str, str] | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "sharegpu.cli", *args],
+            env=env or self.env(),
+            capture_output=True,
+            check=False,
+            text=True,
+            timeout=timeout,
+        )
 
 
 @pytest.fixture

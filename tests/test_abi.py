@@ -14,21 +14,42 @@ INCLUDE = Path(__file__).resolve().parent.parent / "native" / "include"
 
 
 def _c_layout(tmp_path: Path) -> dict[str, int]:
-    lines = ['#include <stdio.h>', '#include <stddef.h>', '#include "sharegpu/abi.h"', "int main(void) {"]
+    lines = [
+        "#include <stdio.h>",
+        "#include <stddef.h>",
+        '#include "sharegpu/abi.h"',
+        "int main(void) {",
+    ]
     for cname, struct in abi.STRUCTS.items():
         lines.append(f'  printf("{cname}.sizeof %zu\\n", sizeof(struct {cname}));')
         for fname, *_ in struct._fields_:
             lines.append(f'  printf("{cname}.{fname} %zu\\n", offsetof(struct {cname}, {fname}));')
-    for name in ("SG_ABI_MAJOR", "SG_ABI_MINOR", "SG_MAGIC_LIMITS", "SG_MAGIC_USAGE", "SG_MAGIC_ARBITER",
-                 "SG_MAX_DEVICES", "SG_MAX_PROCS", "SG_TENANT_ID_LEN", "SG_POLICY_SHARE", "SG_POLICY_CAP",
-                 "SG_POLICY_BURST", "SG_POLICY_NATIVE", "SG_PRIORITY_OFFLINE", "SG_PRIORITY_NORMAL",
-                 "SG_PRIORITY_ONLINE"):
+    for name in (
+        "SG_ABI_MAJOR",
+        "SG_ABI_MINOR",
+        "SG_MAGIC_LIMITS",
+        "SG_MAGIC_USAGE",
+        "SG_MAGIC_ARBITER",
+        "SG_MAX_DEVICES",
+        "SG_MAX_PROCS",
+        "SG_TENANT_ID_LEN",
+        "SG_POLICY_SHARE",
+        "SG_POLICY_CAP",
+        "SG_POLICY_BURST",
+        "SG_POLICY_NATIVE",
+        "SG_PRIORITY_OFFLINE",
+        "SG_PRIORITY_NORMAL",
+        "SG_PRIORITY_ONLINE",
+    ):
         lines.append(f'  printf("{name} %lu\\n", (unsigned long){name});')
     lines += ["  return 0;", "}"]
     src = tmp_path / "layout.c"
     src.write_text("\n".join(lines) + "\n")
     exe = tmp_path / "layout"
-    subprocess.run(["gcc", "-std=c11", "-Wall", "-Werror", f"-I{INCLUDE}", str(src), "-o", str(exe)], check=True)
+    subprocess.run(
+        ["gcc", "-std=c11", "-Wall", "-Werror", f"-I{INCLUDE}", str(src), "-o", str(exe)],
+        check=True,
+    )
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
     return {k: int(v) for k, v in (line.split() for line in out.splitlines())}
 
@@ -50,10 +71,17 @@ def test_constants_agree(tmp_path: Path) -> None:
     assert c["SG_MAX_DEVICES"] == abi.MAX_DEVICES
     assert c["SG_MAX_PROCS"] == abi.MAX_PROCS
     assert c["SG_TENANT_ID_LEN"] == abi.TENANT_ID_LEN
-    assert [c["SG_POLICY_SHARE"], c["SG_POLICY_CAP"], c["SG_POLICY_BURST"], c["SG_POLICY_NATIVE"]] == [
-        abi.POLICY_SHARE, abi.POLICY_CAP, abi.POLICY_BURST, abi.POLICY_NATIVE]
+    assert [
+        c["SG_POLICY_SHARE"],
+        c["SG_POLICY_CAP"],
+        c["SG_POLICY_BURST"],
+        c["SG_POLICY_NATIVE"],
+    ] == [abi.POLICY_SHARE, abi.POLICY_CAP, abi.POLICY_BURST, abi.POLICY_NATIVE]
     assert [c["SG_PRIORITY_OFFLINE"], c["SG_PRIORITY_NORMAL"], c["SG_PRIORITY_ONLINE"]] == [
-        abi.PRIORITY_OFFLINE, abi.PRIORITY_NORMAL, abi.PRIORITY_ONLINE]
+        abi.PRIORITY_OFFLINE,
+        abi.PRIORITY_NORMAL,
+        abi.PRIORITY_ONLINE,
+    ]
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 
 from sharegpu.errors import SpecError
-from sharegpu.spec import GIB, MIB, GpuSelector, format_size, parse_memory_cap, parse_percent, parse_size, validate_tenant_id
+from sharegpu.spec import (
+    GIB,
+    MIB,
+    GpuSelector,
+    format_size,
+    parse_memory_cap,
+    parse_percent,
+    parse_size,
+    validate_tenant_id,
+)
 
 
 @pytest.mark.parametrize(
@@ -60,7 +69,11 @@ def test_cap_is_exact() -> None:
 
 @pytest.mark.parametrize(
     ("text", "permille"),
-    [pytest.param("30%", 300, id="pct"), pytest.param("1", 10, id="bare-1"), pytest.param("100%", 1000, id="full")],
+    [
+        pytest.param("30%", 300, id="pct"),
+        pytest.param("1", 10, id="bare-1"),
+        pytest.param("100%", 1000, id="full"),
+    ],
 )
 def test_percent(text: str, permille: int) -> None:
     assert parse_percent(text) == permille

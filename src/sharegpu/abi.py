@@ -29,10 +29,21 @@ TENANT_ENV = "SHAREGPU_TENANT"
 POLICY_SHARE, POLICY_CAP, POLICY_BURST, POLICY_NATIVE = 0, 1, 2, 3
 PRIORITY_OFFLINE, PRIORITY_NORMAL, PRIORITY_ONLINE = 0, 1, 2
 
-POLICY_NAMES = {POLICY_SHARE: "share", POLICY_CAP: "cap", POLICY_BURST: "burst", POLICY_NATIVE: "native"}
+POLICY_NAMES = {
+    POLICY_SHARE: "share",
+    POLICY_CAP: "cap",
+    POLICY_BURST: "burst",
+    POLICY_NATIVE: "native",
+}
 PRIORITY_NAMES = {PRIORITY_OFFLINE: "offline", PRIORITY_NORMAL: "normal", PRIORITY_ONLINE: "online"}
 
-u8, u16, u32, u64, i32 = ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int32
+u8, u16, u32, u64, i32 = (
+    ctypes.c_uint8,
+    ctypes.c_uint16,
+    ctypes.c_uint32,
+    ctypes.c_uint64,
+    ctypes.c_int32,
+)
 
 
 class RegionHeader(ctypes.Structure):

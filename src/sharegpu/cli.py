@@ -1,7 +1,8 @@
 """The `sharegpu` command.
 
 Every deliberate error (sharegpu.errors) is printed as one line, ``sharegpu: error: ...``, with
-exit status 2 for bad input and 1 for anything else; a traceback only with SHAREGPU_DEBUG=1.
+exit status 2 for bad input, 127 for a command that does not exist and 1 for anything
+else; a traceback only with SHAREGPU_DEBUG=1.
 JSON output is stable for scripts and carries ``"version": 1``.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
@@ -18,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sharegpu import __version__
-from sharegpu.errors import SharegpuError, SpecError
+from sharegpu.errors import SharegpuError
 
 JSON_VERSION = 1
 
@@ -29,13 +30,15 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-simgpu_app = typer.Typer(help="The simulated GPU used by tests, benchmarks and the demo.", no_args_is_help=True)
+simgpu_app = typer.Typer(
+    help="The simulated GPU used by tests, benchmarks and the demo.", no_args_is_help=True
+)
 app.add_typer(simgpu_app, name="simgpu")
 
 console = Console()
 
 
-class Output(str, Enum):
+class Output(StrEnum):
     table = "table"
     json = "json"
 
@@ -59,10 +62,15 @@ def _size(n: int) -> str:
     "Example: sharegpu run --memory 4GiB -- python train.py",
 )
 def run(
-    memory: Annotated[str, typer.Option("--memory", "-m", help="Memory cap per GPU, e.g. 512MiB, 4GiB, 1.5GiB.")],
-    command: Annotated[list[str] | None, typer.Argument(help="The command and its arguments, after --.")] = None,
+    memory: Annotated[
+        str, typer.Option("--memory", "-m", help="Memory cap per GPU, e.g. 512MiB, 4GiB, 1.5GiB.")
+    ],
+    command: Annotated[
+        list[str] | None, typer.Argument(help="The command and its arguments, after --.")
+    ] = None,
     gpu: Annotated[
-        list[str] | None, typer.Option("--gpu", "-g", help="GPU index or UUID; repeat for several. Default: all.")
+        list[str] | None,
+        typer.Option("--gpu", "-g", help="GPU index or UUID; repeat for several. Default: all."),
     ] = None,
     name: Annotated[str | None, typer.Option("--name", help="Tenant name (default run-<pid>).")] = None,
 ) -> None:
@@ -102,7 +110,13 @@ def devices(output: OutputOpt = Output.table) -> None:
         return
     table = Table("INDEX", "UUID", "NAME", "MEMORY USED / TOTAL", "UTIL", box=None)
     for g in gpus:
-        table.add_row(str(g.index), g.uuid, g.name, f"{_size(g.memory_used)} / {_size(g.memory_total)}", f"{g.utilization_pct}%")
+        table.add_row(
+            str(g.index),
+            g.uuid,
+            g.name,
+            f"{_size(g.memory_used)} / {_size(g.memory_total)}",
+            f"{g.utilization_pct}%",
+        )
     console.print(table)
 
 
@@ -132,7 +146,12 @@ def tenants(output: OutputOpt = Output.table) -> None:
                         for d in s.devices
                     ],
                     "processes": [
-                        {"pid": p.pid, "alive": p.alive, "memory_bytes": p.mem_bytes, "oom_events": p.oom_events}
+                        {
+                            "pid": p.pid,
+                            "alive": p.alive,
+                            "memory_bytes": p.mem_bytes,
+                            "oom_events": p.oom_events,
+                        }
                         for p in s.processes
                     ],
                 }
@@ -161,10 +180,15 @@ def tenants(output: OutputOpt = Output.table) -> None:
     console.print(table)
 
 
-@simgpu_app.command("env", help="Print the shell exports that select the simulated GPU: eval \"$(sharegpu simgpu env)\".")
+@simgpu_app.command(
+    "env",
+    help='Print the shell exports that select the simulated GPU: eval "$(sharegpu simgpu env)".',
+)
 def simgpu_env(
     gpus: Annotated[int | None, typer.Option(help="Number of simulated GPUs (writes a config).")] = None,
-    memory: Annotated[str | None, typer.Option(help="Memory per simulated GPU, e.g. 16GiB (writes a config).")] = None,
+    memory: Annotated[
+        str | None, typer.Option(help="Memory per simulated GPU, e.g. 16GiB (writes a config).")
+    ] = None,
 ) -> None:
     from sharegpu import simgpu
     from sharegpu.spec import parse_memory_cap
@@ -204,12 +228,21 @@ def version() -> None:
 
 def main() -> None:
     try:
-        app()
+        code = app(standalone_mode=False)
     except SharegpuError as err:
         if os.environ.get("SHAREGPU_DEBUG"):
             raise
         print(f"sharegpu: error: {err}", file=sys.stderr)
-        sys.exit(2 if isinstance(err, SpecError) else 1)
+        sys.exit(err.exit_code)
+    except typer.Abort:
+        sys.exit(130)
+    except typer.TyperException as err:  # usage errors: bad flag, missing option, no such command
+        ctx = getattr(err, "ctx", None)
+        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        message = err.format_message() if hasattr(err, "format_message") else str(err)
+        print(f"sharegpu: error: {message}{hint}", file=sys.stderr)
+        sys.exit(getattr(err, "exit_code", 2))
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

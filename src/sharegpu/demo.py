@@ -48,10 +48,26 @@ def run_demo(console: Console) -> int:
         )
         procs = {}
         for name, cap in TENANTS:
-            cmd = [*sharegpu, "run", "--name", name, "--memory", format_size(cap), "--",
-                   str(probe_path()), "fill", "plain", CHUNK, str(HOLD_SECONDS)]
-            console.print(f"$ sharegpu run --name {name} --memory {format_size(cap)} -- sgprobe fill plain {CHUNK}")
-            procs[name] = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            cmd = [
+                *sharegpu,
+                "run",
+                "--name",
+                name,
+                "--memory",
+                format_size(cap),
+                "--",
+                str(probe_path()),
+                "fill",
+                "plain",
+                CHUNK,
+                str(HOLD_SECONDS),
+            ]
+            console.print(
+                f"$ sharegpu run --name {name} --memory {format_size(cap)} -- sgprobe fill plain {CHUNK}"
+            )
+            procs[name] = subprocess.Popen(
+                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
 
         results: dict[str, dict[str, str]] = {}
         for name, proc in procs.items():
@@ -63,7 +79,15 @@ def run_demo(console: Console) -> int:
                     break
             results[name] = _parse(lines)
 
-        table = Table("TENANT", "CAP", "ALLOCATED", "CHUNKS", "REFUSED WITH", "cuMemGetInfo TOTAL / FREE", title="\nInside each tenant")
+        table = Table(
+            "TENANT",
+            "CAP",
+            "ALLOCATED",
+            "CHUNKS",
+            "REFUSED WITH",
+            "cuMemGetInfo TOTAL / FREE",
+            title="\nInside each tenant",
+        )
         for name, cap in TENANTS:
             r = results[name]
             table.add_row(
@@ -83,13 +107,15 @@ def run_demo(console: Console) -> int:
 
         codes = {name: proc.wait() for name, proc in procs.items()}
         ok = all(code == 0 for code in codes.values()) and all(
-            int(results[n].get("bytes", "-1")) == cap and results[n].get("error") == "CUDA_ERROR_OUT_OF_MEMORY"
+            int(results[n].get("bytes", "-1")) == cap
+            and results[n].get("error") == "CUDA_ERROR_OUT_OF_MEMORY"
             for n, cap in TENANTS
         )
         console.print()
         if ok:
             console.print(
-                f"[green]Each tenant got exactly its cap ({', '.join(format_size(c) for _, c in TENANTS)}) and was "
+                "[green]Each tenant got exactly its cap "
+                f"({', '.join(format_size(c) for _, c in TENANTS)}) and was "
                 "refused beyond it; the card kept the rest free.[/green] (simulated GPU)"
             )
             return 0

@@ -21,7 +21,7 @@ from sharegpu.errors import DeviceError
 from sharegpu.spec import GpuSelector
 
 _lock = threading.Lock()
-_preloaded: ctypes.CDLL | None = None
+_preloaded: list[ctypes.CDLL] = []  # keeps a preloaded NVML alive for the process
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,7 @@ class GpuProcess:
 def use_library(path: Path) -> None:
     """Load NVML from `path` before pynvml looks for it: dlopen of the same soname then returns
     this copy (used for the simulated GPU when the library path was not set at start-up)."""
-    global _preloaded
-    _preloaded = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    _preloaded.append(ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL))
 
 
 def _text(value: str | bytes) -> str:

@@ -2,6 +2,7 @@
 
     SharegpuError                 every error we raise on purpose; the CLI prints one line for it
     ├── SpecError                 bad user input: a size, a share, a GPU selector, a tenant name
+    │   └── CommandNotFound       the command to run does not exist (exit 127, as a shell)
     ├── ConfigError               a file we read is missing, corrupt or of another ABI version
     ├── DeviceError               GPU discovery or NVML failed (wraps pynvml.NVMLError)
     └── TenantError               a tenant that does not exist, already exists, or cannot be made
@@ -16,9 +17,19 @@ where they happen and never surface as these types.
 class SharegpuError(Exception):
     """Base of every error sharegpu raises deliberately."""
 
+    exit_code = 1
+
 
 class SpecError(SharegpuError, ValueError):
     """User input that does not parse or cannot be honoured."""
+
+    exit_code = 2
+
+
+class CommandNotFound(SpecError):
+    """The command given to `sharegpu run` does not exist or cannot be executed (as a shell)."""
+
+    exit_code = 127
 
 
 class ConfigError(SharegpuError):
@@ -33,4 +44,11 @@ class TenantError(SharegpuError):
     """A tenant operation failed (unknown tenant, duplicate name, runtime dir not writable)."""
 
 
-__all__ = ["ConfigError", "DeviceError", "SharegpuError", "SpecError", "TenantError"]
+__all__ = [
+    "CommandNotFound",
+    "ConfigError",
+    "DeviceError",
+    "SharegpuError",
+    "SpecError",
+    "TenantError",
+]

@@ -56,7 +56,12 @@ class SimConfig:
 
     def write(self, path: Path) -> Path:
         self.validate()
-        doc = {"gpus": self.gpus, "memory_mib": self.memory_bytes // MIB, "name": self.name, "sm_count": self.sm_count}
+        doc = {
+            "gpus": self.gpus,
+            "memory_mib": self.memory_bytes // MIB,
+            "name": self.name,
+            "sm_count": self.sm_count,
+        }
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(doc) + "\n")
         return path

@@ -130,8 +130,9 @@ def _header(magic: int, size: int) -> abi.RegionHeader:
     )
 
 
-def _publish(directory: Path, name: str, data: bytes | None, size: int, mode: int,
-             fill: object = None) -> None:
+def _publish(
+    directory: Path, name: str, data: bytes | None, size: int, mode: int, *, fill: object = None
+) -> None:
     """Write `name` in `directory` atomically: temp file, optional in-place init, rename."""
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=directory)
     try:
@@ -207,7 +208,13 @@ def create_tenant(
     except OSError as err:
         raise TenantError(f"cannot create {path}: {err.strerror}") from err
     try:
-        _publish(path, abi.LIMITS_FILE, limits_bytes(tenant_id, devices), ctypes.sizeof(abi.Limits), 0o444)
+        _publish(
+            path,
+            abi.LIMITS_FILE,
+            limits_bytes(tenant_id, devices),
+            ctypes.sizeof(abi.Limits),
+            0o444,
+        )
         _publish(path, abi.USAGE_FILE, None, ctypes.sizeof(abi.Usage), 0o666, fill=_usage_init)
         info = {"id": tenant_id, "created": time.time(), **(meta or {})}
         (path / "meta.json").write_text(json.dumps(info, indent=2) + "\n")
@@ -281,8 +288,8 @@ def process_start_time(pid: int) -> int | None:
 
 def slot_alive(proc: abi.UsageProc) -> bool:
     """Liveness is pid plus start time, never pid alone (pids are reused)."""
-    pid = proc.host_pid or proc.pid
-    return pid > 0 and process_start_time(pid) == proc.start_time
+    pid = int(proc.host_pid or proc.pid)
+    return pid > 0 and process_start_time(pid) == int(proc.start_time)
 
 
 def tenant_status(path: Path) -> TenantStatus:
@@ -301,7 +308,9 @@ def tenant_status(path: Path) -> TenantStatus:
         if proc.pid == 0:
             continue
         alive = slot_alive(proc)
-        per_dev = {uuids[i]: proc.dev[i].mem_bytes for i in range(limits.device_count) if proc.dev[i].mem_bytes}
+        per_dev = {
+            uuids[i]: proc.dev[i].mem_bytes for i in range(limits.device_count) if proc.dev[i].mem_bytes
+        }
         if alive:
             for i in range(limits.device_count):
                 live_bytes[i] += proc.dev[i].mem_bytes
@@ -326,7 +335,9 @@ def tenant_status(path: Path) -> TenantStatus:
         )
         for i in range(limits.device_count)
     ]
-    return TenantStatus(id=limits.tenant_id.decode(), path=path, devices=devices, processes=processes, meta=meta)
+    return TenantStatus(
+        id=limits.tenant_id.decode(), path=path, devices=devices, processes=processes, meta=meta
+    )
 
 
 def iter_tenants(root: Path | None = None) -> Iterator[Path]:

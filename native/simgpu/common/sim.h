@@ -134,12 +134,6 @@ struct sim_state {
     struct sim_slot slot[SIM_MAX_SLOTS];
 };
 
-/* The mapped state of this process (one per library). */
-struct sim_shared {
-    struct sim_state *st;
-    int fd;
-};
-
 /* Maps (creating if needed) the state; idempotent, thread-safe.  Returns the mapping. */
 SIM_HIDDEN int sim_state_open(struct sim_err *e, struct sim_state **out);
 /* The mapping if open, else NULL. */

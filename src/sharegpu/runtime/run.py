@@ -20,7 +20,7 @@ from pathlib import Path
 
 from sharegpu import abi
 from sharegpu.devices import Gpu, list_gpus, select_gpus
-from sharegpu.errors import SpecError
+from sharegpu.errors import CommandNotFound, SpecError
 from sharegpu.native import shim_path
 from sharegpu.spec import GpuSelector, format_size, validate_tenant_id
 from sharegpu.tenant import DeviceLimit, create_tenant, remove_tenant
@@ -78,9 +78,9 @@ def _supervise(command: Sequence[str], env: dict[str, str]) -> int:
     try:
         child = subprocess.Popen(list(command), env=env)
     except FileNotFoundError as err:
-        raise SpecError(f"command not found: {command[0]}") from err
+        raise CommandNotFound(f"command not found: {command[0]}") from err
     except PermissionError as err:
-        raise SpecError(f"cannot execute {command[0]}: permission denied") from err
+        raise CommandNotFound(f"cannot execute {command[0]}: permission denied") from err
 
     def forward(signum: int, _frame: object) -> None:
         child.send_signal(signum)

@@ -1,0 +1,213 @@
+/*
+ * libsharegpu.so internals.  Nothing here is exported: the build uses -fvisibility=hidden and
+ * exports.map lists exactly the hooks of hooks.def plus dlsym.
+ *
+ * Error contract (one for the whole shim): internal functions return 0 or a negative
+ * enum sg_errc and fill a struct sg_err; only an exported hook turns that into a CUresult
+ * (sg_cu_result) or an nvmlReturn_t (sg_nvml_result).  The shim never exits, aborts or
+ * dereferences a pointer it has not checked, and writes at most a few stderr lines, all
+ * starting with "sharegpu: ".
+ */
+#ifndef SHAREGPU_SHIM_H
+#define SHAREGPU_SHIM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sharegpu/abi.h"
+#include "sharegpu/cuda_api.h"
+#include "sharegpu/nvml_api.h"
+
+#define SG_EXPORT __attribute__((visibility("default")))
+#define SG_PREFIX "sharegpu: "
+
+/* ---- prototypes the public headers do not carry ---------------------------------------- */
+
+/* Per-thread-default-stream variants (cuda.h maps the plain names to these when compiled with
+ * CUDA_API_PER_THREAD_DEFAULT_STREAM; cuGetProcAddress returns them for
+ * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM). */
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream);
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                      CUstream stream);
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
+
+/* Legacy 32-bit entry points (CUDA < 3.2; still exported by the driver). */
+typedef unsigned int CUdeviceptr_v1;
+typedef struct CUDA_ARRAY_DESCRIPTOR_v1_st {
+    unsigned int Width;
+    unsigned int Height;
+    CUarray_format Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR_v1;
+CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize);
+CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, unsigned int widthInBytes,
+                         unsigned int height, unsigned int elementSizeBytes);
+CUresult cuArrayCreate(CUarray *handle, const CUDA_ARRAY_DESCRIPTOR_v1 *desc);
+CUresult cuMemGetInfo(unsigned int *free, unsigned int *total);
+CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev);
+
+/* ---- the hook list --------------------------------------------------------------------- */
+
+enum sg_lib { SG_LIB_CU, SG_LIB_NVML };
+
+enum sg_hook_id {
+#define SG_HOOK(lib, name) SG_H_##name,
+#include "hooks.def"
+#undef SG_HOOK
+    SG_H_COUNT
+};
+
+/* Typed pointers to the real functions, hooks and helpers alike.  Filled once per library
+ * (sg_real_cu / sg_real_nvml); a member stays NULL when the library lacks the symbol, and
+ * every caller checks it. */
+struct sg_real {
+#define SG_HOOK(lib, name) __typeof__(&name) name;
+#define SG_HELPER(lib, name) __typeof__(&name) name;
+#include "hooks.def"
+#undef SG_HOOK
+#undef SG_HELPER
+};
+
+extern struct sg_real sg_real;
+extern const char *const sg_hook_names[SG_H_COUNT];
+extern const unsigned char sg_hook_lib[SG_H_COUNT];
+
+/* Resolve the real libcuda / libnvidia-ml functions (lazily, once; thread-safe).  Returns the
+ * table; members are NULL where the library or the symbol is missing. */
+const struct sg_real *sg_real_cu(void);
+const struct sg_real *sg_real_nvml(void);
+
+/* The address of our hook for id. */
+void *sg_hook_addr(enum sg_hook_id id);
+/* Hook id for an exact exported name, or -1. */
+int sg_hook_find(const char *name);
+/* Length of the base of an entry-point name: without a trailing _ptsz/_ptds and then without a
+ * trailing _v<digits> ("cuMemAllocAsync_ptsz" -> "cuMemAllocAsync", "cuMemAlloc_v2" ->
+ * "cuMemAlloc"). */
+size_t sg_base_len(const char *name);
+
+/* ---- cuGetProcAddress fallback table (proctable.c) ------------------------------------- */
+
+#define SG_PROC_NONE (-1) /* a hooked base with no variant for this version: refuse */
+#define SG_PROC_PASS (-2) /* a variant we do not need to hook: return the driver's pointer */
+#define SG_PROC_UNHOOKED (-3) /* not a base we hook: return the driver's pointer */
+/* Which hook (enum sg_hook_id), or SG_PROC_*, the public CUDA versioning assigns to `symbol`
+ * (a base name, as cuGetProcAddress takes it) for cudaVersion and flags. */
+int sg_proc_table_lookup(const char *symbol, int cuda_version, cuuint64_t flags);
+
+/* ---- errors ----------------------------------------------------------------------------- */
+
+enum sg_errc {
+    SG_OK = 0,
+    SG_E_CONFIG = -1,  /* broken configuration: fail closed */
+    SG_E_OVERCAP = -2, /* the allocation does not fit under the cap */
+    SG_E_NOSLOT = -3,  /* no free process slot in the usage region */
+    SG_E_NOMEM = -4,   /* the shim could not allocate its own bookkeeping */
+    SG_E_INVAL = -5,   /* invalid argument (NULL output pointer, size overflow) */
+    SG_E_NOTFOUND = -6 /* the real function is missing */
+};
+
+struct sg_err {
+    int code;
+    char msg[256];
+};
+
+int sg_fail(struct sg_err *e, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+CUresult sg_cu_result(int code);
+nvmlReturn_t sg_nvml_result(int code);
+
+/* Print one "sharegpu: ..." line at most once per process for `once` (a static flag). */
+void sg_log_once(int *once, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- configuration (config.c) ----------------------------------------------------------- */
+
+enum sg_mode { SG_MODE_INERT = 0, SG_MODE_ACTIVE = 1, SG_MODE_BROKEN = 2 };
+
+/* Whether a tenant directory is configured at all (cheap: a stat and a getenv, done once; no
+ * file is opened).  INERT means pure pass-through. */
+bool sg_configured(void);
+/* Open and validate the tenant's limits and usage (once).  ACTIVE or BROKEN when configured,
+ * INERT otherwise.  On BROKEN, the one stderr line has been printed. */
+enum sg_mode sg_mode(void);
+/* Turn an ACTIVE shim BROKEN after a resize made the limits invalid (prints the line once). */
+void sg_break(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* The mapped regions (valid when sg_mode() != INERT and the files opened). */
+extern const struct sg_limits *sg_limits_map;
+extern struct sg_usage *sg_usage_map;
+extern char sg_tenant_dir[];
+
+/* Process-local copy of the limits, refreshed with the seqlock protocol; guarded by the usage
+ * mutex (read and written only while holding it). */
+struct sg_limits_copy {
+    uint64_t generation;
+    uint32_t device_count;
+    struct sg_limits_device devices[SG_MAX_DEVICES];
+};
+extern struct sg_limits_copy sg_lim;
+/* Refresh sg_lim if the generation moved (one acquire load when it did not).  Caller holds the
+ * usage mutex. */
+int sg_limits_refresh_locked(struct sg_err *e);
+/* Seqlock read of a limits region into out, validated. */
+int sg_limits_read(const struct sg_limits *l, struct sg_limits_copy *out, struct sg_err *e);
+
+/* ---- ledger (ledger.c) ------------------------------------------------------------------ */
+
+enum sg_kind { SG_KIND_NONE = 0, SG_KIND_PTR = 1, SG_KIND_VMM = 2, SG_KIND_ARRAY = 3 };
+
+/* A reservation made by sg_reserve: which limits index and how many bytes. */
+struct sg_charge {
+    bool active; /* false: inert, nothing charged */
+    int idx;
+    uint64_t bytes;
+};
+
+/* The limits index of the current context's device (via cuCtxGetDevice), of a device ordinal,
+ * or of a 16-byte UUID; -1 when the device is not one of the tenant's (cap 0) or unknown.
+ * The ordinal and current-context forms call the driver outside the usage lock. */
+int sg_ordinal_uuid(CUdevice dev, uint8_t uuid[16]);
+int sg_current_ordinal(CUdevice *dev);
+
+/* Reserve bytes on device ordinal `dev` (or uuid when dev < 0 and uuid != NULL) against the
+ * cap, atomically across the tenant's processes.  Inert: returns 0 with c->active = false. */
+int sg_reserve(CUdevice dev, uint64_t bytes, struct sg_charge *c, struct sg_err *e);
+/* Give back a reservation whose real allocation failed. */
+void sg_unreserve(const struct sg_charge *c);
+/* Grow (checked against the cap) or shrink a reservation to new_bytes. */
+int sg_adjust(struct sg_charge *c, uint64_t new_bytes, struct sg_err *e);
+/* Record a successful allocation under (kind, key).  On failure (no memory for the table) the
+ * caller frees the real allocation and unreserves. */
+int sg_track(enum sg_kind kind, uint64_t key, const struct sg_charge *c, struct sg_err *e);
+/* Remove (kind, key) from the table before the real free; returns true if it was tracked. */
+bool sg_untrack(enum sg_kind kind, uint64_t key, struct sg_charge *out);
+/* Put an entry back after the real free failed. */
+void sg_retrack(enum sg_kind kind, uint64_t key, const struct sg_charge *c);
+/* Credit the bytes of an entry whose real free succeeded. */
+void sg_credit(const struct sg_charge *c);
+
+/* Views: cap, tenant usage (used + overhead) of limits index idx; -1 idx gives zeros. */
+struct sg_view {
+    uint64_t cap;
+    uint64_t used; /* ledger bytes + agent-measured overhead */
+};
+int sg_view_device(CUdevice dev, const uint8_t *uuid, struct sg_view *v, struct sg_err *e);
+
+/* Live processes of the tenant holding memory on the device given by uuid. */
+struct sg_proc_info {
+    int32_t pid;
+    uint64_t bytes;
+};
+int sg_list_procs(const uint8_t uuid[16], struct sg_proc_info *out, unsigned cap, unsigned *n,
+                  struct sg_err *e);
+
+/* Register fork handlers and the exit hook (called once, from sg_mode). */
+void sg_ledger_setup(void);
+
+/* ---- re-entrancy --------------------------------------------------------------------------- */
+
+/* Set while a hook runs on this thread, so that a real function calling one of its own exported
+ * entry points (which our export would interpose) is forwarded untouched, never charged twice. */
+extern __thread int sg_in_hook __attribute__((tls_model("initial-exec")));
+
+#endif /* SHAREGPU_SHIM_H */

@@ -1,0 +1,225 @@
+/*
+ * SIMGPU_CONFIG: a flat JSON object, parsed strictly.  Any unknown key, duplicate key, wrong type
+ * or out-of-range value is an error naming the culprit, so a typo never silently yields defaults.
+ */
+#include "sim.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define GIB (1024ull * 1024ull * 1024ull)
+#define CONFIG_MAX_BYTES 65536
+
+void sim_config_defaults(struct sim_config *c)
+{
+    memset(c, 0, sizeof(*c));
+    c->gpus = 2;
+    c->sm_count = 132;
+    c->memory_bytes = 80ull * GIB;
+    c->cuda_version = 13000;
+    c->cc_major = 9;
+    c->cc_minor = 0;
+    strcpy(c->name, "sharegpu simulated H100");
+    strcpy(c->driver_version, "580.65.06");
+}
+
+struct parser {
+    const char *p;
+    struct sim_err *e;
+};
+
+static void skip_ws(struct parser *ps)
+{
+    while (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r')
+        ps->p++;
+}
+
+/* A JSON string of printable ASCII (escapes \" \\ \/ only) into out[cap]. */
+static int parse_string(struct parser *ps, char *out, size_t cap, const char *what)
+{
+    if (*ps->p != '"')
+        return sim_fail(ps->e, SIM_ECONFIG, "expected a string for %s", what);
+    ps->p++;
+    size_t n = 0;
+    for (;;) {
+        char ch = *ps->p;
+        if (ch == '\0')
+            return sim_fail(ps->e, SIM_ECONFIG, "unterminated string for %s", what);
+        ps->p++;
+        if (ch == '"')
+            break;
+        if (ch == '\\') {
+            char esc = *ps->p++;
+            if (esc != '"' && esc != '\\' && esc != '/')
+                return sim_fail(ps->e, SIM_ECONFIG, "unsupported escape in %s", what);
+            ch = esc;
+        } else if ((unsigned char)ch < 0x20 || (unsigned char)ch > 0x7e) {
+            return sim_fail(ps->e, SIM_ECONFIG, "non-printable character in %s", what);
+        }
+        if (n + 1 >= cap)
+            return sim_fail(ps->e, SIM_ECONFIG, "%s is longer than %zu characters", what, cap - 1);
+        out[n++] = ch;
+    }
+    out[n] = '\0';
+    return 0;
+}
+
+/* A non-negative JSON integer within [lo, hi]. */
+static int parse_uint(struct parser *ps, const char *key, unsigned long long lo,
+                      unsigned long long hi, unsigned long long *out)
+{
+    if (*ps->p < '0' || *ps->p > '9')
+        return sim_fail(ps->e, SIM_ECONFIG, "\"%s\" must be an integer", key);
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(ps->p, &end, 10);
+    if (errno || *end == '.' || *end == 'e' || *end == 'E' || (ps->p[0] == '0' && end - ps->p > 1))
+        return sim_fail(ps->e, SIM_ECONFIG, "\"%s\" must be an integer", key);
+    if (v < lo || v > hi)
+        return sim_fail(ps->e, SIM_ECONFIG, "\"%s\" must be between %llu and %llu, got %llu", key,
+                        lo, hi, v);
+    ps->p = end;
+    *out = v;
+    return 0;
+}
+
+enum { K_GPUS, K_MEM, K_NAME, K_SM, K_DRV, K_CUDA, K_COUNT };
+static const char *const keys[K_COUNT] = {"gpus",     "memory_mib",     "name",
+                                          "sm_count", "driver_version", "cuda_version"};
+
+static int parse_value(struct parser *ps, int k, struct sim_config *c)
+{
+    unsigned long long v;
+    switch (k) {
+    case K_GPUS:
+        if (parse_uint(ps, keys[k], 1, SIM_MAX_GPUS, &v) < 0)
+            return -1;
+        c->gpus = (uint32_t)v;
+        return 0;
+    case K_MEM:
+        /* Up to 16 TiB: far beyond any card, still far below the address space we reserve. */
+        if (parse_uint(ps, keys[k], 1, 16ull * 1024 * 1024, &v) < 0)
+            return -1;
+        c->memory_bytes = v * 1024ull * 1024ull;
+        return 0;
+    case K_NAME:
+        if (parse_string(ps, c->name, sizeof(c->name), "\"name\"") < 0)
+            return -1;
+        return c->name[0] ? 0 : sim_fail(ps->e, SIM_ECONFIG, "\"name\" must not be empty");
+    case K_SM:
+        if (parse_uint(ps, keys[k], 1, 1024, &v) < 0)
+            return -1;
+        c->sm_count = (uint32_t)v;
+        return 0;
+    case K_DRV:
+        if (parse_string(ps, c->driver_version, sizeof(c->driver_version), "\"driver_version\"") < 0)
+            return -1;
+        return c->driver_version[0] ? 0
+                                    : sim_fail(ps->e, SIM_ECONFIG, "\"driver_version\" must not be empty");
+    case K_CUDA:
+        if (parse_uint(ps, keys[k], 1000, 99999, &v) < 0)
+            return -1;
+        c->cuda_version = (int32_t)v;
+        return 0;
+    }
+    return sim_fail(ps->e, SIM_ECONFIG, "internal: bad key index");
+}
+
+int sim_config_parse(struct sim_err *e, const char *text, struct sim_config *c)
+{
+    struct parser ps = {.p = text, .e = e};
+    int seen[K_COUNT] = {0};
+    skip_ws(&ps);
+    if (*ps.p != '{')
+        return sim_fail(e, SIM_ECONFIG, "expected a JSON object");
+    ps.p++;
+    skip_ws(&ps);
+    if (*ps.p == '}') {
+        ps.p++;
+    } else {
+        for (;;) {
+            char key[64];
+            skip_ws(&ps);
+            if (parse_string(&ps, key, sizeof(key), "a key") < 0)
+                return -1;
+            int k = 0;
+            while (k < K_COUNT && strcmp(keys[k], key) != 0)
+                k++;
+            if (k == K_COUNT)
+                return sim_fail(e, SIM_ECONFIG,
+                                "unknown key \"%s\" (known: gpus, memory_mib, name, sm_count, "
+                                "driver_version, cuda_version)",
+                                key);
+            if (seen[k]++)
+                return sim_fail(e, SIM_ECONFIG, "duplicate key \"%s\"", key);
+            skip_ws(&ps);
+            if (*ps.p != ':')
+                return sim_fail(e, SIM_ECONFIG, "expected ':' after \"%s\"", key);
+            ps.p++;
+            skip_ws(&ps);
+            if (parse_value(&ps, k, c) < 0)
+                return -1;
+            skip_ws(&ps);
+            if (*ps.p == ',') {
+                ps.p++;
+                continue;
+            }
+            if (*ps.p == '}') {
+                ps.p++;
+                break;
+            }
+            return sim_fail(e, SIM_ECONFIG, "expected ',' or '}' after \"%s\"", key);
+        }
+    }
+    skip_ws(&ps);
+    if (*ps.p != '\0')
+        return sim_fail(e, SIM_ECONFIG, "trailing characters after the object");
+    return 0;
+}
+
+int sim_config_load(struct sim_err *e, struct sim_config *c)
+{
+    sim_config_defaults(c);
+    const char *path = getenv("SIMGPU_CONFIG");
+    if (!path || !*path)
+        return 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return sim_fail(e, SIM_ECONFIG, "SIMGPU_CONFIG=%s: %s", path, strerror(errno));
+    char *buf = malloc(CONFIG_MAX_BYTES + 1);
+    if (!buf) {
+        close(fd);
+        return sim_fail(e, SIM_ENOMEM, "out of host memory");
+    }
+    size_t n = 0;
+    for (;;) {
+        ssize_t r = read(fd, buf + n, CONFIG_MAX_BYTES + 1 - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        n += (size_t)r;
+        if (n > CONFIG_MAX_BYTES)
+            break;
+    }
+    close(fd);
+    if (n > CONFIG_MAX_BYTES) {
+        free(buf);
+        return sim_fail(e, SIM_ECONFIG, "SIMGPU_CONFIG=%s: larger than %d bytes", path,
+                        CONFIG_MAX_BYTES);
+    }
+    buf[n] = '\0';
+    if (memchr(buf, '\0', n)) {
+        free(buf);
+        return sim_fail(e, SIM_ECONFIG, "SIMGPU_CONFIG=%s: contains a NUL byte", path);
+    }
+    struct sim_err inner = {0};
+    int rc = sim_config_parse(&inner, buf, c);
+    free(buf);
+    if (rc < 0)
+        return sim_fail(e, SIM_ECONFIG, "SIMGPU_CONFIG=%s: %s", path, inner.msg);
+    return 0;
+}

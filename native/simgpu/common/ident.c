@@ -1,0 +1,39 @@
+/* Stable identities derived from the GPU index alone, so every process agrees without storing them. */
+#include "sim.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* A fixed, arbitrary namespace; the last byte carries the index. */
+static const unsigned char uuid_ns[16] = {0x5e, 0x1a, 0x9c, 0x3b, 0x7d, 0x42, 0x4f, 0x11,
+                                          0x8a, 0x6e, 0x53, 0x47, 0x50, 0x55, 0x00, 0x00};
+
+void sim_uuid_bytes(unsigned idx, unsigned char out[16])
+{
+    memcpy(out, uuid_ns, 16);
+    out[14] = (unsigned char)(idx >> 8);
+    out[15] = (unsigned char)idx;
+}
+
+void sim_uuid_string(unsigned idx, char out[SIM_UUID_STR_LEN])
+{
+    unsigned char b[16];
+    sim_uuid_bytes(idx, b);
+    snprintf(out, SIM_UUID_STR_LEN,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+             b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
+             b[15]);
+}
+
+/* Bus numbers of a typical 8-GPU HGX board. */
+static const unsigned char pci_bus[SIM_MAX_GPUS] = {0x1a, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb};
+
+unsigned sim_pci_bus(unsigned idx)
+{
+    return idx < SIM_MAX_GPUS ? pci_bus[idx] : 0;
+}
+
+void sim_pci_bus_id(unsigned idx, char out[SIM_PCI_STR_LEN])
+{
+    snprintf(out, SIM_PCI_STR_LEN, "00000000:%02X:00.0", sim_pci_bus(idx) & 0xffu);
+}

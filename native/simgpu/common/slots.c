@@ -1,0 +1,219 @@
+/*
+ * Process slots: which process holds how much memory on which GPU.  A slot is freed by its owner
+ * at normal exit, or by any other process once the owner is dead (pid gone, a zombie, or the pid
+ * reused by a process with another start time).  Liveness is judged by pid + start time, so it
+ * requires all users of one state to share a pid namespace (documented in README.md).
+ */
+#include "sim.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int own_slot = -1; /* [open_mu-free] written under the state lock, read by this process */
+static int own_pid;
+
+int sim_slot_self(void)
+{
+    int s = __atomic_load_n(&own_slot, __ATOMIC_ACQUIRE);
+    return (s >= 0 && own_pid == getpid()) ? s : -1;
+}
+
+void sim_slot_forget(void)
+{
+    own_slot = -1;
+    own_pid = 0;
+}
+
+uint64_t sim_proc_start_time(int pid, int *gone)
+{
+    char path[64], buf[1024];
+    *gone = 0;
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            *gone = 1;
+        else if (kill(pid, 0) < 0 && errno == ESRCH)
+            *gone = 1; /* /proc unusable: fall back to the pid alone */
+        return 0;
+    }
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    /* comm may contain spaces and parentheses: fields resume after the last ')'. */
+    char *p = strrchr(buf, ')');
+    if (!p)
+        return 0;
+    p++;
+    char state = 0;
+    unsigned long long start = 0;
+    for (int field = 3; field <= 22 && *p; field++) {
+        while (*p == ' ')
+            p++;
+        if (field == 3)
+            state = *p;
+        if (field == 22)
+            start = strtoull(p, NULL, 10);
+        while (*p && *p != ' ')
+            p++;
+    }
+    if (state == 'Z' || state == 'X')
+        *gone = 1; /* killed but not yet waited for: its memory is already gone on a real GPU */
+    return start;
+}
+
+static int slot_dead(const struct sim_slot *s)
+{
+    int gone;
+    uint64_t start = sim_proc_start_time(s->pid, &gone);
+    if (gone)
+        return 1;
+    return start != 0 && s->start_time != 0 && start != s->start_time;
+}
+
+static void slot_clear_locked(struct sim_state *st, struct sim_slot *s)
+{
+    for (unsigned g = 0; g < SIM_MAX_GPUS; g++) {
+        uint64_t b = s->bytes[g];
+        st->gpu[g].used = st->gpu[g].used >= b ? st->gpu[g].used - b : 0;
+    }
+    memset(s, 0, sizeof(*s));
+}
+
+void sim_reap_locked(struct sim_state *st, int force)
+{
+    uint64_t now = sim_now_ns();
+    if (!force && now - st->last_reap_ns < SIM_REAP_NS)
+        return;
+    st->last_reap_ns = now;
+    int self = sim_slot_self();
+    for (int i = 0; i < SIM_MAX_SLOTS; i++) {
+        struct sim_slot *s = &st->slot[i];
+        if (s->pid != 0 && i != self && slot_dead(s))
+            slot_clear_locked(st, s);
+    }
+}
+
+void sim_repair_locked(struct sim_state *st)
+{
+    for (unsigned g = 0; g < SIM_MAX_GPUS; g++) {
+        uint64_t sum = 0;
+        for (int i = 0; i < SIM_MAX_SLOTS; i++)
+            if (st->slot[i].pid != 0)
+                sum += st->slot[i].bytes[g];
+        st->gpu[g].used = sum;
+    }
+}
+
+int sim_slot_acquire(struct sim_err *e, struct sim_state *st)
+{
+    int s = sim_slot_self();
+    if (s >= 0)
+        return s;
+    int pid = getpid(), gone;
+    uint64_t start = sim_proc_start_time(pid, &gone); /* before the lock: a file read */
+    if (sim_lock(e, st) < 0)
+        return -1;
+    s = sim_slot_self();
+    for (int pass = 0; s < 0 && pass < 2; pass++) {
+        if (pass == 1)
+            sim_reap_locked(st, 1);
+        for (int i = 0; i < SIM_MAX_SLOTS; i++) {
+            if (st->slot[i].pid == 0) {
+                memset(&st->slot[i], 0, sizeof(st->slot[i]));
+                st->slot[i].pid = pid;
+                st->slot[i].start_time = start;
+                own_pid = pid;
+                __atomic_store_n(&own_slot, i, __ATOMIC_RELEASE);
+                s = i;
+                break;
+            }
+        }
+    }
+    sim_unlock(st);
+    if (s < 0)
+        return sim_fail(e, SIM_ENOSLOT, "all %d process slots of the simulated GPU are in use",
+                        SIM_MAX_SLOTS);
+    return s;
+}
+
+void sim_slot_release(struct sim_state *st)
+{
+    int s = sim_slot_self();
+    if (s < 0 || !st)
+        return;
+    if (sim_lock(NULL, st) < 0)
+        return;
+    if (st->slot[s].pid == own_pid)
+        slot_clear_locked(st, &st->slot[s]);
+    sim_unlock(st);
+    sim_slot_forget();
+}
+
+int sim_charge(struct sim_err *e, struct sim_state *st, int dev, uint64_t bytes)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int s = sim_slot_acquire(e, st);
+        if (s < 0)
+            return -1;
+        if (sim_lock(e, st) < 0)
+            return -1;
+        if (st->slot[s].pid != own_pid) {
+            /* Reaped by someone who judged us dead (another pid namespace?): take a new slot. */
+            sim_unlock(st);
+            sim_slot_forget();
+            continue;
+        }
+        struct sim_gpu *g = &st->gpu[dev];
+        const uint64_t cap = st->cfg.memory_bytes;
+        sim_reap_locked(st, 0);
+        if (bytes > cap - g->used)
+            sim_reap_locked(st, 1); /* maybe a dead process still holds what we need */
+        int rc = 0;
+        if (bytes > cap - g->used) {
+            rc = sim_fail(e, SIM_ENODEV_MEM, "out of device memory");
+        } else {
+            g->used += bytes;
+            st->slot[s].bytes[dev] += bytes;
+        }
+        sim_unlock(st);
+        return rc;
+    }
+    return sim_fail(e, SIM_ENOSLOT, "process slot lost twice");
+}
+
+void sim_uncharge(struct sim_state *st, int dev, uint64_t bytes)
+{
+    int s = sim_slot_self();
+    if (s < 0 || sim_lock(NULL, st) < 0)
+        return;
+    struct sim_slot *sl = &st->slot[s];
+    if (sl->pid == own_pid) {
+        uint64_t b = bytes <= sl->bytes[dev] ? bytes : sl->bytes[dev];
+        sl->bytes[dev] -= b;
+        st->gpu[dev].used = st->gpu[dev].used >= b ? st->gpu[dev].used - b : 0;
+    }
+    sim_unlock(st);
+}
+
+int sim_set_ctx(struct sim_err *e, struct sim_state *st, int dev, int on)
+{
+    int s = sim_slot_acquire(e, st);
+    if (s < 0)
+        return -1;
+    if (sim_lock(e, st) < 0)
+        return -1;
+    if (on)
+        st->slot[s].ctx_mask |= 1u << dev;
+    else
+        st->slot[s].ctx_mask &= ~(1u << dev);
+    sim_unlock(st);
+    return 0;
+}

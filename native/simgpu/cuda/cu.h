@@ -1,0 +1,196 @@
+/*
+ * libcuda.so.1 internals: the process-local objects behind CUDA handles and the helpers shared by
+ * the files of this directory.  Exported functions (SIM_EXPORT) never call each other: they all
+ * call internal helpers, so an interposer that hooks one entry point never sees a call twice.
+ */
+#ifndef SIMGPU_CU_H
+#define SIMGPU_CU_H
+
+#include "sharegpu/cuda_api.h"
+#include "../common/sim.h"
+
+#include <pthread.h>
+#include <stdint.h>
+
+#define SIM_EXPORT __attribute__((visibility("default")))
+
+/* Entry points we export that sharegpu/cuda_api.h does not declare (legacy unversioned forms and
+ * the per-thread-default-stream variants); same signatures as their base functions. */
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
+CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags);
+CUresult cuDevicePrimaryCtxReset(CUdevice dev);
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                             unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                             unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                             void **kernelParams, void **extra);
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
+                               void **extra);
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                        unsigned int gridDimZ, unsigned int blockDimX,
+                                        unsigned int blockDimY, unsigned int blockDimZ,
+                                        unsigned int sharedMemBytes, CUstream hStream,
+                                        void **kernelParams);
+CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
+CUresult cuStreamSynchronize_ptsz(CUstream stream);
+CUresult cuStreamQuery_ptsz(CUstream stream);
+CUresult cuEventRecord_ptsz(CUevent event, CUstream stream);
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream);
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                      CUstream stream);
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
+CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t bytes);
+CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t bytes);
+CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t bytes);
+CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream);
+CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dst, CUdeviceptr src, size_t bytes, CUstream stream);
+CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t bytes,
+                                   CUstream stream);
+CUresult cuMemsetD8_v2_ptds(CUdeviceptr dst, unsigned char value, size_t n);
+CUresult cuMemsetD32_v2_ptds(CUdeviceptr dst, unsigned int value, size_t n);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, CUstreamCaptureMode mode);
+CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph *graph);
+CUresult cuStreamIsCapturing_ptsz(CUstream stream, CUstreamCaptureStatus *status);
+
+/* ---- handles ------------------------------------------------------------------------------
+ * Every handle is a pointer to one of these; `magic` is checked before any other field and is
+ * cleared when the object dies, so a stale handle yields an error, not a wild access (as long
+ * as its memory was not reused: the real driver gives no stronger guarantee). */
+#define CTX_MAGIC 0x43545831u
+#define STREAM_MAGIC 0x53545231u
+#define EVENT_MAGIC 0x45564e31u
+#define MODULE_MAGIC 0x4d4f4431u
+#define FUNC_MAGIC 0x46554e31u
+#define GRAPH_MAGIC 0x47524131u
+#define NODE_MAGIC 0x4e4f4431u
+#define EXEC_MAGIC 0x45584531u
+#define ARRAY_MAGIC 0x41525231u
+#define POOL_MAGIC 0x504f4f31u
+
+struct CUstream_st {
+    uint32_t magic;
+    unsigned flags;
+    struct CUctx_st *ctx;
+    struct CUgraph_st *capture; /* non-NULL while capturing (owned by the stream until End) */
+    struct sim_queue q;
+};
+
+struct CUctx_st {
+    uint32_t magic;        /* CTX_MAGIC while alive */
+    int ordinal;           /* CUdevice */
+    int phys;              /* index in the shared state */
+    int primary;
+    int active;            /* primary: retained at least once since the last reset */
+    int refcount;          /* primary: retain count */
+    unsigned flags;
+    uint64_t tail;         /* atomic: latest end of work on any stream of the context */
+    struct CUstream_st defstream; /* stream 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD */
+};
+
+struct CUevent_st {
+    uint32_t magic;
+    unsigned flags;
+    struct CUctx_st *ctx;
+    uint64_t at;           /* atomic: completion instant of the recorded work, 0 = never recorded */
+};
+
+struct CUfunc_st {
+    uint32_t magic;
+    int spin;              /* name starts with "spin": duration from parameter 0 */
+    struct CUmod_st *mod;
+    struct CUfunc_st *next;
+    char name[];
+};
+
+struct CUmod_st {
+    uint32_t magic;
+    int ptx;               /* image was PTX text: only its .entry names exist */
+    struct CUctx_st *ctx;
+    char *entries;         /* PTX: NUL-separated entry names, then an empty string */
+    struct CUfunc_st *funcs;
+};
+
+struct CUarray_st {
+    uint32_t magic;
+    int phys;
+    uint64_t charged;
+};
+
+struct CUmemPoolHandle_st {
+    uint32_t magic;
+    int ordinal;
+};
+
+/* ---- process-wide state (init.c) ---------------------------------------------------------- */
+struct cu_global {
+    int inited;                     /* atomic acquire: cuInit succeeded (reset in a forked child) */
+    struct sim_state *st;
+    int nvis;                       /* visible devices after CUDA_VISIBLE_DEVICES */
+    int vis[SIM_MAX_GPUS];          /* ordinal -> physical index */
+    uint64_t kernel_ns;             /* SIMGPU_KERNEL_US */
+    struct CUctx_st primary[SIM_MAX_GPUS];
+    struct CUmemPoolHandle_st pool[SIM_MAX_GPUS];
+    pthread_mutex_t mu;             /* process-local tables: contexts, modules, graphs */
+};
+extern struct cu_global cu_g SIM_HIDDEN;
+
+/* NOT_INITIALIZED before cuInit. */
+static inline CUresult cu_ready(void)
+{
+    return __atomic_load_n(&cu_g.inited, __ATOMIC_ACQUIRE) ? CUDA_SUCCESS
+                                                           : CUDA_ERROR_NOT_INITIALIZED;
+}
+/* Physical index of a CUdevice, -1 when invalid. */
+static inline int cu_phys(CUdevice d)
+{
+    return (d >= 0 && d < cu_g.nvis) ? cu_g.vis[d] : -1;
+}
+/* The one place internal errors become CUresults. */
+SIM_HIDDEN CUresult cu_result(const struct sim_err *e);
+
+/* ---- contexts (context.c) ------------------------------------------------------------------ */
+/* The current context of this thread: NOT_INITIALIZED / INVALID_CONTEXT otherwise. */
+SIM_HIDDEN CUresult cu_ctx_current(struct CUctx_st **out);
+SIM_HIDDEN int cu_ctx_alive(const struct CUctx_st *c);
+SIM_HIDDEN void cu_ctx_wait(struct CUctx_st *c); /* until all its work is done */
+SIM_HIDDEN void cu_ctx_note_tail(struct CUctx_st *c, uint64_t t);
+SIM_HIDDEN void cu_ctx_fork_child(void);
+
+/* ---- streams (stream.c) ------------------------------------------------------------------- */
+/* Resolves 0 / CU_STREAM_LEGACY / CU_STREAM_PER_THREAD to the current context's stream. */
+SIM_HIDDEN CUresult cu_stream(CUstream h, struct CUstream_st **out);
+SIM_HIDDEN void cu_stream_init(struct CUstream_st *s, struct CUctx_st *c, unsigned flags);
+SIM_HIDDEN void cu_stream_wait(struct CUstream_st *s);
+
+/* ---- kernels (launch.c, module.c, graph.c) ------------------------------------------------ */
+SIM_HIDDEN CUresult cu_func_check(CUfunction f);
+SIM_HIDDEN uint64_t cu_kernel_ns(const struct CUfunc_st *f, void **params, void **extra);
+/* Submits kernels of the given durations on s (or records them when s is capturing). */
+SIM_HIDDEN CUresult cu_submit(struct CUstream_st *s, const uint64_t *dur, size_t n,
+                              const struct CUfunc_st *f);
+SIM_HIDDEN CUresult cu_graph_capture_add(struct CUgraph_st *g, const struct CUfunc_st *f,
+                                         uint64_t dur_ns);
+SIM_HIDDEN void cu_graph_free(struct CUgraph_st *g);
+
+/* ---- memory (memory.c, vmm.c) ------------------------------------------------------------- */
+/* 0 when [p, p+len) lies inside one live allocation or one accessible VMM mapping. */
+SIM_HIDDEN int cu_mem_range_ok(uintptr_t p, size_t len);
+SIM_HIDDEN int cu_vmm_range_ok(uintptr_t p, size_t len);
+SIM_HIDDEN void cu_mem_free_ctx(struct CUctx_st *c); /* the context died: free what it held */
+SIM_HIDDEN void cu_mem_fork_child(void);
+SIM_HIDDEN void cu_vmm_fork_child(void);
+
+/* ---- address-range allocator (arena.c); callers serialise ---------------------------------- */
+struct arena_range {
+    uintptr_t start;
+    size_t len;
+};
+struct arena {
+    struct arena_range *r; /* free ranges, sorted, never adjacent */
+    size_t n, cap;
+};
+SIM_HIDDEN int arena_take(struct arena *a, size_t size, size_t align, uintptr_t *out);
+SIM_HIDDEN int arena_give(struct arena *a, uintptr_t start, size_t len);
+
+#define CU_GRANULARITY (2u * 1024u * 1024u)
+
+#endif /* SIMGPU_CU_H */

@@ -1,0 +1,199 @@
+"""The `sharegpu` command, run as a real process against the simulated GPU."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import Sim, parse_kv
+from sharegpu import native
+from sharegpu.spec import MIB
+
+
+def _one_line_error(proc: subprocess.CompletedProcess[str], code: int, text: str) -> None:
+    assert proc.returncode == code, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("sharegpu: error: ")
+    assert text in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "text"),
+    [
+        pytest.param(["run", "--memory", "1GiB"], 2, "no command given", id="no-command"),
+        pytest.param(["run", "--", "true"], 2, "Missing option", id="no-memory"),
+        pytest.param(["run", "--memory", "lots", "--", "true"], 2, "invalid size", id="malformed-size"),
+        pytest.param(["run", "--memory", "0GiB", "--", "true"], 2, "at least 1MiB", id="zero-size"),
+        pytest.param(["run", "--memory", "-4GiB", "--", "true"], 2, "invalid size", id="negative-size"),
+        pytest.param(
+            ["run", "--memory", "1GiB", "--gpu", "7", "--", "true"],
+            1,
+            "unknown GPU 7",
+            id="unknown-gpu-index",
+        ),
+        pytest.param(
+            ["run", "--memory", "1GiB", "--gpu", "GPU-ffffffff", "--", "true"],
+            1,
+            "unknown GPU",
+            id="unknown-gpu-uuid",
+        ),
+        pytest.param(
+            ["run", "--memory", "1GiB", "--gpu", "first", "--", "true"],
+            2,
+            "invalid GPU",
+            id="bad-gpu",
+        ),
+        pytest.param(["run", "--memory", "2GiB", "--", "true"], 2, "larger than GPU", id="cap-over-card"),
+        pytest.param(
+            ["run", "--memory", "1GiB", "--name", "Bad Name", "--", "true"],
+            2,
+            "invalid tenant name",
+            id="bad-name",
+        ),
+        pytest.param(
+            ["run", "--memory", "1GiB", "--", "/nonexistent/cmd"],
+            127,
+            "command not found",
+            id="missing-command",
+        ),
+        pytest.param(["devices", "-o", "xml"], 2, "xml", id="bad-output-format"),
+        pytest.param(["frobnicate"], 2, "No such command", id="unknown-command"),
+    ],
+)
+def test_bad_input_gets_one_line(sim: Sim, args: list[str], code: int, text: str) -> None:
+    _one_line_error(sim.cli(*args), code, text)
+    assert not list((sim.runtime / "tenants").glob("*")) if (sim.runtime / "tenants").exists() else True
+
+
+def test_devices_json(sim: Sim) -> None:
+    proc = sim.cli("devices", "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["version"] == 1
+    assert doc["kind"] == "DeviceList"
+    assert [d["index"] for d in doc["items"]] == [0, 1]
+    assert doc["items"][0]["name"] == "sharegpu simulated H100"
+    assert doc["items"][0]["memory_total_bytes"] == 1024 * MIB
+    assert doc["items"][0]["uuid"] == sim.uuids()[0]
+    table = sim.cli("devices")
+    assert table.returncode == 0
+    assert sim.uuids()[1] in table.stdout
+
+
+def test_run_enforces_the_cap_and_cleans_up(sim: Sim) -> None:
+    proc = sim.cli(
+        "run", "--memory", "256MiB", "--", str(native.probe_path()), "fill", "plain", str(64 * MIB)
+    )
+    assert proc.returncode == 0, proc.stderr
+    values, _ = parse_kv(proc.stdout)
+    assert int(values["bytes"]) == 256 * MIB
+    assert values["error"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert values["refill"] == "OK"
+    assert not list((sim.runtime / "tenants").iterdir()), "tenant not removed after the command exited"
+
+
+def test_run_propagates_exit_status(sim: Sim) -> None:
+    assert sim.cli("run", "--memory", "64MiB", "--", "sh", "-c", "exit 7").returncode == 7
+    assert sim.cli("run", "--memory", "64MiB", "--", "sh", "-c", "kill -KILL $$").returncode == 128 + 9
+
+
+def test_run_gpu_selection_restricts_visibility(sim: Sim) -> None:
+    uuid1 = sim.uuids()[1]
+    proc = sim.cli("run", "--memory", "128MiB", "--gpu", "1", "--", str(native.probe_path()), "info")
+    assert proc.returncode == 0, proc.stderr
+    values, _ = parse_kv(proc.stdout)
+    assert values["count"] == "1"
+    assert values["dev0.uuid"] == uuid1
+    assert int(values["dev0.total"]) == 128 * MIB  # the vGPU, not the card
+    proc = sim.cli(
+        "run", "--memory", "128MiB", "--gpu", uuid1[:12], "--", str(native.probe_path()), "meminfo"
+    )
+    values, _ = parse_kv(proc.stdout)
+    assert int(values["total"]) == 128 * MIB
+
+
+def test_tenants_lists_a_running_tenant(sim: Sim) -> None:
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sharegpu.cli",
+            "run",
+            "--name",
+            "web",
+            "--memory",
+            "512MiB",
+            "--gpu",
+            "0",
+            "--",
+            str(native.probe_path()),
+            "hold",
+            "plain",
+            str(100 * MIB),
+            "30",
+        ],
+        env=sim.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "ready=1"
+        doc = json.loads(sim.cli("tenants", "-o", "json").stdout)
+        assert doc["version"] == 1
+        (item,) = doc["items"]
+        assert item["id"] == "web"
+        assert item["error"] is None
+        (dev,) = item["devices"]
+        assert dev["uuid"] == sim.uuids()[0]
+        assert dev["memory_cap_bytes"] == 512 * MIB
+        assert dev["memory_used_bytes"] == 100 * MIB
+        assert [p["alive"] for p in item["processes"]] == [True]
+        table = sim.cli("tenants").stdout
+        assert "web" in table
+        assert "100MiB / 512MiB" in table
+        # SIGTERM to the supervisor reaches the workload; the tenant is removed.
+        holder.send_signal(signal.SIGTERM)
+        assert holder.wait(timeout=20) == 128 + signal.SIGTERM
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    deadline = time.monotonic() + 5
+    while (sim.runtime / "tenants" / "web").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not (sim.runtime / "tenants" / "web").exists()
+    assert "no tenants" in sim.cli("tenants").stdout
+
+
+def test_corrupt_tenant_is_reported(sim: Sim) -> None:
+    path = sim.tenant("broken", 64)
+    (path / "limits").chmod(0o644)
+    (path / "limits").write_bytes(b"garbage")
+    proc = sim.cli("tenants", "-o", "json")
+    assert proc.returncode == 0
+    (item,) = json.loads(proc.stdout)["items"]
+    assert "truncated" in item["error"]
+    assert "unreadable" in sim.cli("tenants").stdout
+
+
+def test_simgpu_env_and_reset(sim: Sim) -> None:
+    proc = sim.cli("simgpu", "env")
+    assert proc.returncode == 0
+    assert f"export LD_LIBRARY_PATH={native.LIB_DIR / 'simgpu'}" in proc.stdout
+    sim.probe("info")  # creates the state
+    assert sim.state.exists()
+    proc = sim.cli("simgpu", "reset")
+    assert proc.returncode == 0
+    assert str(sim.state) in proc.stdout
+    assert not sim.state.exists()
+    assert "nothing to reset" in sim.cli("simgpu", "reset").stdout
+    _one_line_error(sim.cli("simgpu", "env", "--gpus", "0"), 2, "invalid GPU count")

@@ -1,0 +1,145 @@
+"""Tenant directories: atomic creation, read-back, robust usage mutex, corrupt files reported."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import mmap
+import os
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from sharegpu import abi
+from sharegpu.errors import ConfigError, SpecError, TenantError
+from sharegpu.spec import MIB
+from sharegpu.tenant import (
+    DeviceLimit,
+    create_tenant,
+    iter_tenants,
+    process_start_time,
+    read_limits,
+    read_usage,
+    remove_tenant,
+    tenant_status,
+)
+
+UUID0 = "GPU-5a1e0000-0000-4000-8000-000000000000"
+UUID1 = "GPU-5a1e0000-0000-4000-8000-000000000001"
+
+
+def _make(tmp_path: Path, name: str = "t1") -> Path:
+    return create_tenant(
+        name,
+        [
+            DeviceLimit(uuid=UUID0, mem_cap_bytes=512 * MIB),
+            DeviceLimit(uuid=UUID1, mem_cap_bytes=256 * MIB),
+        ],
+        root=tmp_path,
+        meta={"command": ["true"]},
+    )
+
+
+def test_create_and_read_back(tmp_path: Path) -> None:
+    path = _make(tmp_path)
+    limits = read_limits(path)
+    assert limits.tenant_id == b"t1"
+    assert limits.device_count == 2
+    assert abi.bytes_to_uuid(bytes(limits.devices[0].uuid)) == UUID0
+    assert limits.devices[1].mem_cap_bytes == 256 * MIB
+    assert limits.generation % 2 == 0
+    usage = read_usage(path)
+    assert usage.hdr.magic == abi.MAGIC_USAGE
+    assert usage.slot_count == abi.MAX_PROCS
+    assert stat.S_IMODE((path / "limits").stat().st_mode) == 0o444
+    assert not list(path.glob(".*")), "temporary files left behind"
+    status = tenant_status(path)
+    assert status.error is None
+    assert [d.mem_cap_bytes for d in status.devices] == [512 * MIB, 256 * MIB]
+    assert status.meta["command"] == ["true"]
+    assert [p.name for p in iter_tenants(tmp_path)] == ["t1"]
+    remove_tenant(path)
+    assert list(iter_tenants(tmp_path)) == []
+
+
+def test_duplicate_and_bad_names(tmp_path: Path) -> None:
+    _make(tmp_path)
+    with pytest.raises(TenantError, match="already exists"):
+        _make(tmp_path)
+    with pytest.raises(SpecError):
+        _make(tmp_path, name="Bad Name")
+    with pytest.raises(TenantError, match="at least one GPU"):
+        create_tenant("empty", [], root=tmp_path)
+    # A failed creation leaves nothing behind.
+    assert [p.name for p in iter_tenants(tmp_path)] == ["t1"]
+
+
+def test_too_many_devices(tmp_path: Path) -> None:
+    limits = [DeviceLimit(uuid=UUID0, mem_cap_bytes=MIB)] * (abi.MAX_DEVICES + 1)
+    with pytest.raises(TenantError, match="at most 16"):
+        create_tenant("big", limits, root=tmp_path)
+    assert list(iter_tenants(tmp_path)) == []
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        pytest.param(lambda b: b"\0" * len(b), "bad magic", id="zeroed"),
+        pytest.param(lambda b: b[:100], "truncated", id="truncated"),
+        pytest.param(lambda b: b[:4] + (9).to_bytes(2, "little") + b[6:], "ABI 9", id="other-major"),
+        pytest.param(lambda b: b"", "truncated", id="empty"),
+    ],
+)
+def test_corrupt_limits_reported_not_raised(tmp_path: Path, damage, message: str) -> None:  # type: ignore[no-untyped-def]
+    path = _make(tmp_path)
+    limits = path / "limits"
+    data = limits.read_bytes()
+    limits.chmod(0o644)
+    limits.write_bytes(damage(data))
+    with pytest.raises(ConfigError, match=message):
+        read_limits(path)
+    status = tenant_status(path)
+    assert status.error is not None
+    assert message in status.error
+
+
+def test_usage_mutex_is_robust_and_shared(tmp_path: Path) -> None:
+    """A process that dies holding the usage lock leaves it recoverable (EOWNERDEAD), not stuck."""
+    path = _make(tmp_path)
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    fd = os.open(path / "usage", os.O_RDWR)
+    view = mmap.mmap(fd, 0)
+    os.close(fd)
+    region = abi.Usage.from_buffer(view)
+    lock = ctypes.c_void_p(ctypes.addressof(region) + abi.Usage.lock.offset)
+    pid = os.fork()
+    if pid == 0:  # child: take the lock and die without releasing it
+        os._exit(0 if libc.pthread_mutex_lock(lock) == 0 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert libc.pthread_mutex_lock(lock) == errno.EOWNERDEAD
+    assert libc.pthread_mutex_consistent(lock) == 0
+    assert libc.pthread_mutex_unlock(lock) == 0
+    assert libc.pthread_mutex_lock(lock) == 0
+    assert libc.pthread_mutex_unlock(lock) == 0
+    del region, lock
+    view.close()
+
+
+def test_start_time_identifies_processes() -> None:
+    mine = process_start_time(os.getpid())
+    assert mine is not None
+    assert mine > 0
+    time.sleep(0.05)  # start times tick at 100 Hz: a later process must differ
+    later = subprocess.Popen(["sleep", "5"])
+    try:
+        assert (process_start_time(later.pid) or 0) > mine
+    finally:
+        later.kill()
+        later.wait()
+    assert process_start_time(later.pid) is None
+    assert process_start_time(2**22 + 12345) is None
