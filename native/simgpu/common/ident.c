@@ -4,15 +4,26 @@
 #include <stdio.h>
 #include <string.h>
 
-/* A fixed, arbitrary namespace; the last byte carries the index. */
+/* A fixed, arbitrary namespace mixed with the index (splitmix64), so UUIDs of different GPUs
+ * differ from their first hex digit on, as real ones do (short CUDA_VISIBLE_DEVICES prefixes). */
 static const unsigned char uuid_ns[16] = {0x5e, 0x1a, 0x9c, 0x3b, 0x7d, 0x42, 0x4f, 0x11,
-                                          0x8a, 0x6e, 0x53, 0x47, 0x50, 0x55, 0x00, 0x00};
+                                          0x8a, 0x6e, 0x53, 0x47, 0x50, 0x55, 0x53, 0x47};
+
+static uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
 
 void sim_uuid_bytes(unsigned idx, unsigned char out[16])
 {
-    memcpy(out, uuid_ns, 16);
-    out[14] = (unsigned char)(idx >> 8);
-    out[15] = (unsigned char)idx;
+    for (unsigned half = 0; half < 2; half++) {
+        uint64_t m = splitmix64((uint64_t)idx * 2u + half);
+        for (unsigned i = 0; i < 8; i++)
+            out[half * 8 + i] = uuid_ns[half * 8 + i] ^ (unsigned char)(m >> (8 * i));
+    }
 }
 
 void sim_uuid_string(unsigned idx, char out[SIM_UUID_STR_LEN])

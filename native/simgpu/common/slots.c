@@ -14,19 +14,27 @@
 #include <string.h>
 #include <unistd.h>
 
-static int own_slot = -1; /* [open_mu-free] written under the state lock, read by this process */
+/* This process's slot: written under the state lock, read lock-free (atomics, relaxed is enough:
+ * the slot contents themselves are only touched under the lock).  own_pid guards against a
+ * forked child using its parent's slot. */
+static int own_slot = -1;
 static int own_pid;
+
+static int self_pid(void)
+{
+    return __atomic_load_n(&own_pid, __ATOMIC_RELAXED);
+}
 
 int sim_slot_self(void)
 {
-    int s = __atomic_load_n(&own_slot, __ATOMIC_ACQUIRE);
-    return (s >= 0 && own_pid == getpid()) ? s : -1;
+    int s = __atomic_load_n(&own_slot, __ATOMIC_RELAXED);
+    return (s >= 0 && self_pid() == getpid()) ? s : -1;
 }
 
 void sim_slot_forget(void)
 {
-    own_slot = -1;
-    own_pid = 0;
+    __atomic_store_n(&own_slot, -1, __ATOMIC_RELAXED);
+    __atomic_store_n(&own_pid, 0, __ATOMIC_RELAXED);
 }
 
 uint64_t sim_proc_start_time(int pid, int *gone)
@@ -130,8 +138,8 @@ int sim_slot_acquire(struct sim_err *e, struct sim_state *st)
                 memset(&st->slot[i], 0, sizeof(st->slot[i]));
                 st->slot[i].pid = pid;
                 st->slot[i].start_time = start;
-                own_pid = pid;
-                __atomic_store_n(&own_slot, i, __ATOMIC_RELEASE);
+                __atomic_store_n(&own_pid, pid, __ATOMIC_RELAXED);
+                __atomic_store_n(&own_slot, i, __ATOMIC_RELAXED);
                 s = i;
                 break;
             }
@@ -151,7 +159,7 @@ void sim_slot_release(struct sim_state *st)
         return;
     if (sim_lock(NULL, st) < 0)
         return;
-    if (st->slot[s].pid == own_pid)
+    if (st->slot[s].pid == self_pid())
         slot_clear_locked(st, &st->slot[s]);
     sim_unlock(st);
     sim_slot_forget();
@@ -165,7 +173,7 @@ int sim_charge(struct sim_err *e, struct sim_state *st, int dev, uint64_t bytes)
             return -1;
         if (sim_lock(e, st) < 0)
             return -1;
-        if (st->slot[s].pid != own_pid) {
+        if (st->slot[s].pid != self_pid()) {
             /* Reaped by someone who judged us dead (another pid namespace?): take a new slot. */
             sim_unlock(st);
             sim_slot_forget();
@@ -195,7 +203,7 @@ void sim_uncharge(struct sim_state *st, int dev, uint64_t bytes)
     if (s < 0 || sim_lock(NULL, st) < 0)
         return;
     struct sim_slot *sl = &st->slot[s];
-    if (sl->pid == own_pid) {
+    if (sl->pid == self_pid()) {
         uint64_t b = bytes <= sl->bytes[dev] ? bytes : sl->bytes[dev];
         sl->bytes[dev] -= b;
         st->gpu[dev].used = st->gpu[dev].used >= b ? st->gpu[dev].used - b : 0;

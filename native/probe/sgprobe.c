@@ -1,0 +1,845 @@
+/*
+ * sgprobe: one small CUDA driver-API client, many commands, `key=value` output (one fact per
+ * line, flushed).  Used by the tests, the benchmarks and the demo, against the simulated GPU or a
+ * real one.  `sgprobe help` lists the commands.
+ *
+ * Built twice from this file: `sgprobe` links against libcuda.so.1; `sgprobe-dl`
+ * (-DSG_PROBE_DLOPEN) loads it with dlopen + dlsym.  Both take their functions from PROBE_API
+ * below, typed from sharegpu/cuda_api.h.
+ *
+ * Exit status: 0 the command ran (a refused allocation is a result), 2 usage error, 1 the driver
+ * failed where the command did not expect it (a `fail=` line says where).
+ */
+#include "sharegpu/cuda_api.h"
+
+#include <ctype.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PROBE_API(X)                                                                               \
+    X(cuInit)                                                                                      \
+    X(cuDriverGetVersion)                                                                          \
+    X(cuGetErrorName)                                                                              \
+    X(cuDeviceGet)                                                                                 \
+    X(cuDeviceGetCount)                                                                            \
+    X(cuDeviceGetName)                                                                             \
+    X(cuDeviceGetUuid)                                                                             \
+    X(cuDeviceTotalMem_v2)                                                                         \
+    X(cuDevicePrimaryCtxRetain)                                                                    \
+    X(cuDevicePrimaryCtxRelease_v2)                                                                \
+    X(cuCtxSetCurrent)                                                                             \
+    X(cuCtxSynchronize)                                                                            \
+    X(cuMemAlloc_v2)                                                                               \
+    X(cuMemAllocPitch_v2)                                                                          \
+    X(cuMemAllocManaged)                                                                           \
+    X(cuMemFree_v2)                                                                                \
+    X(cuMemGetInfo_v2)                                                                             \
+    X(cuMemAllocAsync)                                                                             \
+    X(cuMemAllocFromPoolAsync)                                                                     \
+    X(cuMemFreeAsync)                                                                              \
+    X(cuDeviceGetDefaultMemPool)                                                                   \
+    X(cuMemCreate)                                                                                 \
+    X(cuMemRelease)                                                                                \
+    X(cuMemAddressReserve)                                                                         \
+    X(cuMemAddressFree)                                                                            \
+    X(cuMemMap)                                                                                    \
+    X(cuMemUnmap)                                                                                  \
+    X(cuMemSetAccess)                                                                              \
+    X(cuMemGetAllocationGranularity)                                                               \
+    X(cuArrayCreate_v2)                                                                            \
+    X(cuArrayDestroy)                                                                              \
+    X(cuMemcpyHtoD_v2)                                                                             \
+    X(cuMemcpyDtoH_v2)                                                                             \
+    X(cuMemcpyDtoD_v2)                                                                             \
+    X(cuMemsetD8_v2)                                                                               \
+    X(cuMemsetD32_v2)                                                                              \
+    X(cuModuleLoadData)                                                                            \
+    X(cuModuleGetFunction)                                                                         \
+    X(cuModuleUnload)                                                                              \
+    X(cuLaunchKernel)                                                                              \
+    X(cuLaunchKernelEx)                                                                            \
+    X(cuLaunchCooperativeKernel)                                                                   \
+    X(cuGraphCreate)                                                                               \
+    X(cuGraphAddKernelNode_v2)                                                                     \
+    X(cuGraphInstantiateWithFlags)                                                                 \
+    X(cuGraphLaunch)                                                                               \
+    X(cuGraphExecDestroy)                                                                          \
+    X(cuGraphDestroy)                                                                              \
+    X(cuStreamCreate)                                                                              \
+    X(cuStreamDestroy_v2)                                                                          \
+    X(cuStreamSynchronize)                                                                         \
+    X(cuStreamBeginCapture_v2)                                                                     \
+    X(cuStreamEndCapture)                                                                          \
+    X(cuEventCreate)                                                                               \
+    X(cuEventRecord)                                                                               \
+    X(cuEventSynchronize)                                                                          \
+    X(cuEventElapsedTime)                                                                          \
+    X(cuEventDestroy_v2)
+
+static struct {
+#define X(name) __typeof__(&name) name;
+    PROBE_API(X)
+#undef X
+} api;
+
+static const char ptx[] = ".version 8.0\n"
+                          ".target sm_90\n"
+                          ".address_size 64\n"
+                          "\n"
+                          ".visible .entry spin(.param .u64 us)\n"
+                          "{\n"
+                          "    ret;\n"
+                          "}\n"
+                          "\n"
+                          ".visible .entry other()\n"
+                          "{\n"
+                          "    ret;\n"
+                          "}\n";
+
+static int ordinal;
+static CUdevice dev;
+static CUcontext ctx;
+static CUstream stream;
+
+/* ---- output ------------------------------------------------------------------------------- */
+
+static void out(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void out(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    putchar('\n');
+    fflush(stdout);
+}
+
+static const char *errname(CUresult r)
+{
+    const char *s = NULL;
+    if (api.cuGetErrorName(r, &s) != CUDA_SUCCESS || !s)
+        return "CUDA_ERROR_UNRECOGNIZED";
+    return s;
+}
+
+/* An unexpected driver failure: report and exit 1. */
+static int fail(const char *what, CUresult r)
+{
+    out("fail=%s", what);
+    out("error=%s", errname(r));
+    return 1;
+}
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        CUresult ck_r = (call);                                                                    \
+        if (ck_r != CUDA_SUCCESS)                                                                  \
+            return fail(#call, ck_r);                                                              \
+    } while (0)
+
+static int usage(const char *msg)
+{
+    fprintf(stderr, "sgprobe: %s (run `sgprobe help`)\n", msg);
+    return 2;
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* "123", "4k", "256M", "2G" (binary units). */
+static int parse_size(const char *s, size_t *v)
+{
+    char *end;
+    errno = 0;
+    unsigned long long n = strtoull(s, &end, 10);
+    if (errno || end == s || !isdigit((unsigned char)*s))
+        return -1;
+    unsigned shift = 0;
+    switch (*end) {
+    case '\0': break;
+    case 'k': case 'K': shift = 10; end++; break;
+    case 'm': case 'M': shift = 20; end++; break;
+    case 'g': case 'G': shift = 30; end++; break;
+    default: return -1;
+    }
+    if (*end || (shift && n > (~0ull >> shift)))
+        return -1;
+    *v = (size_t)(n << shift);
+    return 0;
+}
+
+static int parse_count(const char *s, long *v)
+{
+    char *end;
+    errno = 0;
+    long n = strtol(s, &end, 10);
+    if (errno || end == s || *end || n < 0)
+        return -1;
+    *v = n;
+    return 0;
+}
+
+/* ---- loading the driver ------------------------------------------------------------------- */
+
+static int load_api(void)
+{
+#ifdef SG_PROBE_DLOPEN
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        out("fail=dlopen");
+        out("error=%s", dlerror());
+        return 1;
+    }
+#define X(name)                                                                                    \
+    api.name = (__typeof__(api.name))dlsym(h, #name);                                              \
+    if (!api.name) {                                                                               \
+        out("fail=dlsym:%s", #name);                                                               \
+        return 1;                                                                                  \
+    }
+    PROBE_API(X)
+#undef X
+#else
+#define X(name) api.name = name;
+    PROBE_API(X)
+#undef X
+#endif
+    return 0;
+}
+
+static int setup(int with_ctx)
+{
+    CK(api.cuInit(0));
+    CK(api.cuDeviceGet(&dev, ordinal));
+    if (!with_ctx)
+        return 0;
+    CK(api.cuDevicePrimaryCtxRetain(&ctx, dev));
+    CK(api.cuCtxSetCurrent(ctx));
+    CK(api.cuStreamCreate(&stream, 0));
+    return 0;
+}
+
+/* ---- allocation kinds ------------------------------------------------------------------------ */
+
+enum kind { K_PLAIN, K_PITCH, K_MANAGED, K_ASYNC, K_POOL, K_VMM, K_ARRAY, K_COUNT };
+static const char *const kind_names[K_COUNT] = {"plain", "pitch", "managed", "async",
+                                                "pool",  "vmm",   "array"};
+
+static int parse_kind(const char *s)
+{
+    for (int k = 0; k < K_COUNT; k++)
+        if (strcmp(s, kind_names[k]) == 0)
+            return k;
+    return -1;
+}
+
+struct held {
+    int kind;
+    CUdeviceptr p;
+    size_t size;
+    CUarray arr;
+    CUmemGenericAllocationHandle h;
+};
+
+static CUresult vmm_alloc(size_t bytes, struct held *o)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof(prop));
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    size_t gran = 0;
+    CUresult r = api.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (r)
+        return r;
+    size_t size = (bytes + gran - 1) / gran * gran;
+    r = api.cuMemCreate(&o->h, size, &prop, 0);
+    if (r)
+        return r;
+    r = api.cuMemAddressReserve(&o->p, size, 0, 0, 0);
+    if (r)
+        goto release;
+    r = api.cuMemMap(o->p, size, 0, o->h, 0);
+    if (r)
+        goto unreserve;
+    CUmemAccessDesc acc;
+    memset(&acc, 0, sizeof(acc));
+    acc.location = prop.location;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    r = api.cuMemSetAccess(o->p, size, &acc, 1);
+    if (r)
+        goto unmap;
+    o->size = size;
+    return CUDA_SUCCESS;
+unmap:
+    api.cuMemUnmap(o->p, size);
+unreserve:
+    api.cuMemAddressFree(o->p, size);
+release:
+    api.cuMemRelease(o->h);
+    return r;
+}
+
+static CUresult do_alloc(int kind, size_t bytes, struct held *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->kind = kind;
+    o->size = bytes;
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    switch (kind) {
+    case K_PLAIN: return api.cuMemAlloc_v2(&o->p, bytes);
+    case K_PITCH: {
+        size_t pitch, width = bytes / 16 ? bytes / 16 : 1;
+        return api.cuMemAllocPitch_v2(&o->p, &pitch, width, 16, 4);
+    }
+    case K_MANAGED: return api.cuMemAllocManaged(&o->p, bytes, CU_MEM_ATTACH_GLOBAL);
+    case K_ASYNC:
+        r = api.cuMemAllocAsync(&o->p, bytes, stream);
+        return r ? r : api.cuStreamSynchronize(stream);
+    case K_POOL: {
+        CUmemoryPool pool;
+        r = api.cuDeviceGetDefaultMemPool(&pool, dev);
+        if (!r)
+            r = api.cuMemAllocFromPoolAsync(&o->p, bytes, pool, stream);
+        return r ? r : api.cuStreamSynchronize(stream);
+    }
+    case K_VMM: return vmm_alloc(bytes, o);
+    case K_ARRAY: {
+        CUDA_ARRAY_DESCRIPTOR d;
+        memset(&d, 0, sizeof(d));
+        d.Width = bytes;
+        d.Height = 0;
+        d.Format = CU_AD_FORMAT_UNSIGNED_INT8;
+        d.NumChannels = 1;
+        return api.cuArrayCreate_v2(&o->arr, &d);
+    }
+    }
+    return r;
+}
+
+static CUresult do_free(struct held *o)
+{
+    CUresult r;
+    switch (o->kind) {
+    case K_ASYNC:
+    case K_POOL:
+        r = api.cuMemFreeAsync(o->p, stream);
+        return r ? r : api.cuStreamSynchronize(stream);
+    case K_VMM:
+        r = api.cuMemUnmap(o->p, o->size);
+        if (!r)
+            r = api.cuMemAddressFree(o->p, o->size);
+        if (!r)
+            r = api.cuMemRelease(o->h);
+        return r;
+    case K_ARRAY: return api.cuArrayDestroy(o->arr);
+    default: return api.cuMemFree_v2(o->p);
+    }
+}
+
+static int print_meminfo(void)
+{
+    size_t free_b, total, devtotal;
+    CK(api.cuMemGetInfo_v2(&free_b, &total));
+    CK(api.cuDeviceTotalMem_v2(&devtotal, dev));
+    out("free=%zu", free_b);
+    out("total=%zu", total);
+    out("devtotal=%zu", devtotal);
+    return 0;
+}
+
+/* ---- commands -------------------------------------------------------------------------------- */
+
+static int cmd_info(int argc, char **argv)
+{
+    if (setup(0))
+        return 1;
+    int n, ver;
+    CK(api.cuDeviceGetCount(&n));
+    CK(api.cuDriverGetVersion(&ver));
+    out("count=%d", n);
+    out("driver_version=%d", ver);
+    for (int i = 0; i < n; i++) {
+        CUdevice d;
+        char name[256];
+        CUuuid u;
+        size_t total;
+        CK(api.cuDeviceGet(&d, i));
+        CK(api.cuDeviceGetName(name, sizeof(name), d));
+        CK(api.cuDeviceGetUuid(&u, d));
+        CK(api.cuDeviceTotalMem_v2(&total, d));
+        const unsigned char *b = (const unsigned char *)u.bytes;
+        out("dev%d.name=%s", i, name);
+        out("dev%d.uuid=GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", i,
+            b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+            b[14], b[15]);
+        out("dev%d.total=%zu", i, total);
+    }
+    return 0;
+}
+
+static int cmd_meminfo(int argc, char **argv)
+{
+    return setup(1) ? 1 : print_meminfo();
+}
+
+static int cmd_alloc(int argc, char **argv)
+{
+    if (argc < 2)
+        return usage("alloc KIND BYTES...");
+    int kind = parse_kind(argv[0]);
+    if (kind < 0)
+        return usage("unknown allocation kind");
+    for (int i = 1; i < argc; i++) {
+        size_t b;
+        if (parse_size(argv[i], &b) < 0)
+            return usage("bad size");
+    }
+    if (setup(1))
+        return 1;
+    for (int i = 1; i < argc; i++) {
+        size_t b;
+        parse_size(argv[i], &b);
+        struct held h;
+        CUresult r = do_alloc(kind, b, &h);
+        out("alloc=%s", r ? errname(r) : "OK"); /* what succeeded is kept until exit */
+    }
+    return print_meminfo();
+}
+
+#define FILL_MAX 1000000
+
+static int cmd_fill(int argc, char **argv)
+{
+    size_t chunk;
+    if (argc != 2 || parse_size(argv[1], &chunk) < 0 || chunk == 0)
+        return usage("fill KIND CHUNK");
+    int kind = parse_kind(argv[0]);
+    if (kind < 0)
+        return usage("unknown allocation kind");
+    if (setup(1))
+        return 1;
+    struct held *held = calloc(FILL_MAX, sizeof(*held));
+    if (!held)
+        return usage("out of host memory");
+    long n = 0;
+    CUresult r = CUDA_SUCCESS;
+    while (n < FILL_MAX && (r = do_alloc(kind, chunk, &held[n])) == CUDA_SUCCESS)
+        n++;
+    out("count=%ld", n);
+    out("bytes=%zu", (size_t)n * chunk);
+    out("error=%s", r ? errname(r) : "NONE");
+    if (n > 0) {
+        CK(do_free(&held[--n]));
+        r = do_alloc(kind, chunk, &held[n]);
+        out("refill=%s", r ? errname(r) : "OK");
+        if (!r)
+            n++;
+    }
+    while (n > 0)
+        CK(do_free(&held[--n]));
+    free(held);
+    return 0;
+}
+
+static void sleep_s(double s)
+{
+    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+static int cmd_hold(int argc, char **argv)
+{
+    size_t b;
+    char *end;
+    if (argc != 3 || parse_size(argv[1], &b) < 0)
+        return usage("hold KIND BYTES SECONDS");
+    double secs = strtod(argv[2], &end);
+    if (*end || secs < 0)
+        return usage("bad SECONDS");
+    int kind = parse_kind(argv[0]);
+    if (kind < 0)
+        return usage("unknown allocation kind");
+    if (setup(1))
+        return 1;
+    struct held h;
+    CUresult r = do_alloc(kind, b, &h);
+    if (r) {
+        out("alloc=%s", errname(r));
+        return 0;
+    }
+    out("ready=1");
+    sleep_s(secs);
+    CK(do_free(&h));
+    out("done=1");
+    return 0;
+}
+
+static int cmd_killself(int argc, char **argv)
+{
+    size_t b;
+    if (argc != 2 || parse_size(argv[1], &b) < 0)
+        return usage("killself KIND BYTES");
+    int kind = parse_kind(argv[0]);
+    if (kind < 0)
+        return usage("unknown allocation kind");
+    if (setup(1))
+        return 1;
+    struct held h;
+    CK(do_alloc(kind, b, &h));
+    out("ready=1");
+    raise(SIGKILL);
+    return 1;
+}
+
+static int cmd_forkfree(int argc, char **argv)
+{
+    size_t b;
+    if (argc != 2 || parse_size(argv[1], &b) < 0 || parse_kind(argv[0]) < 0)
+        return usage("forkfree KIND BYTES");
+    if (setup(1))
+        return 1;
+    size_t free0, free1, total;
+    CK(api.cuMemGetInfo_v2(&free0, &total));
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0)
+        return usage("fork failed");
+    if (pid == 0) {
+        char d[16];
+        snprintf(d, sizeof(d), "%d", ordinal);
+        char *args[] = {"sgprobe", "-d", d, "killself", argv[0], argv[1], NULL};
+        execv("/proc/self/exe", args);
+        _exit(127);
+    }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    if (WIFSIGNALED(status))
+        out("child=signal:%d", WTERMSIG(status));
+    else
+        out("child=exit:%d", WEXITSTATUS(status));
+    /* Reclaiming is lazy but every query triggers it: allow a little time anyway. */
+    uint64_t deadline = now_ns() + 2000000000ull;
+    do {
+        CK(api.cuMemGetInfo_v2(&free1, &total));
+        if (free1 == free0)
+            break;
+        sleep_s(0.01);
+    } while (now_ns() < deadline);
+    out("free_before=%zu", free0);
+    out("free_after=%zu", free1);
+    out("freed=%d", free1 == free0);
+    return 0;
+}
+
+static int cmd_cycle(int argc, char **argv)
+{
+    size_t b;
+    long n;
+    if (argc != 3 || parse_size(argv[1], &b) < 0 || parse_count(argv[2], &n) < 0 || n == 0)
+        return usage("cycle KIND BYTES N");
+    int kind = parse_kind(argv[0]);
+    if (kind < 0)
+        return usage("unknown allocation kind");
+    if (setup(1))
+        return 1;
+    uint64_t t0 = now_ns();
+    for (long i = 0; i < n; i++) {
+        struct held h;
+        CK(do_alloc(kind, b, &h));
+        CK(do_free(&h));
+    }
+    uint64_t t1 = now_ns();
+    out("pairs=%ld", n);
+    out("ns_per_pair=%" PRIu64, (t1 - t0) / (uint64_t)n);
+    return 0;
+}
+
+struct thread_arg {
+    int kind;
+    size_t chunk;
+    long count;
+    CUresult err;
+};
+
+static void *thread_fill(void *p)
+{
+    struct thread_arg *a = p;
+    a->err = api.cuCtxSetCurrent(ctx);
+    if (a->err)
+        return NULL;
+    for (;;) {
+        struct held h;
+        CUresult r = do_alloc(a->kind, a->chunk, &h);
+        if (r) {
+            a->err = r;
+            return NULL;
+        }
+        a->count++; /* kept until exit */
+        if (a->count >= FILL_MAX)
+            return NULL;
+    }
+}
+
+static int cmd_threads(int argc, char **argv)
+{
+    long t;
+    size_t chunk;
+    if (argc != 3 || parse_count(argv[0], &t) < 0 || t < 1 || t > 256 ||
+        parse_size(argv[2], &chunk) < 0 || chunk == 0)
+        return usage("threads T KIND CHUNK");
+    int kind = parse_kind(argv[1]);
+    if (kind < 0)
+        return usage("unknown allocation kind");
+    if (setup(1))
+        return 1;
+    pthread_t th[256];
+    struct thread_arg args[256];
+    for (long i = 0; i < t; i++) {
+        args[i] = (struct thread_arg){.kind = kind, .chunk = chunk};
+        if (pthread_create(&th[i], NULL, thread_fill, &args[i]) != 0)
+            return usage("pthread_create failed");
+    }
+    long count = 0;
+    const char *err = "NONE";
+    for (long i = 0; i < t; i++) {
+        pthread_join(th[i], NULL);
+        count += args[i].count;
+        if (args[i].err && args[i].err != CUDA_ERROR_OUT_OF_MEMORY)
+            err = errname(args[i].err);
+        else if (args[i].err && strcmp(err, "NONE") == 0)
+            err = errname(args[i].err);
+    }
+    out("count=%ld", count);
+    out("bytes=%zu", (size_t)count * chunk);
+    out("error=%s", err);
+    return print_meminfo();
+}
+
+static int load_spin(CUmodule *mod, CUfunction *f)
+{
+    CK(api.cuModuleLoadData(mod, ptx));
+    CK(api.cuModuleGetFunction(f, *mod, "spin"));
+    return 0;
+}
+
+static int cmd_launch(int argc, char **argv)
+{
+    long n;
+    size_t us;
+    if (argc < 2 || argc > 3 || parse_count(argv[0], &n) < 0 || parse_size(argv[1], &us) < 0)
+        return usage("launch N US [kernel|ex|coop|graph|capture]");
+    const char *mode = argc == 3 ? argv[2] : "kernel";
+    if (strcmp(mode, "kernel") && strcmp(mode, "ex") && strcmp(mode, "coop") &&
+        strcmp(mode, "graph") && strcmp(mode, "capture"))
+        return usage("unknown launch mode");
+    if (setup(1))
+        return 1;
+    CUmodule mod;
+    CUfunction f;
+    if (load_spin(&mod, &f))
+        return 1;
+    uint64_t arg = us;
+    void *params[] = {&arg};
+    CUevent e0, e1;
+    CK(api.cuEventCreate(&e0, 0));
+    CK(api.cuEventCreate(&e1, 0));
+    CUgraph graph = NULL;
+    CUgraphExec exec = NULL;
+    if (!strcmp(mode, "graph")) {
+        CK(api.cuGraphCreate(&graph, 0));
+        CUgraphNode prev = NULL;
+        for (long i = 0; i < n; i++) {
+            CUDA_KERNEL_NODE_PARAMS_v2 p;
+            memset(&p, 0, sizeof(p));
+            p.func = f;
+            p.gridDimX = p.gridDimY = p.gridDimZ = 1;
+            p.blockDimX = p.blockDimY = p.blockDimZ = 1;
+            p.kernelParams = params;
+            CUgraphNode node;
+            CK(api.cuGraphAddKernelNode_v2(&node, graph, prev ? &prev : NULL, prev ? 1 : 0, &p));
+            prev = node;
+        }
+        CK(api.cuGraphInstantiateWithFlags(&exec, graph, 0));
+    } else if (!strcmp(mode, "capture")) {
+        CK(api.cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+        for (long i = 0; i < n; i++)
+            CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
+        CK(api.cuStreamEndCapture(stream, &graph));
+        CK(api.cuGraphInstantiateWithFlags(&exec, graph, 0));
+    }
+    uint64_t t0 = now_ns();
+    CK(api.cuEventRecord(e0, stream));
+    if (exec) {
+        CK(api.cuGraphLaunch(exec, stream));
+    } else {
+        for (long i = 0; i < n; i++) {
+            if (!strcmp(mode, "kernel")) {
+                CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
+            } else if (!strcmp(mode, "ex")) {
+                CUlaunchConfig cfg;
+                memset(&cfg, 0, sizeof(cfg));
+                cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
+                cfg.blockDimX = cfg.blockDimY = cfg.blockDimZ = 1;
+                cfg.hStream = stream;
+                CK(api.cuLaunchKernelEx(&cfg, f, params, NULL));
+            } else {
+                CK(api.cuLaunchCooperativeKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params));
+            }
+        }
+    }
+    CK(api.cuEventRecord(e1, stream));
+    CK(api.cuStreamSynchronize(stream));
+    uint64_t t1 = now_ns();
+    float ms = 0;
+    CK(api.cuEventElapsedTime(&ms, e0, e1));
+    out("kernels=%ld", n);
+    out("mode=%s", mode);
+    out("wall_us=%" PRIu64, (t1 - t0) / 1000u);
+    out("start_ns=%" PRIu64, t0); /* CLOCK_MONOTONIC: comparable across processes */
+    out("end_ns=%" PRIu64, t1);
+    out("gpu_us=%.0f", (double)ms * 1000.0);
+    if (exec)
+        CK(api.cuGraphExecDestroy(exec));
+    if (graph)
+        CK(api.cuGraphDestroy(graph));
+    CK(api.cuEventDestroy_v2(e0));
+    CK(api.cuEventDestroy_v2(e1));
+    CK(api.cuModuleUnload(mod));
+    return 0;
+}
+
+static int cmd_launchbench(int argc, char **argv)
+{
+    long n;
+    if (argc != 1 || parse_count(argv[0], &n) < 0 || n == 0)
+        return usage("launchbench N");
+    if (setup(1))
+        return 1;
+    CUmodule mod;
+    CUfunction f;
+    if (load_spin(&mod, &f))
+        return 1;
+    uint64_t arg = 0;
+    void *params[] = {&arg};
+    uint64_t t0 = now_ns();
+    for (long i = 0; i < n; i++)
+        CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
+    uint64_t t1 = now_ns();
+    CK(api.cuStreamSynchronize(stream));
+    out("launches=%ld", n);
+    out("ns_per_launch=%" PRIu64, (t1 - t0) / (uint64_t)n);
+    return 0;
+}
+
+static int cmd_copy(int argc, char **argv)
+{
+    size_t b;
+    if (argc != 1 || parse_size(argv[0], &b) < 0 || b == 0 || b % 4)
+        return usage("copy BYTES (a positive multiple of 4)");
+    if (setup(1))
+        return 1;
+    unsigned char *src = malloc(b), *dst = malloc(b);
+    if (!src || !dst)
+        return usage("out of host memory");
+    for (size_t i = 0; i < b; i++)
+        src[i] = (unsigned char)(i * 131u + 7u);
+    CUdeviceptr a, c;
+    CK(api.cuMemAlloc_v2(&a, b));
+    CK(api.cuMemAlloc_v2(&c, b));
+    CK(api.cuMemcpyHtoD_v2(a, src, b));
+    CK(api.cuMemcpyDtoD_v2(c, a, b));
+    CK(api.cuMemcpyDtoH_v2(dst, c, b));
+    out("copy=%s", memcmp(src, dst, b) ? "MISMATCH" : "OK");
+    int ok = 1;
+    CK(api.cuMemsetD8_v2(a, 0xab, b));
+    CK(api.cuMemcpyDtoH_v2(dst, a, b));
+    for (size_t i = 0; i < b; i++)
+        ok &= dst[i] == 0xab;
+    CK(api.cuMemsetD32_v2(a, 0x01020304u, b / 4));
+    CK(api.cuMemcpyDtoH_v2(dst, a, b));
+    for (size_t i = 0; i < b / 4; i++) {
+        uint32_t v;
+        memcpy(&v, dst + 4 * i, 4);
+        ok &= v == 0x01020304u;
+    }
+    out("memset=%s", ok ? "OK" : "MISMATCH");
+    CK(api.cuMemFree_v2(a));
+    CK(api.cuMemFree_v2(c));
+    free(src);
+    free(dst);
+    return 0;
+}
+
+static int cmd_help(int argc, char **argv);
+
+static const struct command {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} commands[] = {
+    {"help", cmd_help, "this list"},
+    {"info", cmd_info, "device count, driver version, devN.name / devN.uuid / devN.total"},
+    {"meminfo", cmd_meminfo, "free= total= (cuMemGetInfo_v2), devtotal= (cuDeviceTotalMem_v2)"},
+    {"alloc", cmd_alloc, "KIND BYTES...: alloc=OK|<error> per size (kept), then meminfo keys"},
+    {"fill", cmd_fill, "KIND CHUNK: allocate until refused: count= bytes= error=; free one, "
+                       "retry: refill=OK|<error>"},
+    {"hold", cmd_hold, "KIND BYTES SECONDS: allocate, ready=1 (or alloc=<error>), sleep, free"},
+    {"killself", cmd_killself, "KIND BYTES: allocate, ready=1, then SIGKILL itself"},
+    {"forkfree", cmd_forkfree, "KIND BYTES: run `killself` in a child, then freed=1 when its "
+                               "memory came back (free_before= free_after= child=)"},
+    {"cycle", cmd_cycle, "KIND BYTES N: N alloc+free pairs, ns_per_pair="},
+    {"threads", cmd_threads, "T KIND CHUNK: T threads allocate until refused: count= bytes="},
+    {"launch", cmd_launch, "N US [kernel|ex|coop|graph|capture]: N spin kernels of US µs, then "
+                           "sync: wall_us= gpu_us= (events), start_ns= end_ns= (CLOCK_MONOTONIC)"},
+    {"launchbench", cmd_launchbench, "N: N launches of a 0 µs kernel, ns_per_launch= (calls only)"},
+    {"copy", cmd_copy, "BYTES: HtoD, DtoD, DtoH round trip: copy=OK; memsets: memset=OK"},
+};
+
+static int cmd_help(int argc, char **argv)
+{
+    printf("usage: sgprobe [-d ORDINAL] COMMAND ARGS...\n"
+           "KIND: plain pitch managed async pool vmm array; sizes accept k/M/G suffixes "
+           "(binary)\nexit: 0 ran, 1 unexpected driver failure (fail= error=), 2 usage\n");
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        printf("  %-12s %s\n", commands[i].name, commands[i].help);
+    fflush(stdout);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    int i = 1;
+    if (i + 1 < argc && strcmp(argv[i], "-d") == 0) {
+        long d;
+        if (parse_count(argv[i + 1], &d) < 0 || d > 1024)
+            return usage("bad -d ORDINAL");
+        ordinal = (int)d;
+        i += 2;
+    }
+    if (i >= argc)
+        return usage("missing command");
+    for (size_t c = 0; c < sizeof(commands) / sizeof(commands[0]); c++) {
+        if (strcmp(argv[i], commands[c].name) == 0) {
+            if (commands[c].fn != cmd_help && load_api())
+                return 1;
+            return commands[c].fn(argc - i - 1, argv + i + 1);
+        }
+    }
+    return usage("unknown command");
+}

@@ -1,0 +1,384 @@
+/*
+ * Contexts.  The current context is a per-thread stack (push/pop/set as the real driver).
+ * Primary contexts are one static object per device, active while retained; created contexts
+ * are heap objects.  Destroying a context (or releasing/resetting a primary one to inactive)
+ * frees the device memory allocated in it, as the real driver does.
+ */
+#include "cu.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define CTX_STACK_MAX 64
+static _Thread_local struct CUctx_st *stack[CTX_STACK_MAX];
+static _Thread_local int depth;
+
+/* [cu_g.mu] contexts alive per physical GPU: the slot's ctx_mask bit is set while > 0. */
+static int live_per_gpu[SIM_MAX_GPUS];
+/* [cu_g.mu] created (non-primary) contexts, so a forked child can kill them all. */
+static struct CUctx_st **created;
+static size_t ncreated, capcreated;
+
+int cu_ctx_alive(const struct CUctx_st *c)
+{
+    return c && c->magic == CTX_MAGIC && (!c->primary || c->active);
+}
+
+CUresult cu_ctx_current(struct CUctx_st **out)
+{
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    if (depth == 0 || !cu_ctx_alive(stack[depth - 1]))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *out = stack[depth - 1];
+    return CUDA_SUCCESS;
+}
+
+void cu_ctx_note_tail(struct CUctx_st *c, uint64_t t)
+{
+    uint64_t cur = __atomic_load_n(&c->tail, __ATOMIC_RELAXED);
+    while (cur < t &&
+           !__atomic_compare_exchange_n(&c->tail, &cur, t, 1, __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+        ;
+}
+
+void cu_ctx_wait(struct CUctx_st *c)
+{
+    sim_sleep_until(__atomic_load_n(&c->tail, __ATOMIC_ACQUIRE));
+}
+
+/* Called under cu_g.mu when a context on phys starts (on=1) or ends (on=0). */
+static void note_live(int phys, int on)
+{
+    if (on ? live_per_gpu[phys]++ == 0 : --live_per_gpu[phys] == 0)
+        sim_set_ctx(NULL, cu_g.st, phys, on);
+}
+
+void cu_ctx_fork_child(void)
+{
+    for (int i = 0; i < SIM_MAX_GPUS; i++) {
+        cu_g.primary[i].magic = 0;
+        live_per_gpu[i] = 0;
+    }
+    for (size_t i = 0; i < ncreated; i++)
+        created[i]->magic = 0; /* the parent's contexts are not the child's */
+    ncreated = 0;
+}
+
+/* ---- primary contexts -------------------------------------------------------------------- */
+
+static CUresult primary_of(CUdevice dev, struct CUctx_st **out)
+{
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    if (cu_phys(dev) < 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *out = &cu_g.primary[dev];
+    return CUDA_SUCCESS;
+}
+
+/* Under cu_g.mu: the primary context becomes inactive and loses its memory. */
+static void primary_deactivate(struct CUctx_st *c)
+{
+    cu_ctx_wait(c);
+    cu_mem_free_ctx(c);
+    c->active = 0;
+    c->refcount = 0;
+    note_live(c->phys, 0);
+}
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c;
+    CUresult r = primary_of(dev, &c);
+    if (r)
+        return r;
+    struct sim_err e = {0};
+    if (sim_slot_acquire(&e, cu_g.st) < 0)
+        return cu_result(&e);
+    pthread_mutex_lock(&cu_g.mu);
+    if (!c->active) {
+        c->active = 1;
+        c->refcount = 0;
+        note_live(c->phys, 1);
+    }
+    c->refcount++;
+    pthread_mutex_unlock(&cu_g.mu);
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+static CUresult primary_release(CUdevice dev)
+{
+    struct CUctx_st *c;
+    CUresult r = primary_of(dev, &c);
+    if (r)
+        return r;
+    pthread_mutex_lock(&cu_g.mu);
+    if (!c->active || c->refcount <= 0) {
+        r = CUDA_ERROR_INVALID_CONTEXT;
+    } else if (--c->refcount == 0) {
+        primary_deactivate(c);
+    }
+    pthread_mutex_unlock(&cu_g.mu);
+    return r;
+}
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    return primary_release(dev);
+}
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    return primary_release(dev);
+}
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+    if (!flags || !active)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c;
+    CUresult r = primary_of(dev, &c);
+    if (r)
+        return r;
+    pthread_mutex_lock(&cu_g.mu);
+    *flags = c->flags;
+    *active = c->active;
+    pthread_mutex_unlock(&cu_g.mu);
+    return CUDA_SUCCESS;
+}
+
+#define CTX_FLAGS_VALID 0x3fu /* scheduling (0..4), MAP_HOST 0x8, LMEM_RESIZE_TO_MAX 0x10, 0x20 */
+
+static CUresult primary_set_flags(CUdevice dev, unsigned flags)
+{
+    if (flags & ~CTX_FLAGS_VALID)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c;
+    CUresult r = primary_of(dev, &c);
+    if (r)
+        return r;
+    pthread_mutex_lock(&cu_g.mu);
+    c->flags = flags;
+    pthread_mutex_unlock(&cu_g.mu);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
+{
+    return primary_set_flags(dev, flags);
+}
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags)
+{
+    return primary_set_flags(dev, flags);
+}
+
+static CUresult primary_reset(CUdevice dev)
+{
+    struct CUctx_st *c;
+    CUresult r = primary_of(dev, &c);
+    if (r)
+        return r;
+    pthread_mutex_lock(&cu_g.mu);
+    if (c->active)
+        primary_deactivate(c);
+    c->flags = 0;
+    pthread_mutex_unlock(&cu_g.mu);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    return primary_reset(dev);
+}
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    return primary_reset(dev);
+}
+
+/* ---- created contexts -------------------------------------------------------------------- */
+
+static CUresult push(struct CUctx_st *c)
+{
+    if (depth >= CTX_STACK_MAX)
+        return CUDA_ERROR_INVALID_VALUE;
+    stack[depth++] = c;
+    return CUDA_SUCCESS;
+}
+
+static CUresult ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev)
+{
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    int phys = cu_phys(dev);
+    if (phys < 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (flags & ~CTX_FLAGS_VALID)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (depth >= CTX_STACK_MAX)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sim_err e = {0};
+    if (sim_slot_acquire(&e, cu_g.st) < 0)
+        return cu_result(&e);
+    struct CUctx_st *c = calloc(1, sizeof(*c));
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    c->ordinal = dev;
+    c->phys = phys;
+    c->flags = flags;
+    c->refcount = 1;
+    cu_stream_init(&c->defstream, c, 0);
+    pthread_mutex_lock(&cu_g.mu);
+    if (ncreated == capcreated) {
+        size_t cap = capcreated ? capcreated * 2 : 16;
+        struct CUctx_st **n = realloc(created, cap * sizeof(*n));
+        if (!n) {
+            pthread_mutex_unlock(&cu_g.mu);
+            free(c);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        created = n;
+        capcreated = cap;
+    }
+    created[ncreated++] = c;
+    note_live(phys, 1);
+    c->magic = CTX_MAGIC;
+    pthread_mutex_unlock(&cu_g.mu);
+    push(c);
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    return ctx_create(pctx, flags, dev);
+}
+
+SIM_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int numParams,
+                                   unsigned int flags, CUdevice dev)
+{
+    if (numParams < 0 || (numParams > 0 && !params))
+        return CUDA_ERROR_INVALID_VALUE;
+    return ctx_create(pctx, flags, dev); /* affinity (SM partitioning) is not modelled */
+}
+
+SIM_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
+                                   CUdevice dev)
+{
+    return ctx_create(pctx, flags, dev); /* params (CIG, affinity) accepted and ignored */
+}
+
+SIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    struct CUctx_st *c = ctx;
+    if (!c || c->magic != CTX_MAGIC || c->primary)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    cu_ctx_wait(c);
+    pthread_mutex_lock(&cu_g.mu);
+    for (size_t i = 0; i < ncreated; i++) {
+        if (created[i] == c) {
+            created[i] = created[--ncreated];
+            break;
+        }
+    }
+    cu_mem_free_ctx(c);
+    note_live(c->phys, 0);
+    c->magic = 0;
+    pthread_mutex_unlock(&cu_g.mu);
+    /* Remove it from this thread's stack (other threads holding it get INVALID_CONTEXT as long as
+     * the memory is not reused, which the real driver does not promise either). */
+    int w = 0;
+    for (int i = 0; i < depth; i++)
+        if (stack[i] != c)
+            stack[w++] = stack[i];
+    depth = w;
+    free(c);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    *pctx = depth ? stack[depth - 1] : NULL;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    if (!ctx) {
+        if (depth)
+            depth--;
+        return CUDA_SUCCESS;
+    }
+    if (!cu_ctx_alive(ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (depth == 0)
+        return push(ctx);
+    stack[depth - 1] = ctx;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    if (!cu_ctx_alive(ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    return push(ctx);
+}
+
+SIM_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    if (depth == 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    struct CUctx_st *c = stack[--depth];
+    if (pctx)
+        *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxGetDevice(CUdevice *device)
+{
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c;
+    CUresult r = cu_ctx_current(&c);
+    if (r)
+        return r;
+    *device = c->ordinal;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxSynchronize(void)
+{
+    struct CUctx_st *c;
+    CUresult r = cu_ctx_current(&c);
+    if (r)
+        return r;
+    cu_ctx_wait(c);
+    return CUDA_SUCCESS;
+}

@@ -1,0 +1,434 @@
+/*
+ * Virtual memory management (cuMemCreate / AddressReserve / Map / SetAccess ...).
+ *
+ * Physical allocations live in ONE memfd per process, carved by the arena allocator (one fd in
+ * total, whatever the number of handles; released ranges get their pages punched out).  A
+ * reservation is a PROT_NONE MAP_NORESERVE anonymous mapping; cuMemMap maps the memfd range over
+ * it MAP_SHARED|MAP_FIXED (still PROT_NONE) and cuMemSetAccess mprotects it, so two mappings of
+ * one handle really share data.  A handle is charged at cuMemCreate and uncharged once it is both
+ * released and unmapped everywhere, as the real driver frees it.
+ */
+#include "cu.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define BACKING_BYTES (1ull << 44) /* sparse: costs nothing until written */
+
+struct vmm_handle {
+    int phys;
+    int refs;         /* live mappings */
+    int released;
+    uint64_t off;     /* in the memfd */
+    size_t size;
+};
+
+struct vmm_res {
+    uintptr_t base;
+    size_t size;
+};
+
+struct vmm_map {
+    uintptr_t base;
+    size_t size;
+    struct vmm_handle *h;
+    int prot;
+};
+
+static pthread_mutex_t vmm_mu = PTHREAD_MUTEX_INITIALIZER;
+static int memfd = -1;            /* [vmm_mu] */
+static struct arena backing;      /* [vmm_mu] free offsets in memfd */
+/* [vmm_mu] small tables, linear scans: VMM users keep few, large objects. */
+static struct vmm_handle **handles;
+static size_t nhandles, caphandles;
+static struct vmm_res *res;
+static size_t nres, capres;
+static struct vmm_map *maps;
+static size_t nmaps, capmaps;
+
+void cu_vmm_fork_child(void)
+{
+    pthread_mutex_init(&vmm_mu, NULL);
+    if (memfd >= 0)
+        close(memfd); /* the parent's backing: the child gets its own on first use */
+    memfd = -1;
+    backing.n = 0;
+    nhandles = nres = nmaps = 0;
+}
+
+static int grow_array(void **arr, size_t *cap, size_t n, size_t elem)
+{
+    if (n < *cap)
+        return 0;
+    size_t c = *cap ? *cap * 2 : 16;
+    void *p = realloc(*arr, c * elem);
+    if (!p)
+        return -1;
+    *arr = p;
+    *cap = c;
+    return 0;
+}
+
+static int backing_open(void)
+{
+    if (memfd >= 0)
+        return 0;
+    int fd = memfd_create("simgpu-vmm", MFD_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    uint64_t size = BACKING_BYTES;
+    while (ftruncate(fd, (off_t)size) < 0 && size > (1ull << 30))
+        size /= 2;
+    if (arena_give(&backing, 0, size) < 0) {
+        close(fd);
+        return -1;
+    }
+    memfd = fd;
+    return 0;
+}
+
+static struct vmm_handle *handle_find(CUmemGenericAllocationHandle hv, size_t *idx)
+{
+    for (size_t i = 0; i < nhandles; i++)
+        if ((uintptr_t)handles[i] == (uintptr_t)hv) {
+            if (idx)
+                *idx = i;
+            return handles[i];
+        }
+    return NULL;
+}
+
+/* Under vmm_mu: frees the handle if released and unmapped; returns the bytes to uncharge. */
+static uint64_t handle_maybe_destroy(struct vmm_handle *h, int *phys)
+{
+    if (!h->released || h->refs > 0)
+        return 0;
+    size_t idx;
+    if (!handle_find((CUmemGenericAllocationHandle)(uintptr_t)h, &idx))
+        return 0;
+    handles[idx] = handles[--nhandles];
+    fallocate(memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)h->off, (off_t)h->size);
+    arena_give(&backing, h->off, h->size);
+    uint64_t b = h->size;
+    *phys = h->phys;
+    free(h);
+    return b;
+}
+
+static CUresult check_prop(const CUmemAllocationProp *prop, int *phys)
+{
+    if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    *phys = cu_phys(prop->location.id);
+    return *phys < 0 ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity,
+                                                  const CUmemAllocationProp *prop,
+                                                  CUmemAllocationGranularity_flags option)
+{
+    if (!granularity || (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
+                         option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    int phys;
+    r = check_prop(prop, &phys);
+    if (r)
+        return r;
+    *granularity = CU_GRANULARITY;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                                const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    if (!handle || flags || size == 0 || size % CU_GRANULARITY)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    int phys;
+    r = check_prop(prop, &phys);
+    if (r)
+        return r;
+    struct sim_err e = {0};
+    if (sim_charge(&e, cu_g.st, phys, size) < 0)
+        return cu_result(&e);
+    struct vmm_handle *h = calloc(1, sizeof(*h));
+    uintptr_t off;
+    pthread_mutex_lock(&vmm_mu);
+    int ok = h && backing_open() == 0 &&
+             grow_array((void **)&handles, &caphandles, nhandles, sizeof(*handles)) == 0 &&
+             arena_take(&backing, size, CU_GRANULARITY, &off) == 0;
+    if (ok) {
+        h->phys = phys;
+        h->off = off;
+        h->size = size;
+        handles[nhandles++] = h;
+    }
+    pthread_mutex_unlock(&vmm_mu);
+    if (!ok) {
+        free(h);
+        sim_uncharge(cu_g.st, phys, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    int phys = -1;
+    uint64_t freed = 0;
+    pthread_mutex_lock(&vmm_mu);
+    struct vmm_handle *h = handle_find(handle, NULL);
+    if (!h || h->released) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        h->released = 1;
+        freed = handle_maybe_destroy(h, &phys);
+    }
+    pthread_mutex_unlock(&vmm_mu);
+    if (freed)
+        sim_uncharge(cu_g.st, phys, freed);
+    return r;
+}
+
+SIM_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
+                                        CUdeviceptr addr, unsigned long long flags)
+{
+    if (!ptr || flags || size == 0 || size % CU_GRANULARITY ||
+        (alignment & (alignment - 1)))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    if (alignment < CU_GRANULARITY)
+        alignment = CU_GRANULARITY;
+    if (size > (1ull << 46) || alignment > (1ull << 40))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t span = size + alignment;
+    void *p = mmap((void *)(uintptr_t)addr, span, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    uintptr_t base = ((uintptr_t)p + alignment - 1) & ~(uintptr_t)(alignment - 1);
+    if (base > (uintptr_t)p)
+        munmap(p, base - (uintptr_t)p);
+    uintptr_t end = (uintptr_t)p + span;
+    if (end > base + size)
+        munmap((void *)(base + size), end - (base + size));
+    pthread_mutex_lock(&vmm_mu);
+    int ok = grow_array((void **)&res, &capres, nres, sizeof(*res)) == 0;
+    if (ok)
+        res[nres++] = (struct vmm_res){.base = base, .size = size};
+    pthread_mutex_unlock(&vmm_mu);
+    if (!ok) {
+        munmap((void *)base, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *ptr = (CUdeviceptr)base;
+    return CUDA_SUCCESS;
+}
+
+/* Under vmm_mu: drops maps[i] (the address range is left to the caller). */
+static uint64_t map_drop(size_t i, int *phys)
+{
+    struct vmm_handle *h = maps[i].h;
+    maps[i] = maps[--nmaps];
+    h->refs--;
+    return handle_maybe_destroy(h, phys);
+}
+
+SIM_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    uint64_t freed[64];
+    int phys[64];
+    size_t nfreed = 0;
+    pthread_mutex_lock(&vmm_mu);
+    size_t i = 0;
+    while (i < nres && !(res[i].base == (uintptr_t)ptr && res[i].size == size))
+        i++;
+    if (i == nres) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        /* Mappings left inside go with the reservation. */
+        for (size_t m = nmaps; m-- > 0;) {
+            if (maps[m].base >= (uintptr_t)ptr && maps[m].base < (uintptr_t)ptr + size) {
+                int p = -1;
+                uint64_t b = map_drop(m, &p);
+                if (b && nfreed < 64) {
+                    freed[nfreed] = b;
+                    phys[nfreed++] = p;
+                }
+            }
+        }
+        munmap((void *)(uintptr_t)ptr, size);
+        res[i] = res[--nres];
+    }
+    pthread_mutex_unlock(&vmm_mu);
+    for (size_t k = 0; k < nfreed; k++)
+        sim_uncharge(cu_g.st, phys[k], freed[k]);
+    return r;
+}
+
+static int inside_reservation(uintptr_t p, size_t size)
+{
+    for (size_t i = 0; i < nres; i++)
+        if (p >= res[i].base && p + size <= res[i].base + res[i].size)
+            return 1;
+    return 0;
+}
+
+static int overlaps_map(uintptr_t p, size_t size)
+{
+    for (size_t i = 0; i < nmaps; i++)
+        if (p < maps[i].base + maps[i].size && maps[i].base < p + size)
+            return 1;
+    return 0;
+}
+
+SIM_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                             CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    if (flags || size == 0 || size % CU_GRANULARITY || offset % CU_GRANULARITY ||
+        ptr % CU_GRANULARITY)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    pthread_mutex_lock(&vmm_mu);
+    struct vmm_handle *h = handle_find(handle, NULL);
+    if (!h || h->released || offset > h->size || size > h->size - offset ||
+        !inside_reservation((uintptr_t)ptr, size)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else if (overlaps_map((uintptr_t)ptr, size)) {
+        r = CUDA_ERROR_ALREADY_MAPPED;
+    } else if (grow_array((void **)&maps, &capmaps, nmaps, sizeof(*maps)) < 0) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    } else if (mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, memfd,
+                    (off_t)(h->off + offset)) == MAP_FAILED) {
+        r = CUDA_ERROR_MAP_FAILED;
+    } else {
+        maps[nmaps++] = (struct vmm_map){.base = (uintptr_t)ptr, .size = size, .h = h};
+        h->refs++;
+    }
+    pthread_mutex_unlock(&vmm_mu);
+    return r;
+}
+
+SIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    if (size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    uintptr_t a = (uintptr_t)ptr, b = a + size;
+    uint64_t freed[64];
+    int phys[64];
+    size_t nfreed = 0, found = 0;
+    pthread_mutex_lock(&vmm_mu);
+    for (size_t i = 0; i < nmaps; i++) {
+        if (maps[i].base < b && a < maps[i].base + maps[i].size) {
+            if (maps[i].base < a || maps[i].base + maps[i].size > b) {
+                r = CUDA_ERROR_INVALID_VALUE; /* would split a mapping */
+                break;
+            }
+            found++;
+        }
+    }
+    if (!r && !found)
+        r = CUDA_ERROR_INVALID_VALUE;
+    if (!r) {
+        for (size_t i = nmaps; i-- > 0;) {
+            if (maps[i].base >= a && maps[i].base < b) {
+                /* Back to a reservation: PROT_NONE anonymous over the same range. */
+                mmap((void *)maps[i].base, maps[i].size, PROT_NONE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+                int p = -1;
+                uint64_t bytes = map_drop(i, &p);
+                if (bytes && nfreed < 64) {
+                    freed[nfreed] = bytes;
+                    phys[nfreed++] = p;
+                }
+            }
+        }
+    }
+    pthread_mutex_unlock(&vmm_mu);
+    for (size_t k = 0; k < nfreed; k++)
+        sim_uncharge(cu_g.st, phys[k], freed[k]);
+    return r;
+}
+
+/* Under vmm_mu: is [a, b) covered by mappings without a gap? */
+static int covered(uintptr_t a, uintptr_t b, int need_prot)
+{
+    uintptr_t cur = a;
+    while (cur < b) {
+        size_t i = 0;
+        while (i < nmaps && !(maps[i].base <= cur && cur < maps[i].base + maps[i].size &&
+                              (maps[i].prot & need_prot) == need_prot))
+            i++;
+        if (i == nmaps)
+            return 0;
+        cur = maps[i].base + maps[i].size;
+    }
+    return 1;
+}
+
+SIM_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
+                                   size_t count)
+{
+    if (!desc || count == 0 || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    int prot = PROT_NONE;
+    for (size_t i = 0; i < count; i++) {
+        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+            cu_phys(desc[i].location.id) < 0)
+            return CUDA_ERROR_INVALID_DEVICE;
+        switch (desc[i].flags) {
+        case CU_MEM_ACCESS_FLAGS_PROT_NONE: break;
+        case CU_MEM_ACCESS_FLAGS_PROT_READ: prot |= PROT_READ; break;
+        case CU_MEM_ACCESS_FLAGS_PROT_READWRITE: prot |= PROT_READ | PROT_WRITE; break;
+        default: return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    uintptr_t a = (uintptr_t)ptr, b = a + size;
+    pthread_mutex_lock(&vmm_mu);
+    if (!covered(a, b, 0)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else if (mprotect((void *)a, size, prot) < 0) {
+        r = CUDA_ERROR_OPERATING_SYSTEM;
+    } else {
+        for (size_t i = 0; i < nmaps; i++)
+            if (maps[i].base >= a && maps[i].base < b)
+                maps[i].prot = prot;
+    }
+    pthread_mutex_unlock(&vmm_mu);
+    return r;
+}
+
+int cu_vmm_range_ok(uintptr_t p, size_t len)
+{
+    pthread_mutex_lock(&vmm_mu);
+    int ok = covered(p, p + len, PROT_READ | PROT_WRITE);
+    pthread_mutex_unlock(&vmm_mu);
+    return ok ? 0 : -1;
+}

@@ -1,0 +1,606 @@
+"""The simulated GPU (native/simgpu) driven through real processes: sgprobe, cuda-python, pynvml."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+NATIVE = REPO / "native"
+LIB = REPO / "src" / "sharegpu" / "_lib"
+SIMLIB = LIB / "simgpu"
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+KINDS = ["plain", "pitch", "managed", "async", "pool", "vmm", "array"]
+PROBES = [pytest.param("sgprobe", id="linked"), pytest.param("sgprobe-dl", id="dlopen")]
+
+
+@pytest.fixture(scope="session")
+def built() -> Path:
+    subprocess.run(["make", "-s", "-C", str(NATIVE)], check=True, capture_output=True)
+    return LIB
+
+
+@pytest.fixture
+def sim_env(tmp_path: Path, built: Path) -> dict[str, str]:
+    """os.environ + the simulated GPU on the library path, with a state file of this test's own."""
+    env = dict(os.environ)
+    for var in ("SIMGPU_CONFIG", "CUDA_VISIBLE_DEVICES", "SIMGPU_KERNEL_US", "LD_PRELOAD"):
+        env.pop(var, None)
+    env["LD_LIBRARY_PATH"] = str(SIMLIB)
+    env["SIMGPU_STATE"] = str(tmp_path / "simgpu.state")
+    return env
+
+
+def small(env: dict[str, str], tmp_path: Path, mib: int = 256, **extra: object) -> dict[str, str]:
+    cfg = tmp_path / "simgpu.json"
+    cfg.write_text(json.dumps({"gpus": 2, "memory_mib": mib, **extra}))
+    return {**env, "SIMGPU_CONFIG": str(cfg)}
+
+
+def parse(out: str) -> dict[str, str]:
+    kv: dict[str, str] = {}
+    for line in out.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            kv[key] = value
+    return kv
+
+
+def probe(
+    env: dict[str, str], *args: str, exe: str = "sgprobe", rc: int = 0, timeout: float = 60
+) -> dict[str, str]:
+    p = subprocess.run(
+        [str(LIB / exe), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert p.returncode == rc, (p.returncode, p.stdout, p.stderr)
+    kv = parse(p.stdout)
+    kv["_stdout"], kv["_stderr"] = p.stdout, p.stderr
+    return kv
+
+
+def start_hold(env: dict[str, str], kind: str, size: str, seconds: int = 60) -> subprocess.Popen[str]:
+    p = subprocess.Popen(
+        [str(LIB / "sgprobe"), "hold", kind, size, str(seconds)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    assert p.stdout is not None
+    assert p.stdout.readline().strip() == "ready=1"
+    return p
+
+
+def stop(p: subprocess.Popen[str], sig: int = signal.SIGKILL) -> None:
+    p.send_signal(sig)
+    p.wait()
+    if p.stdout:
+        p.stdout.close()
+
+
+def run_py(env: dict[str, str], code: str, timeout: float = 120) -> dict[str, Any]:
+    """Runs code in a fresh interpreter; its last stdout line is JSON."""
+    p = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert p.returncode == 0, p.stderr
+    result: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
+    return result
+
+
+def needs(module: str) -> None:
+    if importlib.util.find_spec(module.split(".", maxsplit=1)[0]) is None:
+        pytest.skip(f"{module} is not installed in this interpreter")
+
+
+# ---- exports ---------------------------------------------------------------------------------
+
+
+def _exports(lib: Path) -> set[str]:
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", str(lib)], check=True, capture_output=True, text=True
+    ).stdout
+    return {line.split()[-1].split("@")[0] for line in out.splitlines() if " T " in line}
+
+
+def test_libcuda_exports_exactly_the_procs_table(built: Path) -> None:
+    table = (NATIVE / "simgpu" / "cuda" / "procs.h").read_text()
+    names = set(re.findall(r'\bP\("[^"]+",\s*\d+,\s*(\w+)\)', table))
+    for base, ptds in re.findall(r'\bT\("[^"]+",\s*\d+,\s*(\w+),\s*(\w+)\)', table):
+        names |= {base, ptds}
+    assert _exports(SIMLIB / "libcuda.so.1") == names
+
+
+def test_libnvml_exports_exactly_its_entry_points(built: Path) -> None:
+    src = (NATIVE / "simgpu" / "nvml" / "nvml.c").read_text()
+    names = set(re.findall(r"NVML_EXPORT [\w *]+?\b(nvml\w+)\(", src))
+    assert _exports(SIMLIB / "libnvidia-ml.so.1") == names
+
+
+# ---- devices -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exe", PROBES)
+def test_probe_info_and_meminfo(sim_env: dict[str, str], exe: str) -> None:
+    kv = probe(sim_env, "info", exe=exe)
+    assert kv["count"] == "2"
+    assert kv["driver_version"] == "13000"
+    assert kv["dev0.name"] == "sharegpu simulated H100"
+    assert int(kv["dev0.total"]) == 80 * GIB
+    assert re.fullmatch(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", kv["dev0.uuid"])
+    assert kv["dev0.uuid"] != kv["dev1.uuid"]
+    assert probe(sim_env, "info", exe=exe)["dev1.uuid"] == kv["dev1.uuid"]  # stable
+    mem = probe(sim_env, "-d", "1", "meminfo", exe=exe)
+    assert int(mem["free"]) == int(mem["total"]) == int(mem["devtotal"]) == 80 * GIB
+
+
+def test_copy_round_trip(sim_env: dict[str, str]) -> None:
+    kv = probe(sim_env, "copy", "3M")
+    assert kv["copy"] == "OK"
+    assert kv["memset"] == "OK"
+
+
+def test_cuda_visible_devices(sim_env: dict[str, str]) -> None:
+    full = probe(sim_env, "info")
+    kv = probe({**sim_env, "CUDA_VISIBLE_DEVICES": "1"}, "info")
+    assert kv["count"] == "1"
+    assert kv["dev0.uuid"] == full["dev1.uuid"]
+    kv = probe({**sim_env, "CUDA_VISIBLE_DEVICES": full["dev1.uuid"][:12] + ",0"}, "info")
+    assert kv["count"] == "2"
+    assert kv["dev0.uuid"] == full["dev1.uuid"]
+    assert probe({**sim_env, "CUDA_VISIBLE_DEVICES": "0,7,1"}, "info")["count"] == "1"
+    kv = probe({**sim_env, "CUDA_VISIBLE_DEVICES": ""}, "info", rc=1)
+    assert kv["error"] == "CUDA_ERROR_NO_DEVICE"
+
+
+def test_bad_config_is_a_clear_error(sim_env: dict[str, str], tmp_path: Path) -> None:
+    env = small(sim_env, tmp_path, memroy_mib=5)
+    kv = probe(env, "info", rc=1)
+    assert kv["fail"] == "api.cuInit(0)"
+    assert re.search(r'^simgpu: .*unknown key "memroy_mib"', kv["_stderr"], re.M)
+    env = small(sim_env, tmp_path, gpus="two")
+    assert '"gpus" must be an integer' in probe(env, "info", rc=1)["_stderr"]
+    (tmp_path / "simgpu.json").write_text('{"gpus": 2,}')
+    assert "simgpu:" in probe(env, "info", rc=1)["_stderr"]
+    assert not Path(sim_env["SIMGPU_STATE"]).exists()  # nothing created from a bad config
+    code = """
+        import ctypes, json
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+        print(json.dumps({"rc": lib.nvmlInit_v2()}))
+    """
+    assert run_py(env, code)["rc"] != 0
+
+
+def test_corrupt_state_is_refused(sim_env: dict[str, str]) -> None:
+    Path(sim_env["SIMGPU_STATE"]).write_bytes(b"\0" * 4096)
+    kv = probe(sim_env, "info", rc=1)
+    assert re.search(r"^simgpu: .*(not a simgpu state|corrupt)", kv["_stderr"], re.M)
+    Path(sim_env["SIMGPU_STATE"]).write_bytes(b"")
+    assert "simgpu:" in probe(sim_env, "info", rc=1)["_stderr"]
+
+
+# ---- memory ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_allocates_to_capacity(sim_env: dict[str, str], tmp_path: Path, kind: str) -> None:
+    env = small(sim_env, tmp_path)
+    kv = probe(env, "fill", kind, "16M")
+    assert kv["count"] == "16"
+    assert kv["bytes"] == str(256 * MIB)
+    assert kv["error"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert kv["refill"] == "OK"
+    mem = probe(env, "meminfo")
+    assert mem["free"] == mem["total"] == str(256 * MIB)  # all returned at the end
+
+
+@pytest.mark.parametrize("exe", PROBES)
+def test_capacity_is_shared_across_processes(sim_env: dict[str, str], tmp_path: Path, exe: str) -> None:
+    env = small(sim_env, tmp_path)
+    holder = start_hold(env, "plain", "200M")
+    try:
+        kv = probe(env, "alloc", "plain", "100M", exe=exe)
+        assert kv["alloc"] == "CUDA_ERROR_OUT_OF_MEMORY"
+        kv = probe(env, "alloc", "plain", "50M", exe=exe)
+        assert kv["alloc"] == "OK"
+        assert int(kv["free"]) == 6 * MIB
+        # GPU 1 is another card.
+        assert probe(env, "-d", "1", "alloc", "plain", "250M", exe=exe)["alloc"] == "OK"
+    finally:
+        stop(holder)
+
+
+def test_threads_share_capacity(sim_env: dict[str, str], tmp_path: Path) -> None:
+    kv = probe(small(sim_env, tmp_path), "threads", "4", "plain", "1M")
+    assert kv["count"] == "256"
+    assert kv["error"] == "CUDA_ERROR_OUT_OF_MEMORY"
+
+
+def test_sigkilled_process_memory_is_freed(sim_env: dict[str, str], tmp_path: Path) -> None:
+    env = small(sim_env, tmp_path)
+    holder = start_hold(env, "plain", "200M")
+    assert int(probe(env, "meminfo")["free"]) == 56 * MIB
+    stop(holder)
+    assert probe(env, "alloc", "plain", "250M")["alloc"] == "OK"
+    kv = probe(env, "forkfree", "vmm", "100M")  # killed child, no waiting by the reaper
+    assert kv["child"] == f"signal:{signal.SIGKILL}"
+    assert kv["freed"] == "1"
+
+
+def test_exit_frees_memory_and_cycle_is_cheap(sim_env: dict[str, str]) -> None:
+    probe(sim_env, "alloc", "plain", "1G")
+    assert int(probe(sim_env, "meminfo")["free"]) == 80 * GIB
+    assert int(probe(sim_env, "cycle", "plain", "1M", "20000")["ns_per_pair"]) < 200_000
+
+
+# ---- execution ---------------------------------------------------------------------------------
+
+
+def test_spin_kernel_takes_its_time(sim_env: dict[str, str]) -> None:
+    kv = probe(sim_env, "launch", "1", "20000")
+    assert 18_000 <= int(kv["wall_us"]) <= 60_000
+    assert abs(int(kv["gpu_us"]) - 20_000) <= 500
+
+
+@pytest.mark.parametrize("mode", ["kernel", "ex", "coop", "graph", "capture"])
+def test_launch_apis_take_the_expected_time(sim_env: dict[str, str], mode: str) -> None:
+    kv = probe(sim_env, "launch", "5", "10000", mode)
+    assert 49_000 <= int(kv["wall_us"]) <= 150_000
+    assert abs(int(kv["gpu_us"]) - 50_000) <= 1_000
+
+
+def test_non_spin_kernel_uses_simgpu_kernel_us(sim_env: dict[str, str]) -> None:
+    code = """
+        import ctypes, json, time
+        cu = ctypes.CDLL("libcuda.so.1")
+        ctx, mod, f, dev = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_int()
+        assert cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+        assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
+        assert cu.cuCtxSetCurrent(ctx) == 0
+        ptx = b".version 8.0\\n.target sm_90\\n.visible .entry work()\\n{\\nret;\\n}\\n"
+        assert cu.cuModuleLoadData(ctypes.byref(mod), ptx) == 0
+        missing = cu.cuModuleGetFunction(ctypes.byref(f), mod, b"spin")
+        assert cu.cuModuleGetFunction(ctypes.byref(f), mod, b"work") == 0
+        t = time.monotonic()
+        for _ in range(3):
+            assert cu.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, None, None, None) == 0
+        assert cu.cuCtxSynchronize() == 0
+        print(json.dumps({"missing": missing, "ms": (time.monotonic() - t) * 1000}))
+    """
+    res = run_py({**sim_env, "SIMGPU_KERNEL_US": "15000"}, code)
+    assert res["missing"] == 500  # CUDA_ERROR_NOT_FOUND: not an .entry of that PTX
+    assert 45 <= float(res["ms"]) <= 150
+
+
+def test_two_processes_share_one_engine(sim_env: dict[str, str]) -> None:
+    cmd = [str(LIB / "sgprobe"), "launch", "1", "100000"]
+    procs = [subprocess.Popen(cmd, env=sim_env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [parse(p.communicate(timeout=60)[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    starts = [int(r["start_ns"]) for r in results]
+    ends = sorted(int(r["end_ns"]) for r in results)
+    assert all(int(r["wall_us"]) >= 99_000 for r in results)
+    # One engine: 200 ms of kernels need >= ~200 ms, and the later one ends >= ~190 ms after
+    # the earlier launch, however the two processes happened to overlap.
+    assert ends[1] - min(starts) >= 190_000_000
+    if max(starts) < ends[0] - 50_000_000:  # they truly overlapped: the second waited
+        assert max(int(r["wall_us"]) for r in results) >= 140_000
+
+
+def test_launch_path_is_cheap(sim_env: dict[str, str]) -> None:
+    assert int(probe(sim_env, "launchbench", "20000")["ns_per_launch"]) < 50_000
+
+
+# ---- cuGetProcAddress ----------------------------------------------------------------------------
+
+PROC_CASES = [
+    ("cuMemAlloc", 3020, 0, "cuMemAlloc_v2"),
+    ("cuMemAlloc", 13000, 0, "cuMemAlloc_v2"),
+    ("cuCtxCreate", 3020, 0, "cuCtxCreate_v2"),
+    ("cuCtxCreate", 11040, 0, "cuCtxCreate_v3"),
+    ("cuCtxCreate", 12050, 0, "cuCtxCreate_v4"),
+    ("cuCtxDestroy", 4000, 0, "cuCtxDestroy_v2"),
+    ("cuMemGetInfo", 3020, 0, "cuMemGetInfo_v2"),
+    ("cuDevicePrimaryCtxRelease", 7000, 0, "cuDevicePrimaryCtxRelease"),
+    ("cuDevicePrimaryCtxRelease", 11000, 0, "cuDevicePrimaryCtxRelease_v2"),
+    ("cuDeviceGetUuid", 11030, 0, "cuDeviceGetUuid"),
+    ("cuDeviceGetUuid", 11040, 0, "cuDeviceGetUuid_v2"),
+    ("cuGraphInstantiate", 11000, 0, "cuGraphInstantiate_v2"),
+    ("cuGraphInstantiate", 12000, 0, "cuGraphInstantiateWithFlags"),
+    ("cuGraphAddKernelNode", 11000, 0, "cuGraphAddKernelNode"),
+    ("cuGraphAddKernelNode", 12000, 0, "cuGraphAddKernelNode_v2"),
+    ("cuStreamBeginCapture", 10010, 0, "cuStreamBeginCapture_v2"),
+    ("cuEventElapsedTime", 12000, 0, "cuEventElapsedTime"),
+    ("cuEventElapsedTime", 12080, 0, "cuEventElapsedTime_v2"),
+    ("cuGetProcAddress", 11030, 0, "cuGetProcAddress"),
+    ("cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2"),
+    ("cuLaunchKernel", 12000, 2, "cuLaunchKernel_ptsz"),
+    ("cuLaunchKernel", 12000, 1, "cuLaunchKernel"),
+    ("cuMemcpyHtoD", 3020, 2, "cuMemcpyHtoD_v2_ptds"),
+    ("cuMemcpyDtoHAsync", 3020, 2, "cuMemcpyDtoHAsync_v2_ptsz"),
+    ("cuStreamBeginCapture", 12000, 2, "cuStreamBeginCapture_v2_ptsz"),
+    ("cuMemAllocAsync", 12000, 2, "cuMemAllocAsync_ptsz"),
+    ("cuMemAlloc", 12000, 2, "cuMemAlloc_v2"),  # no per-thread variant: the base one
+]
+
+
+def _cuda() -> ctypes.CDLL:
+    return ctypes.CDLL(str(SIMLIB / "libcuda.so.1"))
+
+
+@pytest.mark.parametrize(("name", "version", "flags", "expected"), PROC_CASES)
+def test_get_proc_address_v2(built: Path, name: str, version: int, flags: int, expected: str) -> None:
+    cu = _cuda()
+    fn, status = ctypes.c_void_p(), ctypes.c_int(-1)
+    rc = cu.cuGetProcAddress_v2(
+        name.encode(), ctypes.byref(fn), version, ctypes.c_ulonglong(flags), ctypes.byref(status)
+    )
+    assert (rc, status.value) == (0, 0)
+    assert fn.value == ctypes.cast(getattr(cu, expected), ctypes.c_void_p).value
+
+
+def test_get_proc_address_failures(built: Path) -> None:
+    cu = _cuda()
+    fn, status = ctypes.c_void_p(1), ctypes.c_int(-1)
+    rc = cu.cuGetProcAddress_v2(
+        b"cuNoSuchThing", ctypes.byref(fn), 13000, ctypes.c_ulonglong(0), ctypes.byref(status)
+    )
+    assert (rc, status.value, fn.value) == (500, 1, None)
+    rc = cu.cuGetProcAddress_v2(
+        b"cuMemAlloc", ctypes.byref(fn), 3000, ctypes.c_ulonglong(0), ctypes.byref(status)
+    )
+    assert (rc, status.value, fn.value) == (500, 2, None)
+    rc = cu.cuGetProcAddress(b"cuMemAlloc", ctypes.byref(fn), 3020, ctypes.c_ulonglong(0))
+    assert rc == 0
+    assert fn.value == ctypes.cast(cu.cuMemAlloc_v2, ctypes.c_void_p).value
+
+
+def test_error_names_cover_the_header(built: Path) -> None:
+    header = (NATIVE / "include" / "sharegpu" / "cuda_api.h").read_text()
+    cu = _cuda()
+    for name, value in re.findall(r"(CUDA_(?:SUCCESS|ERROR_\w+)) = (\d+)", header):
+        s = ctypes.c_char_p()
+        assert cu.cuGetErrorName(int(value), ctypes.byref(s)) == 0
+        assert s.value == name.encode()
+        assert cu.cuGetErrorString(int(value), ctypes.byref(s)) == 0
+        assert s.value
+    assert cu.cuGetErrorName(12345, ctypes.byref(ctypes.c_char_p())) == 1
+
+
+# ---- unmodified third-party clients ----------------------------------------------------------------
+
+
+def test_cuda_python_end_to_end(sim_env: dict[str, str]) -> None:
+    needs("cuda.bindings")
+    code = r"""
+        import ctypes, json, time
+        from cuda.bindings import driver as d
+
+        def ck(res):
+            err, *rest = res if isinstance(res, tuple) else (res,)
+            assert err == d.CUresult.CUDA_SUCCESS, err
+            return rest[0] if len(rest) == 1 else rest
+
+        ck(d.cuInit(0))
+        dev = ck(d.cuDeviceGet(0))
+        out = {"count": ck(d.cuDeviceGetCount()),
+               "name": ck(d.cuDeviceGetName(64, dev)).split(b"\0")[0].decode(),
+               "total": ck(d.cuDeviceTotalMem(dev)),
+               "uuid": bytes(ck(d.cuDeviceGetUuid(dev)).bytes).hex()}
+        ctx = ck(d.cuDevicePrimaryCtxRetain(dev))
+        ck(d.cuCtxSetCurrent(ctx))
+        n = 1 << 20
+        ptr = ck(d.cuMemAlloc(n))
+        src = bytes(range(256)) * (n // 256)
+        ck(d.cuMemcpyHtoD(ptr, src, n))
+        dst = bytearray(n)
+        ck(d.cuMemcpyDtoH(dst, ptr, n))
+        out["copy"] = bytes(dst) == src
+        free, total = ck(d.cuMemGetInfo())
+        out["used"] = total - free
+        ptx = b".version 8.0\n.target sm_90\n.address_size 64\n" \
+              b".visible .entry spin(.param .u64 us)\n{\nret;\n}\n\0"
+        mod = ck(d.cuModuleLoadData(ptx))
+        f = ck(d.cuModuleGetFunction(mod, b"spin"))
+        stream = ck(d.cuStreamCreate(0))
+        e0, e1 = ck(d.cuEventCreate(0)), ck(d.cuEventCreate(0))
+        t = time.monotonic()
+        ck(d.cuEventRecord(e0, stream))
+        ck(d.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, ((20000,), (ctypes.c_uint64,)), 0))
+        ck(d.cuEventRecord(e1, stream))
+        ck(d.cuStreamSynchronize(stream))
+        out["wall_ms"] = (time.monotonic() - t) * 1000
+        out["event_ms"] = ck(d.cuEventElapsedTime(e0, e1))
+        ck(d.cuMemFree(ptr))
+        print(json.dumps(out))
+    """
+    res = run_py(sim_env, code)
+    info = probe(sim_env, "info")
+    assert res["count"] == 2
+    assert res["name"] == "sharegpu simulated H100"
+    assert res["total"] == 80 * GIB
+    assert res["copy"] is True
+    assert res["used"] == MIB
+    assert "GPU-" + str(res["uuid"]) == info["dev0.uuid"].replace("-", "").replace("GPU", "GPU-")
+    assert 18 <= float(res["wall_ms"]) <= 60
+    assert abs(float(res["event_ms"]) - 20) <= 0.5
+
+
+def test_pynvml_sees_devices_and_process_usage(sim_env: dict[str, str]) -> None:
+    needs("pynvml")
+    info = probe(sim_env, "info")
+    holder = start_hold(sim_env, "plain", "300M")
+    launcher = subprocess.Popen(
+        [str(LIB / "sgprobe"), "-d", "1", "launch", "1", "400000"], env=sim_env, stdout=subprocess.DEVNULL
+    )
+    try:
+        time.sleep(0.2)
+        code = """
+            import json, pynvml as n
+            n.nvmlInit()
+            h = n.nvmlDeviceGetHandleByIndex(0)
+            h1 = n.nvmlDeviceGetHandleByIndex(1)
+            m = n.nvmlDeviceGetMemoryInfo(h)
+            m2 = n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2)
+            out = {
+                "count": n.nvmlDeviceGetCount(), "driver": n.nvmlSystemGetDriverVersion(),
+                "cuda": n.nvmlSystemGetCudaDriverVersion(), "name": n.nvmlDeviceGetName(h),
+                "uuid": [n.nvmlDeviceGetUUID(h), n.nvmlDeviceGetUUID(h1)],
+                "total": m.total, "used": m.used, "free": m.free, "v2": [m2.used, m2.reserved],
+                "procs": [[p.pid, p.usedGpuMemory, p.gpuInstanceId]
+                          for p in n.nvmlDeviceGetComputeRunningProcesses(h)],
+                "procs_v2": [[p.pid, p.usedGpuMemory]
+                             for p in n.nvmlDeviceGetComputeRunningProcesses_v2(h)],
+                "util1": n.nvmlDeviceGetUtilizationRates(h1).gpu,
+                "samples1": [s.smUtil for s in n.nvmlDeviceGetProcessUtilization(h1, 0)],
+                "by_uuid": n.nvmlDeviceGetIndex(n.nvmlDeviceGetHandleByUUID(n.nvmlDeviceGetUUID(h1))),
+            }
+            n.nvmlShutdown()
+            print(json.dumps(out))
+        """
+        res = run_py(sim_env, code)
+    finally:
+        stop(holder)
+        launcher.wait()
+    assert res["count"] == 2
+    assert res["driver"] == "580.65.06"
+    assert res["cuda"] == 13000
+    assert res["name"] == "sharegpu simulated H100"
+    assert res["uuid"] == [info["dev0.uuid"], info["dev1.uuid"]]
+    assert res["total"] == 80 * GIB
+    assert res["used"] == 300 * MIB
+    assert res["free"] == 80 * GIB - 300 * MIB
+    assert res["v2"] == [300 * MIB, 0]
+    assert [holder.pid, 300 * MIB, 0xFFFFFFFF] in res["procs"]
+    assert [holder.pid, 300 * MIB] in res["procs_v2"]
+    assert int(res["util1"]) > 0
+    assert res["samples1"]
+    assert max(res["samples1"]) > 0
+    assert res["by_uuid"] == 1
+
+
+def test_nvml_drops_a_killed_process(sim_env: dict[str, str]) -> None:
+    needs("pynvml")
+    holder = start_hold(sim_env, "managed", "64M")
+    code = """
+        import json, pynvml as n
+        n.nvmlInit()
+        h = n.nvmlDeviceGetHandleByIndex(0)
+        print(json.dumps({"used": n.nvmlDeviceGetMemoryInfo(h).used,
+                          "pids": [p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(h)]}))
+    """
+    before = run_py(sim_env, code)
+    stop(holder)
+    after = run_py(sim_env, code)
+    assert before == {"used": 64 * MIB, "pids": [holder.pid]}
+    assert after == {"used": 0, "pids": []}
+
+
+# ---- sanitizers --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def sanitized(built: Path) -> Path:
+    subprocess.run(["make", "-s", "-C", str(NATIVE), "sanitize"], check=True, capture_output=True)
+    return LIB
+
+
+@pytest.mark.parametrize("flavour", ["asan", "tsan"])
+def test_probe_is_clean_under_sanitizers(
+    sim_env: dict[str, str], tmp_path: Path, sanitized: Path, flavour: str
+) -> None:
+    env = {
+        **small(sim_env, tmp_path),
+        "LD_LIBRARY_PATH": str(LIB / flavour / "simgpu"),
+        "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0",
+        "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+        "TSAN_OPTIONS": "halt_on_error=1",
+    }
+    commands = [
+        ["alloc", "plain", "1M", "300M"],
+        ["copy", "1M"],
+        ["fill", "vmm", "32M"],
+        ["fill", "pool", "64M"],
+        ["launch", "3", "1000", "capture"],
+        ["launch", "3", "1000", "graph"],
+        ["threads", "3", "plain", "8M"],
+        ["forkfree", "plain", "64M"],
+    ]
+    for args in commands:
+        p = subprocess.run(
+            [str(LIB / flavour / "sgprobe"), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert p.returncode == 0, (args, p.stdout, p.stderr)
+        assert "Sanitizer" not in p.stderr, (args, p.stderr)
+        assert "runtime error" not in p.stderr, (args, p.stderr)
+
+
+# ---- robustness ---------------------------------------------------------------------------------------
+
+LOCK_AND_DIE = r"""
+#include "common/sim.h"
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/mman.h>
+int main(int argc, char **argv) {
+    int fd = open(argv[1], O_RDWR);
+    struct sim_state *st = mmap(NULL, sizeof(*st), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (fd < 0 || st == MAP_FAILED || pthread_mutex_lock(&st->lock) != 0) return 1;
+    st->gpu[0].used += 12345; /* a half-done update the next locker must repair */
+    puts("locked");
+    fflush(stdout);
+    raise(SIGKILL);
+    return 1;
+}
+"""
+
+
+def test_state_lock_survives_a_holder_killed_inside(sim_env: dict[str, str], tmp_path: Path) -> None:
+    env = small(sim_env, tmp_path)
+    holder = start_hold(env, "plain", "100M")  # a live slot whose bytes the repair must keep
+    try:
+        src, exe = tmp_path / "lockdie.c", tmp_path / "lockdie"
+        src.write_text(LOCK_AND_DIE)
+        subprocess.run(
+            [
+                "gcc",
+                "-std=c11",
+                "-D_GNU_SOURCE",
+                f"-I{NATIVE / 'simgpu'}",
+                "-o",
+                str(exe),
+                str(src),
+                "-lpthread",
+            ],
+            check=True,
+        )
+        p = subprocess.run(
+            [str(exe), env["SIMGPU_STATE"]], capture_output=True, text=True, timeout=30, check=False
+        )
+        assert p.returncode == -signal.SIGKILL
+        assert p.stdout == "locked\n"
+        kv = probe(env, "alloc", "plain", "156M", timeout=30)  # would hang on a non-robust lock
+        assert kv["alloc"] == "OK"
+        assert kv["free"] == "0"
+    finally:
+        stop(holder)
