@@ -3,7 +3,7 @@
 import subprocess
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
@@ -18,4 +18,11 @@ class BuildNative(build_py):
         subprocess.run(["make", "-s", "-C", str(ROOT / "native"), f"OUT={out}"], check=True)
 
 
-setup(cmdclass={"build_py": BuildNative})
+class NativeDistribution(Distribution):
+    """The wheel holds ELF binaries: tag it for the platform, not as pure Python."""
+
+    def has_ext_modules(self) -> bool:
+        return True
+
+
+setup(cmdclass={"build_py": BuildNative}, distclass=NativeDistribution)

@@ -166,7 +166,7 @@ def test_tenants_lists_a_running_tenant(sim: Sim) -> None:
     finally:
         if holder.poll() is None:
             holder.kill()
-            holder.wait()
+        holder.communicate()
     deadline = time.monotonic() + 5
     while (sim.runtime / "tenants" / "web").exists() and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -47,6 +47,10 @@ CUresult cuArrayCreate(CUarray *handle, const CUDA_ARRAY_DESCRIPTOR_v1 *desc);
 CUresult cuMemGetInfo(unsigned int *free, unsigned int *total);
 CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev);
 
+/* Everything below is internal: hidden even where only declared, so references bind locally
+ * (no GOT indirection, and the TLS flag gets the initial-exec model without a GOT load). */
+#pragma GCC visibility push(hidden)
+
 /* ---- the hook list --------------------------------------------------------------------- */
 
 enum sg_lib { SG_LIB_CU, SG_LIB_NVML };
@@ -209,5 +213,7 @@ void sg_ledger_setup(void);
 /* Set while a hook runs on this thread, so that a real function calling one of its own exported
  * entry points (which our export would interpose) is forwarded untouched, never charged twice. */
 extern __thread int sg_in_hook __attribute__((tls_model("initial-exec")));
+
+#pragma GCC visibility pop
 
 #endif /* SHAREGPU_SHIM_H */

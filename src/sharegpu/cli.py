@@ -35,7 +35,8 @@ simgpu_app = typer.Typer(
 )
 app.add_typer(simgpu_app, name="simgpu")
 
-console = Console()
+# Piped output (scripts, CI logs) is not cut at 80 columns: tables keep whole UUIDs.
+console = Console(width=None if sys.stdout.isatty() else 200)
 
 
 class Output(StrEnum):

@@ -1,0 +1,208 @@
+/*
+ * The NVML hooks: memory and process views of the vGPU.  A device handle is mapped to the
+ * tenant's limits entry by the UUID the real nvmlDeviceGetUUID reports ("GPU-xxxxxxxx-xxxx-
+ * xxxx-xxxx-xxxxxxxxxxxx" -> the 16 bytes cuDeviceGetUuid gives).  A GPU that is not the
+ * tenant's shows total 0 and no processes.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "shim.h"
+
+#define REAL(name)                                                                                 \
+    const struct sg_real *r_ = sg_real_nvml();                                                     \
+    if (!r_->name)                                                                                 \
+        return NVML_ERROR_FUNCTION_NOT_FOUND;                                                      \
+    __typeof__(&name) real_ = r_->name
+
+#define FORWARD_IF_PASSIVE(...)                                                                    \
+    if (sg_in_hook || !sg_configured())                                                            \
+    return real_(__VA_ARGS__)
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* Parse "GPU-<32 hex digits with dashes>" into 16 bytes; -1 if it is not that form. */
+static int parse_uuid(const char *s, uint8_t out[16])
+{
+    if (strncmp(s, "GPU-", 4) == 0)
+        s += 4;
+    int n = 0;
+    for (; *s && n < 32; s++) {
+        if (*s == '-')
+            continue;
+        int v = hexval(*s);
+        if (v < 0)
+            return -1;
+        if (n % 2 == 0)
+            out[n / 2] = (uint8_t)(v << 4);
+        else
+            out[n / 2] |= (uint8_t)v;
+        n++;
+    }
+    return n == 32 && *s == '\0' ? 0 : -1;
+}
+
+/* The device's UUID; also validates the handle (the real call's error is returned). */
+static nvmlReturn_t device_uuid(nvmlDevice_t device, uint8_t uuid[16], bool *ok)
+{
+    const struct sg_real *r = sg_real_nvml();
+    *ok = false;
+    if (!r->nvmlDeviceGetUUID)
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    char buf[NVML_DEVICE_UUID_V2_BUFFER_SIZE] = {0};
+    nvmlReturn_t ret = r->nvmlDeviceGetUUID(device, buf, sizeof buf);
+    if (ret != NVML_SUCCESS)
+        return ret;
+    buf[sizeof buf - 1] = '\0';
+    *ok = parse_uuid(buf, uuid) == 0; /* a MIG or odd UUID matches no limits entry */
+    return NVML_SUCCESS;
+}
+
+/* total = cap, used = ledger + overhead, free = total - used (0 when over). */
+static nvmlReturn_t memory_view(nvmlDevice_t device, uint64_t *total, uint64_t *used,
+                                uint64_t *free)
+{
+    if (sg_mode() != SG_MODE_ACTIVE)
+        return NVML_ERROR_NO_PERMISSION;
+    uint8_t uuid[16];
+    bool ok;
+    nvmlReturn_t ret = device_uuid(device, uuid, &ok);
+    if (ret != NVML_SUCCESS)
+        return ret;
+    struct sg_view v;
+    struct sg_err e = {0};
+    int rc = sg_view_device(-1, ok ? uuid : NULL, &v, &e);
+    if (rc < 0)
+        return sg_nvml_result(rc);
+    *total = v.cap;
+    *used = v.cap ? v.used : 0;
+    *free = v.cap > v.used ? v.cap - v.used : 0;
+    return NVML_SUCCESS;
+}
+
+SG_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
+{
+    REAL(nvmlDeviceGetMemoryInfo);
+    FORWARD_IF_PASSIVE(device, memory);
+    if (!memory)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    sg_in_hook++;
+    nvmlMemory_t real_mem;
+    nvmlReturn_t ret = real_(device, &real_mem);
+    uint64_t t = 0, u = 0, f = 0;
+    if (ret == NVML_SUCCESS)
+        ret = memory_view(device, &t, &u, &f);
+    if (ret == NVML_SUCCESS) {
+        memory->total = t;
+        memory->used = u;
+        memory->free = f;
+    }
+    sg_in_hook--;
+    return ret;
+}
+
+SG_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
+{
+    REAL(nvmlDeviceGetMemoryInfo_v2);
+    FORWARD_IF_PASSIVE(device, memory);
+    if (!memory)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    sg_in_hook++;
+    nvmlMemory_v2_t real_mem;
+    memset(&real_mem, 0, sizeof real_mem);
+    real_mem.version = memory->version; /* the real call checks it */
+    nvmlReturn_t ret = real_(device, &real_mem);
+    uint64_t t = 0, u = 0, f = 0;
+    if (ret == NVML_SUCCESS)
+        ret = memory_view(device, &t, &u, &f);
+    if (ret == NVML_SUCCESS) {
+        memory->total = t;
+        memory->reserved = 0;
+        memory->used = u;
+        memory->free = f;
+    }
+    sg_in_hook--;
+    return ret;
+}
+
+/* The count/INSUFFICIENT_SIZE protocol of NVML: *count in = capacity of infos; out = number of
+ * processes.  infos may be NULL only with *count == 0 (a size query). */
+static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count,
+                                   struct sg_proc_info *found, unsigned *n)
+{
+    *n = 0;
+    if (sg_mode() != SG_MODE_ACTIVE)
+        return NVML_ERROR_NO_PERMISSION;
+    uint8_t uuid[16];
+    bool ok;
+    nvmlReturn_t ret = device_uuid(device, uuid, &ok);
+    if (ret != NVML_SUCCESS)
+        return ret;
+    struct sg_err e = {0};
+    int rc = sg_list_procs(ok ? uuid : NULL, found, SG_MAX_PROCS, n, &e);
+    if (rc < 0)
+        return sg_nvml_result(rc);
+    if (*n > SG_MAX_PROCS)
+        *n = SG_MAX_PROCS;
+    if (*n > *count) {
+        *count = *n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    *count = *n;
+    return NVML_SUCCESS;
+}
+
+SG_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
+                                                            unsigned int *infoCount,
+                                                            nvmlProcessInfo_v1_t *infos)
+{
+    REAL(nvmlDeviceGetComputeRunningProcesses);
+    FORWARD_IF_PASSIVE(device, infoCount, infos);
+    if (!infoCount || (*infoCount && !infos))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    sg_in_hook++;
+    struct sg_proc_info found[SG_MAX_PROCS];
+    unsigned n;
+    nvmlReturn_t ret = list_processes(device, infoCount, found, &n);
+    if (ret == NVML_SUCCESS)
+        for (unsigned i = 0; i < n; i++) {
+            infos[i].pid = (unsigned int)found[i].pid;
+            infos[i].usedGpuMemory = found[i].bytes;
+        }
+    sg_in_hook--;
+    return ret;
+}
+
+#define PROCS_V2(name)                                                                             \
+    SG_EXPORT nvmlReturn_t name(nvmlDevice_t device, unsigned int *infoCount,                      \
+                                nvmlProcessInfo_t *infos)                                          \
+    {                                                                                              \
+        REAL(name);                                                                                \
+        FORWARD_IF_PASSIVE(device, infoCount, infos);                                              \
+        if (!infoCount || (*infoCount && !infos))                                                  \
+            return NVML_ERROR_INVALID_ARGUMENT;                                                    \
+        sg_in_hook++;                                                                              \
+        struct sg_proc_info found[SG_MAX_PROCS];                                                   \
+        unsigned n;                                                                                \
+        nvmlReturn_t ret = list_processes(device, infoCount, found, &n);                           \
+        if (ret == NVML_SUCCESS)                                                                   \
+            for (unsigned i = 0; i < n; i++) {                                                     \
+                infos[i].pid = (unsigned int)found[i].pid;                                         \
+                infos[i].usedGpuMemory = found[i].bytes;                                           \
+                infos[i].gpuInstanceId = 0xFFFFFFFFu;                                              \
+                infos[i].computeInstanceId = 0xFFFFFFFFu;                                          \
+            }                                                                                      \
+        sg_in_hook--;                                                                              \
+        return ret;                                                                                \
+    }
+PROCS_V2(nvmlDeviceGetComputeRunningProcesses_v2)
+PROCS_V2(nvmlDeviceGetComputeRunningProcesses_v3)

@@ -1,0 +1,98 @@
+/*
+ * The cuGetProcAddress fallback: which exported variant the public CUDA versioning gives a base
+ * name for a requested cudaVersion and stream flags.  Used only when the pointer the real
+ * cuGetProcAddress returned is not one we can identify (real.c), so that an allocation path can
+ * never escape the ledger through an unrecognised pointer.
+ *
+ * Source: NVIDIA's public CUDA headers and Driver API reference, where cuda.h maps each base
+ * name to a versioned symbol by __CUDA_API_VERSION (e.g. `#define cuMemAlloc cuMemAlloc_v2`
+ * from 3.2 on), cudaTypedefs.h names the prototypes by the version that introduced them
+ * (PFN_cuMemAlloc_v3020, PFN_cuMemAllocAsync_v11020, PFN_cuMemCreate_v10020,
+ * PFN_cuGetProcAddress_v12000 ...), and CUDA_API_PER_THREAD_DEFAULT_STREAM selects the _ptsz
+ * variants of the stream-ordered calls.  Rows of one base are ordered newest first; the first
+ * row whose version is <= the requested one and whose stream mode matches wins.
+ *
+ * Pure function, no state: tests/test_shim.py compiles this file alone into a small program
+ * and checks every hooked base against it.
+ */
+#include <string.h>
+
+#include "shim.h"
+
+enum stream_mode { ANY, LEGACY, PTDS };
+
+struct proc_row {
+    const char *base;
+    int min_version;
+    unsigned char mode;
+    int target; /* enum sg_hook_id or SG_PROC_PASS */
+};
+
+static bool ends_with(const char *s, size_t len, const char *suffix)
+{
+    size_t k = strlen(suffix);
+    return len >= k && memcmp(s + len - k, suffix, k) == 0;
+}
+
+size_t sg_base_len(const char *name)
+{
+    size_t len = strlen(name);
+    if (ends_with(name, len, "_ptsz") || ends_with(name, len, "_ptds"))
+        len -= 5;
+    size_t i = len;
+    while (i > 0 && name[i - 1] >= '0' && name[i - 1] <= '9')
+        i--;
+    if (i < len && i >= 2 && name[i - 1] == 'v' && name[i - 2] == '_')
+        len = i - 2;
+    return len;
+}
+
+#define H(name) SG_H_##name
+
+static const struct proc_row rows[] = {
+    {"cuInit", 2000, ANY, H(cuInit)},
+    {"cuGetProcAddress", 12000, ANY, H(cuGetProcAddress_v2)},
+    {"cuGetProcAddress", 11030, ANY, H(cuGetProcAddress)},
+
+    {"cuMemAlloc", 3020, ANY, H(cuMemAlloc_v2)},
+    {"cuMemAlloc", 2000, ANY, H(cuMemAlloc)},
+    {"cuMemAllocPitch", 3020, ANY, H(cuMemAllocPitch_v2)},
+    {"cuMemAllocPitch", 2000, ANY, H(cuMemAllocPitch)},
+    {"cuMemAllocManaged", 6000, ANY, H(cuMemAllocManaged)},
+    {"cuMemAllocAsync", 11020, PTDS, H(cuMemAllocAsync_ptsz)},
+    {"cuMemAllocAsync", 11020, ANY, H(cuMemAllocAsync)},
+    {"cuMemAllocFromPoolAsync", 11020, PTDS, H(cuMemAllocFromPoolAsync_ptsz)},
+    {"cuMemAllocFromPoolAsync", 11020, ANY, H(cuMemAllocFromPoolAsync)},
+    {"cuMemCreate", 10020, ANY, H(cuMemCreate)},
+    {"cuArrayCreate", 3020, ANY, H(cuArrayCreate_v2)},
+    {"cuArrayCreate", 2000, ANY, H(cuArrayCreate)},
+
+    {"cuMemFree", 3020, ANY, H(cuMemFree_v2)},
+    {"cuMemFree", 2000, ANY, SG_PROC_PASS}, /* 32-bit pointers: nothing of ours to free */
+    {"cuMemFreeAsync", 11020, PTDS, H(cuMemFreeAsync_ptsz)},
+    {"cuMemFreeAsync", 11020, ANY, H(cuMemFreeAsync)},
+    {"cuMemRelease", 10020, ANY, H(cuMemRelease)},
+    {"cuArrayDestroy", 2000, ANY, H(cuArrayDestroy)},
+
+    {"cuMemGetInfo", 3020, ANY, H(cuMemGetInfo_v2)},
+    {"cuMemGetInfo", 2000, ANY, H(cuMemGetInfo)},
+    {"cuDeviceTotalMem", 3020, ANY, H(cuDeviceTotalMem_v2)},
+    {"cuDeviceTotalMem", 2000, ANY, H(cuDeviceTotalMem)},
+};
+
+int sg_proc_table_lookup(const char *symbol, int cuda_version, cuuint64_t flags)
+{
+    unsigned char want = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) ? PTDS : LEGACY;
+    bool known = false;
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        if (strcmp(rows[i].base, symbol) != 0)
+            continue;
+        known = true;
+        if (rows[i].min_version > cuda_version)
+            continue;
+        if (rows[i].mode != ANY && rows[i].mode != want)
+            continue;
+        return rows[i].target;
+    }
+    return known ? SG_PROC_NONE : SG_PROC_UNHOOKED;
+}

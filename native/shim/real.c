@@ -1,0 +1,329 @@
+/*
+ * Finding the real functions, and handing our hooks to whoever looks entry points up at run
+ * time: the dlsym override and cuGetProcAddress / cuGetProcAddress_v2.
+ *
+ * Programs reach the driver three ways, and each lands on a hook:
+ *   1. linked against libcuda.so.1: the preloaded shim's exports interpose at load time;
+ *   2. dlopen + dlsym (ctypes, pynvml): our dlsym returns the hook when the name is hooked and
+ *      the real lookup succeeds;
+ *   3. cuGetProcAddress(_v2) (CUDA runtime, cuda-python): we call the real one, identify which
+ *      exported variant it returned and return our hook for that variant (falling back to the
+ *      version table of proctable.c when the pointer is not one we can name).
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "shim.h"
+
+struct sg_real sg_real;
+__thread int sg_in_hook __attribute__((tls_model("initial-exec")));
+
+const char *const sg_hook_names[SG_H_COUNT] = {
+#define SG_HOOK(lib, name) #name,
+#include "hooks.def"
+#undef SG_HOOK
+};
+
+const unsigned char sg_hook_lib[SG_H_COUNT] = {
+#define SG_HOOK(lib, name) SG_LIB_##lib,
+#include "hooks.def"
+#undef SG_HOOK
+};
+
+void *sg_hook_addr(enum sg_hook_id id)
+{
+    switch (id) {
+#define SG_HOOK(lib, name)                                                                         \
+    case SG_H_##name:                                                                              \
+        return (void *)&name;
+#include "hooks.def"
+#undef SG_HOOK
+    case SG_H_COUNT:
+        break;
+    }
+    return NULL;
+}
+
+/* The real function behind hook id (NULL if not resolved). */
+static const void *real_of(enum sg_hook_id id)
+{
+    switch (id) {
+#define SG_HOOK(lib, name)                                                                         \
+    case SG_H_##name:                                                                              \
+        return (const void *)sg_real.name;
+#include "hooks.def"
+#undef SG_HOOK
+    case SG_H_COUNT:
+        break;
+    }
+    return NULL;
+}
+
+/* ---- errors and the one log line ------------------------------------------------------ */
+
+int sg_fail(struct sg_err *e, int code, const char *fmt, ...)
+{
+    if (e) {
+        va_list ap;
+        e->code = code;
+        va_start(ap, fmt);
+        vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+CUresult sg_cu_result(int code)
+{
+    switch (code) {
+    case SG_OK:
+        return CUDA_SUCCESS;
+    case SG_E_OVERCAP:
+    case SG_E_NOSLOT:
+    case SG_E_NOMEM:
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    case SG_E_INVAL:
+        return CUDA_ERROR_INVALID_VALUE;
+    case SG_E_NOTFOUND:
+        return CUDA_ERROR_NOT_FOUND;
+    case SG_E_CONFIG:
+    default:
+        return CUDA_ERROR_NOT_PERMITTED;
+    }
+}
+
+nvmlReturn_t sg_nvml_result(int code)
+{
+    switch (code) {
+    case SG_OK:
+        return NVML_SUCCESS;
+    case SG_E_INVAL:
+        return NVML_ERROR_INVALID_ARGUMENT;
+    case SG_E_NOMEM:
+    case SG_E_OVERCAP:
+    case SG_E_NOSLOT:
+        return NVML_ERROR_MEMORY;
+    case SG_E_NOTFOUND:
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    case SG_E_CONFIG:
+    default:
+        return NVML_ERROR_NO_PERMISSION;
+    }
+}
+
+void sg_log_once(int *once, const char *fmt, ...)
+{
+    if (__atomic_exchange_n(once, 1, __ATOMIC_ACQ_REL))
+        return;
+    char line[512];
+    size_t n = sizeof SG_PREFIX - 1;
+    memcpy(line, SG_PREFIX, n);
+    va_list ap;
+    va_start(ap, fmt);
+    int m = vsnprintf(line + n, sizeof line - n - 1, fmt, ap);
+    va_end(ap);
+    if (m < 0)
+        m = 0;
+    n += (size_t)m < sizeof line - n - 1 ? (size_t)m : sizeof line - n - 2;
+    line[n++] = '\n';
+    /* One write(2): the line is not interleaved with other threads' output. */
+    ssize_t w = write(STDERR_FILENO, line, n);
+    (void)w;
+}
+
+/* ---- the real dlsym --------------------------------------------------------------------- */
+
+typedef void *(*sg_dlsym_fn)(void *, const char *);
+static sg_dlsym_fn real_dlsym_ptr;
+
+static sg_dlsym_fn real_dlsym(void)
+{
+    sg_dlsym_fn fn = __atomic_load_n(&real_dlsym_ptr, __ATOMIC_ACQUIRE);
+    if (fn)
+        return fn;
+    /* dlvsym is not ours, so this cannot recurse.  Both look-ups give the same pointer to every
+     * thread, so a race only repeats the work. */
+    void *p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+    if (!p)
+        p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    fn = (sg_dlsym_fn)p;
+    __atomic_store_n(&real_dlsym_ptr, fn, __ATOMIC_RELEASE);
+    return fn;
+}
+
+/* ---- resolving the real libraries (once each) ------------------------------------------ */
+
+static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
+static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
+static void *cu_handle;
+
+static void resolve_lib(enum sg_lib which, const char *soname, void **handle_out)
+{
+    sg_dlsym_fn dls = real_dlsym();
+    void *h = dlopen(soname, RTLD_LAZY | RTLD_LOCAL);
+    if (handle_out)
+        *handle_out = h;
+    if (!h || !dls)
+        return;
+#define SG_HOOK(lib, name)                                                                         \
+    if (SG_LIB_##lib == which)                                                                     \
+        sg_real.name = (__typeof__(&name))dls(h, #name);
+#define SG_HELPER(lib, name) SG_HOOK(lib, name)
+#include "hooks.def"
+#undef SG_HOOK
+#undef SG_HELPER
+}
+
+static void resolve_cu(void)
+{
+    resolve_lib(SG_LIB_CU, "libcuda.so.1", &cu_handle);
+}
+
+static void resolve_nvml(void)
+{
+    resolve_lib(SG_LIB_NVML, "libnvidia-ml.so.1", NULL);
+}
+
+const struct sg_real *sg_real_cu(void)
+{
+    pthread_once(&cu_once, resolve_cu);
+    return &sg_real;
+}
+
+const struct sg_real *sg_real_nvml(void)
+{
+    pthread_once(&nvml_once, resolve_nvml);
+    return &sg_real;
+}
+
+/* ---- names -------------------------------------------------------------------------------- */
+
+int sg_hook_find(const char *name)
+{
+    /* Cheap rejection first: every hooked name starts with "cu" or "nvml". */
+    if (name[0] != 'c' && name[0] != 'n')
+        return -1;
+    for (int i = 0; i < SG_H_COUNT; i++)
+        if (strcmp(sg_hook_names[i], name) == 0)
+            return i;
+    return -1;
+}
+
+/* ---- dlsym -------------------------------------------------------------------------------- */
+
+static void *launder(const void *p)
+{
+    void *q = (void *)p;
+    __asm__("" : "+r"(q));
+    return q;
+}
+
+static void *dlsym_impl(void *handle, const char *name)
+{
+    sg_dlsym_fn dls = real_dlsym();
+    if (!dls)
+        return NULL;
+    void *p = dls(handle, name);
+    /* glibc declares name nonnull; a NULL from a buggy caller is passed on, never read. */
+    if (!p || !launder(name) || !sg_configured())
+        return p;
+    if (strcmp(name, "dlsym") == 0)
+        return (void *)&dlsym;
+    int id = sg_hook_find(name);
+    return id >= 0 ? sg_hook_addr((enum sg_hook_id)id) : p;
+}
+
+/*
+ * RTLD_NEXT is resolved relative to the caller, which glibc finds from the return address.  So
+ * for RTLD_NEXT we must jump to the real dlsym with our caller's return address intact: a
+ * sibling call, which the optimize attribute asks for even in a -O0 build (another preloaded
+ * library wrapping malloc with dlsym(RTLD_NEXT, "malloc") would otherwise find itself).
+ * tests/test_shim.py checks this with two preloaded libraries.
+ */
+SG_EXPORT __attribute__((optimize("O2", "optimize-sibling-calls"))) void *
+dlsym(void *__restrict handle, const char *__restrict name)
+{
+    if (handle == RTLD_NEXT) {
+        sg_dlsym_fn dls = real_dlsym();
+        if (dls)
+            return dls(handle, name); /* tail call */
+        return NULL;
+    }
+    return dlsym_impl(handle, name);
+}
+
+/* ---- cuGetProcAddress --------------------------------------------------------------------- */
+
+/* The hook to hand out for the driver's answer p to a query for `symbol`, or p itself, or NULL
+ * (refuse: the answer could be an allocation path we cannot account). */
+static void *proc_resolve(const char *symbol, void *p, int version, cuuint64_t flags)
+{
+    sg_real_cu();
+    size_t blen = sg_base_len(symbol);
+    /* 0. Already ours: a driver whose table takes the address of its own exported functions
+     *    gets our interposing definitions back from the dynamic linker. */
+    for (int i = 0; i < SG_H_COUNT; i++)
+        if (sg_hook_addr((enum sg_hook_id)i) == p)
+            return p;
+    /* 1. Identify p among the variants of the same base... */
+    for (int i = 0; i < SG_H_COUNT; i++) {
+        if (sg_hook_lib[i] != SG_LIB_CU || real_of((enum sg_hook_id)i) != p)
+            continue;
+        if (sg_base_len(sg_hook_names[i]) == blen && strncmp(sg_hook_names[i], symbol, blen) == 0)
+            return sg_hook_addr((enum sg_hook_id)i);
+    }
+    /* ...2. or among all hooks (a driver may alias one entry point to another). */
+    for (int i = 0; i < SG_H_COUNT; i++)
+        if (sg_hook_lib[i] == SG_LIB_CU && real_of((enum sg_hook_id)i) == p)
+            return sg_hook_addr((enum sg_hook_id)i);
+    /* 3. Not one of ours: decide by name and version. */
+    char base[128];
+    if (blen >= sizeof base)
+        return p; /* longer than any name we hook */
+    memcpy(base, symbol, blen);
+    base[blen] = '\0';
+    int v = sg_proc_table_lookup(base, version, flags);
+    if (v >= 0)
+        return sg_hook_addr((enum sg_hook_id)v);
+    if (v == SG_PROC_NONE)
+        return NULL;
+    return p; /* SG_PROC_PASS, SG_PROC_UNHOOKED */
+}
+
+SG_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                       cuuint64_t flags, CUdriverProcAddressQueryResult *status)
+{
+    const struct sg_real *r = sg_real_cu();
+    if (!r->cuGetProcAddress_v2)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult res = r->cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, status);
+    if (res != CUDA_SUCCESS || !symbol || !pfn || !*pfn || !sg_configured())
+        return res;
+    void *mine = proc_resolve(symbol, *pfn, cudaVersion, flags);
+    *pfn = mine;
+    if (!mine) {
+        if (status)
+            *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    return CUDA_SUCCESS;
+}
+
+SG_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                                    cuuint64_t flags)
+{
+    const struct sg_real *r = sg_real_cu();
+    if (!r->cuGetProcAddress)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult res = r->cuGetProcAddress(symbol, pfn, cudaVersion, flags);
+    if (res != CUDA_SUCCESS || !symbol || !pfn || !*pfn || !sg_configured())
+        return res;
+    void *mine = proc_resolve(symbol, *pfn, cudaVersion, flags);
+    *pfn = mine;
+    return mine ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
