@@ -422,11 +422,29 @@ static int cmd_alloc(int argc, char **argv)
 
 #define FILL_MAX 1000000
 
+static void sleep_s(double s)
+{
+    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+/* A non-negative number of seconds, fractions allowed. */
+static int parse_seconds(const char *text, double *secs)
+{
+    char *end;
+    *secs = strtod(text, &end);
+    return (end == text || *end || *secs < 0) ? -1 : 0;
+}
+
 static int cmd_fill(int argc, char **argv)
 {
     size_t chunk;
-    if (argc != 2 || parse_size(argv[1], &chunk) < 0 || chunk == 0)
-        return usage("fill KIND CHUNK");
+    double hold = 0;
+    if ((argc != 2 && argc != 3) || parse_size(argv[1], &chunk) < 0 || chunk == 0)
+        return usage("fill KIND CHUNK [HOLD_SECONDS]");
+    if (argc == 3 && parse_seconds(argv[2], &hold) < 0)
+        return usage("bad HOLD_SECONDS");
     int kind = parse_kind(argv[0]);
     if (kind < 0)
         return usage("unknown allocation kind");
@@ -449,27 +467,26 @@ static int cmd_fill(int argc, char **argv)
         if (!r)
             n++;
     }
+    if (hold > 0) {
+        /* Keep the memory while someone looks from outside; say what this process sees. */
+        if (print_meminfo())
+            return 1;
+        out("held=1");
+        sleep_s(hold);
+    }
     while (n > 0)
         CK(do_free(&held[--n]));
     free(held);
     return 0;
 }
 
-static void sleep_s(double s)
-{
-    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
-
 static int cmd_hold(int argc, char **argv)
 {
     size_t b;
-    char *end;
+    double secs;
     if (argc != 3 || parse_size(argv[1], &b) < 0)
         return usage("hold KIND BYTES SECONDS");
-    double secs = strtod(argv[2], &end);
-    if (*end || secs < 0)
+    if (parse_seconds(argv[2], &secs) < 0)
         return usage("bad SECONDS");
     int kind = parse_kind(argv[0]);
     if (kind < 0)
@@ -797,8 +814,9 @@ static const struct command {
     {"info", cmd_info, "device count, driver version, devN.name / devN.uuid / devN.total"},
     {"meminfo", cmd_meminfo, "free= total= (cuMemGetInfo_v2), devtotal= (cuDeviceTotalMem_v2)"},
     {"alloc", cmd_alloc, "KIND BYTES...: alloc=OK|<error> per size (kept), then meminfo keys"},
-    {"fill", cmd_fill, "KIND CHUNK: allocate until refused: count= bytes= error=; free one, "
-                       "retry: refill=OK|<error>"},
+    {"fill", cmd_fill, "KIND CHUNK [HOLD_SECONDS]: allocate until refused: count= bytes= error=; "
+                       "free one, retry: refill=OK|<error>; with HOLD_SECONDS, meminfo keys, held=1, "
+                       "then keep the memory that long"},
     {"hold", cmd_hold, "KIND BYTES SECONDS: allocate, ready=1 (or alloc=<error>), sleep, free"},
     {"killself", cmd_killself, "KIND BYTES: allocate, ready=1, then SIGKILL itself"},
     {"forkfree", cmd_forkfree, "KIND BYTES: run `killself` in a child, then freed=1 when its "

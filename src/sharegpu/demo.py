@@ -24,7 +24,7 @@ from sharegpu.spec import GIB, MIB, format_size
 
 TENANTS = (("demo-a", 3 * GIB), ("demo-b", 2 * GIB))
 CARD = simgpu.SimConfig(gpus=1, memory_bytes=8 * GIB, name="sharegpu simulated H100")
-CHUNK = "256MiB"
+CHUNK = 256 * MIB
 HOLD_SECONDS = 4
 
 
@@ -44,7 +44,7 @@ def run_demo(console: Console) -> int:
         console.rule("[bold]sharegpu demo: memory isolation on a simulated GPU")
         console.print(
             f"One simulated GPU with {format_size(CARD.memory_bytes)}. Two tenants, each an unmodified CUDA "
-            f"program that allocates {CHUNK} chunks until the driver refuses.\n"
+            f"program that allocates {format_size(CHUNK)} chunks until the driver refuses.\n"
         )
         procs = {}
         for name, cap in TENANTS:
@@ -59,11 +59,11 @@ def run_demo(console: Console) -> int:
                 str(probe_path()),
                 "fill",
                 "plain",
-                CHUNK,
+                str(CHUNK),
                 str(HOLD_SECONDS),
             ]
             console.print(
-                f"$ sharegpu run --name {name} --memory {format_size(cap)} -- sgprobe fill plain {CHUNK}"
+                f"$ sharegpu run --name {name} --memory {format_size(cap)} -- sgprobe fill plain {CHUNK}   # {format_size(CHUNK)} chunks"
             )
             procs[name] = subprocess.Popen(
                 cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -130,4 +130,4 @@ def main() -> None:  # pragma: no cover - convenience entry point
     raise SystemExit(code)
 
 
-__all__ = ["MIB", "run_demo"]
+__all__ = ["run_demo"]
