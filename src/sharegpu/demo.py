@@ -63,7 +63,8 @@ def run_demo(console: Console) -> int:
                 str(HOLD_SECONDS),
             ]
             console.print(
-                f"$ sharegpu run --name {name} --memory {format_size(cap)} -- sgprobe fill plain {CHUNK}   # {format_size(CHUNK)} chunks"
+                f"$ sharegpu run --name {name} --memory {format_size(cap)} "
+                f"-- sgprobe fill plain {CHUNK}   # {format_size(CHUNK)} chunks"
             )
             procs[name] = subprocess.Popen(
                 cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
