@@ -8,6 +8,7 @@ from sharegpu.errors import SpecError
 from sharegpu.spec import (
     GIB,
     MIB,
+    ComputeSpec,
     GpuSelector,
     format_size,
     parse_memory_cap,
@@ -103,3 +104,63 @@ def test_format_size() -> None:
     assert format_size(1536 * MIB) == "1.5GiB"
     assert format_size(512 * MIB) == "512MiB"
     assert format_size(10) == "10B"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        pytest.param({}, ComputeSpec("share", "normal", 1000, 1000, 1), id="defaults"),
+        pytest.param({"compute": "30%"}, ComputeSpec("share", "normal", 300, 300, 1), id="share"),
+        pytest.param(
+            {"compute": "20%", "policy": "cap"}, ComputeSpec("cap", "normal", 200, 200, 1), id="cap"
+        ),
+        pytest.param(
+            {"compute": "20%", "policy": "burst", "ceiling": "60%"},
+            ComputeSpec("burst", "normal", 200, 600, 1),
+            id="burst",
+        ),
+        pytest.param(
+            {"compute": "20", "policy": "burst"},
+            ComputeSpec("burst", "normal", 200, 1000, 1),
+            id="burst-default-ceiling",
+        ),
+        pytest.param(
+            {"policy": "native", "priority": "offline"},
+            ComputeSpec("native", "offline", 1000, 1000, 1),
+            id="native",
+        ),
+        pytest.param(
+            {"priority": "ONLINE", "weight": 3},
+            ComputeSpec("share", "online", 1000, 1000, 3),
+            id="online-weighted",
+        ),
+    ],
+)
+def test_compute_spec(kwargs: dict[str, object], expected: ComputeSpec) -> None:
+    assert ComputeSpec.parse(**kwargs) == expected  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        pytest.param({"compute": "0%"}, "between 1% and 100%", id="zero"),
+        pytest.param({"compute": "101%"}, "between 1% and 100%", id="over-100"),
+        pytest.param({"policy": "fair"}, "invalid policy", id="unknown-policy"),
+        pytest.param({"priority": "urgent"}, "invalid priority", id="unknown-priority"),
+        pytest.param({"weight": 0}, "invalid weight", id="zero-weight"),
+        pytest.param(
+            {"compute": "30%", "policy": "burst", "ceiling": "20%"}, "below the guarantee", id="ceiling-below"
+        ),
+        pytest.param({"compute": "30%", "ceiling": "50%"}, "burst only", id="ceiling-without-burst"),
+        pytest.param({"policy": "native", "compute": "30%"}, "no compute control", id="native-with-share"),
+    ],
+)
+def test_bad_compute_spec(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        ComputeSpec.parse(**kwargs)  # type: ignore[arg-type]
+
+
+def test_guarantees() -> None:
+    assert ComputeSpec.parse("30%", "cap").guarantee_permille == 300
+    assert ComputeSpec.parse("30%", "burst", "50%").guarantee_permille == 300
+    assert ComputeSpec.parse("30%").guarantee_permille == 0

@@ -116,3 +116,62 @@ class GpuSelector:
 
     def __str__(self) -> str:
         return str(self.index) if self.index is not None else str(self.uuid)
+
+
+POLICIES = ("share", "cap", "burst", "native")
+PRIORITIES = ("online", "normal", "offline")
+MAX_WEIGHT = 1000
+
+
+@dataclass(frozen=True)
+class ComputeSpec:
+    """A tenant's compute settings on each of its GPUs (DESIGN.md, "Compute arbitration").
+
+    ``share_permille`` is the share (``share``), the ceiling (``cap``) or the guarantee
+    (``burst``); ``ceiling_permille`` is the burst ceiling and equals ``share_permille`` for the
+    other policies.
+    """
+
+    policy: str = "share"
+    priority: str = "normal"
+    share_permille: int = 1000
+    ceiling_permille: int = 1000
+    weight: int = 1
+
+    @property
+    def guarantee_permille(self) -> int:
+        """What this tenant is promised on a contended card (0 for share and native)."""
+        return self.share_permille if self.policy in ("cap", "burst") else 0
+
+    @classmethod
+    def parse(
+        cls,
+        compute: str | None = None,
+        policy: str | None = None,
+        ceiling: str | None = None,
+        priority: str | None = None,
+        weight: int | None = None,
+    ) -> ComputeSpec:
+        policy = (policy or "share").strip().lower()
+        if policy not in POLICIES:
+            raise SpecError(f"invalid policy {policy!r}: use one of {', '.join(POLICIES)}")
+        priority = (priority or "normal").strip().lower()
+        if priority not in PRIORITIES:
+            raise SpecError(f"invalid priority {priority!r}: use one of {', '.join(PRIORITIES)}")
+        if weight is not None and not 1 <= weight <= MAX_WEIGHT:
+            raise SpecError(f"invalid weight {weight}: must be between 1 and {MAX_WEIGHT}")
+        if policy == "native":
+            if compute is not None or ceiling is not None:
+                raise SpecError("--policy native has no compute control: drop --compute/--ceiling")
+            return cls(policy, priority, 1000, 1000, weight or 1)
+        share = parse_percent(compute, "compute share") if compute is not None else 1000
+        if ceiling is not None and policy != "burst":
+            raise SpecError(f"--ceiling applies to --policy burst only (this is {policy})")
+        top = (
+            parse_percent(ceiling, "ceiling")
+            if ceiling is not None
+            else (1000 if policy == "burst" else share)
+        )
+        if top < share:
+            raise SpecError(f"ceiling {top // 10}% is below the guarantee {share // 10}%")
+        return cls(policy, priority, share, top, weight or 1)
