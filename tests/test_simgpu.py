@@ -5,17 +5,19 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import json
-import os
 import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from conftest import Sim
 
 REPO = Path(__file__).resolve().parents[1]
 NATIVE = REPO / "native"
@@ -34,13 +36,12 @@ def built() -> Path:
 
 
 @pytest.fixture
-def sim_env(tmp_path: Path, built: Path) -> dict[str, str]:
-    """os.environ + the simulated GPU on the library path, with a state file of this test's own."""
-    env = dict(os.environ)
-    for var in ("SIMGPU_CONFIG", "CUDA_VISIBLE_DEVICES", "SIMGPU_KERNEL_US", "LD_PRELOAD"):
+def sim_env(sim_factory: Callable[..., Sim], built: Path) -> dict[str, str]:
+    """The environment of a node of the shared fixture with the driver's default device size
+    (2 GPUs of 80 GiB) and default kernel time and time slice, whatever the caller's environment."""
+    env = sim_factory(memory_mib=80 * 1024).env()
+    for var in ("SIMGPU_KERNEL_US", "SIMGPU_TIMESLICE_US"):
         env.pop(var, None)
-    env["LD_LIBRARY_PATH"] = str(SIMLIB)
-    env["SIMGPU_STATE"] = str(tmp_path / "simgpu.state")
     return env
 
 
@@ -286,19 +287,186 @@ def test_non_spin_kernel_uses_simgpu_kernel_us(sim_env: dict[str, str]) -> None:
     assert 45 <= float(res["ms"]) <= 150
 
 
-def test_two_processes_share_one_engine(sim_env: dict[str, str]) -> None:
-    cmd = [str(LIB / "sgprobe"), "launch", "1", "100000"]
-    procs = [subprocess.Popen(cmd, env=sim_env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
-    results = [parse(p.communicate(timeout=60)[0]) for p in procs]
-    assert all(p.returncode == 0 for p in procs)
-    starts = [int(r["start_ns"]) for r in results]
-    ends = sorted(int(r["end_ns"]) for r in results)
-    assert all(int(r["wall_us"]) >= 99_000 for r in results)
-    # One engine: 200 ms of kernels need >= ~200 ms, and the later one ends >= ~190 ms after
-    # the earlier launch, however the two processes happened to overlap.
-    assert ends[1] - min(starts) >= 190_000_000
-    if max(starts) < ends[0] - 50_000_000:  # they truly overlapped: the second waited
-        assert max(int(r["wall_us"]) for r in results) >= 140_000
+def start_at(delay_s: float = 0.5) -> int:
+    """A CLOCK_MONOTONIC instant (ns) a little ahead: the common start of several probes."""
+    return time.monotonic_ns() + int(delay_s * 1e9)
+
+
+def spawn_launch(
+    env: dict[str, str], n: int, us: int, mode: str = "kernel", at: int = 0
+) -> subprocess.Popen[str]:
+    args = ["launch", str(n), str(us), mode] + ([str(at)] if at else [])
+    return subprocess.Popen(
+        [str(LIB / "sgprobe"), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def wait_line(p: subprocess.Popen[str], line: str) -> None:
+    assert p.stdout is not None
+    for got in p.stdout:
+        if got.strip() == line:
+            return
+    raise AssertionError(f"{line!r} never came: rc={p.wait()} stderr={p.stderr.read() if p.stderr else ''}")
+
+
+def finish(p: subprocess.Popen[str]) -> dict[str, str]:
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, (p.returncode, out, err)
+    return parse(out)
+
+
+def run_together(
+    env: dict[str, str], jobs: list[tuple[int, int, str, float]], max_lag_ms: float = 15
+) -> tuple[int, list[dict[str, str]]]:
+    """Runs `sgprobe launch N US MODE` per job (N, US, MODE, start offset in ms) from a common
+    start; each result gets done_ms (end of its sync, from the common start).  Retried when a
+    probe started more than max_lag_ms late (a loaded machine), which would change the contest."""
+    for _attempt in range(3):
+        t = start_at()
+        procs = [spawn_launch(env, n, us, mode, t + int(off * 1e6)) for n, us, mode, off in jobs]
+        results = [finish(p) for p in procs]
+        lags = [(int(r["start_ns"]) - t) / 1e6 - job[3] for r, job in zip(results, jobs, strict=True)]
+        if max(lags) <= max_lag_ms:
+            for r in results:
+                r["done_ms"] = str((int(r["end_ns"]) - t) / 1e6)
+            return t, results
+    pytest.fail(f"probes kept starting late (lags {lags} ms): machine too loaded")
+
+
+@pytest.mark.parametrize("mode", ["kernel", "graph", "capture"])
+def test_two_processes_time_slice_one_engine(sim_env: dict[str, str], mode: str) -> None:
+    # Each launches a 100 ms kernel at the same moment: the engine alternates 2 ms slices, so
+    # both complete after about 200 ms (a FIFO would finish one at ~100 ms).
+    _, res = run_together(sim_env, [(1, 100_000, mode, 0)] * 2)
+    for r in res:
+        assert 180 <= float(r["done_ms"]) <= 300, res
+        assert 170_000 <= int(r["gpu_us"]) <= 205_000, res
+
+
+def test_three_processes_share_equally(sim_env: dict[str, str]) -> None:
+    _, res = run_together(sim_env, [(1, 100_000, "kernel", 0)] * 3)
+    for r in res:
+        assert 270 <= float(r["done_ms"]) <= 400, res
+        assert 255_000 <= int(r["gpu_us"]) <= 305_000, res
+
+
+def test_short_kernel_waits_slices_not_a_backlog(sim_env: dict[str, str]) -> None:
+    # 200 ms of queued work (20 x 10 ms) in one process; a 10 ms kernel from another, 30 ms later,
+    # shares the engine at once: its own 10 ms + the other's slices in between, not ~170 ms.
+    _, (backlog, short) = run_together(sim_env, [(20, 10_000, "kernel", 0), (1, 10_000, "kernel", 30)])
+    assert 10_000 <= int(short["gpu_us"]) <= 30_000, short
+    assert int(short["wall_us"]) <= 80_000, short
+    assert float(backlog["done_ms"]) >= 205, backlog  # it gave up the time the short kernel took
+
+
+def test_lone_kernel_longer_than_a_slice_is_not_slowed(sim_env: dict[str, str]) -> None:
+    env = {**sim_env, "SIMGPU_TIMESLICE_US": "100"}  # this test's fresh state: a 100 µs slice
+    kv = probe(env, "launch", "1", "50000")
+    assert abs(int(kv["gpu_us"]) - 50_000) <= 500
+    assert 49_000 <= int(kv["wall_us"]) <= 120_000
+    kv = probe(env, "launch", "5", "10000", "graph")
+    assert abs(int(kv["gpu_us"]) - 50_000) <= 500
+
+
+def test_timeslice_setting_applies(sim_env: dict[str, str]) -> None:
+    # A slice as long as the kernels: two processes launching at once run one after the other.
+    env = {**sim_env, "SIMGPU_TIMESLICE_US": "100000"}
+    _, res = run_together(env, [(1, 100_000, "kernel", 0)] * 2)
+    first, second = sorted(float(r["done_ms"]) for r in res)
+    assert 95 <= first <= 150, res
+    assert 180 <= second <= 300, res
+
+
+@pytest.mark.parametrize("value", ["abc", "99", "100001", "-5", "2000us", " 2000"])
+def test_bad_timeslice_is_refused(sim_env: dict[str, str], value: str) -> None:
+    env = {**sim_env, "SIMGPU_TIMESLICE_US": value}
+    kv = probe(env, "info", rc=1)
+    assert kv["fail"] == "api.cuInit(0)"
+    line = rf"^simgpu: .*SIMGPU_TIMESLICE_US={re.escape(value)}: expected microseconds \(100\.\.100000\)$"
+    assert re.search(line, kv["_stderr"], re.M), kv["_stderr"]
+    code = """
+        import ctypes, json
+        print(json.dumps({"rc": ctypes.CDLL("libnvidia-ml.so.1").nvmlInit_v2()}))
+    """
+    assert run_py(env, code)["rc"] != 0
+    assert not Path(sim_env["SIMGPU_STATE"]).exists()
+
+
+def test_bad_timeslice_in_the_config_is_refused(sim_env: dict[str, str], tmp_path: Path) -> None:
+    kv = probe(small(sim_env, tmp_path, timeslice_us=50), "info", rc=1)
+    assert '"timeslice_us" must be between 100 and 100000, got 50' in kv["_stderr"]
+    assert probe(small(sim_env, tmp_path, timeslice_us=500), "info")["count"] == "2"
+
+
+def test_events_keep_their_time_thousands_of_launches_later(sim_env: dict[str, str]) -> None:
+    # e0 waits for a 100 ms kernel, then 5000 kernels of 50 µs follow (more than a stream's 1024
+    # pending kernels, so launches block; more than a channel's 4096 history entries, so e0's
+    # entry is overwritten): e0..e1 must still be exactly the 250 ms of kernels in between.  The
+    # queue stays ~50 ms ahead of the launching thread, so the stream never runs dry.
+    code = """
+        import ctypes, json
+        cu = ctypes.CDLL("libcuda.so.1")
+        ctx, mod, f, dev, s = (ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p(),
+                               ctypes.c_int(), ctypes.c_void_p())
+        assert cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+        assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
+        assert cu.cuCtxSetCurrent(ctx) == 0
+        ptx = b".version 8.0\\n.target sm_90\\n.visible .entry spin(.param .u64 us)\\n{\\nret;\\n}\\n"
+        assert cu.cuModuleLoadData(ctypes.byref(mod), ptx) == 0
+        assert cu.cuModuleGetFunction(ctypes.byref(f), mod, b"spin") == 0
+        assert cu.cuStreamCreate(ctypes.byref(s), 0) == 0
+        ev = [ctypes.c_void_p() for _ in range(4)]
+        for e in ev:
+            assert cu.cuEventCreate(ctypes.byref(e), 0) == 0
+        us = ctypes.c_uint64()
+        params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.byref(us), ctypes.c_void_p))
+        def launch(n):
+            us.value = n
+            assert cu.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, params, None) == 0
+        assert cu.cuEventRecord(ev[3], s) == 0            # idle stream: done at once
+        idle = cu.cuEventQuery(ev[3])
+        launch(100000)
+        assert cu.cuEventRecord(ev[0], s) == 0
+        pending = cu.cuEventQuery(ev[0])
+        for _ in range(5000):
+            launch(50)
+        assert cu.cuEventRecord(ev[1], s) == 0
+        launch(5000)
+        assert cu.cuEventRecord(ev[2], s) == 0
+        assert cu.cuEventSynchronize(ev[2]) == 0
+        ms = [ctypes.c_float() for _ in range(3)]
+        assert cu.cuEventElapsedTime(ctypes.byref(ms[0]), ev[0], ev[1]) == 0
+        assert cu.cuEventElapsedTime(ctypes.byref(ms[1]), ev[1], ev[2]) == 0
+        assert cu.cuEventElapsedTime(ctypes.byref(ms[2]), ev[3], ev[2]) == 0
+        print(json.dumps({"idle": idle, "pending": pending, "ms": [m.value for m in ms],
+                          "query": cu.cuStreamQuery(s)}))
+    """
+    res = run_py(sim_env, code)
+    assert res["idle"] == 0  # CUDA_SUCCESS
+    assert res["pending"] == 600  # CUDA_ERROR_NOT_READY while its kernel runs
+    assert res["query"] == 0
+    first, second, total = res["ms"]
+    assert abs(first - 250.0) <= 0.01
+    assert abs(second - 5.0) <= 0.01
+    assert 355.0 <= total <= 420.0  # 100 + 250 + 5 ms of kernels, plus the first launch
+
+
+def test_sigkill_of_a_backlogged_process_frees_the_engine(sim_env: dict[str, str]) -> None:
+    hog = spawn_launch(sim_env, 100, 100_000)  # 10 s of queued kernels
+    try:
+        wait_line(hog, "launched=1")
+        victim = spawn_launch(sim_env, 1, 200_000)
+        wait_line(victim, "launched=1")
+        hog.kill()  # left unwaited: a zombie, which the reaper treats as dead
+        kv = finish(victim)
+        # Shared with the hog until the next reaping sweep (<= 100 ms), then alone: well under
+        # the 400 ms that sharing with a dead process to the end would take.
+        assert 200_000 <= int(kv["gpu_us"]) <= 330_000, kv
+        kv = probe(sim_env, "launch", "1", "50000")
+        assert abs(int(kv["gpu_us"]) - 50_000) <= 1_000
+    finally:
+        hog.kill()
+        hog.communicate()
 
 
 def test_launch_path_is_cheap(sim_env: dict[str, str]) -> None:
@@ -510,6 +678,35 @@ def test_nvml_drops_a_killed_process(sim_env: dict[str, str]) -> None:
     assert after == {"used": 0, "pids": []}
 
 
+def test_nvml_utilization_while_two_processes_compete(sim_env: dict[str, str]) -> None:
+    needs("pynvml")
+    t = start_at()
+    procs = [spawn_launch(sim_env, 1, 1_500_000, "kernel", t) for _ in range(2)]
+    try:
+        for p in procs:
+            wait_line(p, "launched=1")
+        code = f"""
+            import json, time, pynvml as n
+            n.nvmlInit()
+            h = n.nvmlDeviceGetHandleByIndex(0)
+            time.sleep(max(0.0, ({t} + 1_100_000_000 - time.monotonic_ns()) / 1e9))
+            since = time.time() - (time.monotonic_ns() - {t} - 100_000_000) / 1e9
+            out = {{"util": n.nvmlDeviceGetUtilizationRates(h).gpu,
+                   "samples": {{str(s.pid): s.smUtil
+                               for s in n.nvmlDeviceGetProcessUtilization(h, int(since * 1e6))}}}}
+            print(json.dumps(out))
+        """
+        res = run_py(sim_env, code)
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()
+    assert res["util"] >= 95, res
+    assert sorted(res["samples"]) == sorted(str(p.pid) for p in procs), res
+    for pct in res["samples"].values():
+        assert 40 <= pct <= 60, res
+
+
 # ---- sanitizers --------------------------------------------------------------------------------------
 
 
@@ -537,6 +734,8 @@ def test_probe_is_clean_under_sanitizers(
         ["fill", "pool", "64M"],
         ["launch", "3", "1000", "capture"],
         ["launch", "3", "1000", "graph"],
+        ["launch", "1100", "10"],  # more than a stream's pending limit: launches block
+        ["launchbench", "2000"],
         ["threads", "3", "plain", "8M"],
         ["forkfree", "plain", "64M"],
     ]
@@ -567,6 +766,9 @@ int main(int argc, char **argv) {
     struct sim_state *st = mmap(NULL, sizeof(*st), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (fd < 0 || st == MAP_FAILED || pthread_mutex_lock(&st->lock) != 0) return 1;
     st->gpu[0].used += 12345; /* a half-done update the next locker must repair */
+    st->gpu[0].nactive = 3;   /* and an engine whose active list is garbage */
+    st->gpu[0].cur = 77;
+    st->gpu[0].chan[5].n += 9;
     puts("locked");
     fflush(stdout);
     raise(SIGKILL);
@@ -602,5 +804,7 @@ def test_state_lock_survives_a_holder_killed_inside(sim_env: dict[str, str], tmp
         kv = probe(env, "alloc", "plain", "156M", timeout=30)  # would hang on a non-robust lock
         assert kv["alloc"] == "OK"
         assert kv["free"] == "0"
+        kv = probe(env, "launch", "2", "10000", timeout=30)  # the engine was rebuilt
+        assert abs(int(kv["gpu_us"]) - 20_000) <= 500
     finally:
         stop(holder)

@@ -659,9 +659,16 @@ static int cmd_launch(int argc, char **argv)
 {
     long n;
     size_t us;
-    if (argc < 2 || argc > 3 || parse_count(argv[0], &n) < 0 || parse_size(argv[1], &us) < 0)
-        return usage("launch N US [kernel|ex|coop|graph|capture]");
-    const char *mode = argc == 3 ? argv[2] : "kernel";
+    unsigned long long start_at = 0;
+    char *end = NULL;
+    if (argc == 4) {
+        errno = 0;
+        start_at = strtoull(argv[3], &end, 10);
+    }
+    if (argc < 2 || argc > 4 || parse_count(argv[0], &n) < 0 || parse_size(argv[1], &us) < 0 ||
+        (argc == 4 && (errno || !end || *end || !isdigit((unsigned char)argv[3][0]))))
+        return usage("launch N US [kernel|ex|coop|graph|capture [START_NS]]");
+    const char *mode = argc >= 3 ? argv[2] : "kernel";
     if (strcmp(mode, "kernel") && strcmp(mode, "ex") && strcmp(mode, "coop") &&
         strcmp(mode, "graph") && strcmp(mode, "capture"))
         return usage("unknown launch mode");
@@ -700,6 +707,12 @@ static int cmd_launch(int argc, char **argv)
         CK(api.cuStreamEndCapture(stream, &graph));
         CK(api.cuGraphInstantiateWithFlags(&exec, graph, 0));
     }
+    if (start_at) { /* a common start for several processes: CLOCK_MONOTONIC, absolute */
+        struct timespec ts = {.tv_sec = (time_t)(start_at / 1000000000ull),
+                              .tv_nsec = (long)(start_at % 1000000000ull)};
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+            ;
+    }
     uint64_t t0 = now_ns();
     CK(api.cuEventRecord(e0, stream));
     if (exec) {
@@ -721,6 +734,7 @@ static int cmd_launch(int argc, char **argv)
         }
     }
     CK(api.cuEventRecord(e1, stream));
+    out("launched=1"); /* submitted, not yet complete: a test may act on the backlog now */
     CK(api.cuStreamSynchronize(stream));
     uint64_t t1 = now_ns();
     float ms = 0;
@@ -761,6 +775,7 @@ static int cmd_launchbench(int argc, char **argv)
     CK(api.cuStreamSynchronize(stream));
     out("launches=%ld", n);
     out("ns_per_launch=%" PRIu64, (t1 - t0) / (uint64_t)n);
+    CK(api.cuModuleUnload(mod));
     return 0;
 }
 
@@ -823,7 +838,8 @@ static const struct command {
                                "memory came back (free_before= free_after= child=)"},
     {"cycle", cmd_cycle, "KIND BYTES N: N alloc+free pairs, ns_per_pair="},
     {"threads", cmd_threads, "T KIND CHUNK: T threads allocate until refused: count= bytes="},
-    {"launch", cmd_launch, "N US [kernel|ex|coop|graph|capture]: N spin kernels of US µs, then "
+    {"launch", cmd_launch, "N US [kernel|ex|coop|graph|capture [START_NS]]: from CLOCK_MONOTONIC "
+                           "START_NS if given, N spin kernels of US µs (launched=1 once queued), then "
                            "sync: wall_us= gpu_us= (events), start_ns= end_ns= (CLOCK_MONOTONIC)"},
     {"launchbench", cmd_launchbench, "N: N launches of a 0 µs kernel, ns_per_launch= (calls only)"},
     {"copy", cmd_copy, "BYTES: HtoD, DtoD, DtoH round trip: copy=OK; memsets: memset=OK"},

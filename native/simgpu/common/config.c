@@ -22,6 +22,7 @@ void sim_config_defaults(struct sim_config *c)
     c->cuda_version = 13000;
     c->cc_major = 9;
     c->cc_minor = 0;
+    c->timeslice_us = SIM_TIMESLICE_US_DEFAULT;
     strcpy(c->name, "sharegpu simulated H100");
     strcpy(c->driver_version, "580.65.06");
 }
@@ -86,9 +87,10 @@ static int parse_uint(struct parser *ps, const char *key, unsigned long long lo,
     return 0;
 }
 
-enum { K_GPUS, K_MEM, K_NAME, K_SM, K_DRV, K_CUDA, K_COUNT };
-static const char *const keys[K_COUNT] = {"gpus",     "memory_mib",     "name",
-                                          "sm_count", "driver_version", "cuda_version"};
+enum { K_GPUS, K_MEM, K_NAME, K_SM, K_DRV, K_CUDA, K_SLICE, K_COUNT };
+static const char *const keys[K_COUNT] = {"gpus",           "memory_mib",   "name",
+                                          "sm_count",       "driver_version", "cuda_version",
+                                          "timeslice_us"};
 
 static int parse_value(struct parser *ps, int k, struct sim_config *c)
 {
@@ -124,6 +126,11 @@ static int parse_value(struct parser *ps, int k, struct sim_config *c)
             return -1;
         c->cuda_version = (int32_t)v;
         return 0;
+    case K_SLICE:
+        if (parse_uint(ps, keys[k], SIM_TIMESLICE_US_MIN, SIM_TIMESLICE_US_MAX, &v) < 0)
+            return -1;
+        c->timeslice_us = (uint32_t)v;
+        return 0;
     }
     return sim_fail(ps->e, SIM_ECONFIG, "internal: bad key index");
 }
@@ -151,7 +158,7 @@ int sim_config_parse(struct sim_err *e, const char *text, struct sim_config *c)
             if (k == K_COUNT)
                 return sim_fail(e, SIM_ECONFIG,
                                 "unknown key \"%s\" (known: gpus, memory_mib, name, sm_count, "
-                                "driver_version, cuda_version)",
+                                "driver_version, cuda_version, timeslice_us)",
                                 key);
             if (seen[k]++)
                 return sim_fail(e, SIM_ECONFIG, "duplicate key \"%s\"", key);
@@ -180,9 +187,25 @@ int sim_config_parse(struct sim_err *e, const char *text, struct sim_config *c)
     return 0;
 }
 
-int sim_config_load(struct sim_err *e, struct sim_config *c)
+/* SIMGPU_TIMESLICE_US overrides the file's timeslice_us (same range). */
+static int timeslice_env(struct sim_err *e, struct sim_config *c)
 {
-    sim_config_defaults(c);
+    const char *v = getenv("SIMGPU_TIMESLICE_US");
+    if (!v || !*v)
+        return 0;
+    char *end;
+    errno = 0;
+    unsigned long long us = strtoull(v, &end, 10);
+    if (errno || *end || *v < '0' || *v > '9' || us < SIM_TIMESLICE_US_MIN ||
+        us > SIM_TIMESLICE_US_MAX)
+        return sim_fail(e, SIM_ECONFIG, "SIMGPU_TIMESLICE_US=%.40s: expected microseconds (%u..%u)",
+                        v, SIM_TIMESLICE_US_MIN, SIM_TIMESLICE_US_MAX);
+    c->timeslice_us = (uint32_t)us;
+    return 0;
+}
+
+static int config_file(struct sim_err *e, struct sim_config *c)
+{
     const char *path = getenv("SIMGPU_CONFIG");
     if (!path || !*path)
         return 0;
@@ -222,4 +245,12 @@ int sim_config_load(struct sim_err *e, struct sim_config *c)
     if (rc < 0)
         return sim_fail(e, SIM_ECONFIG, "SIMGPU_CONFIG=%s: %s", path, inner.msg);
     return 0;
+}
+
+int sim_config_load(struct sim_err *e, struct sim_config *c)
+{
+    sim_config_defaults(c);
+    if (config_file(e, c) < 0)
+        return -1;
+    return timeslice_env(e, c);
 }

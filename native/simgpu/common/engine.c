@@ -1,72 +1,561 @@
 /*
- * The execution engine: one per GPU, shared by every process, running one kernel at a time.
+ * The execution engine: one per GPU, shared by every process, time-slicing contexts as a GPU does.
  *
- * Model.  A kernel is an interval on its GPU's engine.  At launch, under the state lock:
- *     start = max(now, stream tail, engine free_at)      end = start + duration
- *     engine free_at = end;  stream tail = end;  ring[k % SIM_RING] = (start, end, pid)
- * so the engine is a FIFO across all streams and processes (the hardware's time-slicing of
- * contexts, coarsened to whole kernels), a stream is in order, and the ring gives NVML its
- * utilization.  Nothing runs in the background: waiting for work = sleeping until its end time.
+ * Model.
+ *  - Channels.  The unit of time-slicing is a channel: the kernels of one process on one GPU
+ *    (gpu.chan[slot]; all contexts and streams of a process on a GPU share it).  Within a channel
+ *    kernels run one at a time in launch order, so each stream keeps its order; kernels of
+ *    different streams of one process are serialized in launch order too (a real GPU may overlap
+ *    them).  A channel is only counters plus a ring of its pending kernels: kernel k completes
+ *    when the channel's executed time exec_ns reaches q[k] (its sub_ns just after submission).
+ *  - Round-robin.  At any instant at most one channel runs.  When several channels have pending
+ *    work, the running one keeps the engine for up to one time slice (cfg.timeslice_us, default
+ *    2000 µs; SIMGPU_TIMESLICE_US overrides it when the state is created), running its kernels back
+ *    to back, then the next channel with work gets it; a channel whose work runs out yields at
+ *    once.  A lone channel runs uninterrupted (its slice is renewed; a newcomer waits at most the
+ *    rest of the current slice).  A kernel longer than a slice is preempted and resumed later with
+ *    its remaining time.  A newly busy channel joins the end of the round.  Switching costs
+ *    nothing here; a real GPU loses some microseconds per context switch.
+ *  - Laziness.  Nothing runs in the background.  Whoever takes the state lock to launch, query,
+ *    synchronize, record or read an event, or ask NVML, first commits the engine up to "now"
+ *    (sim_engine_advance_locked: O(run segments + kernels completed since the last advance)).
+ *    Waiting = predicting when the awaited kernel completes if nothing new arrives (predict():
+ *    round-robin on the channels' remaining totals, without committing), sleeping until then
+ *    (clock_nanosleep on an absolute CLOCK_MONOTONIC instant), then advancing and checking again,
+ *    since new arrivals may have pushed it later.  While other channels compete, a waiter wakes at
+ *    least every SIM_REAP_NS to reap dead processes, whose pending work is dropped (a killed
+ *    process never keeps taking slices).
+ *  - History.  Each run segment (start, end, pid) goes to the GPU's ring (adjacent segments of
+ *    one pid merged); NVML utilization and per-process utilization read it, and slot.busy_ns sums
+ *    it per process.  Events resolve to completion instants stored in the channel ring; a
+ *    process resolves its pending events before its own launches overwrite their entries.
  *
- * Cost of a launch: one uncontended robust mutex, one vDSO clock read, ~10 stores.  No
- * allocation, no system call.  A stream may hold SIM_QDEPTH pending kernels (the hardware's
- * launch queue); one more blocks until the oldest completes.
+ * Cost of a launch: one uncontended robust mutex, one vDSO clock read, an advance that has
+ * usually nothing or one segment to commit, ~10 stores.  No allocation, no system call.  A stream
+ * may hold SIM_QDEPTH pending kernels and a channel SIM_CHQ; one more blocks until the oldest
+ * completes.
+ *
+ * Robustness.  A holder killed inside the lock leaves EOWNERDEAD; sim_engine_repair_locked then
+ * rebuilds each engine from the channels: inconsistent channels are reset (their pending work
+ * dropped, completing at the repair instant), entries already reached by exec_ns are completed,
+ * and the active list, the running channel and its slice are rebuilt.  Writes are ordered so that
+ * any prefix of an update is repairable this way.
  */
 #include "sim.h"
 
-#include <unistd.h>
+#include <string.h>
 
-uint64_t sim_queue_tail(const struct sim_queue *q)
+static uint64_t slice_ns(const struct sim_state *st)
 {
-    return __atomic_load_n(&q->tail, __ATOMIC_ACQUIRE);
+    uint32_t us = st->cfg.timeslice_us;
+    if (us < SIM_TIMESLICE_US_MIN || us > SIM_TIMESLICE_US_MAX)
+        us = SIM_TIMESLICE_US_DEFAULT;
+    return (uint64_t)us * 1000u;
 }
 
-int sim_engine_submit(struct sim_err *e, struct sim_state *st, int dev, int slot,
-                      struct sim_queue *q, const uint64_t *dur_ns, size_t count)
+/* ---- commit ------------------------------------------------------------------------------ */
+
+/* Closes cur's open run segment at t (merging with the previous one of the same pid). */
+static void seg_close(struct sim_state *st, struct sim_gpu *g, uint64_t t)
 {
-    const int32_t pid = (int32_t)getpid();
-    size_t done = 0;
-    while (done < count) {
+    if (t > g->seg_start) {
+        int32_t pid = st->slot[g->cur].pid;
+        struct sim_busy *last = g->ring_count ? &g->ring[(g->ring_count - 1) % SIM_RING] : NULL;
+        if (last && last->pid == pid && last->end_ns == g->seg_start) {
+            last->end_ns = t;
+        } else {
+            struct sim_busy *b = &g->ring[g->ring_count % SIM_RING];
+            b->start_ns = g->seg_start;
+            b->end_ns = t;
+            b->pid = pid;
+            b->reserved = 0;
+            g->ring_count++;
+        }
+    }
+    g->seg_start = t;
+}
+
+static void list_insert(struct sim_gpu *g, int c, uint64_t now, uint64_t ts)
+{
+    struct sim_chan *ch = &g->chan[c];
+    if (g->nactive == 0) {
+        ch->next = ch->prev = c;
+        g->cur = c;
+        g->seg_start = now;
+        g->slice_end = now + ts;
+    } else { /* before cur: the end of the round */
+        int cur = g->cur, p = g->chan[cur].prev;
+        ch->next = cur;
+        ch->prev = p;
+        g->chan[p].next = c;
+        g->chan[cur].prev = c;
+    }
+    ch->active = 1;
+    g->nactive++;
+}
+
+static void list_remove(struct sim_gpu *g, int c)
+{
+    struct sim_chan *ch = &g->chan[c];
+    if (g->nactive > 1) {
+        g->chan[ch->prev].next = ch->next;
+        g->chan[ch->next].prev = ch->prev;
+    }
+    ch->active = 0;
+    g->nactive--;
+}
+
+/* Completes the pending kernels exec_ns has reached; the run began at t0 with exec_ns == x0. */
+static void complete(struct sim_chan *ch, uint64_t t0, uint64_t x0)
+{
+    while (ch->done < ch->n) {
+        uint64_t *q = &ch->q[ch->done % SIM_CHQ];
+        if (*q > ch->exec_ns)
+            break;
+        *q = *q > x0 ? t0 + (*q - x0) : t0;
+        ch->done++;
+    }
+}
+
+void sim_engine_advance_locked(struct sim_state *st, int dev, uint64_t t)
+{
+    struct sim_gpu *g = &st->gpu[dev];
+    const uint64_t ts = slice_ns(st);
+    while (g->clock < t) {
+        if (g->nactive == 0) {
+            g->clock = t;
+            break;
+        }
+        const int c = g->cur;
+        if (c < 0 || c >= SIM_MAX_SLOTS) { /* only a corrupted state: rebuild it */
+            sim_engine_repair_locked(st);
+            continue;
+        }
+        struct sim_chan *ch = &g->chan[c];
+        uint64_t limit = t;
+        if (g->nactive > 1 && g->slice_end < limit)
+            limit = g->slice_end;
+        uint64_t run = limit > g->clock ? limit - g->clock : 0;
+        uint64_t left = ch->sub_ns - ch->exec_ns;
+        if (run > left)
+            run = left;
+        const uint64_t t0 = g->clock, x0 = ch->exec_ns;
+        ch->exec_ns = x0 + run; /* first: a repair completes what exec_ns reached */
+        complete(ch, t0, x0);
+        st->slot[c].busy_ns[dev] += run;
+        g->clock = t0 + run;
+        if (ch->exec_ns >= ch->sub_ns) { /* out of work: yield at once */
+            for (; ch->done < ch->n; ch->done++) /* only after a repair of a broken ring */
+                ch->q[ch->done % SIM_CHQ] = g->clock;
+            seg_close(st, g, g->clock);
+            int next = ch->next;
+            list_remove(g, c);
+            if (g->nactive) {
+                g->cur = next;
+                g->slice_end = g->clock + ts;
+            }
+        } else if (g->nactive > 1 && g->clock >= g->slice_end) { /* slice over: next channel */
+            seg_close(st, g, g->clock);
+            g->cur = ch->next;
+            g->slice_end = g->clock + ts;
+        } else if (g->nactive == 1 && g->slice_end <= g->clock) { /* alone: renew the slice */
+            g->slice_end += ((g->clock - g->slice_end) / ts + 1) * ts;
+        }
+    }
+}
+
+/* Takes nothing, returns "now" for the caller holding the lock, the engine advanced to it. */
+static uint64_t advance_now(struct sim_state *st, int dev)
+{
+    uint64_t now = sim_now_ns(); /* read under the lock: instants are ordered across processes */
+    sim_engine_advance_locked(st, dev, now);
+    return st->gpu[dev].clock > now ? st->gpu[dev].clock : now;
+}
+
+static void drop_chan(struct sim_state *st, struct sim_gpu *g, int c, uint64_t at, uint64_t ts)
+{
+    struct sim_chan *ch = &g->chan[c];
+    if (ch->active) {
+        if (g->cur == c) {
+            seg_close(st, g, g->clock);
+            int next = ch->next;
+            list_remove(g, c);
+            if (g->nactive) {
+                g->cur = next;
+                g->slice_end = g->clock + ts;
+            }
+        } else {
+            list_remove(g, c);
+        }
+    }
+    ch->exec_ns = ch->sub_ns;
+    for (; ch->done < ch->n; ch->done++)
+        ch->q[ch->done % SIM_CHQ] = at;
+}
+
+void sim_engine_drop_locked(struct sim_state *st, int s)
+{
+    const uint64_t ts = slice_ns(st), now = sim_now_ns();
+    for (unsigned d = 0; d < st->cfg.gpus && d < SIM_MAX_GPUS; d++) {
+        struct sim_gpu *g = &st->gpu[d];
+        if (g->chan[s].done == g->chan[s].n && !g->chan[s].active)
+            continue;
+        sim_engine_advance_locked(st, (int)d, now);
+        drop_chan(st, g, s, g->clock, ts);
+    }
+}
+
+void sim_engine_repair_locked(struct sim_state *st)
+{
+    const uint64_t ts = slice_ns(st), now = sim_now_ns();
+    for (unsigned d = 0; d < SIM_MAX_GPUS; d++) {
+        struct sim_gpu *g = &st->gpu[d];
+        if (g->clock > now)
+            g->clock = now;
+        int old = (g->nactive && g->cur >= 0 && g->cur < SIM_MAX_SLOTS) ? g->cur : 0;
+        g->nactive = 0;
+        for (int c = 0; c < SIM_MAX_SLOTS; c++) {
+            struct sim_chan *ch = &g->chan[c];
+            ch->active = 0;
+            int bad = ch->done > ch->n || ch->n - ch->done > SIM_CHQ || ch->exec_ns > ch->sub_ns;
+            for (uint64_t k = ch->done, prev = 0; !bad && k < ch->n; k++) {
+                uint64_t cum = ch->q[k % SIM_CHQ]; /* pending: non-decreasing, within sub_ns */
+                bad = cum < prev || cum > ch->sub_ns;
+                prev = cum;
+            }
+            if (bad) {
+                if (ch->done > ch->n)
+                    ch->done = ch->n;
+                ch->exec_ns = ch->sub_ns;
+                for (; ch->done < ch->n; ch->done++)
+                    ch->q[ch->done % SIM_CHQ] = g->clock;
+                continue;
+            }
+            complete(ch, g->clock, ch->exec_ns);
+            if (ch->done == ch->n)
+                ch->exec_ns = ch->sub_ns; /* work without a kernel: half a submission */
+        }
+        /* The active list, in channel order starting from the channel that was running. */
+        for (int k = 0; k < SIM_MAX_SLOTS; k++) {
+            int c = (old + k) % SIM_MAX_SLOTS;
+            if (g->chan[c].exec_ns < g->chan[c].sub_ns)
+                list_insert(g, c, g->clock, ts);
+        }
+    }
+}
+
+/* ---- prediction -------------------------------------------------------------------------- */
+
+/* When channel c's exec_ns reaches `cum` if nothing new arrives: the commit rules replayed on
+ * the remaining totals (kernel boundaries inside a channel do not matter).  Full rounds in which
+ * no channel runs out are skipped in one step, so the cost is O(active channels²). */
+static uint64_t predict(const struct sim_state *st, int dev, int c, uint64_t cum)
+{
+    const struct sim_gpu *g = &st->gpu[dev];
+    const struct sim_chan *tc = &g->chan[c];
+    if (tc->exec_ns >= cum)
+        return g->clock;
+    if (g->nactive <= 1 || !tc->active)
+        return g->clock + (cum - tc->exec_ns);
+    const uint64_t ts = slice_ns(st);
+    uint64_t w[SIM_MAX_SLOTS];
+    unsigned m = 0, target = SIM_MAX_SLOTS;
+    int k = g->cur;
+    do {
+        const struct sim_chan *ch = &g->chan[k];
+        if (k == c) {
+            target = m;
+            w[m++] = cum - ch->exec_ns; /* its work after the target does not matter */
+        } else {
+            w[m++] = ch->sub_ns - ch->exec_ns;
+        }
+        k = ch->next;
+    } while (k != g->cur && m < SIM_MAX_SLOTS && k >= 0 && k < SIM_MAX_SLOTS);
+    if (target == SIM_MAX_SLOTS)
+        return g->clock + (cum - tc->exec_ns); /* not in the list: cannot happen */
+    uint64_t t = g->clock;
+    uint64_t turn = g->slice_end > t ? g->slice_end - t : 0; /* the rest of cur's slice */
+    unsigned p = 0;
+    for (;;) {
+        if (m == 1)
+            return t + w[0]; /* alone: runs uninterrupted */
+        if (turn == ts) {
+            /* r full rounds in which every channel runs exactly one slice and none runs out. */
+            uint64_t r = UINT64_MAX;
+            for (unsigned i = 0; i < m; i++) {
+                uint64_t ri = (w[i] - 1) / ts;
+                if (ri < r)
+                    r = ri;
+            }
+            if (r > 0) {
+                for (unsigned i = 0; i < m; i++)
+                    w[i] -= r * ts;
+                t += r * m * ts;
+            }
+        }
+        if (p == target && w[p] <= turn)
+            return t + w[p];
+        uint64_t run = w[p] < turn ? w[p] : turn;
+        t += run;
+        w[p] -= run;
+        if (w[p] == 0) {
+            memmove(&w[p], &w[p + 1], (m - p - 1) * sizeof(w[0]));
+            if (target > p)
+                target--;
+            m--;
+            if (p == m)
+                p = 0;
+        } else {
+            p = (p + 1) % m;
+        }
+        turn = ts;
+    }
+}
+
+/* ---- waiting ----------------------------------------------------------------------------- */
+
+static int ticket_done(const struct sim_gpu *g, const struct sim_ticket *t)
+{
+    if (!t->seq1 || t->chan < 0 || t->chan >= SIM_MAX_SLOTS)
+        return 1;
+    const struct sim_chan *ch = &g->chan[t->chan];
+    return ch->done >= t->seq1 || t->seq1 > ch->n; /* a ticket from the future: stale, done */
+}
+
+/* Under lock, engine at now: 0 when t is done, else the instant to sleep until. */
+static uint64_t wait_step_locked(struct sim_state *st, int dev, const struct sim_ticket *t,
+                                 uint64_t now)
+{
+    struct sim_gpu *g = &st->gpu[dev];
+    if (ticket_done(g, t))
+        return 0;
+    if (g->nactive > 1) {
+        sim_reap_locked(st, 0); /* a dead competitor's work is dropped */
+        if (ticket_done(g, t))
+            return 0;
+    }
+    const struct sim_chan *ch = &g->chan[t->chan];
+    uint64_t at = predict(st, dev, t->chan, ch->q[(t->seq1 - 1) % SIM_CHQ]);
+    if (g->nactive > 1 && at > now + SIM_REAP_NS)
+        at = now + SIM_REAP_NS;
+    return at > now ? at : now + 1000u; /* never a hot loop, even on a broken state */
+}
+
+int sim_engine_wait(struct sim_err *e, struct sim_state *st, int dev, const struct sim_ticket *t)
+{
+    struct sim_ticket w = {0};
+    for (int first = 1;; first = 0) {
         if (sim_lock(e, st) < 0)
             return -1;
-        uint64_t now = sim_now_ns();
+        uint64_t now = advance_now(st, dev);
+        if (first)
+            w = *t;
+        uint64_t wake = wait_step_locked(st, dev, &w, now);
+        sim_unlock(st);
+        if (!wake)
+            return 0;
+        sim_sleep_until(wake);
+    }
+}
+
+int sim_engine_query(struct sim_err *e, struct sim_state *st, int dev, const struct sim_ticket *t)
+{
+    if (sim_lock(e, st) < 0)
+        return -1;
+    advance_now(st, dev);
+    int done = ticket_done(&st->gpu[dev], t);
+    sim_unlock(st);
+    return done;
+}
+
+/* ---- events ------------------------------------------------------------------------------ */
+
+/* [state lock] this process's pending events per GPU, in ticket order. */
+static struct sim_watch *watch_head[SIM_MAX_GPUS], *watch_tail[SIM_MAX_GPUS];
+
+static void watch_unlink(struct sim_watch *w)
+{
+    if (!w->linked)
+        return;
+    int d = w->dev;
+    if (w->prev)
+        w->prev->next = w->next;
+    else
+        watch_head[d] = w->next;
+    if (w->next)
+        w->next->prev = w->prev;
+    else
+        watch_tail[d] = w->prev;
+    w->next = w->prev = NULL;
+    w->linked = 0;
+}
+
+static void watch_link(struct sim_watch *w, int dev, const struct sim_ticket *t)
+{
+    w->dev = dev;
+    w->t = *t;
+    struct sim_watch *p = watch_tail[dev];
+    while (p && p->t.seq1 > t->seq1) /* records come in channel order, but streams differ */
+        p = p->prev;
+    w->prev = p;
+    w->next = p ? p->next : watch_head[dev];
+    if (w->next)
+        w->next->prev = w;
+    else
+        watch_tail[dev] = w;
+    if (p)
+        p->next = w;
+    else
+        watch_head[dev] = w;
+    w->linked = 1;
+}
+
+/* Under lock, w's kernel done: its completion instant, still in the channel ring. */
+static void watch_resolve(struct sim_state *st, struct sim_watch *w)
+{
+    const struct sim_gpu *g = &st->gpu[w->dev];
+    uint64_t at = g->clock;
+    if (w->t.seq1 && w->t.chan >= 0 && w->t.chan < SIM_MAX_SLOTS) {
+        const struct sim_chan *ch = &g->chan[w->t.chan];
+        uint64_t seq = w->t.seq1 - 1;
+        if (seq < ch->done && ch->n - seq <= SIM_CHQ && ch->q[seq % SIM_CHQ])
+            at = ch->q[seq % SIM_CHQ];
+    }
+    watch_unlink(w);
+    __atomic_store_n(&w->at, at ? at : 1, __ATOMIC_RELEASE);
+}
+
+int sim_engine_record(struct sim_err *e, struct sim_state *st, int dev, const struct sim_queue *q,
+                      struct sim_watch *w)
+{
+    if (sim_lock(e, st) < 0)
+        return -1;
+    uint64_t now = advance_now(st, dev);
+    watch_unlink(w);
+    if (ticket_done(&st->gpu[dev], &q->last)) {
+        w->dev = dev;
+        __atomic_store_n(&w->at, now, __ATOMIC_RELEASE); /* idle stream: the record instant */
+    } else {
+        __atomic_store_n(&w->at, 0, __ATOMIC_RELEASE);
+        watch_link(w, dev, &q->last);
+    }
+    sim_unlock(st);
+    return 0;
+}
+
+int sim_engine_watch(struct sim_err *e, struct sim_state *st, struct sim_watch *w, int wait)
+{
+    for (;;) {
+        if (__atomic_load_n(&w->at, __ATOMIC_ACQUIRE))
+            return 1;
+        if (sim_lock(e, st) < 0)
+            return -1;
+        if (!w->linked) { /* never recorded, or resolved by another thread meanwhile */
+            sim_unlock(st);
+            return 1;
+        }
+        const int dev = w->dev;
+        uint64_t now = advance_now(st, dev), wake = 0;
+        if (ticket_done(&st->gpu[dev], &w->t) ||
+            (wait && (wake = wait_step_locked(st, dev, &w->t, now)) == 0)) {
+            watch_resolve(st, w);
+            sim_unlock(st);
+            return 1;
+        }
+        sim_unlock(st);
+        if (!wait)
+            return 0;
+        sim_sleep_until(wake);
+    }
+}
+
+void sim_engine_unwatch(struct sim_state *st, struct sim_watch *w)
+{
+    if (sim_lock(NULL, st) < 0)
+        return;
+    watch_unlink(w);
+    sim_unlock(st);
+}
+
+void sim_engine_fork_child(void)
+{
+    for (int d = 0; d < SIM_MAX_GPUS; d++) {
+        for (struct sim_watch *w = watch_head[d], *n; w; w = n) {
+            n = w->next;
+            w->next = w->prev = NULL;
+            w->linked = 0;
+        }
+        watch_head[d] = watch_tail[d] = NULL;
+    }
+}
+
+/* ---- submission -------------------------------------------------------------------------- */
+
+int sim_engine_submit(struct sim_err *e, struct sim_state *st, int dev, struct sim_queue *q,
+                      struct sim_ticket *ctx_last, const uint64_t *dur_ns, size_t count)
+{
+    const uint64_t ts = slice_ns(st);
+    size_t i = 0;
+    while (i < count) {
+        int c = sim_slot_acquire_fast(e, st);
+        if (c < 0)
+            return -1;
+        if (sim_lock(e, st) < 0)
+            return -1;
+        if (!sim_slot_mine_locked(st, c)) {
+            /* Reaped by someone who judged us dead (another pid namespace?): take a new slot. */
+            sim_unlock(st);
+            sim_slot_forget();
+            continue;
+        }
         struct sim_gpu *g = &st->gpu[dev];
-        uint64_t wait_for = 0;
-        for (; done < count; done++) {
+        struct sim_chan *ch = &g->chan[c];
+        uint64_t now = advance_now(st, dev);
+        if (q->last.seq1 && q->last.chan != c) { /* our old channel was dropped */
+            q->last.seq1 = 0;
+            q->n = 0;
+        }
+        struct sim_ticket wait = {0};
+        for (; i < count; i++) {
             if (q->n >= SIM_QDEPTH) {
-                uint64_t oldest = q->ends[q->n % SIM_QDEPTH];
-                if (oldest > now) {
-                    wait_for = oldest; /* queue full: sleep outside the lock */
+                uint64_t oldest = q->seqs[q->n % SIM_QDEPTH];
+                if (ch->done <= oldest) {
+                    wait = (struct sim_ticket){.seq1 = oldest + 1, .chan = c};
                     break;
                 }
             }
-            uint64_t start = now;
-            uint64_t tail = q->tail;
-            if (tail > start)
-                start = tail;
-            if (g->free_at > start)
-                start = g->free_at;
-            uint64_t end = start + dur_ns[done];
-            g->free_at = end;
-            __atomic_store_n(&q->tail, end, __ATOMIC_RELEASE);
-            q->ends[q->n % SIM_QDEPTH] = end;
-            q->n++;
-            if (dur_ns[done] > 0) {
-                struct sim_busy *b = &g->ring[g->ring_count % SIM_RING];
-                b->start_ns = start;
-                b->end_ns = end;
-                b->pid = pid;
-                g->ring_count++;
-                if (slot >= 0)
-                    st->slot[slot].busy_ns[dev] += dur_ns[done];
+            const uint64_t seq = ch->n;
+            if (seq - ch->done >= SIM_CHQ) {
+                wait = (struct sim_ticket){.seq1 = seq - SIM_CHQ + 1, .chan = c};
+                break;
             }
+            /* Kernel seq - SIM_CHQ (done) is overwritten now: resolve its events first. */
+            struct sim_watch *w;
+            while ((w = watch_head[dev]) && w->t.seq1 + SIM_CHQ <= seq + 1)
+                watch_resolve(st, w);
+            const uint64_t d = dur_ns[i];
+            ch->q[seq % SIM_CHQ] = ch->sub_ns + d; /* order: entry, sub_ns, n (see repair) */
+            ch->sub_ns += d;
+            ch->n = seq + 1;
+            if (d && !ch->active)
+                list_insert(g, c, now, ts);
+            else if (!ch->active)
+                complete(ch, now, ch->exec_ns); /* nothing ahead of a 0 µs kernel: done now */
+            q->seqs[q->n % SIM_QDEPTH] = seq;
+            q->n++;
+            q->last = (struct sim_ticket){.seq1 = seq + 1, .chan = c};
+            if (ctx_last)
+                *ctx_last = q->last;
         }
+        uint64_t wake = wait.seq1 ? wait_step_locked(st, dev, &wait, now) : 0;
         sim_unlock(st);
-        if (wait_for)
-            sim_sleep_until(wait_for);
+        if (wake)
+            sim_sleep_until(wake); /* a full queue: the loop re-checks under the lock */
     }
     return 0;
 }
+
+/* ---- history ----------------------------------------------------------------------------- */
 
 uint64_t sim_busy_locked(const struct sim_state *st, int dev, int pid, uint64_t from, uint64_t to,
                          uint64_t *covered_from)
@@ -80,10 +569,16 @@ uint64_t sim_busy_locked(const struct sim_state *st, int dev, int pid, uint64_t 
         if (oldest->start_ns > earliest)
             earliest = oldest->start_ns;
     }
+    if (g->nactive && g->clock > g->seg_start && (!pid || st->slot[g->cur].pid == pid)) {
+        uint64_t s = g->seg_start > earliest ? g->seg_start : earliest;
+        uint64_t t = g->clock < to ? g->clock : to;
+        if (t > s)
+            busy += t - s; /* the open segment of the running channel */
+    }
     for (uint64_t k = 0; k < n; k++) {
         const struct sim_busy *b = &g->ring[(g->ring_count - 1 - k) % SIM_RING];
-        if (b->end_ns <= earliest && b->start_ns <= earliest)
-            break; /* launch order = engine order: everything older ends earlier */
+        if (b->end_ns <= earliest)
+            break; /* segments are in engine-time order: everything older ends earlier */
         if (pid && b->pid != pid)
             continue;
         uint64_t s = b->start_ns > earliest ? b->start_ns : earliest;

@@ -60,15 +60,19 @@ struct sim_config {
     int32_t cuda_version;  /* cuDriverGetVersion */
     int32_t cc_major;
     int32_t cc_minor;
-    int32_t reserved;
+    uint32_t timeslice_us; /* engine time slice (µs) when several contexts have work */
     char name[SIM_NAME_LEN];
     char driver_version[SIM_DRV_LEN];
 };
 
+#define SIM_TIMESLICE_US_DEFAULT 2000u
+#define SIM_TIMESLICE_US_MIN 100u
+#define SIM_TIMESLICE_US_MAX 100000u
+
 SIM_HIDDEN void sim_config_defaults(struct sim_config *c);
 /* Parses the flat JSON object in text (keys in native/README.md) over the defaults. */
 SIM_HIDDEN int sim_config_parse(struct sim_err *e, const char *text, struct sim_config *c);
-/* Defaults, then SIMGPU_CONFIG if set. */
+/* Defaults, then SIMGPU_CONFIG if set, then SIMGPU_TIMESLICE_US if set. */
 SIM_HIDDEN int sim_config_load(struct sim_err *e, struct sim_config *c);
 
 /* ---- identity ---------------------------------------------------------------------------- */
@@ -84,31 +88,57 @@ SIM_HIDDEN unsigned sim_pci_bus(unsigned idx);
 /* ---- shared state ----------------------------------------------------------------------
  * One file, mapped MAP_SHARED by every process.  Notation: W writer, R reader,
  * [lock] guarded by st->lock (robust, process-shared), [const] written before the file is
- * published by rename, never again.
+ * published by rename, never again.  The file is sparse: only the channels in use are touched.
  *
- * Invariants (under the lock):
- *   gpu[g].used == sum over slots of slot[i].bytes[g]      (repaired on EOWNERDEAD)
+ * Invariants (under the lock), for each GPU g and channel c = gpu[g].chan[c]:
+ *   gpu[g].used == sum over slots of slot[i].bytes[g]          (repaired on EOWNERDEAD)
  *   gpu[g].used <= cfg.memory_bytes
- *   ring entries are appended in launch order; entry k lives at ring[k % SIM_RING]
+ *   c.done <= c.n,  c.n - c.done <= SIM_CHQ,  c.exec_ns <= c.sub_ns
+ *   c.active == (c.exec_ns < c.sub_ns);  kernel k of c is done <=> k < c.done
+ *   the active channels form one circular list (next/prev) of length gpu[g].nactive
+ *   ring entries are appended in engine-time order; entry k lives at ring[k % SIM_RING]
+ * EOWNERDEAD repair rebuilds what a dead holder may have left half-written (engine.c).
  */
 #define SIM_STATE_MAGIC 0x314d495355504753ULL /* "SGPUSIM1" little-endian */
-#define SIM_STATE_VERSION 1u
+#define SIM_STATE_VERSION 2u
 #define SIM_MAX_SLOTS 512
-#define SIM_RING 4096
+#define SIM_RING 16384 /* run segments kept per GPU (NVML history) */
+#define SIM_CHQ 4096   /* pending kernels per channel before a launch blocks */
 
-struct sim_busy {          /* one kernel's interval on the engine */
+struct sim_busy {          /* one run segment on the engine: one channel ran [start, end) */
     uint64_t start_ns;     /* CLOCK_MONOTONIC */
     uint64_t end_ns;
     int32_t pid;
     uint32_t reserved;
 };
 
+/* A channel: the kernels of one process (slot) on one GPU, the unit of time-slicing. */
+struct sim_chan {
+    uint64_t sub_ns;       /* [lock] W submit: kernel time ever submitted */
+    uint64_t exec_ns;      /* [lock] W advance/drop: kernel time ever executed */
+    uint64_t n;            /* [lock] W submit: kernels ever submitted (the next one's number) */
+    uint64_t done;         /* [lock] W advance/drop: kernels completed (in number order) */
+    int32_t next, prev;    /* [lock] active list links, meaningful while active */
+    uint32_t active;       /* [lock] 1 while in the active list */
+    uint32_t reserved;
+    /* [lock] kernel k at q[k % SIM_CHQ]: while pending (k >= done) the value exec_ns must reach
+     * for it to complete (sub_ns just after it was submitted); once done its completion instant
+     * (CLOCK_MONOTONIC).  W submit (pending), advance/drop (done); R waiters, event resolution. */
+    uint64_t q[SIM_CHQ];
+};
+
 struct sim_gpu {
     uint64_t used;         /* [lock] W charge/uncharge/reap R all: bytes allocated on the card */
-    uint64_t free_at;      /* [lock] W launch: the engine is busy until this instant */
-    uint64_t ring_count;   /* [lock] W launch: intervals ever recorded */
-    uint64_t reserved;
-    struct sim_busy ring[SIM_RING]; /* [lock] W launch R NVML utilization */
+    /* The engine (common/engine.c), advanced lazily to "now" by whoever takes the lock. */
+    uint64_t clock;        /* [lock] W advance: the engine's history is final up to this instant */
+    uint64_t slice_end;    /* [lock] W advance: cur keeps the engine until then if others wait */
+    uint64_t seg_start;    /* [lock] W advance: start of cur's open run segment */
+    int32_t cur;           /* [lock] W advance: the running channel, valid while nactive > 0 */
+    uint32_t nactive;      /* [lock] W submit/advance/drop: channels with pending work */
+    uint64_t ring_count;   /* [lock] W advance: run segments ever closed */
+    uint64_t reserved[3];
+    struct sim_busy ring[SIM_RING];       /* [lock] W advance R NVML utilization */
+    struct sim_chan chan[SIM_MAX_SLOTS];  /* [lock] channel i belongs to slot i */
 };
 
 struct sim_slot {          /* one process using the CUDA side; pid == 0 means free */
@@ -116,7 +146,7 @@ struct sim_slot {          /* one process using the CUDA side; pid == 0 means fr
     uint32_t ctx_mask;     /* [lock] bit g: the process has a context on GPU g */
     uint64_t start_time;   /* [lock] /proc/<pid>/stat field 22, tells a reused pid apart */
     uint64_t bytes[SIM_MAX_GPUS];   /* [lock] bytes charged on each GPU */
-    uint64_t busy_ns[SIM_MAX_GPUS]; /* [lock] kernel time submitted on each GPU */
+    uint64_t busy_ns[SIM_MAX_GPUS]; /* [lock] W advance: engine time its kernels ran on each GPU */
 };
 
 struct sim_state {
@@ -145,6 +175,11 @@ SIM_HIDDEN void sim_unlock(struct sim_state *st);
 /* ---- slots, memory charge, reaping (slots.c); all take the lock themselves -------------- */
 /* This process's slot index, acquiring one if needed. */
 SIM_HIDDEN int sim_slot_acquire(struct sim_err *e, struct sim_state *st);
+/* The launch path's variant: no system call when the slot is known (a forked child forgets its
+ * parent's slot in libcuda's atfork handler, so the pid is not re-checked); -1 on error. */
+SIM_HIDDEN int sim_slot_acquire_fast(struct sim_err *e, struct sim_state *st);
+/* Under lock: slot s is still this process's (not reaped by someone who judged it dead). */
+SIM_HIDDEN int sim_slot_mine_locked(const struct sim_state *st, int s);
 /* Index or -1; after fork the child has none. */
 SIM_HIDDEN int sim_slot_self(void);
 SIM_HIDDEN void sim_slot_forget(void); /* atfork child */
@@ -161,22 +196,61 @@ SIM_HIDDEN uint64_t sim_proc_start_time(int pid, int *gone);
 SIM_HIDDEN void sim_repair_locked(struct sim_state *st);
 
 /* ---- execution engine (engine.c) ---------------------------------------------------------
- * One engine per GPU, shared by all processes: kernels run one at a time in submission order.
- * A queue is a process-local stream's bookkeeping (never shared).
+ * One engine per GPU, shared by all processes, time-slicing channels (one per process and GPU)
+ * round-robin; the model is described at the top of engine.c.  The types below are
+ * process-local bookkeeping (never in the shared state), guarded by the state lock.
  */
 #define SIM_QDEPTH 1024 /* pending kernels per stream before a launch blocks */
-struct sim_queue {
-    uint64_t tail;             /* atomic: end of the last submitted work (CLOCK_MONOTONIC) */
-    uint64_t n;                /* [state lock] kernels ever submitted */
-    uint64_t ends[SIM_QDEPTH]; /* [state lock] end of kernel k at ends[k % SIM_QDEPTH] */
+
+struct sim_ticket {        /* "kernel seq1 - 1 of channel chan"; seq1 == 0: nothing */
+    uint64_t seq1;
+    int32_t chan;
+    int32_t reserved;
 };
-/* Submits count kernels of dur_ns[i] each to GPU dev on queue q (count small, e.g. a graph).
- * Cost: one lock, a clock read and a few stores per kernel; blocks only when q is full. */
-SIM_HIDDEN int sim_engine_submit(struct sim_err *e, struct sim_state *st, int dev, int slot,
-                                 struct sim_queue *q, const uint64_t *dur_ns, size_t count);
-SIM_HIDDEN uint64_t sim_queue_tail(const struct sim_queue *q);
-/* Busy ns of GPU dev inside [from,to]; pid 0 = all processes.  Under lock.  *covered_from is
- * the earliest instant the ring still describes (>= from when history was overwritten). */
+
+struct sim_queue {         /* one stream */
+    struct sim_ticket last;    /* [state lock] its last submitted kernel */
+    uint64_t n;                /* [state lock] kernels ever submitted on the stream */
+    uint64_t seqs[SIM_QDEPTH]; /* [state lock] channel number of stream kernel k at [k % QDEPTH] */
+};
+
+struct sim_watch {         /* one event: the completion instant of a ticket */
+    uint64_t at;           /* atomic (release/acquire): the instant once resolved, else 0 */
+    struct sim_ticket t;   /* [state lock] the awaited kernel while linked */
+    int32_t dev;           /* [state lock] */
+    int32_t linked;        /* [state lock] 1 while waiting in this process's list for dev */
+    struct sim_watch *next, *prev; /* [state lock] that list, in ticket order */
+};
+
+/* Submits count kernels of dur_ns[i] each (count small, e.g. a graph) on GPU dev from stream q;
+ * *ctx_last (optional) is set to the last one.  Cost: one lock, a clock read and a few stores
+ * per kernel; blocks only when q (SIM_QDEPTH) or the channel (SIM_CHQ) is full. */
+SIM_HIDDEN int sim_engine_submit(struct sim_err *e, struct sim_state *st, int dev,
+                                 struct sim_queue *q, struct sim_ticket *ctx_last,
+                                 const uint64_t *dur_ns, size_t count);
+/* Sleeps until the kernel *t names (read under the lock when called) has completed. */
+SIM_HIDDEN int sim_engine_wait(struct sim_err *e, struct sim_state *st, int dev,
+                               const struct sim_ticket *t);
+/* 1 when that kernel has completed, 0 if not yet, -1 on error. */
+SIM_HIDDEN int sim_engine_query(struct sim_err *e, struct sim_state *st, int dev,
+                                const struct sim_ticket *t);
+/* Events: w completes with the last kernel submitted on q so far (now if q is idle). */
+SIM_HIDDEN int sim_engine_record(struct sim_err *e, struct sim_state *st, int dev,
+                                 const struct sim_queue *q, struct sim_watch *w);
+/* 1 when w is resolved (w->at set) or was never recorded, 0 if pending; wait=1 sleeps. */
+SIM_HIDDEN int sim_engine_watch(struct sim_err *e, struct sim_state *st, struct sim_watch *w,
+                                int wait);
+SIM_HIDDEN void sim_engine_unwatch(struct sim_state *st, struct sim_watch *w);
+SIM_HIDDEN void sim_engine_fork_child(void); /* the parent's pending events are not ours */
+/* Under lock: commits GPU dev's engine up to t (no-op for t <= clock). */
+SIM_HIDDEN void sim_engine_advance_locked(struct sim_state *st, int dev, uint64_t t);
+/* Under lock: drops slot s's pending work on every GPU (its process is gone). */
+SIM_HIDDEN void sim_engine_drop_locked(struct sim_state *st, int s);
+/* Under lock, on EOWNERDEAD: rebuilds every engine from the channels (see engine.c). */
+SIM_HIDDEN void sim_engine_repair_locked(struct sim_state *st);
+/* Busy ns of GPU dev inside [from,to]; pid 0 = all processes.  Under lock, after advancing to
+ * `to`.  *covered_from is the earliest instant the ring still describes (>= from when history
+ * was overwritten). */
 SIM_HIDDEN uint64_t sim_busy_locked(const struct sim_state *st, int dev, int pid, uint64_t from,
                                     uint64_t to, uint64_t *covered_from);
 

@@ -88,6 +88,8 @@ static int slot_dead(const struct sim_slot *s)
 
 static void slot_clear_locked(struct sim_state *st, struct sim_slot *s)
 {
+    /* The driver tears the dead context down: its pending kernels no longer take slices. */
+    sim_engine_drop_locked(st, (int)(s - st->slot));
     for (unsigned g = 0; g < SIM_MAX_GPUS; g++) {
         uint64_t b = s->bytes[g];
         st->gpu[g].used = st->gpu[g].used >= b ? st->gpu[g].used - b : 0;
@@ -118,6 +120,7 @@ void sim_repair_locked(struct sim_state *st)
                 sum += st->slot[i].bytes[g];
         st->gpu[g].used = sum;
     }
+    sim_engine_repair_locked(st);
 }
 
 int sim_slot_acquire(struct sim_err *e, struct sim_state *st)
@@ -150,6 +153,17 @@ int sim_slot_acquire(struct sim_err *e, struct sim_state *st)
         return sim_fail(e, SIM_ENOSLOT, "all %d process slots of the simulated GPU are in use",
                         SIM_MAX_SLOTS);
     return s;
+}
+
+int sim_slot_acquire_fast(struct sim_err *e, struct sim_state *st)
+{
+    int s = __atomic_load_n(&own_slot, __ATOMIC_RELAXED);
+    return s >= 0 ? s : sim_slot_acquire(e, st);
+}
+
+int sim_slot_mine_locked(const struct sim_state *st, int s)
+{
+    return s >= 0 && s < SIM_MAX_SLOTS && st->slot[s].pid != 0 && st->slot[s].pid == self_pid();
 }
 
 void sim_slot_release(struct sim_state *st)

@@ -120,9 +120,14 @@ static int map_existing(struct sim_err *e, const char *path, int fd, struct sim_
         mmap(NULL, sizeof(*st), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (st == MAP_FAILED)
         return sim_fail(e, SIM_EOS, "cannot map %s: %s", path, strerror(errno));
+    /* The file is sparse and touched a few pages at a time: a fault must not read ahead (and
+     * zero-fill) megabytes of holes around it on a disk file system. */
+    (void)madvise(st, sizeof(*st), MADV_RANDOM);
     if (__atomic_load_n(&st->magic, __ATOMIC_ACQUIRE) != SIM_STATE_MAGIC ||
         st->version != SIM_STATE_VERSION || st->size != sizeof(struct sim_state) ||
-        st->cfg.gpus < 1 || st->cfg.gpus > SIM_MAX_GPUS) {
+        st->cfg.gpus < 1 || st->cfg.gpus > SIM_MAX_GPUS ||
+        st->cfg.timeslice_us < SIM_TIMESLICE_US_MIN ||
+        st->cfg.timeslice_us > SIM_TIMESLICE_US_MAX) {
         munmap(st, sizeof(*st));
         return sim_fail(e, SIM_ESTATE,
                         "%s is corrupt or from another simgpu version (bad magic/version/size); "
@@ -168,10 +173,12 @@ int sim_state_open(struct sim_err *e, struct sim_state **out)
         close(fd); /* the mapping keeps the file */
         if (rc < 0)
             goto out;
-        if (getenv("SIMGPU_CONFIG") && *getenv("SIMGPU_CONFIG") &&
+        if (((getenv("SIMGPU_CONFIG") && *getenv("SIMGPU_CONFIG")) ||
+             (getenv("SIMGPU_TIMESLICE_US") && *getenv("SIMGPU_TIMESLICE_US"))) &&
             memcmp(&st->cfg, &cfg, sizeof(cfg)) != 0)
-            sim_log("SIMGPU_CONFIG differs from the existing state %s, which keeps its own "
-                    "configuration (delete it or run `sharegpu simgpu reset` to apply)",
+            sim_log("SIMGPU_CONFIG/SIMGPU_TIMESLICE_US differ from the existing state %s, which "
+                    "keeps its own configuration (delete it or run `sharegpu simgpu reset` to "
+                    "apply)",
                     path);
         __atomic_store_n(&mapped, st, __ATOMIC_RELEASE);
         *out = st;

@@ -35,17 +35,10 @@ CUresult cu_ctx_current(struct CUctx_st **out)
     return CUDA_SUCCESS;
 }
 
-void cu_ctx_note_tail(struct CUctx_st *c, uint64_t t)
+CUresult cu_ctx_wait(struct CUctx_st *c)
 {
-    uint64_t cur = __atomic_load_n(&c->tail, __ATOMIC_RELAXED);
-    while (cur < t &&
-           !__atomic_compare_exchange_n(&c->tail, &cur, t, 1, __ATOMIC_RELEASE, __ATOMIC_RELAXED))
-        ;
-}
-
-void cu_ctx_wait(struct CUctx_st *c)
-{
-    sim_sleep_until(__atomic_load_n(&c->tail, __ATOMIC_ACQUIRE));
+    struct sim_err e = {0};
+    return sim_engine_wait(&e, cu_g.st, c->phys, &c->last) < 0 ? cu_result(&e) : CUDA_SUCCESS;
 }
 
 /* Called under cu_g.mu when a context on phys starts (on=1) or ends (on=0). */
@@ -82,7 +75,7 @@ static CUresult primary_of(CUdevice dev, struct CUctx_st **out)
 /* Under cu_g.mu: the primary context becomes inactive and loses its memory. */
 static void primary_deactivate(struct CUctx_st *c)
 {
-    cu_ctx_wait(c);
+    (void)cu_ctx_wait(c); /* only fails on an unusable state lock: nothing left to wait for */
     cu_mem_free_ctx(c);
     c->active = 0;
     c->refcount = 0;
@@ -286,7 +279,7 @@ SIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     struct CUctx_st *c = ctx;
     if (!c || c->magic != CTX_MAGIC || c->primary)
         return CUDA_ERROR_INVALID_CONTEXT;
-    cu_ctx_wait(c);
+    (void)cu_ctx_wait(c);
     pthread_mutex_lock(&cu_g.mu);
     for (size_t i = 0; i < ncreated; i++) {
         if (created[i] == c) {
@@ -379,6 +372,5 @@ SIM_EXPORT CUresult cuCtxSynchronize(void)
     CUresult r = cu_ctx_current(&c);
     if (r)
         return r;
-    cu_ctx_wait(c);
-    return CUDA_SUCCESS;
+    return cu_ctx_wait(c);
 }

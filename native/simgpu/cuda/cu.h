@@ -82,7 +82,7 @@ struct CUctx_st {
     int active;            /* primary: retained at least once since the last reset */
     int refcount;          /* primary: retain count */
     unsigned flags;
-    uint64_t tail;         /* atomic: latest end of work on any stream of the context */
+    struct sim_ticket last; /* [state lock] its last submitted kernel, on any stream */
     struct CUstream_st defstream; /* stream 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD */
 };
 
@@ -90,7 +90,8 @@ struct CUevent_st {
     uint32_t magic;
     unsigned flags;
     struct CUctx_st *ctx;
-    uint64_t at;           /* atomic: completion instant of the recorded work, 0 = never recorded */
+    int recorded;          /* atomic: cuEventRecord succeeded at least once */
+    struct sim_watch w;    /* its completion instant (common/engine.c) */
 };
 
 struct CUfunc_st {
@@ -151,15 +152,14 @@ SIM_HIDDEN CUresult cu_result(const struct sim_err *e);
 /* The current context of this thread: NOT_INITIALIZED / INVALID_CONTEXT otherwise. */
 SIM_HIDDEN CUresult cu_ctx_current(struct CUctx_st **out);
 SIM_HIDDEN int cu_ctx_alive(const struct CUctx_st *c);
-SIM_HIDDEN void cu_ctx_wait(struct CUctx_st *c); /* until all its work is done */
-SIM_HIDDEN void cu_ctx_note_tail(struct CUctx_st *c, uint64_t t);
+SIM_HIDDEN CUresult cu_ctx_wait(struct CUctx_st *c); /* until all its work is done */
 SIM_HIDDEN void cu_ctx_fork_child(void);
 
 /* ---- streams (stream.c) ------------------------------------------------------------------- */
 /* Resolves 0 / CU_STREAM_LEGACY / CU_STREAM_PER_THREAD to the current context's stream. */
 SIM_HIDDEN CUresult cu_stream(CUstream h, struct CUstream_st **out);
 SIM_HIDDEN void cu_stream_init(struct CUstream_st *s, struct CUctx_st *c, unsigned flags);
-SIM_HIDDEN void cu_stream_wait(struct CUstream_st *s);
+SIM_HIDDEN CUresult cu_stream_wait(struct CUstream_st *s); /* until all its work is done */
 
 /* ---- kernels (launch.c, module.c, graph.c) ------------------------------------------------ */
 SIM_HIDDEN CUresult cu_func_check(CUfunction f);

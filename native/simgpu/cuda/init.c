@@ -112,6 +112,7 @@ static void atfork_child(void)
     pthread_mutex_unlock(&cu_g.mu);
     __atomic_store_n(&cu_g.inited, 0, __ATOMIC_RELEASE);
     sim_slot_forget();
+    sim_engine_fork_child();
     cu_ctx_fork_child();
     cu_mem_fork_child();
     cu_vmm_fork_child();

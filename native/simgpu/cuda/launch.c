@@ -1,8 +1,8 @@
 /*
  * Kernel launches.  Time contract: a kernel whose name starts with "spin" runs for the 64-bit
  * unsigned number of microseconds in its first parameter; any other kernel for SIMGPU_KERNEL_US.
- * A launch reads that parameter, then submits one interval to the engine (common/engine.c):
- * no allocation and no system call on this path.
+ * A launch reads that parameter, then queues the kernel on its process's channel of the engine
+ * (common/engine.c): no allocation and no system call on this path.
  */
 #include "cu.h"
 
@@ -47,9 +47,8 @@ CUresult cu_submit(struct CUstream_st *s, const uint64_t *dur, size_t n, const s
         return CUDA_SUCCESS;
     }
     struct sim_err e = {0};
-    if (sim_engine_submit(&e, cu_g.st, s->ctx->phys, sim_slot_self(), &s->q, dur, n) < 0)
+    if (sim_engine_submit(&e, cu_g.st, s->ctx->phys, &s->q, &s->ctx->last, dur, n) < 0)
         return cu_result(&e);
-    cu_ctx_note_tail(s->ctx, sim_queue_tail(&s->q));
     return CUDA_SUCCESS;
 }
 

@@ -350,15 +350,13 @@ static CUresult copy_prologue(CUstream h, int async)
         CUresult r = cu_ctx_current(&c);
         if (r)
             return r;
-        cu_ctx_wait(c);
-        return CUDA_SUCCESS;
+        return cu_ctx_wait(c);
     }
     struct CUstream_st *s;
     CUresult r = cu_stream(h, &s);
     if (r)
         return r;
-    cu_stream_wait(s); /* a capturing stream's tail is its pre-capture work: copied now */
-    return CUDA_SUCCESS;
+    return cu_stream_wait(s); /* a capturing stream: its pre-capture work; copied now */
 }
 
 static CUresult htod(CUdeviceptr dst, const void *src, size_t n, CUstream h, int async)

@@ -1,10 +1,11 @@
 /*
- * Streams and events.  A stream is a queue on its context's GPU engine (common/engine.c): its
- * `tail` is the instant its last submitted work completes, so synchronising is sleeping until the
- * tail and querying is comparing it with the clock.  The default stream (0, CU_STREAM_LEGACY,
+ * Streams and events.  A stream is a queue of kernels on its process's channel of the GPU engine
+ * (common/engine.c): it remembers its last kernel, so synchronising waits for that kernel and
+ * querying asks whether it has completed.  The default stream (0, CU_STREAM_LEGACY,
  * CU_STREAM_PER_THREAD) is one queue per context; legacy-stream implicit synchronisation with
  * other streams is not modelled beyond cuCtxSynchronize and synchronous copies waiting for all
- * work of the context.  An event records the tail of its stream when it is recorded.
+ * work of the context.  An event completes with the last kernel its stream had when it was
+ * recorded (at the record instant if the stream was idle) and keeps that completion instant.
  */
 #include "cu.h"
 
@@ -44,9 +45,11 @@ CUresult cu_stream(CUstream h, struct CUstream_st **out)
     return CUDA_SUCCESS;
 }
 
-void cu_stream_wait(struct CUstream_st *s)
+CUresult cu_stream_wait(struct CUstream_st *s)
 {
-    sim_sleep_until(sim_queue_tail(&s->q));
+    struct sim_err e = {0};
+    return sim_engine_wait(&e, cu_g.st, s->ctx->phys, &s->q.last) < 0 ? cu_result(&e)
+                                                                        : CUDA_SUCCESS;
 }
 
 SIM_EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned int flags)
@@ -89,8 +92,7 @@ static CUresult stream_sync(CUstream h)
         return r;
     if (s->capture)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    cu_stream_wait(s);
-    return CUDA_SUCCESS;
+    return cu_stream_wait(s);
 }
 
 SIM_EXPORT CUresult cuStreamSynchronize(CUstream stream)
@@ -111,7 +113,11 @@ static CUresult stream_query(CUstream h)
         return r;
     if (s->capture)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    return sim_now_ns() >= sim_queue_tail(&s->q) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    struct sim_err e = {0};
+    int done = sim_engine_query(&e, cu_g.st, s->ctx->phys, &s->q.last);
+    if (done < 0)
+        return cu_result(&e);
+    return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 SIM_EXPORT CUresult cuStreamQuery(CUstream stream)
@@ -163,8 +169,10 @@ static CUresult event_record(CUevent ev, CUstream h)
         return r;
     if (s->capture)
         return CUDA_SUCCESS; /* an event node in a captured graph: ordering only, not modelled */
-    uint64_t now = sim_now_ns(), tail = sim_queue_tail(&s->q);
-    __atomic_store_n(&ev->at, tail > now ? tail : now, __ATOMIC_RELEASE);
+    struct sim_err e = {0};
+    if (sim_engine_record(&e, cu_g.st, s->ctx->phys, &s->q, &ev->w) < 0)
+        return cu_result(&e);
+    __atomic_store_n(&ev->recorded, 1, __ATOMIC_RELEASE);
     return CUDA_SUCCESS;
 }
 
@@ -178,13 +186,23 @@ SIM_EXPORT CUresult cuEventRecord_ptsz(CUevent event, CUstream stream)
     return event_record(event, stream);
 }
 
+/* 1 when ev's work has completed (or it was never recorded), 0 if not, <0 with *r set. */
+static int event_done(CUevent ev, int wait, CUresult *r)
+{
+    struct sim_err e = {0};
+    int done = sim_engine_watch(&e, cu_g.st, &ev->w, wait);
+    if (done < 0)
+        *r = cu_result(&e);
+    return done;
+}
+
 SIM_EXPORT CUresult cuEventQuery(CUevent event)
 {
     CUresult r = event_check(event);
     if (r)
         return r;
-    uint64_t at = __atomic_load_n(&event->at, __ATOMIC_ACQUIRE);
-    return sim_now_ns() >= at ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    int done = event_done(event, 0, &r);
+    return done < 0 ? r : done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 SIM_EXPORT CUresult cuEventSynchronize(CUevent event)
@@ -192,8 +210,7 @@ SIM_EXPORT CUresult cuEventSynchronize(CUevent event)
     CUresult r = event_check(event);
     if (r)
         return r;
-    sim_sleep_until(__atomic_load_n(&event->at, __ATOMIC_ACQUIRE));
-    return CUDA_SUCCESS;
+    return event_done(event, 1, &r) < 0 ? r : CUDA_SUCCESS;
 }
 
 static CUresult elapsed(float *ms, CUevent start, CUevent end)
@@ -207,13 +224,19 @@ static CUresult elapsed(float *ms, CUevent start, CUevent end)
         return r;
     if ((start->flags | end->flags) & CU_EVENT_DISABLE_TIMING)
         return CUDA_ERROR_INVALID_HANDLE;
-    uint64_t a = __atomic_load_n(&start->at, __ATOMIC_ACQUIRE);
-    uint64_t b = __atomic_load_n(&end->at, __ATOMIC_ACQUIRE);
-    if (!a || !b)
+    if (!__atomic_load_n(&start->recorded, __ATOMIC_ACQUIRE) ||
+        !__atomic_load_n(&end->recorded, __ATOMIC_ACQUIRE))
         return CUDA_ERROR_INVALID_HANDLE; /* never recorded */
-    uint64_t now = sim_now_ns();
-    if (now < a || now < b)
+    int da = event_done(start, 0, &r);
+    if (da < 0)
+        return r;
+    int db = event_done(end, 0, &r);
+    if (db < 0)
+        return r;
+    if (!da || !db)
         return CUDA_ERROR_NOT_READY;
+    uint64_t a = __atomic_load_n(&start->w.at, __ATOMIC_ACQUIRE);
+    uint64_t b = __atomic_load_n(&end->w.at, __ATOMIC_ACQUIRE);
     *ms = (float)((double)((int64_t)(b - a)) / 1e6);
     return CUDA_SUCCESS;
 }
@@ -233,6 +256,7 @@ SIM_EXPORT CUresult cuEventDestroy_v2(CUevent event)
     CUresult r = event_check(event);
     if (r)
         return r;
+    sim_engine_unwatch(cu_g.st, &event->w);
     event->magic = 0;
     free(event);
     return CUDA_SUCCESS;

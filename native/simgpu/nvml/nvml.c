@@ -303,6 +303,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvml
     if (sim_lock(&e, st) < 0)
         return nvml_result(&e);
     uint64_t now = sim_now_ns(), from = now > WINDOW_NS ? now - WINDOW_NS : 0, covered;
+    sim_engine_advance_locked(st, (int)g, now); /* the run segments up to now */
     uint64_t busy = sim_busy_locked(st, (int)g, 0, from, now, &covered);
     sim_unlock(st);
     uint64_t span = now - covered;
@@ -430,6 +431,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
     struct sim_err e = {0};
     if (sim_lock(&e, st) < 0)
         return nvml_result(&e);
+    sim_engine_advance_locked(st, (int)g, now);
     for (int i = 0; i < SIM_MAX_SLOTS && now > from; i++) {
         const struct sim_slot *s = &st->slot[i];
         if (s->pid == 0)
