@@ -5,6 +5,8 @@ Layout under the runtime directory (see DESIGN.md)::
     <runtime>/tenants/<id>/limits     struct sg_limits, mode 0444, never written by the tenant
     <runtime>/tenants/<id>/usage      struct sg_usage, written by every shim of the tenant
     <runtime>/tenants/<id>/meta.json  who made the tenant and for what command (for humans)
+    <runtime>/tenants/<id>/gpus       symlink to <runtime>/gpus: the per-GPU arbiter regions
+                                      (a container runtime mounts <runtime>/gpus/<uuid> there)
 
 Each file is published by writing a temporary file in the same directory and renaming it, so a
 reader never sees half a file. The usage region's robust, process-shared mutex is initialised
@@ -31,6 +33,7 @@ from sharegpu.errors import ConfigError, TenantError
 from sharegpu.spec import validate_tenant_id
 
 RUNTIME_ENV = "SHAREGPU_RUNTIME_DIR"
+GPUS_DIR = "gpus"
 
 
 def runtime_dir() -> Path:
@@ -46,6 +49,11 @@ def runtime_dir() -> Path:
 
 def tenants_dir(root: Path | None = None) -> Path:
     return (root or runtime_dir()) / "tenants"
+
+
+def gpus_dir(root: Path | None = None) -> Path:
+    """Where the per-GPU arbiter regions live: <runtime>/gpus/<uuid>/arbiter."""
+    return (root or runtime_dir()) / GPUS_DIR
 
 
 @dataclass(frozen=True)
@@ -216,6 +224,7 @@ def create_tenant(
             0o444,
         )
         _publish(path, abi.USAGE_FILE, None, ctypes.sizeof(abi.Usage), 0o666, fill=_usage_init)
+        (path / GPUS_DIR).symlink_to(base.parent / GPUS_DIR)
         info = {"id": tenant_id, "created": time.time(), **(meta or {})}
         (path / "meta.json").write_text(json.dumps(info, indent=2) + "\n")
     except BaseException:
