@@ -1,0 +1,210 @@
+"""Placement policies replayed on the Alibaba GPU trace, side by side, in one run.
+
+Every policy x every pod list of the data folder x seeds 42-51, with the method of Weng et al.
+(ATC'23): pods resampled with replacement until GPU demand reaches 130% of capacity, shuffled,
+placed one at a time on the full 1,523-node cluster (openb_node_list_all_node.csv). Prints:
+
+  * allocation ratio (allocated milli-GPU / capacity) at 100% and 130% arrived demand, mean +- sd
+    over the seeds, and the unallocated GPUs at 130%, next to the published figures (default trace);
+  * sharegpu minus FGD per trace (paired by seed: both replay the same arrivals);
+  * the decision latency of each policy (p50, p99 over every decision of one run, on the full
+    cluster, caches warmed as a scheduler warms them at start-up).
+
+The trace is read from <repo>/../shared/data/alibaba-gpu-v2023 (or --data); it is not part of
+the repository (public copy: https://github.com/alibaba/clusterdata, cluster-trace-gpu-v2023).
+No GPU is involved: these are simulated placements.
+
+  python bench/placement.py                                  # the full run (make bench)
+  python bench/placement.py --traces default --seeds 42-43 --policies fgd,ours
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sharegpu.placement.model import Node, Request
+from sharegpu.placement.policies import POLICIES, make_policy
+from sharegpu.sim import load_nodes, load_pods, simulate
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO.parent / "shared" / "data" / "alibaba-gpu-v2023"
+NODE_LIST = "openb_node_list_all_node.csv"
+PUBLISHED = {  # ATC'23 artifact, default trace, 100% arrived demand, mean of 10 seeds
+    "random": 86.30,
+    "dot-product": 90.62,
+    "gpu-clustering": 91.65,
+    "gpu-packing": 91.78,
+    "best-fit": 92.86,
+    "fgd": 95.23,
+}
+
+_loaded: dict[tuple[str, str], tuple[list[Node], list[Request]]] = {}
+
+
+def traces_in(data: Path) -> list[str]:
+    names = sorted(
+        p.name.removeprefix("openb_pod_list_").removesuffix(".csv") for p in data.glob("openb_pod_list_*.csv")
+    )
+    return sorted(names, key=lambda n: (n != "default", n))
+
+
+def _load(data: str, trace: str) -> tuple[list[Node], list[Request]]:
+    if (data, trace) not in _loaded:
+        nodes, _ = load_nodes(Path(data) / NODE_LIST)
+        pods, _ = load_pods(Path(data) / f"openb_pod_list_{trace}.csv", nodes)
+        _loaded[(data, trace)] = (nodes, pods)
+    return _loaded[(data, trace)]
+
+
+def run_one(job: tuple[str, str, str, int, bool]) -> dict[str, Any]:
+    data, trace, policy, seed, timed = job
+    nodes, pods = _load(data, trace)
+    t0 = time.perf_counter()
+    r = simulate(nodes, pods, policy, seed, time_decisions=timed)
+    out: dict[str, Any] = {
+        "trace": trace,
+        "policy": r.policy,
+        "seed": seed,
+        "alloc100": r.at(1.0).allocation_ratio * 100,
+        "alloc130": r.at(1.3).allocation_ratio * 100,
+        "unalloc_gpus130": (r.capacity_milli - r.at(1.3).allocation_ratio * r.capacity_milli) / 1000,
+        "frag100": r.at(1.0).fragmentation_ratio * 100,
+        "failed": r.failed_pods,
+        "seconds": time.perf_counter() - t0,
+    }
+    if timed:
+        ns = np.array(r.decision_ns)
+        out |= {"p50_us": float(np.percentile(ns, 50)) / 1e3, "p99_us": float(np.percentile(ns, 99)) / 1e3}
+    return out
+
+
+def _seeds(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def _ms(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:6.2f}"
+    return f"{statistics.mean(values):6.2f} ± {statistics.stdev(values):4.2f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--data", type=Path, default=DATA, help=f"trace folder (default {DATA})")
+    parser.add_argument("--traces", default="all", help="pod lists, e.g. default,gpushare40 (default all)")
+    parser.add_argument("--seeds", default="42-51", help="seeds, e.g. 42-51 or 42,45")
+    parser.add_argument("--policies", default="all", help="e.g. fgd,ours (default all)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
+    parser.add_argument("--json", action="store_true", help="print every run as JSON instead of tables")
+    args = parser.parse_args()
+
+    if not (args.data / NODE_LIST).is_file():
+        print(
+            f"bench/placement.py: the trace is missing: {args.data / NODE_LIST} not found "
+            "(expected a copy of shared/ beside the repository, or pass --data)",
+            file=sys.stderr,
+        )
+        return 2
+    available = traces_in(args.data)
+    traces = available if args.traces == "all" else args.traces.split(",")
+    unknown = [t for t in traces if t not in available]
+    if unknown:
+        print(
+            f"bench/placement.py: no pod list {', '.join(unknown)} in {args.data} "
+            f"(have: {', '.join(available)})",
+            file=sys.stderr,
+        )
+        return 2
+    policies = (
+        list(POLICIES) if args.policies == "all" else [make_policy(p).name for p in args.policies.split(",")]
+    )
+    seeds = _seeds(args.seeds)
+    jobs = [
+        (str(args.data), t, p, s, t == traces[0] and s == seeds[0])
+        for t in traces
+        for p in policies
+        for s in seeds
+    ]
+    # Longest first: the fragmentation-aware policies take the most time per run.
+    jobs.sort(key=lambda j: (j[2] not in ("fgd", "sharegpu"), j[1], j[3]))
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        results = list(pool.map(run_one, jobs))
+    wall = time.perf_counter() - t0
+    # Latency alone, one run at a time, so that the pool's own runs do not inflate it.
+    latency = [run_one((str(args.data), traces[0], p, seeds[0], True)) for p in policies]
+    if args.json:
+        print(json.dumps({"version": 1, "runs": results, "latency": latency, "wall_seconds": wall}, indent=2))
+        return 0
+
+    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in results:
+        by.setdefault((r["trace"], r["policy"]), []).append(r)
+    print(
+        f"Placement on {NODE_LIST} (1,523 nodes), seeds {args.seeds}, {len(results)} runs in {wall:.0f} s "
+        f"with {args.jobs} workers. Simulated placements (no GPU).\n"
+    )
+    print(
+        f"{'trace':<13} {'policy':<15} {'alloc@100% (%)':>16} {'published':>9} {'alloc@130% (%)':>16} "
+        f"{'unalloc GPUs@130%':>18} {'frag@100%':>9} {'failed':>7}"
+    )
+    for t in traces:
+        for p in policies:
+            rs = by[(t, p)]
+            pub = f"{PUBLISHED[p]:.2f}" if t == "default" and p in PUBLISHED else ""
+            unalloc = [r["unalloc_gpus130"] for r in rs]
+            unalloc_txt = f"{statistics.mean(unalloc):7.1f}" + (
+                f" ± {statistics.stdev(unalloc):5.1f}" if len(rs) > 1 else ""
+            )
+            print(
+                f"{t:<13} {p:<15} {_ms([r['alloc100'] for r in rs]):>16} {pub:>9} "
+                f"{_ms([r['alloc130'] for r in rs]):>16} {unalloc_txt:>18} "
+                f"{statistics.mean(r['frag100'] for r in rs):9.2f} "
+                f"{statistics.mean(r['failed'] for r in rs):7.0f}"
+            )
+        print()
+    if "fgd" in policies and "sharegpu" in policies:
+        print("sharegpu minus FGD, paired by seed (percentage points of capacity):")
+        print(
+            f"{'trace':<13} {'@100% mean':>10} {'@100% min':>10} "
+            f"{'@130% mean':>10} {'@130% min':>10} {'wins':>6}"
+        )
+        for t in traces:
+            f = {r["seed"]: r for r in by[(t, "fgd")]}
+            o = {r["seed"]: r for r in by[(t, "sharegpu")]}
+            d100 = [o[s]["alloc100"] - f[s]["alloc100"] for s in seeds]
+            d130 = [o[s]["alloc130"] - f[s]["alloc130"] for s in seeds]
+            wins = sum(1 for a, b in zip(d100, d130, strict=True) if a > 0 and b > 0)
+            print(
+                f"{t:<13} {statistics.mean(d100):+10.2f} {min(d100):+10.2f} {statistics.mean(d130):+10.2f} "
+                f"{min(d130):+10.2f} {wins:>3}/{len(seeds)}"
+            )
+        print()
+    print(
+        f"Decision latency on the full cluster ({traces[0]} trace, seed {seeds[0]}, "
+        "every decision of one run, one run at a time, decide + commit):"
+    )
+    print(f"{'policy':<15} {'p50 (µs)':>9} {'p99 (µs)':>9} {'run (s)':>8}")
+    for r in latency:
+        print(f"{r['policy']:<15} {r['p50_us']:9.0f} {r['p99_us']:9.0f} {r['seconds']:8.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

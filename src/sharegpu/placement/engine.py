@@ -1,0 +1,189 @@
+"""One placement decision: candidates, keys in order, a seeded choice among exact ties.
+
+A decision lists every candidate (a node, and for a GPU request the GPUs it would use), then
+narrows them with keys, lexicographically, smallest first:
+
+1. the priority class: an online request goes where the fewest online tenants already are (on its
+   GPUs, then on the node); an offline request goes into gaps (GPUs already in use) first;
+2. the policy's own keys (best fit, fragmentation gradient, ...);
+3. for policies that want it, keeping NVLink groups and PCIe switches whole;
+4. a seeded random choice among whatever ties remain.
+
+A multi-GPU request is offered one GPU set per node: the best-connected set of fitting GPUs,
+taken preferably from groups that are already broken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sharegpu.placement.model import Decision, NoFit, NoFitReason, Placement, Priority, Request
+
+if TYPE_CHECKING:
+    from sharegpu.placement.cluster import BoolArray, ClusterState, IntArray
+    from sharegpu.placement.policies import Policy
+
+Key = Callable[["IntArray"], "np.ndarray"]
+"""Values (smaller is better) of a key for the candidates at the given positions."""
+
+
+@dataclass
+class Candidates:
+    """Where a request could go now. ``slots`` for one-GPU requests, ``sets`` for multi-GPU ones."""
+
+    request: Request
+    nodes: IntArray
+    slots: IntArray | None = None
+    sets: BoolArray | None = None
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def gpus(self, i: int) -> tuple[int, ...]:
+        if self.slots is not None:
+            return (int(self.slots[i]),)
+        if self.sets is not None:
+            return tuple(int(g) for g in np.flatnonzero(self.sets[i]))
+        return ()
+
+
+def candidates(state: ClusterState, request: Request) -> Candidates:
+    ok = state.host_ok(request)
+    if request.count == 0:
+        return Candidates(request, np.flatnonzero(ok))
+    fit = ok[:, None] & (state.free_c >= request.compute_milli) & (state.free_m >= request.memory_mib)
+    if request.count == 1:
+        nodes, slots = np.nonzero(fit)
+        return Candidates(request, nodes.astype(np.int64), slots=slots.astype(np.int64))
+    nodes = np.flatnonzero(fit.sum(axis=1) >= request.count)
+    sets = node_sets(state, request.count, request.compute_milli, request.memory_mib)
+    return Candidates(request, nodes, sets=sets[nodes])
+
+
+def node_sets(state: ClusterState, count: int, compute: int, memory: int) -> BoolArray:
+    """[N, G]: ``gpu_sets`` of every node for vGPUs of this size (empty rows where they do not
+    fit), cached per size and recomputed only for nodes that changed."""
+    key = (count, compute, memory)
+    entry = state.set_cache.get(key)
+    if entry is None:
+        entry = state.set_cache[key] = (
+            np.full(len(state.nodes), -1, dtype=np.int64),
+            np.zeros((len(state.nodes), state.width), dtype=np.bool_),
+        )
+    seen, sets = entry
+    dirty = np.flatnonzero(seen != state.version)
+    if len(dirty):
+        fit = (state.free_c[dirty] >= compute) & (state.free_m[dirty] >= memory)
+        ok = fit.sum(axis=1) >= count
+        sets[dirty] = False
+        if ok.any():
+            sets[dirty[ok]] = gpu_sets(state, dirty[ok], fit[ok], count)
+        seen[dirty] = state.version[dirty]
+    return sets
+
+
+def gpu_sets(state: ClusterState, nodes: IntArray, fit: BoolArray, count: int) -> BoolArray:
+    """[len(nodes), G]: per node, the best-connected ``count`` GPUs among ``fit``, ties going to
+    GPUs whose NVLink group or PCIe switch is already broken."""
+    out = np.zeros((len(nodes), state.width), dtype=np.bool_)
+    if not len(nodes):
+        return out
+    pressure = state.group_pressure(nodes)
+    topo = state.topo_id[nodes]
+    for t in np.unique(topo):
+        rows = np.flatnonzero(topo == t)
+        tables = state.topo_tables[int(t)]
+        combos = tables.combos[count]
+        ok = ~(combos[None, :, :] & ~fit[rows][:, None, :]).any(axis=2)
+        score = tables.costs[count][None, :] * (1 << 20) + pressure[rows] @ combos.T.astype(np.int64)
+        best = np.where(ok, score, np.iinfo(np.int64).max).argmin(axis=1)
+        out[rows] = combos[best]
+    return out
+
+
+def choose(n: int, keys: Sequence[Key], rng: np.random.Generator | None) -> int:
+    """The position, among ``n`` candidates, that is smallest in ``keys`` in order; exact ties
+    (within a relative 1e-9) go to a random one drawn from ``rng``, or with ``rng`` None to the
+    first (candidates are in node order, then GPU order)."""
+    idx = np.arange(n)
+    for key in keys:
+        if len(idx) == 1:
+            break
+        values = np.asarray(key(idx), dtype=np.float64)
+        best = values.min()
+        idx = idx[values <= best + 1e-9 * max(1.0, abs(best))]
+    if len(idx) > 1 and rng is not None:
+        return int(idx[rng.integers(len(idx))])
+    return int(idx[0])
+
+
+def priority_keys(state: ClusterState, cand: Candidates) -> list[Key]:
+    req = cand.request
+    if req.count == 0 or req.priority is Priority.normal:
+        return []
+    if cand.slots is not None:
+        slots = cand.slots
+        online_gpu = state.online[cand.nodes, slots]
+        used_gpu = state.tenants[cand.nodes, slots] > 0
+    else:
+        assert cand.sets is not None
+        online_gpu = (state.online[cand.nodes] * cand.sets).sum(axis=1)
+        used_gpu = ((state.tenants[cand.nodes] > 0) & cand.sets).sum(axis=1) == req.count
+    if req.priority is Priority.online:
+        online_node = state.node_online[cand.nodes]
+        return [lambda i: online_gpu[i], lambda i: online_node[i]]
+    return [lambda i: ~used_gpu[i]]
+
+
+def tie_keys(state: ClusterState, cand: Candidates) -> list[Key]:
+    if cand.slots is None:
+        return []
+    nodes, slots = cand.nodes, cand.slots
+    return [lambda i: state.group_pressure(nodes[i])[np.arange(len(i)), slots[i]]]
+
+
+def decide(state: ClusterState, request: Request, policy: Policy, rng: np.random.Generator) -> Decision:
+    """Place ``request`` with ``policy`` (does not change ``state``: call ``state.allocate``)."""
+    cand = candidates(state, request)
+    if not len(cand):
+        return explain(state, request)
+    keys = [*priority_keys(state, cand), *policy.keys(state, cand)]
+    if policy.keep_groups_whole:
+        keys += tie_keys(state, cand)
+    i = choose(len(cand), keys, rng if policy.random_ties else None)
+    n = int(cand.nodes[i])
+    return Placement(node=state.nodes[n].name, node_index=n, gpus=cand.gpus(i))
+
+
+def explain(state: ClusterState, request: Request) -> NoFit:
+    """Why ``request`` fits nowhere now, from the most permanent cause to the most transient."""
+    what = request.describe()
+    if request.count:
+        model_ok = state.model_mask(request.models)
+        if not model_ok.any():
+            have = ", ".join(state.models) or "none"
+            return NoFit(
+                NoFitReason.no_such_model,
+                f"no node has a GPU of model {'|'.join(sorted(request.models))} (the cluster has: {have})",
+            )
+        per_gpu = (state.cap_c >= request.compute_milli) & (state.cap_m >= request.memory_mib)
+        static = model_ok & (per_gpu.sum(axis=1) >= request.count)
+    else:
+        static = np.ones(len(state.nodes), dtype=np.bool_)
+    static &= (state.cpu_cap >= request.cpu_milli) & (state.mem_cap >= request.host_memory_mib)
+    if not static.any():
+        return NoFit(NoFitReason.too_large, f"no node could hold {what} even when empty")
+    host = static & (state.cpu_free >= request.cpu_milli) & (state.mem_free >= request.host_memory_mib)
+    if not host.any():
+        return NoFit(
+            NoFitReason.host_resources,
+            f"{int(static.sum())} nodes could hold {what}, but none has the free CPU and host memory now",
+        )
+    return NoFit(
+        NoFitReason.gpu_resources,
+        f"{int(host.sum())} nodes have the host resources for {what}, but none has enough free GPU",
+    )

@@ -1,0 +1,286 @@
+"""Placement policies: each turns the candidates of a decision into keys, smallest first.
+
+Baselines as the FGD paper (Weng et al., ATC'23, §6.1) describes them:
+
+* ``random``: any node and GPU that fit.
+* ``best-fit``: the node left with the least free resources (normalised CPU plus normalised GPU),
+  then the GPU left with the least free compute.
+* ``dot-product``: the node whose free resources align best with the request (the largest dot
+  product of the normalised request and free vectors, as Tetris does), then best-fit GPU.
+* ``gpu-packing``: a GPU already in use first, then an idle GPU of a node in use, then an idle
+  node; best fit within each tier.
+* ``gpu-clustering``: GPUs (then nodes) that already host tenants of the same GPU size first.
+* ``fgd``: fragmentation gradient descent, the placement that increases the node's
+  fragmentation (sharegpu.placement.fragmentation) the least.
+* ``sharegpu`` (alias ``ours``): FGD's gradient plus the GPU that a node's CPU is expected to
+  strand, then best fit (see ``SharegpuPolicy``).
+
+Exact ties left after a policy's keys go to the first candidate in node order (as a scheduler
+walking its node list does), except for ``random``, which draws from the seeded generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from sharegpu.errors import SpecError
+
+if TYPE_CHECKING:
+    from sharegpu.placement.cluster import ClusterState, FloatArray, IntArray
+    from sharegpu.placement.engine import Candidates, Key
+    from sharegpu.placement.model import Request
+
+
+class Policy:
+    """Base of the policies. Subclasses set ``name`` and implement ``keys``."""
+
+    name: ClassVar[str] = ""
+    keep_groups_whole: ClassVar[bool] = True
+    """Break ties towards keeping NVLink groups and PCIe switches whole (engine.tie_keys)."""
+    random_ties: bool = False
+    """Break the remaining exact ties at random (seeded) rather than by node order."""
+
+    def keys(self, state: ClusterState, cand: Candidates) -> list[Key]:
+        raise NotImplementedError
+
+    def warm(self, state: ClusterState, requests: Iterable[Request]) -> None:
+        """Fill per-shape caches ahead of the first decisions (a scheduler does it at start-up)."""
+
+
+def _gpu_after(state: ClusterState, cand: Candidates) -> FloatArray:
+    """Free compute of the chosen GPU after placement (mean over a set; 0 with no GPU)."""
+    req = cand.request
+    if cand.slots is not None:
+        out: FloatArray = (state.free_c[cand.nodes, cand.slots] - req.compute_milli).astype(np.float64)
+        return out
+    if cand.sets is not None:
+        free = (state.free_c[cand.nodes] * cand.sets).sum(axis=1) / max(1, req.count)
+        return np.asarray(free - req.compute_milli, dtype=np.float64)
+    return np.zeros(len(cand.nodes))
+
+
+def _node_left(state: ClusterState, cand: Candidates) -> FloatArray:
+    """Normalised CPU plus normalised GPU left on each candidate node after placement."""
+    req = cand.request
+    n = cand.nodes
+    cpu = (state.cpu_free[n] - req.cpu_milli) / np.maximum(state.cpu_cap[n], 1)
+    gcap = state.gpu_cap_node[n]
+    gpu = np.where(gcap > 0, (state.frag.total[n] - req.gpu_milli) / np.maximum(gcap, 1), 0.0)
+    return np.asarray(cpu + gpu, dtype=np.float64)
+
+
+class RandomPolicy(Policy):
+    name = "random"
+    keep_groups_whole = False
+    random_ties = True
+
+    def keys(self, state: ClusterState, cand: Candidates) -> list[Key]:
+        return []
+
+
+class BestFitPolicy(Policy):
+    name = "best-fit"
+
+    def keys(self, state: ClusterState, cand: Candidates) -> list[Key]:
+        left = _node_left(state, cand)
+        gpu = _gpu_after(state, cand)
+        return [lambda i: left[i], lambda i: gpu[i]]
+
+
+class DotProductPolicy(Policy):
+    name = "dot-product"
+
+    def keys(self, state: ClusterState, cand: Candidates) -> list[Key]:
+        req, n = cand.request, cand.nodes
+        cpu_cap = np.maximum(state.cpu_cap[n], 1)
+        gcap = np.maximum(state.gpu_cap_node[n], 1)
+        align = (req.cpu_milli / cpu_cap) * (state.cpu_free[n] / cpu_cap) + (req.gpu_milli / gcap) * (
+            state.frag.total[n] / gcap
+        )
+        gpu = _gpu_after(state, cand)
+        return [lambda i: -align[i], lambda i: gpu[i]]
+
+
+class GpuPackingPolicy(Policy):
+    name = "gpu-packing"
+
+    def keys(self, state: ClusterState, cand: Candidates) -> list[Key]:
+        n = cand.nodes
+        node_active = state.frag.total[n] < state.gpu_cap_node[n]
+        if cand.slots is not None:
+            gpu_used = state.tenants[n, cand.slots] > 0
+            tier = np.where(gpu_used, 0, np.where(node_active, 1, 2))
+        elif cand.sets is not None:
+            all_used = ((state.tenants[n] > 0) & cand.sets).sum(axis=1) == cand.request.count
+            tier = np.where(all_used, 0, np.where(node_active, 1, 2))
+        else:
+            tier = np.zeros(len(n), dtype=np.int64)
+        gpu = _gpu_after(state, cand)
+        left = _node_left(state, cand)
+        return [lambda i: tier[i], lambda i: gpu[i], lambda i: left[i]]
+
+
+class GpuClusteringPolicy(Policy):
+    name = "gpu-clustering"
+
+    def keys(self, state: ClusterState, cand: Candidates) -> list[Key]:
+        req, n = cand.request, cand.nodes
+        same = state.shape_count.get(req.compute_milli)
+        if req.count == 0 or same is None:
+            same_gpu: IntArray = np.zeros(len(n), dtype=np.int64)
+            same_node: IntArray = np.zeros(len(n), dtype=np.int64)
+        else:
+            same_node = same[n].sum(axis=1)
+            if cand.slots is not None:
+                same_gpu = same[n, cand.slots]
+            else:
+                assert cand.sets is not None
+                same_gpu = (same[n] * cand.sets).sum(axis=1)
+        gpu = _gpu_after(state, cand)
+        left = _node_left(state, cand)
+        return [lambda i: -same_gpu[i], lambda i: -same_node[i], lambda i: gpu[i], lambda i: left[i]]
+
+
+class _GradientCache:
+    """Per request shape: the fragmentation gradient of every node (and GPU), recomputed only
+    for nodes whose version changed since the last decision of that shape."""
+
+    def __init__(self, state: ClusterState, per_gpu: bool) -> None:
+        n = len(state.nodes)
+        self.seen: IntArray = np.full(n, -1, dtype=np.int64)
+        self.values: FloatArray = np.zeros((n, state.width) if per_gpu else n)
+
+
+class FgdPolicy(Policy):
+    name = "fgd"
+
+    def __init__(self) -> None:
+        self._state: ClusterState | None = None
+        self._caches: dict[tuple[object, ...], _GradientCache] = {}
+
+    def gradient(self, state: ClusterState, cand: Candidates) -> FloatArray:
+        """The fragmentation gradient (change of F_n) of each candidate."""
+        from sharegpu.placement.engine import node_sets
+
+        req = cand.request
+        if state is not self._state:
+            self._state, self._caches = state, {}
+        frag = state.frag
+        cache = self._caches.get(req.shape)
+        if cache is None:
+            cache = self._caches[req.shape] = _GradientCache(state, per_gpu=cand.slots is not None)
+        dirty = np.flatnonzero(cache.seen != state.version)
+        if len(dirty):
+            if cand.sets is not None:
+                sets = node_sets(state, req.count, req.compute_milli, req.memory_mib)[dirty]
+                cache.values[dirty] = frag.delta_sets(
+                    dirty, sets, req.compute_milli, req.memory_mib, cpu=req.cpu_milli, mem=req.host_memory_mib
+                )
+            elif cand.slots is not None:
+                cache.values[dirty] = frag.delta_one(
+                    dirty, req.compute_milli, req.memory_mib, req.cpu_milli, req.host_memory_mib
+                )
+            else:
+                empty = np.zeros((len(dirty), state.width), dtype=np.bool_)
+                cache.values[dirty] = frag.delta_sets(
+                    dirty, empty, 0, 0, cpu=req.cpu_milli, mem=req.host_memory_mib
+                )
+            cache.seen[dirty] = state.version[dirty]
+        if cand.slots is not None:
+            out: FloatArray = cache.values[cand.nodes, cand.slots]
+            return out
+        return np.asarray(cache.values[cand.nodes], dtype=np.float64)
+
+    def keys(self, state: ClusterState, cand: Candidates) -> list[Key]:
+        delta = self.gradient(state, cand)
+        return [lambda i: delta[i]]
+
+    def warm(self, state: ClusterState, requests: Iterable[Request]) -> None:
+        from sharegpu.placement.engine import candidates
+
+        seen: set[tuple[object, ...]] = set()
+        for request in requests:
+            if request.shape not in seen:
+                seen.add(request.shape)
+                self.gradient(state, candidates(state, request))
+
+
+class SharegpuPolicy(FgdPolicy):
+    """sharegpu's own policy: FGD's gradient plus the GPU that a node's CPU will strand.
+
+    FGD sees CPU only as a step: a node's free GPUs become fragments for a task shape once the
+    node's free CPU drops below that shape's CPU. Until the step is crossed, taking CPU looks
+    free, so CPU-hungry pods land on GPU-dense nodes (8 GPUs, 12 cores per GPU in the trace)
+    and leave their last GPUs with no CPU to run anything. This policy adds the *expected* GPU
+    a node will strand for lack of CPU, in the same unit as the fragmentation (milli-GPU):
+
+        stranded_n = max(0, free_gpu_n - free_cpu_n / rho)
+
+    where rho is the workload's CPU per milli-GPU (popularity-weighted over the shapes that ask
+    for GPUs). The key is FGD's gradient plus the change of stranded_n; then the GPU left with
+    the least free compute, then the node left with the least (best fit) instead of node order.
+    """
+
+    name = "sharegpu"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._rho: tuple[ClusterState, float] | None = None
+
+    def cpu_per_gpu(self, state: ClusterState) -> float:
+        """rho: the workload's CPU (milli-cores) per milli-GPU, over shapes that ask for GPUs."""
+        if self._rho is None or self._rho[0] is not state:
+            wl = state.workload
+            pairs = [(sh, w) for sh, w in zip(wl.shapes, wl.normalised(), strict=True) if sh.count]
+            gpu = sum(w * sh.gpu_milli for sh, w in pairs)
+            cpu = sum(w * sh.cpu_milli for sh, w in pairs)
+            self._rho = (state, cpu / gpu if gpu and cpu else 0.0)
+        return self._rho[1]
+
+    def keys(self, state: ClusterState, cand: Candidates) -> list[Key]:
+        req = cand.request
+        delta = self.gradient(state, cand)
+        rho = self.cpu_per_gpu(state)
+        if req.count and rho > 0:
+            n = cand.nodes
+            gpu_free = state.frag.total[n].astype(np.float64)
+            cpu_free = state.cpu_free[n].astype(np.float64)
+            before = np.maximum(0.0, gpu_free - cpu_free / rho)
+            after = np.maximum(0.0, gpu_free - req.gpu_milli - (cpu_free - req.cpu_milli) / rho)
+            delta = delta + (after - before)
+        left = _node_left(state, cand)
+        gpu = _gpu_after(state, cand)
+        return [lambda i: delta[i], lambda i: gpu[i], lambda i: left[i]]
+
+
+POLICIES: dict[str, type[Policy]] = {
+    p.name: p
+    for p in (
+        RandomPolicy,
+        BestFitPolicy,
+        DotProductPolicy,
+        GpuPackingPolicy,
+        GpuClusteringPolicy,
+        FgdPolicy,
+        SharegpuPolicy,
+    )
+}
+ALIASES = {
+    "ours": "sharegpu",
+    "bestfit": "best-fit",
+    "dotprod": "dot-product",
+    "packing": "gpu-packing",
+    "clustering": "gpu-clustering",
+}
+
+
+def make_policy(name: str) -> Policy:
+    """A fresh policy by name (or alias); SpecError naming the choices otherwise."""
+    key = ALIASES.get(name.lower(), name.lower())
+    cls = POLICIES.get(key)
+    if cls is None:
+        raise SpecError(f"unknown policy {name!r}: choose from {', '.join(POLICIES)} (or 'ours')")
+    return cls()

@@ -1,0 +1,135 @@
+"""Preemption planning: which offline tenants to evict so that an online request fits.
+
+For an online request that fits nowhere, the planner looks, node by node, for the smallest set
+of offline allocations whose eviction makes room, and picks across nodes the plan with the
+fewest victims, then the least fragmentation left on the node afterwards (measured against the
+cluster's workload, sharegpu.placement.fragmentation), then node order. When evicting every
+offline tenant of every node would still not make room, there is no plan: evicting would only
+hurt. Only ``offline`` allocations are ever victims; ``normal`` and ``online`` ones are not.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from sharegpu.errors import SpecError
+from sharegpu.placement.cluster import Allocation, ClusterState
+from sharegpu.placement.engine import candidates
+from sharegpu.placement.model import NoFit, NoFitReason, Placement, Priority, Request
+
+MAX_SUBSETS_PER_NODE = 4096
+"""Victim sets tried per node and size before falling back to largest-first."""
+
+
+@dataclass(frozen=True)
+class PreemptionPlan:
+    """Evict ``victims`` (allocation ids), then place the request on ``placement``."""
+
+    placement: Placement
+    victims: tuple[str, ...]
+    fragmentation: float
+    """F of the node after the evictions and the placement, in milli-GPU."""
+
+
+def _try_node(
+    state: ClusterState, request: Request, n: int, victims: tuple[Allocation, ...]
+) -> tuple[tuple[int, ...], float] | None:
+    """GPUs for ``request`` on node ``n`` once ``victims`` are gone, and the F left, or None."""
+    fc, fm = state.free_c[n].copy(), state.free_m[n].copy()
+    cpu, mem = int(state.cpu_free[n]), int(state.mem_free[n])
+    for v in victims:
+        cpu += v.request.cpu_milli
+        mem += v.request.host_memory_mib
+        for g in v.gpus:
+            fc[g] += v.request.compute_milli
+            fm[g] += v.request.memory_mib
+    cpu -= request.cpu_milli
+    mem -= request.host_memory_mib
+    if cpu < 0 or mem < 0:
+        return None
+    frag = state.frag
+    model = state.model_id[n : n + 1]
+    valid = state.valid[n : n + 1]
+
+    def after(gpus: tuple[int, ...]) -> float:
+        c, m = fc.copy(), fm.copy()
+        for g in gpus:
+            c[g] -= request.compute_milli
+            m[g] -= request.memory_mib
+        value = frag.evaluate(
+            np.array([cpu]), np.array([mem]), model, fc=c[None, :], fm=m[None, :], valid=valid
+        )
+        return float(value[0])
+
+    if request.count == 0:
+        return (), after(())
+    fits = state.valid[n] & (fc >= request.compute_milli) & (fm >= request.memory_mib)
+    if fits.sum() < request.count:
+        return None
+    tables = state.topo_tables[int(state.topo_id[n])]
+    if request.count == 1:
+        options = [((int(g),), after((int(g),))) for g in np.flatnonzero(fits)]
+        return min(options, key=lambda o: o[1])
+    combos = tables.combos[request.count]
+    ok = ~(combos & ~fits[None, :]).any(axis=1)
+    best = tuple(int(g) for g in np.flatnonzero(combos[int(np.argmax(ok))]))
+    return best, after(best)
+
+
+def plan_preemption(state: ClusterState, request: Request, *, max_victims: int = 8) -> PreemptionPlan | NoFit:
+    """The fewest offline victims that make room for online ``request``, or why there is none.
+
+    A request that fits already gets a plan without victims.
+    """
+    if request.priority is not Priority.online:
+        raise SpecError(f"only online requests preempt; this one is {request.priority}")
+    if len(candidates(state, request)):
+        best_free: tuple[tuple[int, float, int], PreemptionPlan] | None = None
+        for n in np.unique(candidates(state, request).nodes):
+            got = _try_node(state, request, int(n), ())
+            if got is not None and (best_free is None or (0, got[1], int(n)) < best_free[0]):
+                plan = PreemptionPlan(Placement(state.nodes[n].name, int(n), got[0]), (), got[1])
+                best_free = ((0, got[1], int(n)), plan)
+        if best_free is not None:
+            return best_free[1]
+    best: tuple[tuple[int, float, int], PreemptionPlan] | None = None
+    helpful = False
+    for n, allocs in enumerate(state.node_allocations):
+        offline = sorted(
+            (a for a in allocs.values() if a.request.priority is Priority.offline),
+            key=lambda a: (-a.request.gpu_milli, -a.request.cpu_milli, a.id),
+        )
+        if not offline or _try_node(state, request, n, tuple(offline)) is None:
+            continue
+        helpful = True
+        limit = min(len(offline), max_victims, best[0][0] if best else max_victims)
+        for k in range(1, limit + 1):
+            subsets = itertools.islice(itertools.combinations(offline, k), MAX_SUBSETS_PER_NODE)
+            found = False
+            for subset in subsets:
+                got = _try_node(state, request, n, subset)
+                if got is None:
+                    continue
+                found = True
+                key = (k, got[1], n)
+                if best is None or key < best[0]:
+                    plan = PreemptionPlan(
+                        Placement(state.nodes[n].name, n, got[0]), tuple(a.id for a in subset), got[1]
+                    )
+                    best = (key, plan)
+            if found:
+                break
+    if best is not None:
+        return best[1]
+    if helpful:
+        return NoFit(
+            NoFitReason.gpu_resources,
+            f"making room for {request.describe()} takes more than {max_victims} evictions on every node",
+        )
+    return NoFit(
+        NoFitReason.gpu_resources,
+        f"evicting every offline tenant would still not make room for {request.describe()}",
+    )
