@@ -33,7 +33,7 @@ def test_help_lists_the_commands() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "sharegpu.cli", "--help"], capture_output=True, text=True, check=True
     ).stdout
-    for command in ("run", "devices", "tenants", "simgpu", "demo"):
+    for command in ("run", "devices", "tenants", "simgpu", "demo", "simulate"):
         assert command in out
 
 
