@@ -33,6 +33,14 @@ def _c_layout(tmp_path: Path) -> dict[str, int]:
         "SG_MAX_DEVICES",
         "SG_MAX_PROCS",
         "SG_TENANT_ID_LEN",
+        "SG_ARB_MAX_TENANTS",
+        "SG_ARB_MAX_CLIENTS",
+        "SG_ARB_DEFAULT_QUANTUM_NS",
+        "SG_ARB_MIN_QUANTUM_NS",
+        "SG_ARB_MAX_QUANTUM_NS",
+        "SG_ARB_DEFAULT_OFFLINE_INFLIGHT",
+        "SG_ARB_DEFAULT_ONLINE_WINDOW_NS",
+        "SG_ARB_HOLDING",
         "SG_POLICY_SHARE",
         "SG_POLICY_CAP",
         "SG_POLICY_BURST",
@@ -71,6 +79,14 @@ def test_constants_agree(tmp_path: Path) -> None:
     assert c["SG_MAX_DEVICES"] == abi.MAX_DEVICES
     assert c["SG_MAX_PROCS"] == abi.MAX_PROCS
     assert c["SG_TENANT_ID_LEN"] == abi.TENANT_ID_LEN
+    assert c["SG_ARB_MAX_TENANTS"] == abi.ARB_MAX_TENANTS
+    assert c["SG_ARB_MAX_CLIENTS"] == abi.ARB_MAX_CLIENTS
+    assert c["SG_ARB_DEFAULT_QUANTUM_NS"] == abi.ARB_DEFAULT_QUANTUM_NS
+    assert c["SG_ARB_MIN_QUANTUM_NS"] == abi.ARB_MIN_QUANTUM_NS
+    assert c["SG_ARB_MAX_QUANTUM_NS"] == abi.ARB_MAX_QUANTUM_NS
+    assert c["SG_ARB_DEFAULT_OFFLINE_INFLIGHT"] == abi.ARB_DEFAULT_OFFLINE_INFLIGHT
+    assert c["SG_ARB_DEFAULT_ONLINE_WINDOW_NS"] == abi.ARB_DEFAULT_ONLINE_WINDOW_NS
+    assert c["SG_ARB_HOLDING"] == abi.ARB_HOLDING
     assert [
         c["SG_POLICY_SHARE"],
         c["SG_POLICY_CAP"],

@@ -173,7 +173,8 @@ def test_proc_table_covers_every_hooked_base(tmp_path: Path) -> None:
     assert values["cuMemCreate@10010"] == "NONE"
     assert values["cuMemFree@3000"] == "PASS"
     assert values["cuGetProcAddress@11030"] == "cuGetProcAddress"
-    assert values["cuLaunchKernel@12000"] == "UNHOOKED"
+    assert values["cuLaunchKernel@12000"] == "cuLaunchKernel"  # gated by the arbiter (ABI 1.1)
+    assert values["cuMemsetD8@12000"] == "UNHOOKED"
 
 
 def test_get_proc_address_falls_back_to_the_version_table(tmp_path: Path) -> None:
@@ -206,7 +207,7 @@ def test_get_proc_address_falls_back_to_the_version_table(tmp_path: Path) -> Non
     assert values["free"] == "0"
     assert values["alloc_after_free"] == "0"
     assert values["total"] == str(MIB)
-    assert values["launch_passed_through"] == "1"  # not a hooked base: untouched
+    assert values["launch_is_hook"] == "1"  # a launch path: our gate, never the hidden one
     assert values["hidden_calls"] == "0"
     assert proc.stderr == ""
     # Without the shim the same program reaches the hidden functions.
@@ -774,14 +775,18 @@ def _zero_mutex(tenant: Path) -> None:
 BROKEN = [
     pytest.param(lambda t: patch_file(t / "limits", 0, b"XXXX"), "limits: bad magic", id="magic"),
     pytest.param(
-        lambda t: patch_file(t / "limits", 4, (2).to_bytes(2, "little")), "limits: ABI 2.0", id="abi-major"
+        lambda t: patch_file(t / "limits", 4, (2).to_bytes(2, "little") + bytes(2)),
+        "limits: ABI 2.0",
+        id="abi-major",
     ),
     pytest.param(lambda t: os.truncate(t / "limits", 100), "limits is truncated", id="short"),
     pytest.param(lambda t: (t / "usage").unlink(), "cannot open", id="no-usage"),
     pytest.param(lambda t: write_limits(t, device_count=17), "device_count 17", id="devices"),
     pytest.param(lambda t: write_limits(t, [0]), "zero memory cap", id="zero-cap"),
     pytest.param(
-        lambda t: patch_file(t / "usage", 4, (9).to_bytes(2, "little")), "usage: ABI 9.0", id="usage-abi"
+        lambda t: patch_file(t / "usage", 4, (9).to_bytes(2, "little") + bytes(2)),
+        "usage: ABI 9.0",
+        id="usage-abi",
     ),
     pytest.param(_zero_mutex, "not initialised as robust", id="mutex"),
     pytest.param(

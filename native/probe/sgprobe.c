@@ -818,6 +818,239 @@ static int cmd_copy(int argc, char **argv)
     return 0;
 }
 
+/* ---- compute workloads (arbitration) ------------------------------------------------------ */
+
+/* Sleep until an absolute CLOCK_MONOTONIC instant (a common start for several processes). */
+static void sleep_until(uint64_t at)
+{
+    if (!at)
+        return;
+    struct timespec ts = {.tv_sec = (time_t)(at / 1000000000ull), .tv_nsec = (long)(at % 1000000000ull)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+        ;
+}
+
+static int parse_start(const char *s, uint64_t *v)
+{
+    char *end;
+    errno = 0;
+    unsigned long long n = strtoull(s, &end, 10);
+    if (errno || end == s || *end || !isdigit((unsigned char)*s))
+        return -1;
+    *v = n;
+    return 0;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* A graph of n spin kernels of the given parameters, built either with the graph API or by
+ * capturing launches on `stream`. */
+static int build_graph(const char *mode, CUfunction f, void **params, long n, CUgraph *graph,
+                       CUgraphExec *exec)
+{
+    if (!strcmp(mode, "graph")) {
+        CK(api.cuGraphCreate(graph, 0));
+        CUgraphNode prev = NULL;
+        for (long i = 0; i < n; i++) {
+            CUDA_KERNEL_NODE_PARAMS_v2 p;
+            memset(&p, 0, sizeof(p));
+            p.func = f;
+            p.gridDimX = p.gridDimY = p.gridDimZ = 1;
+            p.blockDimX = p.blockDimY = p.blockDimZ = 1;
+            p.kernelParams = params;
+            CUgraphNode node;
+            CK(api.cuGraphAddKernelNode_v2(&node, *graph, prev ? &prev : NULL, prev ? 1 : 0, &p));
+            prev = node;
+        }
+    } else {
+        CK(api.cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+        for (long i = 0; i < n; i++)
+            CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
+        CK(api.cuStreamEndCapture(stream, graph));
+    }
+    CK(api.cuGraphInstantiateWithFlags(exec, *graph, 0));
+    return 0;
+}
+
+static int cmd_saturate(int argc, char **argv)
+{
+    double secs;
+    size_t us;
+    long batch = 0;
+    uint64_t start_at = 0;
+    if (argc < 2 || argc > 5 || parse_seconds(argv[0], &secs) < 0 || parse_size(argv[1], &us) < 0 ||
+        us == 0 || (argc >= 4 && parse_start(argv[3], &start_at) < 0) ||
+        (argc == 5 && (parse_count(argv[4], &batch) < 0 || batch == 0)))
+        return usage("saturate SECONDS US [kernel|graph|capture [START_NS [BATCH]]]");
+    const char *mode = argc >= 3 ? argv[2] : "kernel";
+    if (strcmp(mode, "kernel") && strcmp(mode, "graph") && strcmp(mode, "capture"))
+        return usage("unknown saturate mode");
+    if (!batch) /* about 2 ms of work between syncs */
+        batch = us >= 2000 ? 1 : (long)(2000 / us);
+    if (setup(1))
+        return 1;
+    CUmodule mod;
+    CUfunction f;
+    if (load_spin(&mod, &f))
+        return 1;
+    uint64_t arg = us;
+    void *params[] = {&arg};
+    CUgraph graph = NULL;
+    CUgraphExec exec = NULL;
+    if (strcmp(mode, "kernel") && build_graph(mode, f, params, batch, &graph, &exec))
+        return 1;
+    /* Double-buffered, as a real training loop: after queueing batch i, wait for batch i-1, so
+     * the GPU always has work queued while the host waits. */
+    CUevent ev[2];
+    CK(api.cuEventCreate(&ev[0], 0));
+    CK(api.cuEventCreate(&ev[1], 0));
+    sleep_until(start_at);
+    uint64_t t0 = now_ns(), deadline = t0 + (uint64_t)(secs * 1e9), last = t0, max_gap = 0;
+    long kernels = 0, syncs = 0;
+    out("started=1");
+    for (long it = 0; now_ns() < deadline; it++) {
+        if (exec) {
+            CK(api.cuGraphLaunch(exec, stream));
+        } else {
+            for (long i = 0; i < batch; i++)
+                CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
+        }
+        CK(api.cuEventRecord(ev[it % 2], stream));
+        if (it > 0)
+            CK(api.cuEventSynchronize(ev[(it + 1) % 2]));
+        kernels += batch;
+        syncs++;
+        uint64_t t = now_ns();
+        if (t - last > max_gap)
+            max_gap = t - last;
+        last = t;
+    }
+    CK(api.cuStreamSynchronize(stream));
+    uint64_t t1 = now_ns();
+    CK(api.cuEventDestroy_v2(ev[0]));
+    CK(api.cuEventDestroy_v2(ev[1]));
+    uint64_t gpu = (uint64_t)kernels * us * 1000u;
+    out("kernels=%ld", kernels);
+    out("syncs=%ld", syncs);
+    out("mode=%s", mode);
+    out("gpu_ns=%" PRIu64, gpu);
+    out("wall_ns=%" PRIu64, t1 - t0);
+    out("achieved=%.4f", (double)gpu / (double)(t1 - t0));
+    out("max_gap_us=%" PRIu64, max_gap / 1000u);
+    out("start_ns=%" PRIu64, t0);
+    out("end_ns=%" PRIu64, t1);
+    if (exec)
+        CK(api.cuGraphExecDestroy(exec));
+    if (graph)
+        CK(api.cuGraphDestroy(graph));
+    CK(api.cuModuleUnload(mod));
+    return 0;
+}
+
+static int cmd_bursts(int argc, char **argv)
+{
+    long n, period_ms, k;
+    size_t us;
+    uint64_t start_at = 0;
+    if (argc < 4 || argc > 5 || parse_count(argv[0], &n) < 0 || n < 1 || n > 1000000 ||
+        parse_count(argv[1], &period_ms) < 0 || parse_count(argv[2], &k) < 0 || k < 1 ||
+        parse_size(argv[3], &us) < 0 || (argc == 5 && parse_start(argv[4], &start_at) < 0))
+        return usage("bursts N PERIOD_MS K US [START_NS]");
+    if (setup(1))
+        return 1;
+    CUmodule mod;
+    CUfunction f;
+    if (load_spin(&mod, &f))
+        return 1;
+    uint64_t arg = us;
+    void *params[] = {&arg};
+    uint64_t *lat = calloc((size_t)n, sizeof(*lat));
+    if (!lat)
+        return usage("out of host memory");
+    /* One warm-up burst: the first launch pays for loading and for joining the arbiter. */
+    CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
+    CK(api.cuStreamSynchronize(stream));
+    sleep_until(start_at);
+    uint64_t t0 = now_ns(), sum = 0;
+    out("started=1");
+    for (long i = 0; i < n; i++) {
+        sleep_until(t0 + (uint64_t)i * (uint64_t)period_ms * 1000000ull);
+        uint64_t b = now_ns();
+        for (long j = 0; j < k; j++)
+            CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
+        CK(api.cuStreamSynchronize(stream));
+        lat[i] = now_ns() - b;
+        sum += lat[i];
+    }
+    for (long i = 0; i < n; i++)
+        out("lat_us=%" PRIu64, lat[i] / 1000u); /* in order, before the sort below */
+    uint64_t t1 = now_ns();
+    qsort(lat, (size_t)n, sizeof(*lat), cmp_u64);
+    size_t p99 = (size_t)((double)(n - 1) * 0.99 + 0.5);
+    out("bursts=%ld", n);
+    out("p50_us=%" PRIu64, lat[(n - 1) / 2] / 1000u);
+    out("p99_us=%" PRIu64, lat[p99] / 1000u);
+    out("max_us=%" PRIu64, lat[n - 1] / 1000u);
+    out("mean_us=%" PRIu64, sum / (uint64_t)n / 1000u);
+    out("wall_ns=%" PRIu64, t1 - t0);
+    free(lat);
+    CK(api.cuModuleUnload(mod));
+    return 0;
+}
+
+/* Launch in the parent (it takes the GPU token), fork, launch in the child: the child must ask
+ * for the token itself, never use the parent's. */
+static int cmd_forklaunch(int argc, char **argv)
+{
+    size_t us;
+    double hold;
+    if (argc != 2 || parse_size(argv[0], &us) < 0 || parse_seconds(argv[1], &hold) < 0)
+        return usage("forklaunch US HOLD_SECONDS");
+    if (setup(1))
+        return 1;
+    CUmodule mod;
+    CUfunction f;
+    if (load_spin(&mod, &f))
+        return 1;
+    uint64_t arg = us;
+    void *params[] = {&arg};
+    CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
+    CK(api.cuStreamSynchronize(stream));
+    out("parent_pid=%d", (int)getpid());
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0)
+        return usage("fork failed");
+    if (pid == 0) {
+        /* A real driver needs a fresh initialisation after fork; the simulated one too. */
+        CUresult r = api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL);
+        if (r == CUDA_ERROR_NOT_INITIALIZED || r == CUDA_ERROR_INVALID_CONTEXT ||
+            r == CUDA_ERROR_INVALID_HANDLE) {
+            if (setup(1) || load_spin(&mod, &f))
+                _exit(1);
+            r = api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL);
+        }
+        if (!r)
+            r = api.cuStreamSynchronize(stream);
+        out("child_pid=%d", (int)getpid());
+        out("child_launch=%s", r ? errname(r) : "OK");
+        sleep_s(hold);
+        _exit(0);
+    }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
+    CK(api.cuStreamSynchronize(stream));
+    out("child_status=%d", WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+    out("parent_launch=OK");
+    return 0;
+}
+
 static int cmd_help(int argc, char **argv);
 
 static const struct command {
@@ -843,6 +1076,18 @@ static const struct command {
                            "sync: wall_us= gpu_us= (events), start_ns= end_ns= (CLOCK_MONOTONIC)"},
     {"launchbench", cmd_launchbench, "N: N launches of a 0 µs kernel, ns_per_launch= (calls only)"},
     {"copy", cmd_copy, "BYTES: HtoD, DtoD, DtoH round trip: copy=OK; memsets: memset=OK"},
+    {"saturate", cmd_saturate, "SECONDS US [kernel|graph|capture [START_NS [BATCH]]]: from START_NS, "
+                               "launch US-µs spin kernels back to back for SECONDS, BATCH (default ~2 ms of "
+                               "work; graph/capture: one BATCH-kernel graph) at a time, waiting for the "
+                               "previous batch after queueing the next (double-buffered): "
+                               "kernels= gpu_ns= (kernels x US) wall_ns= achieved= "
+                               "(gpu_ns/wall_ns) max_gap_us= (longest time between two syncs)"},
+    {"forklaunch", cmd_forklaunch, "US HOLD_SECONDS: launch and sync, fork; the child launches "
+                                   "(re-initialising if needed): child_pid= child_launch=OK, holds "
+                                   "HOLD_SECONDS; then the parent launches again: parent_launch=OK"},
+    {"bursts", cmd_bursts, "N PERIOD_MS K US [START_NS]: every PERIOD_MS launch K spin kernels of "
+                           "US µs and sync, N times; lat_us= per burst in order, then p50_us= p99_us= "
+                           "max_us= mean_us="},
 };
 
 static int cmd_help(int argc, char **argv)

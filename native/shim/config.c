@@ -276,6 +276,7 @@ static void open_once_fn(void)
         return;
     }
     sg_ledger_setup();
+    sg_arb_setup();
     __atomic_store_n(&mode, SG_MODE_ACTIVE, __ATOMIC_RELEASE);
 }
 

@@ -110,6 +110,20 @@ static bool slot_alive(int32_t pid, uint64_t start)
     return t == start;
 }
 
+void sg_self_identity(int32_t *pid, uint64_t *start)
+{
+    char state;
+    uint64_t t = 0;
+    read_stat(0, &state, &t);
+    *pid = (int32_t)getpid();
+    *start = t;
+}
+
+bool sg_proc_alive(int32_t pid, uint64_t start)
+{
+    return slot_alive(pid, start);
+}
+
 /* ---- the usage mutex -------------------------------------------------------------------- */
 
 static void recompute_totals_locked(void)
@@ -233,6 +247,18 @@ static int ensure_slot_locked(void)
             scan_locked();
     }
     return -1;
+}
+
+int sg_usage_slot(void)
+{
+    if (sg_mode() != SG_MODE_ACTIVE)
+        return -1;
+    struct sg_err e;
+    if (usage_lock(&e) < 0)
+        return -1;
+    int s = ensure_slot_locked();
+    usage_unlock();
+    return s;
 }
 
 /* ---- devices --------------------------------------------------------------------------- */

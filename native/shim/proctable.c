@@ -2,7 +2,7 @@
  * The cuGetProcAddress fallback: which exported variant the public CUDA versioning gives a base
  * name for a requested cudaVersion and stream flags.  Used only when the pointer the real
  * cuGetProcAddress returned is not one we can identify (real.c), so that an allocation path can
- * never escape the ledger through an unrecognised pointer.
+ * never escape the ledger, nor a launch the GPU arbiter, through an unrecognised pointer.
  *
  * Source: NVIDIA's public CUDA headers and Driver API reference, where cuda.h maps each base
  * name to a versioned symbol by __CUDA_API_VERSION (e.g. `#define cuMemAlloc cuMemAlloc_v2`
@@ -78,6 +78,32 @@ static const struct proc_row rows[] = {
     {"cuMemGetInfo", 2000, ANY, H(cuMemGetInfo)},
     {"cuDeviceTotalMem", 3020, ANY, H(cuDeviceTotalMem_v2)},
     {"cuDeviceTotalMem", 2000, ANY, H(cuDeviceTotalMem)},
+
+    /* compute arbitration: launches (gated) and the sync calls that end a burst */
+    {"cuLaunchKernel", 4000, PTDS, H(cuLaunchKernel_ptsz)},
+    {"cuLaunchKernel", 4000, ANY, H(cuLaunchKernel)},
+    {"cuLaunchKernelEx", 11060, PTDS, H(cuLaunchKernelEx_ptsz)},
+    {"cuLaunchKernelEx", 11060, ANY, H(cuLaunchKernelEx)},
+    {"cuLaunchCooperativeKernel", 9000, PTDS, H(cuLaunchCooperativeKernel_ptsz)},
+    {"cuLaunchCooperativeKernel", 9000, ANY, H(cuLaunchCooperativeKernel)},
+    {"cuGraphLaunch", 10000, PTDS, H(cuGraphLaunch_ptsz)},
+    {"cuGraphLaunch", 10000, ANY, H(cuGraphLaunch)},
+    {"cuLaunch", 2000, ANY, H(cuLaunch)},
+    {"cuLaunchGrid", 2000, ANY, H(cuLaunchGrid)},
+    {"cuLaunchGridAsync", 2000, ANY, H(cuLaunchGridAsync)},
+    {"cuCtxSynchronize", 2000, ANY, H(cuCtxSynchronize)},
+    {"cuStreamSynchronize", 2000, PTDS, H(cuStreamSynchronize_ptsz)},
+    {"cuStreamSynchronize", 2000, ANY, H(cuStreamSynchronize)},
+    {"cuEventSynchronize", 2000, ANY, H(cuEventSynchronize)},
+    {"cuMemcpyHtoD", 3020, PTDS, H(cuMemcpyHtoD_v2_ptds)},
+    {"cuMemcpyHtoD", 3020, ANY, H(cuMemcpyHtoD_v2)},
+    {"cuMemcpyHtoD", 2000, ANY, SG_PROC_PASS}, /* 32-bit pointers: a copy, never a launch */
+    {"cuMemcpyDtoH", 3020, PTDS, H(cuMemcpyDtoH_v2_ptds)},
+    {"cuMemcpyDtoH", 3020, ANY, H(cuMemcpyDtoH_v2)},
+    {"cuMemcpyDtoH", 2000, ANY, SG_PROC_PASS},
+    {"cuMemcpyDtoD", 3020, PTDS, H(cuMemcpyDtoD_v2_ptds)},
+    {"cuMemcpyDtoD", 3020, ANY, H(cuMemcpyDtoD_v2)},
+    {"cuMemcpyDtoD", 2000, ANY, SG_PROC_PASS},
 };
 
 int sg_proc_table_lookup(const char *symbol, int cuda_version, cuuint64_t flags)

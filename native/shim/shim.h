@@ -13,6 +13,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #include "sharegpu/abi.h"
@@ -31,6 +32,27 @@ CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream strea
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                       CUstream stream);
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                             unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                             unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                             void **kernelParams, void **extra);
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
+                               void **extra);
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX,
+                                        unsigned int gridDimY, unsigned int gridDimZ,
+                                        unsigned int blockDimX, unsigned int blockDimY,
+                                        unsigned int blockDimZ, unsigned int sharedMemBytes,
+                                        CUstream hStream, void **kernelParams);
+CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
+CUresult cuStreamSynchronize_ptsz(CUstream stream);
+/* Deprecated launches (parameters set beforehand with cuParamSet*); still exported by drivers. */
+CUresult cuLaunch(CUfunction f);
+CUresult cuLaunchGrid(CUfunction f, int grid_width, int grid_height);
+CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_height, CUstream hStream);
+/* Per-thread-default-stream synchronous copies (cuda.h's _ptds names). */
+CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t bytes);
+CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t bytes);
+CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t bytes);
 
 /* Legacy 32-bit entry points (CUDA < 3.2; still exported by the driver). */
 typedef unsigned int CUdeviceptr_v1;
@@ -207,6 +229,127 @@ int sg_list_procs(const uint8_t uuid[16], struct sg_proc_info *out, unsigned cap
 
 /* Register fork handlers and the exit hook (called once, from sg_mode). */
 void sg_ledger_setup(void);
+
+/* Liveness and identity (pid + start time, never pid alone), shared with the arbiter. */
+void sg_self_identity(int32_t *pid, uint64_t *start);
+bool sg_proc_alive(int32_t pid, uint64_t start);
+/* This process's slot in the usage region (claimed if needed), or -1. */
+int sg_usage_slot(void);
+
+/* ---- compute arbitration (arbiter.c) ------------------------------------------------------ */
+
+/* Process-local state of one arbitrated GPU (one per limits index).  The launch fast path reads
+ * only the atomics at the top; everything else is guarded by `mu`, which serialises this
+ * process's slow path, its releases and its watcher thread for the GPU. */
+enum sg_gpu_state { SG_GPU_UNSET = 0, SG_GPU_NATIVE = 1, SG_GPU_ARB = 2 };
+struct sg_gpu {
+    uint64_t token;      /* [atomic relaxed] the token word this process holds; 0: none */
+    uint64_t qend;       /* [atomic relaxed] end of our quantum (CLOCK_MONOTONIC) */
+    uint64_t last_launch; /* [atomic relaxed] last fast-path launch instant (the watcher's
+                              idle test) */
+    uint64_t burst_end_ns; /* [atomic relaxed] a sync ended a burst while a lower class waited */
+    int syncing;         /* [atomic relaxed] threads inside a sync call: waiting for our own
+                            work is not idleness */
+    int revoked;         /* [atomic seq_cst] set while a release is under way */
+    int launching;       /* [atomic seq_cst] launches between the gate and the real call */
+    int offline;         /* [atomic relaxed] our class is offline (in-flight bound applies) */
+    unsigned since_sync; /* [atomic relaxed] launches since the last bound sync */
+    int state;           /* [atomic acquire/release] enum sg_gpu_state */
+    int client;          /* [mu] our entry in a->clients, -1 before the first launch */
+    struct sg_arbiter *a; /* [mu] set once, then read-only */
+    struct sg_usage_proc_dev *usage; /* [mu] our usage counters on this device, or NULL */
+    pthread_mutex_t mu;
+    int idx;             /* limits index */
+    int tenant;          /* [mu] */
+    int nctx;            /* [mu] contexts that launched during this hold (drained at release) */
+    CUcontext ctxs[8];
+};
+extern struct sg_gpu sg_gpus[SG_MAX_DEVICES];
+
+/* Per thread: the context it last launched from, its GPU, and the token word it saw granted. */
+struct sg_arb_tls {
+    CUcontext ctx;
+    struct sg_gpu *g;
+    uint64_t token;
+    uint64_t gen; /* limits generation when a native GPU was cached */
+};
+extern __thread struct sg_arb_tls sg_arb_tls __attribute__((tls_model("initial-exec")));
+
+struct sg_gate {
+    struct sg_gpu *g; /* gated: `launching` is held until sg_arb_exit */
+};
+
+uint64_t sg_mono_ns(void);
+CUresult sg_arb_enter_slow(struct sg_gate *gt);
+void sg_arb_offline_bound(struct sg_gpu *g);
+void sg_arb_burst_end(void);
+
+/* Around a sync call: the holder is waiting for its own work, not idle. */
+static inline struct sg_gpu *sg_arb_sync_begin(void)
+{
+    struct sg_gpu *g = sg_arb_tls.g;
+    if (g)
+        __atomic_fetch_add(&g->syncing, 1, __ATOMIC_RELAXED);
+    return g;
+}
+
+static inline void sg_arb_sync_end(struct sg_gpu *g)
+{
+    if (g)
+        __atomic_fetch_sub(&g->syncing, 1, __ATOMIC_RELAXED);
+    sg_arb_burst_end();
+}
+void sg_arb_setup(void);
+void sg_arb_start_watcher(void);
+
+/*
+ * The launch fast path.  With the token held, the quantum not over and no yield request it is:
+ * one driver call that reads the calling thread's current context (cuCtxGetCurrent, a TLS read
+ * in the driver), one uncontended atomic increment and decrement of a process-private counter
+ * (so that a release never overlaps a launch), one acquire load of the region's token word, two
+ * relaxed loads (our yield flag, the quantum end) and a vDSO clock read: no system call, no
+ * lock, no allocation.  Measured by tests/test_arbiter.py (sanity bound) and bench/.
+ */
+static inline CUresult sg_arb_enter(struct sg_gate *gt)
+{
+    gt->g = NULL;
+    struct sg_arb_tls *t = &sg_arb_tls;
+    struct sg_gpu *g = t->g;
+    CUcontext ctx;
+    if (g && sg_real.cuCtxGetCurrent && sg_real.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS &&
+        ctx == t->ctx) {
+        if (__atomic_load_n(&g->state, __ATOMIC_ACQUIRE) == SG_GPU_NATIVE) {
+            if (__atomic_load_n(&sg_limits_map->generation, __ATOMIC_ACQUIRE) == t->gen)
+                return CUDA_SUCCESS;
+        } else {
+            __atomic_fetch_add(&g->launching, 1, __ATOMIC_SEQ_CST);
+            uint64_t tok = t->token;
+            if (tok && !__atomic_load_n(&g->revoked, __ATOMIC_SEQ_CST) &&
+                __atomic_load_n(&g->a->token, __ATOMIC_ACQUIRE) == tok &&
+                !__atomic_load_n(&g->a->clients[g->client].yield, __ATOMIC_RELAXED)) {
+                uint64_t now = sg_mono_ns();
+                if (now < __atomic_load_n(&g->qend, __ATOMIC_RELAXED)) {
+                    __atomic_store_n(&g->last_launch, now, __ATOMIC_RELAXED);
+                    gt->g = g;
+                    return CUDA_SUCCESS;
+                }
+            }
+            __atomic_fetch_sub(&g->launching, 1, __ATOMIC_RELEASE);
+        }
+    }
+    return sg_arb_enter_slow(gt);
+}
+
+/* After the real launch: let a release proceed; an offline client bounds its in-flight work. */
+static inline void sg_arb_exit(struct sg_gate *gt)
+{
+    struct sg_gpu *g = gt->g;
+    if (!g)
+        return;
+    __atomic_fetch_sub(&g->launching, 1, __ATOMIC_RELEASE);
+    if (__atomic_load_n(&g->offline, __ATOMIC_RELAXED))
+        sg_arb_offline_bound(g);
+}
 
 /* ---- re-entrancy --------------------------------------------------------------------------- */
 

@@ -11,7 +11,7 @@ import ctypes
 import uuid as uuidlib
 
 ABI_MAJOR = 1
-ABI_MINOR = 0
+ABI_MINOR = 1
 
 MAGIC_LIMITS = 0x4D4C4753  # "SGLM"
 MAGIC_USAGE = 0x53554753  # "SGUS"
@@ -23,6 +23,8 @@ TENANT_ID_LEN = 64
 
 LIMITS_FILE = "limits"
 USAGE_FILE = "usage"
+GPUS_DIR = "gpus"
+ARBITER_FILE = "arbiter"
 CONTAINER_TENANT_DIR = "/run/sharegpu/tenant"
 TENANT_ENV = "SHAREGPU_TENANT"
 
@@ -35,6 +37,22 @@ POLICY_NAMES = {
     POLICY_BURST: "burst",
     POLICY_NATIVE: "native",
 }
+ARB_MAX_TENANTS = 64
+ARB_MAX_CLIENTS = 256
+ARB_DEFAULT_QUANTUM_NS = 10_000_000
+ARB_MIN_QUANTUM_NS = 500_000
+ARB_MAX_QUANTUM_NS = 1_000_000_000
+ARB_DEFAULT_OFFLINE_INFLIGHT = 1
+ARB_DEFAULT_ONLINE_WINDOW_NS = 200_000_000
+ARB_FREE, ARB_IDLE, ARB_WAITING, ARB_HOLDING = 0, 1, 2, 3
+ARB_STATE_NAMES = {ARB_FREE: "free", ARB_IDLE: "idle", ARB_WAITING: "waiting", ARB_HOLDING: "holding"}
+
+
+def token_holder(token: int) -> int:
+    """The client index a token word names, or -1 when the token is free."""
+    return (token & 0xFFFF) - 1
+
+
 PRIORITY_NAMES = {PRIORITY_OFFLINE: "offline", PRIORITY_NORMAL: "normal", PRIORITY_ONLINE: "online"}
 
 u8, u16, u32, u64, i32 = (
@@ -131,6 +149,77 @@ class Usage(ctypes.Structure):
     )
 
 
+class ArbTenant(ctypes.Structure):
+    _fields_ = (
+        ("tenant_id", ctypes.c_char * TENANT_ID_LEN),
+        ("policy", u32),
+        ("priority", u32),
+        ("share_permille", u32),
+        ("ceiling_permille", u32),
+        ("weight", u32),
+        ("clients", u32),
+        ("limits_generation", u64),
+        ("vtime", u64),
+        ("bucket_ns", ctypes.c_int64),
+        ("bucket_ts_ns", u64),
+        ("last_active_ns", u64),
+        ("gpu_time_ns", u64),
+        ("wait_ns", u64),
+        ("throttled_ns", u64),
+        ("preemptions", u64),
+        ("grants", u64),
+        ("reserved", u8 * 24),
+    )
+
+
+class ArbClient(ctypes.Structure):
+    _fields_ = (
+        ("pid", i32),
+        ("tenant", u32),
+        ("start_time", u64),
+        ("state", u32),
+        ("priority", u32),
+        ("wake", u32),
+        ("yield", u32),  # a keyword in Python: getattr(client, "yield")
+        ("watch", u32),
+        ("flags", u32),
+        ("wait_since_ns", u64),
+        ("grant_ns", u64),
+        ("gpu_time_ns", u64),
+        ("wait_ns", u64),
+        ("throttled_ns", u64),
+        ("preemptions", u64),
+        ("reserved", u8 * 40),
+    )
+
+
+class Arbiter(ctypes.Structure):
+    _fields_ = (
+        ("hdr", RegionHeader),
+        ("lock", u8 * 64),  # robust process-shared pthread_mutex_t, opaque here
+        ("uuid", u8 * 16),
+        ("quantum_ns", u64),
+        ("tenant_slots", u32),
+        ("client_slots", u32),
+        ("token", u64),
+        ("quantum_end_ns", u64),
+        ("grant_ns", u64),
+        ("waiting", u32),
+        ("offline_inflight_max", u32),
+        ("online_window_ns", u64),
+        ("online_active_until_ns", u64),
+        ("last_release_ns", u64),
+        ("grants", u64),
+        ("handovers", u64),
+        ("handover_idle_ns", u64),
+        ("reclaims", u64),
+        ("recoveries", u64),
+        ("reserved", u8 * 256),
+        ("tenants", ArbTenant * ARB_MAX_TENANTS),
+        ("clients", ArbClient * ARB_MAX_CLIENTS),
+    )
+
+
 STRUCTS: dict[str, type[ctypes.Structure]] = {
     "sg_region_header": RegionHeader,
     "sg_limits_device": LimitsDevice,
@@ -139,6 +228,9 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "sg_usage_proc": UsageProc,
     "sg_usage_device": UsageDevice,
     "sg_usage": Usage,
+    "sg_arb_tenant": ArbTenant,
+    "sg_arb_client": ArbClient,
+    "sg_arbiter": Arbiter,
 }
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import fcntl
 import json
 import mmap
 import os
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sharegpu import abi
-from sharegpu.errors import ConfigError, TenantError
+from sharegpu.errors import ConfigError, SpecError, TenantError
 from sharegpu.spec import validate_tenant_id
 
 RUNTIME_ENV = "SHAREGPU_RUNTIME_DIR"
@@ -109,7 +110,12 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
-def _init_robust_mutex(address: int) -> None:
+def init_robust_mutex(address: int, what: str = "usage") -> None:
+    """Initialise the pthread mutex at `address` as robust and process-shared (through libc).
+
+    Shared by every region that holds one (the usage region here, the GPU arbiter in
+    ``sharegpu.arbiter``); the shim refuses a region whose mutex lacks either attribute.
+    """
     libc = _libc()
     attr = ctypes.create_string_buffer(64)  # pthread_mutexattr_t is 4 bytes on glibc; be generous
     for call, args in (
@@ -119,7 +125,7 @@ def _init_robust_mutex(address: int) -> None:
         (libc.pthread_mutex_init, (ctypes.c_void_p(address), attr)),
     ):
         if rc := call(*args):
-            raise TenantError(f"cannot initialise the usage mutex: {os.strerror(rc)}")
+            raise TenantError(f"cannot initialise the {what} mutex: {os.strerror(rc)}")
     libc.pthread_mutexattr_destroy(attr)
 
 
@@ -190,8 +196,72 @@ def _usage_init(view: mmap.mmap) -> None:
     region.hdr = _header(abi.MAGIC_USAGE, ctypes.sizeof(abi.Usage))
     region.slot_count = abi.MAX_PROCS
     region.device_count = abi.MAX_DEVICES
-    _init_robust_mutex(ctypes.addressof(region) + abi.Usage.lock.offset)
+    init_robust_mutex(ctypes.addressof(region) + abi.Usage.lock.offset)
     del region  # release the buffer export before the mmap closes
+
+
+@contextlib.contextmanager
+def _node_lock(base: Path) -> Iterator[None]:
+    """Serialises tenant creation on a node, so admission checks see every tenant."""
+    fd = os.open(base / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def supervisor_identity() -> dict[str, int]:
+    """This process as a tenant's supervisor: pid plus start time, so a reused pid is not it."""
+    return {"pid": os.getpid(), "start_time": process_start_time(os.getpid()) or 0}
+
+
+def is_stale(status: TenantStatus) -> bool:
+    """A tenant whose supervisor died and that has no live process left (nobody will remove it)."""
+    sup = status.meta.get("supervisor")
+    if not isinstance(sup, dict) or status.error is not None:
+        return False
+    if process_start_time(int(sup.get("pid", 0))) == int(sup.get("start_time", -1)):
+        return False
+    return not any(p.alive for p in status.processes)
+
+
+def _guarantees_on(base: Path, uuid: str) -> int:
+    """Permille of `uuid` promised to existing cap/burst tenants."""
+    total = 0
+    for path in iter_tenants(base.parent):
+        with contextlib.suppress(ConfigError):
+            limits = read_limits(path)
+            for dev in limits.devices[: limits.device_count]:
+                if abi.bytes_to_uuid(bytes(dev.uuid)) == uuid and dev.policy in (
+                    abi.POLICY_CAP,
+                    abi.POLICY_BURST,
+                ):
+                    total += int(dev.share_permille)
+    return total
+
+
+def _admit(base: Path, devices: Sequence[DeviceLimit]) -> None:
+    for dev in devices:
+        if dev.policy not in (abi.POLICY_CAP, abi.POLICY_BURST):
+            continue
+        taken = _guarantees_on(base, dev.uuid)
+        if taken + dev.share_permille > 1000:
+            raise SpecError(
+                f"compute guarantees on {dev.uuid} would total {(taken + dev.share_permille) / 10:g}% "
+                f"({taken / 10:g}% already promised to cap/burst tenants): they could not all be honoured"
+            )
+
+
+def collect_stale(root: Path | None = None) -> list[str]:
+    """Remove tenants left behind by a supervisor that was killed; returns their ids."""
+    removed = []
+    for path in iter_tenants(root):
+        status = tenant_status(path)
+        if is_stale(status):
+            remove_tenant(path)
+            removed.append(path.name)
+    return removed
 
 
 def create_tenant(
@@ -201,13 +271,25 @@ def create_tenant(
     root: Path | None = None,
     meta: dict[str, object] | None = None,
 ) -> Path:
-    """Create a tenant directory with its limits, usage and meta files; returns the directory."""
+    """Create a tenant directory with its limits, usage and meta files; returns the directory.
+
+    Under the node lock: tenants left behind by dead supervisors are collected first, then the
+    compute guarantees (cap and burst) on each GPU must still sum to at most 100%."""
     validate_tenant_id(tenant_id)
     base = tenants_dir(root)
     try:
         base.mkdir(parents=True, exist_ok=True, mode=0o755)
     except OSError as err:
         raise TenantError(f"cannot create the runtime directory {base}: {err.strerror}") from err
+    with _node_lock(base):
+        collect_stale(base.parent)
+        _admit(base, devices)
+        return _create_locked(base, tenant_id, devices, meta)
+
+
+def _create_locked(
+    base: Path, tenant_id: str, devices: Sequence[DeviceLimit], meta: dict[str, object] | None
+) -> Path:
     path = base / tenant_id
     try:
         path.mkdir(mode=0o755)

@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 #define SG_ABI_MAJOR 1
-#define SG_ABI_MINOR 0
+#define SG_ABI_MINOR 1 /* 1.1: the GPU arbiter region and the compute counters */
 
 #define SG_MAGIC_LIMITS 0x4d4c4753u  /* "SGLM" little-endian */
 #define SG_MAGIC_USAGE 0x53554753u   /* "SGUS" */
@@ -37,6 +37,10 @@
 /* File names inside a tenant directory. */
 #define SG_LIMITS_FILE "limits"
 #define SG_USAGE_FILE "usage"
+/* The per-GPU regions: <tenant dir>/gpus (a symlink to <runtime>/gpus, or a mount of
+ * <runtime>/gpus/<uuid> in a container) holds <uuid>/arbiter, uuid in NVML form "GPU-...". */
+#define SG_GPUS_DIR "gpus"
+#define SG_ARBITER_FILE "arbiter"
 
 /* Where a container runtime mounts the tenant directory inside a container.  When it exists the
  * shim uses it and ignores SHAREGPU_TENANT, so a tenant cannot point the shim at limits of its
@@ -203,5 +207,198 @@ _Static_assert(offsetof(struct sg_usage, procs) == 192 + 64 * SG_MAX_DEVICES, "u
 _Static_assert(sizeof(struct sg_usage) ==
                    192 + 64 * SG_MAX_DEVICES + (64 + 64 * SG_MAX_DEVICES) * SG_MAX_PROCS,
                "usage size");
+
+/* ------------------------------------------------------------------------------------------ */
+/* GPU arbiter (ABI 1.1): <runtime>/gpus/<uuid>/arbiter, one per physical GPU, shared by every
+ * tenant on it.  W: creator (sharegpu.arbiter.ensure_arbiter: everything [const], the tunables),
+ * the shims of all tenants on the GPU (everything else), the agent (tunables).  R: shims, agent,
+ * CLI.  Writable by every tenant on the GPU, so a hostile tenant can corrupt it: the worst it can
+ * do is starve the GPU's tenants or grant itself the token, which the agent's NVML audit (per
+ * process utilisation against the configured shares) detects; it can never raise anyone's
+ * memory cap (those live in the read-only limits).
+ *
+ * One token per GPU: only the client (process) that holds it may have kernels in flight.  The
+ * token word packs the holder and a grant generation so that the launch fast path is one acquire
+ * load compared with the word the process was granted:
+ *     token == (generation << 16) | (holder client index + 1);   holder + 1 == 0: free.
+ * The generation grows by one at every grant, so a stale holder never mistakes a later grant for
+ * its own.
+ *
+ * Invariants, whenever `lock` is free:
+ *     waiting == count(c : clients[c].pid != 0 && clients[c].state == SG_ARB_WAITING)
+ *     SG_ARB_TOKEN_HOLDER(token) == h >= 0  =>  clients[h].state == SG_ARB_HOLDING, and
+ *         no other client is HOLDING;  SG_ARB_TOKEN_HOLDER(token) < 0  =>  no client is HOLDING
+ *     tenants[t].clients == count(c : clients[c].pid != 0 && clients[c].tenant == t)
+ * The next locker after an owner died holding `lock` (EOWNERDEAD) recomputes `waiting` and the
+ * tenants' client counts from the client entries, repairs the holder/state pair, frees the
+ * entries of dead processes (pid + start time) and bumps `recoveries`.
+ */
+
+#define SG_ARB_MAX_TENANTS 64
+#define SG_ARB_MAX_CLIENTS 256
+/* Default quantum, chosen by measurement (docs/design/arbitration.md). */
+#define SG_ARB_DEFAULT_QUANTUM_NS 10000000ull
+/* Accepted quantum range; a region outside it is corrupt (fail closed). */
+#define SG_ARB_MIN_QUANTUM_NS 500000ull
+#define SG_ARB_MAX_QUANTUM_NS 1000000000ull
+/* Default for offline_inflight_max and online_window_ns. */
+#define SG_ARB_DEFAULT_OFFLINE_INFLIGHT 1
+#define SG_ARB_DEFAULT_ONLINE_WINDOW_NS 200000000ull
+
+#define SG_ARB_TOKEN_HOLDER(t) ((int)((t) & 0xffffu) - 1)
+#define SG_ARB_TOKEN_GEN(t) ((t) >> 16)
+#define SG_ARB_TOKEN(gen, holder) (((uint64_t)(gen) << 16) | (uint64_t)((holder) + 1))
+
+enum sg_arb_state {
+    SG_ARB_FREE = 0,    /* entry unused (pid == 0) */
+    SG_ARB_IDLE = 1,    /* a live client neither waiting for nor holding the token */
+    SG_ARB_WAITING = 2, /* asked for the token, sleeping on `wake` */
+    SG_ARB_HOLDING = 3, /* holds the token (exactly the client the token word names) */
+};
+
+/* One tenant on this GPU (192 bytes).  Claimed by the first client of the tenant (matched by
+ * tenant_id), kept after its clients leave so that its totals and virtual time survive restarts
+ * of its processes; an entry with no client is reused when the table is full. */
+struct sg_arb_tenant {
+    char tenant_id[SG_TENANT_ID_LEN]; /* [lock] NUL-terminated; "" = free entry */
+    uint32_t policy;                  /* [lock] enum sg_policy, copied from the tenant's limits */
+    uint32_t priority;                /* [lock] enum sg_priority, copied */
+    uint32_t share_permille;          /* [lock] share / guarantee (cap, burst), copied */
+    uint32_t ceiling_permille;        /* [lock] ceiling (cap: == share), copied */
+    uint32_t weight;                  /* [lock] weight within the class, copied */
+    uint32_t clients;                 /* [lock] live client entries of this tenant (invariant) */
+    uint64_t limits_generation;       /* [lock] limits generation the copies above come from;
+                                         a client whose limits moved refreshes them */
+    uint64_t vtime;                   /* [lock] weighted virtual time: += held_ns * 1000 /
+                                         effective weight at each charge; a tenant that becomes
+                                         active again starts at max(vtime, min active vtime) */
+    int64_t bucket_ns;                /* [lock] ceiling token bucket (cap, burst), ns of GPU time:
+                                         += elapsed * ceiling / 1000 (at most quantum_ns),
+                                         -= held time; eligible for the token only while > 0 */
+    uint64_t bucket_ts_ns;            /* [lock] CLOCK_MONOTONIC of the last refill */
+    uint64_t last_active_ns;          /* [lock] last request, grant or release by a client */
+    uint64_t gpu_time_ns;             /* [atomic relaxed, written under lock] wall time held */
+    uint64_t wait_ns;                 /* [atomic relaxed] waiting for the token, eligible */
+    uint64_t throttled_ns;            /* [atomic relaxed] waiting, held back by the ceiling */
+    uint64_t preemptions;             /* [atomic relaxed] yields to a higher-class request */
+    uint64_t grants;                  /* [atomic relaxed, written under lock] tokens granted */
+    uint8_t reserved[24];
+};
+_Static_assert(sizeof(struct sg_arb_tenant) == 192, "arb tenant size");
+_Static_assert(offsetof(struct sg_arb_tenant, tenant_id) == 0, "arb tenant_id");
+_Static_assert(offsetof(struct sg_arb_tenant, policy) == 64, "arb policy");
+_Static_assert(offsetof(struct sg_arb_tenant, priority) == 68, "arb priority");
+_Static_assert(offsetof(struct sg_arb_tenant, share_permille) == 72, "arb share_permille");
+_Static_assert(offsetof(struct sg_arb_tenant, ceiling_permille) == 76, "arb ceiling_permille");
+_Static_assert(offsetof(struct sg_arb_tenant, weight) == 80, "arb weight");
+_Static_assert(offsetof(struct sg_arb_tenant, clients) == 84, "arb clients");
+_Static_assert(offsetof(struct sg_arb_tenant, limits_generation) == 88, "arb limits_generation");
+_Static_assert(offsetof(struct sg_arb_tenant, vtime) == 96, "arb vtime");
+_Static_assert(offsetof(struct sg_arb_tenant, bucket_ns) == 104, "arb bucket_ns");
+_Static_assert(offsetof(struct sg_arb_tenant, bucket_ts_ns) == 112, "arb bucket_ts_ns");
+_Static_assert(offsetof(struct sg_arb_tenant, last_active_ns) == 120, "arb last_active_ns");
+_Static_assert(offsetof(struct sg_arb_tenant, gpu_time_ns) == 128, "arb t gpu_time_ns");
+_Static_assert(offsetof(struct sg_arb_tenant, wait_ns) == 136, "arb t wait_ns");
+_Static_assert(offsetof(struct sg_arb_tenant, throttled_ns) == 144, "arb t throttled_ns");
+_Static_assert(offsetof(struct sg_arb_tenant, preemptions) == 152, "arb t preemptions");
+_Static_assert(offsetof(struct sg_arb_tenant, grants) == 160, "arb t grants");
+
+/* One client: a process using this GPU (128 bytes).  Claimed at the process's first launch on
+ * the GPU, freed at its exit, or by anyone who finds it dead (pid + start time). */
+struct sg_arb_client {
+    int32_t pid;             /* [lock] 0 = free entry */
+    uint32_t tenant;         /* [lock] index in tenants[] */
+    uint64_t start_time;     /* [lock] starttime of /proc/<pid>/stat: liveness is pid AND this */
+    uint32_t state;          /* [lock, atomic relaxed reads] enum sg_arb_state */
+    uint32_t priority;       /* [lock] the tenant's class, copied for the pick */
+    uint32_t wake;           /* [atomic release/acquire] futex word the client waits on: +1 at
+                                every grant to it (then FUTEX_WAKE) */
+    uint32_t yield;          /* [atomic relaxed] W: a waiter of a higher class (under lock);
+                                cleared by the owner when it releases.  Read on the fast path */
+    uint32_t watch;          /* [atomic] futex word of the owner's watcher thread: +1 (then
+                                FUTEX_WAKE) with every yield request, so an idle holder yields
+                                at once */
+    uint32_t flags;          /* reserved, 0 */
+    uint64_t wait_since_ns;  /* [lock] when it started waiting (FIFO among equals) */
+    uint64_t grant_ns;       /* [lock] start of the current charge period while HOLDING */
+    uint64_t gpu_time_ns;    /* [atomic relaxed] wall time held, this client */
+    uint64_t wait_ns;        /* [atomic relaxed] */
+    uint64_t throttled_ns;   /* [atomic relaxed] */
+    uint64_t preemptions;    /* [atomic relaxed] */
+    uint8_t reserved[40];
+};
+_Static_assert(sizeof(struct sg_arb_client) == 128, "arb client size");
+_Static_assert(offsetof(struct sg_arb_client, pid) == 0, "arb pid");
+_Static_assert(offsetof(struct sg_arb_client, tenant) == 4, "arb tenant");
+_Static_assert(offsetof(struct sg_arb_client, start_time) == 8, "arb start_time");
+_Static_assert(offsetof(struct sg_arb_client, state) == 16, "arb state");
+_Static_assert(offsetof(struct sg_arb_client, priority) == 20, "arb c priority");
+_Static_assert(offsetof(struct sg_arb_client, wake) == 24, "arb wake");
+_Static_assert(offsetof(struct sg_arb_client, yield) == 28, "arb yield");
+_Static_assert(offsetof(struct sg_arb_client, watch) == 32, "arb watch");
+_Static_assert(offsetof(struct sg_arb_client, flags) == 36, "arb c flags");
+_Static_assert(offsetof(struct sg_arb_client, wait_since_ns) == 40, "arb wait_since_ns");
+_Static_assert(offsetof(struct sg_arb_client, grant_ns) == 48, "arb c grant_ns");
+_Static_assert(offsetof(struct sg_arb_client, gpu_time_ns) == 56, "arb c gpu_time_ns");
+_Static_assert(offsetof(struct sg_arb_client, wait_ns) == 64, "arb c wait_ns");
+_Static_assert(offsetof(struct sg_arb_client, throttled_ns) == 72, "arb c throttled_ns");
+_Static_assert(offsetof(struct sg_arb_client, preemptions) == 80, "arb c preemptions");
+
+struct sg_arbiter {
+    struct sg_region_header hdr;
+    union sg_mutex_cell lock;       /* robust, process-shared; initialised by the creator */
+    uint8_t uuid[16];               /* [const] the GPU, raw bytes as cuDeviceGetUuid gives them */
+    uint64_t quantum_ns;            /* [atomic relaxed] W: creator, agent.  Longest hold before
+                                       the token is handed on to a waiter; also the depth of
+                                       the ceiling buckets.  Read at every grant */
+    uint32_t tenant_slots;          /* [const] SG_ARB_MAX_TENANTS */
+    uint32_t client_slots;          /* [const] SG_ARB_MAX_CLIENTS */
+    uint64_t token;                 /* [atomic acquire/release; stored only under lock] the
+                                       token word (holder + generation, see above) */
+    uint64_t quantum_end_ns;        /* [lock, atomic relaxed reads] CLOCK_MONOTONIC end of the
+                                       holder's quantum (shortened by a ceiling bucket) */
+    uint64_t grant_ns;              /* [lock] when the token was granted to the holder */
+    uint32_t waiting;               /* [lock, atomic relaxed reads] clients WAITING (invariant) */
+    uint32_t offline_inflight_max;  /* [atomic relaxed] W: creator, agent.  While online
+                                       tenants are active, an offline client synchronises after
+                                       this many launches (>= 1), so that an online request
+                                       waits about one offline kernel */
+    uint64_t online_window_ns;      /* [atomic relaxed] W: creator, agent.  Online tenants
+                                       count as active this long after their last request */
+    uint64_t online_active_until_ns;/* [atomic relaxed] W: online clients (max of now + window) */
+    uint64_t last_release_ns;       /* [lock] when the token was last released */
+    uint64_t grants;                /* [lock] grants, all clients */
+    uint64_t handovers;             /* [lock] grants to a client that was waiting when the token
+                                       was released by another */
+    uint64_t handover_idle_ns;      /* [lock] sum over handovers of (grant - release) */
+    uint64_t reclaims;              /* [lock] tokens taken back from dead holders */
+    uint64_t recoveries;            /* [lock] EOWNERDEAD repairs */
+    uint8_t reserved[256];
+    struct sg_arb_tenant tenants[SG_ARB_MAX_TENANTS];
+    struct sg_arb_client clients[SG_ARB_MAX_CLIENTS];
+};
+_Static_assert(offsetof(struct sg_arbiter, lock) == 64, "arb lock");
+_Static_assert(offsetof(struct sg_arbiter, uuid) == 128, "arb uuid");
+_Static_assert(offsetof(struct sg_arbiter, quantum_ns) == 144, "arb quantum_ns");
+_Static_assert(offsetof(struct sg_arbiter, tenant_slots) == 152, "arb tenant_slots");
+_Static_assert(offsetof(struct sg_arbiter, client_slots) == 156, "arb client_slots");
+_Static_assert(offsetof(struct sg_arbiter, token) == 160, "arb token");
+_Static_assert(offsetof(struct sg_arbiter, quantum_end_ns) == 168, "arb quantum_end_ns");
+_Static_assert(offsetof(struct sg_arbiter, grant_ns) == 176, "arb grant_ns");
+_Static_assert(offsetof(struct sg_arbiter, waiting) == 184, "arb waiting");
+_Static_assert(offsetof(struct sg_arbiter, offline_inflight_max) == 188, "arb offline_inflight_max");
+_Static_assert(offsetof(struct sg_arbiter, online_window_ns) == 192, "arb online_window_ns");
+_Static_assert(offsetof(struct sg_arbiter, online_active_until_ns) == 200, "arb online_active_until");
+_Static_assert(offsetof(struct sg_arbiter, last_release_ns) == 208, "arb last_release_ns");
+_Static_assert(offsetof(struct sg_arbiter, grants) == 216, "arb grants");
+_Static_assert(offsetof(struct sg_arbiter, handovers) == 224, "arb handovers");
+_Static_assert(offsetof(struct sg_arbiter, handover_idle_ns) == 232, "arb handover_idle_ns");
+_Static_assert(offsetof(struct sg_arbiter, reclaims) == 240, "arb reclaims");
+_Static_assert(offsetof(struct sg_arbiter, recoveries) == 248, "arb recoveries");
+_Static_assert(offsetof(struct sg_arbiter, tenants) == 512, "arb tenants");
+_Static_assert(offsetof(struct sg_arbiter, clients) == 512 + 192 * SG_ARB_MAX_TENANTS, "arb clients");
+_Static_assert(sizeof(struct sg_arbiter) ==
+                   512 + 192 * SG_ARB_MAX_TENANTS + 128 * SG_ARB_MAX_CLIENTS,
+               "arbiter size");
 
 #endif /* SHAREGPU_ABI_H */

@@ -41,7 +41,7 @@ int main(void)
     void *l = NULL;
     r = gpa("cuLaunchKernel", &l, 12000, 0, &st);
     printf("gpa_launch=%d\n", (int)r);
-    printf("launch_passed_through=%d\n", l != NULL && l != dlsym(h, "cuLaunchKernel"));
+    printf("launch_is_hook=%d\n", l != NULL && l == dlsym(RTLD_DEFAULT, "cuLaunchKernel"));
     printf("hidden_calls=%d\n", hidden ? hidden() : -1);
     return 0;
 }

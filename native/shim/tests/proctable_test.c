@@ -67,7 +67,9 @@ int main(void)
         {"cuMemCreate", 10010, 0},      {"cuArrayCreate", 12000, 0},
         {"cuGetProcAddress", 12000, 0}, {"cuGetProcAddress", 11030, 0},
         {"cuMemGetInfo", 12000, 0},     {"cuLaunchKernel", 12000, 0},
-        {"cuMemAllocManaged", 12000, 1},
+        {"cuMemAllocManaged", 12000, 1},   {"cuMemsetD8", 12000, 0},
+        {"cuLaunchKernel", 12000, 1},      {"cuGraphLaunch", 12000, 1},
+        {"cuMemcpyDtoH", 12000, 1},        {"cuMemcpyDtoH", 3000, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         printf("%s@%d%s=%s\n", cases[i].sym, cases[i].version, cases[i].ptds ? "_ptds" : "",

@@ -1,0 +1,1202 @@
+/*
+ * Compute arbitration: one token per GPU in the shared arbiter region
+ * (<tenant dir>/gpus/<uuid>/arbiter, layout and invariants in abi.h); only the process holding
+ * it may have kernels in flight.  docs/design/arbitration.md explains the algorithm and the
+ * measurements behind the quantum.
+ *
+ *   launch (hooks_launch.c)  fast path in shim.h (token held, quantum not over, no yield
+ *                            request); otherwise sg_arb_enter_slow below.
+ *   slow path                under the process's per-GPU mutex `mu`: claim our client entry,
+ *                            follow limits resizes, at the end of a quantum either renew (we
+ *                            are still the best candidate) or release (drain, charge, hand
+ *                            on), and when we do not hold the token, ask for it and sleep on
+ *                            our futex word until it is granted to us.
+ *   sync calls               end a burst: hand the token on if a better waiter exists.
+ *   watcher thread           one per process, started at the first arbitrated launch: releases
+ *                            a token held past its quantum without launches (draining with the
+ *                            holder's contexts pushed on the watcher thread) and yields at once
+ *                            to a higher-class request when the holder is not launching.
+ *
+ * Scheduling (pick, under the region lock): among WAITING clients whose tenant is not over its
+ * ceiling (bucket > 0), the highest priority class, then the smallest weighted virtual time of
+ * the tenant, then the longest waiting.  A holder is charged the wall time it held the card
+ * (grant -> release, drain included): vtime += held * 1000 / effective weight; ceiling buckets
+ * (cap, burst) -= held.  Effective weight: a cap/burst tenant's guarantee in permille; a share
+ * tenant's share * weight, scaled so the active share tenants together get what the active
+ * guarantees leave.
+ *
+ * Robustness: the region mutex is robust (EOWNERDEAD -> repair of the abi.h invariants); a
+ * waiter never sleeps longer than LIVENESS_POLL_NS without checking that the holder is alive
+ * (pid + start time) and takes the token back from a dead one; dead clients are reaped; a forked
+ * child forgets its parent's token and entries; a normal exit releases and frees ours.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shim.h"
+
+#define LIVENESS_POLL_NS 50000000ull /* a waiter checks the holder at least this often */
+#define REAP_INTERVAL_NS 100000000ull
+#define MIN_SLEEP_NS 100000ull
+#define MAX_ORDINALS 64
+#define WATCHER_BUSY_RETRY_NS 200000ull
+
+struct sg_gpu sg_gpus[SG_MAX_DEVICES];
+__thread struct sg_arb_tls sg_arb_tls __attribute__((tls_model("initial-exec")));
+
+/* Global slow-path state, guarded by setup_mu: the arbiter's copy of the limits, the ordinal ->
+ * limits index map, our identity, the watcher. */
+static pthread_mutex_t setup_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct sg_limits_copy alim;
+static bool alim_valid;
+static int ord_idx[MAX_ORDINALS]; /* [setup_mu] limits index + 1; 0 unknown; -1 not ours */
+static char tenant_id[SG_TENANT_ID_LEN];
+static int32_t self_pid;
+static uint64_t self_start;
+static bool watcher_started;
+static uint32_t watcher_kick; /* [atomic] private futex word: a grant wakes the watcher */
+static uint64_t last_reap_ns;
+static int lock_logged;
+
+uint64_t sg_mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- futexes ------------------------------------------------------------------------------- */
+
+static void futex_wait(uint32_t *word, uint32_t val, uint64_t timeout_ns, bool shared)
+{
+    struct timespec ts = {.tv_sec = (time_t)(timeout_ns / 1000000000u),
+                          .tv_nsec = (long)(timeout_ns % 1000000000u)};
+    syscall(SYS_futex, word, shared ? FUTEX_WAIT : FUTEX_WAIT_PRIVATE, val, &ts, NULL, 0);
+}
+
+static void futex_wake(uint32_t *word, bool shared)
+{
+    syscall(SYS_futex, word, shared ? FUTEX_WAKE : FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* ---- the region lock and its repair --------------------------------------------------------- */
+
+static bool has_ceiling(const struct sg_arb_tenant *t)
+{
+    return (t->policy == SG_POLICY_CAP || t->policy == SG_POLICY_BURST) &&
+           t->ceiling_permille < 1000;
+}
+
+static uint64_t quantum(const struct sg_arbiter *a)
+{
+    uint64_t q = __atomic_load_n(&a->quantum_ns, __ATOMIC_RELAXED);
+    if (q < SG_ARB_MIN_QUANTUM_NS)
+        q = SG_ARB_MIN_QUANTUM_NS;
+    if (q > SG_ARB_MAX_QUANTUM_NS)
+        q = SG_ARB_MAX_QUANTUM_NS;
+    return q;
+}
+
+static void free_client_locked(struct sg_arbiter *a, int c)
+{
+    struct sg_arb_client *cl = &a->clients[c];
+    if (cl->pid == 0)
+        return;
+    if (SG_ARB_TOKEN_HOLDER(a->token) == c) {
+        __atomic_store_n(&a->token, SG_ARB_TOKEN(SG_ARB_TOKEN_GEN(a->token), -1), __ATOMIC_RELEASE);
+        a->last_release_ns = sg_mono_ns();
+    }
+    if (cl->state == SG_ARB_WAITING && a->waiting > 0)
+        __atomic_store_n(&a->waiting, a->waiting - 1, __ATOMIC_RELAXED);
+    if (cl->tenant < SG_ARB_MAX_TENANTS && a->tenants[cl->tenant].clients > 0)
+        a->tenants[cl->tenant].clients--;
+    __atomic_store_n(&cl->state, SG_ARB_FREE, __ATOMIC_RELAXED);
+    __atomic_store_n(&cl->yield, 0, __ATOMIC_RELAXED);
+    cl->start_time = 0;
+    cl->pid = 0;
+}
+
+/* Free the entries of dead processes (the token of a dead holder goes back). */
+static void reap_locked(struct sg_arbiter *a)
+{
+    for (int c = 0; c < SG_ARB_MAX_CLIENTS; c++) {
+        struct sg_arb_client *cl = &a->clients[c];
+        if (cl->pid == 0 || (cl->pid == self_pid && cl->start_time == self_start))
+            continue;
+        if (!sg_proc_alive(cl->pid, cl->start_time)) {
+            if (SG_ARB_TOKEN_HOLDER(a->token) == c)
+                a->reclaims++;
+            free_client_locked(a, c);
+        }
+    }
+    last_reap_ns = sg_mono_ns();
+}
+
+static int pick_locked(struct sg_arbiter *a, uint64_t now);
+static void grant_locked(struct sg_arbiter *a, int c, uint64_t now);
+
+/* Reap, and hand a token freed by a dead holder to the best waiter. */
+static void reap_and_pick_locked(struct sg_arbiter *a)
+{
+    reap_locked(a);
+    if (SG_ARB_TOKEN_HOLDER(a->token) < 0 && a->waiting) {
+        uint64_t now = sg_mono_ns();
+        int best = pick_locked(a, now);
+        if (best >= 0)
+            grant_locked(a, best, now);
+    }
+}
+
+/* EOWNERDEAD: a process died holding the lock, maybe half-way through an update.  The client
+ * entries are the truth: rebuild the counts and the holder/state pair from them. */
+static void repair_locked(struct sg_arbiter *a)
+{
+    reap_locked(a);
+    int holder = SG_ARB_TOKEN_HOLDER(a->token);
+    if (holder >= SG_ARB_MAX_CLIENTS || (holder >= 0 && a->clients[holder].pid == 0)) {
+        __atomic_store_n(&a->token, SG_ARB_TOKEN(SG_ARB_TOKEN_GEN(a->token), -1), __ATOMIC_RELEASE);
+        holder = -1;
+    }
+    uint32_t waiting = 0;
+    for (int t = 0; t < SG_ARB_MAX_TENANTS; t++)
+        a->tenants[t].clients = 0;
+    for (int c = 0; c < SG_ARB_MAX_CLIENTS; c++) {
+        struct sg_arb_client *cl = &a->clients[c];
+        if (cl->pid == 0)
+            continue;
+        if (cl->tenant >= SG_ARB_MAX_TENANTS) {
+            cl->pid = 0;
+            cl->state = SG_ARB_FREE;
+            continue;
+        }
+        a->tenants[cl->tenant].clients++;
+        if (c == holder)
+            cl->state = SG_ARB_HOLDING;
+        else if (cl->state == SG_ARB_HOLDING || cl->state > SG_ARB_HOLDING)
+            cl->state = SG_ARB_IDLE; /* its waiter loop asks again */
+        if (cl->state == SG_ARB_WAITING)
+            waiting++;
+    }
+    __atomic_store_n(&a->waiting, waiting, __ATOMIC_RELAXED);
+    a->recoveries++;
+}
+
+static int arb_lock(struct sg_arbiter *a)
+{
+    int rc = pthread_mutex_lock(&a->lock.mutex);
+    if (rc == EOWNERDEAD) {
+        repair_locked(a);
+        pthread_mutex_consistent(&a->lock.mutex);
+        return 0;
+    }
+    if (rc != 0)
+        sg_log_once(&lock_logged, "cannot lock the GPU arbiter mutex: %s", strerror(rc));
+    return rc == 0 ? 0 : -1;
+}
+
+static void arb_unlock(struct sg_arbiter *a)
+{
+    pthread_mutex_unlock(&a->lock.mutex);
+}
+
+/* ---- scheduling (all under the region lock) -------------------------------------------------- */
+
+static void refill_locked(struct sg_arbiter *a, struct sg_arb_tenant *t, uint64_t now)
+{
+    if (!has_ceiling(t)) {
+        t->bucket_ts_ns = now;
+        return;
+    }
+    if (now > t->bucket_ts_ns) {
+        uint64_t add = (now - t->bucket_ts_ns) * t->ceiling_permille / 1000u;
+        int64_t depth = (int64_t)quantum(a);
+        int64_t b = t->bucket_ns + (int64_t)(add > (uint64_t)INT64_MAX / 2 ? (uint64_t)depth : add);
+        t->bucket_ns = b > depth ? depth : b;
+        t->bucket_ts_ns = now;
+    }
+}
+
+/* A tenant is eligible for a grant unless its ceiling bucket is below the minimum grant. */
+static int64_t min_grant_ns(const struct sg_arbiter *a)
+{
+    return (int64_t)(quantum(a) / 8);
+}
+
+static bool eligible_locked(struct sg_arbiter *a, struct sg_arb_tenant *t, uint64_t now)
+{
+    if (!has_ceiling(t))
+        return true;
+    refill_locked(a, t, now);
+    return t->bucket_ns >= min_grant_ns(a);
+}
+
+/* Active: a client waiting or holding, or a request/grant/release within four quanta. */
+static void active_tenants_locked(struct sg_arbiter *a, uint64_t now, bool active[])
+{
+    uint64_t win = 4 * quantum(a);
+    for (int t = 0; t < SG_ARB_MAX_TENANTS; t++)
+        active[t] = a->tenants[t].tenant_id[0] && a->tenants[t].clients > 0 &&
+                    now - a->tenants[t].last_active_ns <= win;
+    for (int c = 0; c < SG_ARB_MAX_CLIENTS; c++) {
+        const struct sg_arb_client *cl = &a->clients[c];
+        if (cl->pid && cl->tenant < SG_ARB_MAX_TENANTS &&
+            (cl->state == SG_ARB_WAITING || cl->state == SG_ARB_HOLDING))
+            active[cl->tenant] = true;
+    }
+}
+
+static uint64_t eff_weight_locked(struct sg_arbiter *a, int ti, uint64_t now)
+{
+    struct sg_arb_tenant *t = &a->tenants[ti];
+    uint64_t share = t->share_permille ? t->share_permille : 1;
+    if (t->policy == SG_POLICY_CAP || t->policy == SG_POLICY_BURST)
+        return share;
+    bool active[SG_ARB_MAX_TENANTS];
+    active_tenants_locked(a, now, active);
+    active[ti] = true;
+    uint64_t g = 0, s = 0;
+    for (int i = 0; i < SG_ARB_MAX_TENANTS; i++) {
+        const struct sg_arb_tenant *o = &a->tenants[i];
+        if (!active[i])
+            continue;
+        if (o->policy == SG_POLICY_CAP || o->policy == SG_POLICY_BURST)
+            g += o->share_permille;
+        else if (o->policy == SG_POLICY_SHARE)
+            s += (uint64_t)(o->share_permille ? o->share_permille : 1) * (o->weight ? o->weight : 1);
+    }
+    uint64_t rem = g >= 1000 ? 10 : 1000 - g;
+    uint64_t w = share * (t->weight ? t->weight : 1) * rem / (s ? s : 1);
+    return w ? w : 1;
+}
+
+/* Charge the holder client c for the time since its last charge. */
+static void charge_locked(struct sg_arbiter *a, struct sg_gpu *g, int c, uint64_t now)
+{
+    struct sg_arb_client *cl = &a->clients[c];
+    uint64_t held = now > cl->grant_ns ? now - cl->grant_ns : 0;
+    cl->grant_ns = now;
+    if (cl->tenant >= SG_ARB_MAX_TENANTS)
+        return;
+    struct sg_arb_tenant *t = &a->tenants[cl->tenant];
+    __atomic_fetch_add(&t->gpu_time_ns, held, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&cl->gpu_time_ns, held, __ATOMIC_RELAXED);
+    if (g && g->usage)
+        __atomic_fetch_add(&g->usage->gpu_time_ns, held, __ATOMIC_RELAXED);
+    t->vtime += held * 1000u / eff_weight_locked(a, (int)cl->tenant, now);
+    refill_locked(a, t, now);
+    if (has_ceiling(t))
+        t->bucket_ns -= (int64_t)held;
+    t->last_active_ns = now;
+}
+
+/* Is waiter w a better candidate than client c (by class, virtual time, then waiting time)?
+ * Against the holder (c_holds) a tie goes to the waiter, so processes of one tenant alternate. */
+static bool better_locked(struct sg_arbiter *a, int w, int c, bool c_holds)
+{
+    const struct sg_arb_client *x = &a->clients[w], *y = &a->clients[c];
+    if (x->priority != y->priority)
+        return x->priority > y->priority;
+    uint64_t vx = a->tenants[x->tenant].vtime, vy = a->tenants[y->tenant].vtime;
+    if (vx != vy)
+        return vx < vy;
+    return c_holds || x->wait_since_ns < y->wait_since_ns;
+}
+
+/* The best eligible waiter, or -1. */
+static int pick_locked(struct sg_arbiter *a, uint64_t now)
+{
+    int best = -1;
+    for (int c = 0; c < SG_ARB_MAX_CLIENTS; c++) {
+        struct sg_arb_client *cl = &a->clients[c];
+        if (cl->pid == 0 || cl->state != SG_ARB_WAITING || cl->tenant >= SG_ARB_MAX_TENANTS)
+            continue;
+        if (!eligible_locked(a, &a->tenants[cl->tenant], now))
+            continue;
+        if (best < 0 || better_locked(a, c, best, false))
+            best = c;
+    }
+    return best;
+}
+
+/* Quantum length for client c from now: the quantum, shortened so that a ceiling bucket does
+ * not run dry (it drains at 1 - ceiling while held). */
+static uint64_t quantum_len_locked(struct sg_arbiter *a, int c, uint64_t now)
+{
+    uint64_t q = quantum(a);
+    struct sg_arb_tenant *t = &a->tenants[a->clients[c].tenant];
+    if (has_ceiling(t)) {
+        refill_locked(a, t, now);
+        int64_t b = t->bucket_ns > 0 ? t->bucket_ns : 0;
+        uint64_t tte = (uint64_t)b * 1000u / (1000u - t->ceiling_permille);
+        if (tte < q)
+            q = tte;
+    }
+    return q;
+}
+
+static void grant_locked(struct sg_arbiter *a, int c, uint64_t now)
+{
+    struct sg_arb_client *cl = &a->clients[c];
+    uint64_t gen = SG_ARB_TOKEN_GEN(a->token) + 1;
+    a->quantum_end_ns = now + quantum_len_locked(a, c, now);
+    a->grant_ns = now;
+    cl->grant_ns = now;
+    if (cl->state == SG_ARB_WAITING && a->waiting > 0)
+        __atomic_store_n(&a->waiting, a->waiting - 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&cl->state, SG_ARB_HOLDING, __ATOMIC_RELAXED);
+    __atomic_store_n(&cl->yield, 0, __ATOMIC_RELAXED);
+    a->grants++;
+    struct sg_arb_tenant *t = &a->tenants[cl->tenant];
+    __atomic_fetch_add(&t->grants, 1, __ATOMIC_RELAXED);
+    t->last_active_ns = now;
+    __atomic_store_n(&a->token, SG_ARB_TOKEN(gen, c), __ATOMIC_RELEASE);
+    __atomic_fetch_add(&cl->wake, 1, __ATOMIC_RELEASE);
+    futex_wake(&cl->wake, true);
+}
+
+static void note_online_locked(struct sg_arbiter *a, int c, uint64_t now)
+{
+    if (a->clients[c].priority != SG_PRIORITY_ONLINE)
+        return;
+    uint64_t until = now + __atomic_load_n(&a->online_window_ns, __ATOMIC_RELAXED);
+    if (until > __atomic_load_n(&a->online_active_until_ns, __ATOMIC_RELAXED))
+        __atomic_store_n(&a->online_active_until_ns, until, __ATOMIC_RELAXED);
+}
+
+/* ---- limits and devices ------------------------------------------------------------------ */
+
+static void gpu_apply_policy(struct sg_gpu *g, const struct sg_limits_device *d)
+{
+    int want = d->policy == SG_POLICY_NATIVE ? SG_GPU_NATIVE : SG_GPU_ARB;
+    __atomic_store_n(&g->offline, d->priority == SG_PRIORITY_OFFLINE, __ATOMIC_RELAXED);
+    if (__atomic_load_n(&g->state, __ATOMIC_RELAXED) != want)
+        __atomic_store_n(&g->state, want, __ATOMIC_RELEASE);
+}
+
+static int validate_compute(const struct sg_limits_copy *l, struct sg_err *e)
+{
+    for (uint32_t i = 0; i < l->device_count; i++) {
+        const struct sg_limits_device *d = &l->devices[i];
+        if (d->policy > SG_POLICY_NATIVE || d->priority > SG_PRIORITY_ONLINE)
+            return sg_fail(e, SG_E_CONFIG, "%s/%s: device %u has policy %u / priority %u",
+                           sg_tenant_dir, SG_LIMITS_FILE, i, d->policy, d->priority);
+        if (d->policy != SG_POLICY_NATIVE &&
+            (d->share_permille == 0 || d->share_permille > 1000 ||
+             d->ceiling_permille < d->share_permille || d->ceiling_permille > 1000))
+            return sg_fail(e, SG_E_CONFIG,
+                           "%s/%s: device %u has share %u / ceiling %u permille (need 1..1000, "
+                           "ceiling >= share)",
+                           sg_tenant_dir, SG_LIMITS_FILE, i, d->share_permille,
+                           d->ceiling_permille);
+    }
+    return 0;
+}
+
+/* Follow a resize (one acquire load when there is none).  Caller holds setup_mu. */
+static int limits_refresh_setup_locked(struct sg_err *e)
+{
+    uint64_t gen = __atomic_load_n(&sg_limits_map->generation, __ATOMIC_ACQUIRE);
+    if (alim_valid && gen == alim.generation)
+        return 0;
+    struct sg_limits_copy fresh;
+    int rc = sg_limits_read(sg_limits_map, &fresh, e);
+    if (rc == 0)
+        rc = validate_compute(&fresh, e);
+    if (rc < 0) {
+        sg_break("%s", e->msg);
+        return rc;
+    }
+    for (uint32_t i = 0; i < SG_MAX_DEVICES; i++) {
+        struct sg_gpu *g = &sg_gpus[i];
+        if (alim_valid && i < alim.device_count &&
+            (i >= fresh.device_count ||
+             memcmp(alim.devices[i].uuid, fresh.devices[i].uuid, 16) != 0) &&
+            g->a) {
+            /* The device set changed under a running process: keep the old region mapped but
+             * treat the slot as native until restart (documented gap). */
+            __atomic_store_n(&g->state, SG_GPU_NATIVE, __ATOMIC_RELEASE);
+            continue;
+        }
+        if (i < fresh.device_count)
+            gpu_apply_policy(g, &fresh.devices[i]);
+    }
+    alim = fresh;
+    alim_valid = true;
+    memset(ord_idx, 0, sizeof ord_idx);
+    return 0;
+}
+
+/* The GPU of device ordinal dev: *g set, or NULL when the device is not the tenant's. */
+static int gpu_of_ordinal(CUdevice dev, struct sg_gpu **out, uint64_t *gen, struct sg_err *e)
+{
+    *out = NULL;
+    uint8_t uuid[16];
+    bool have = sg_ordinal_uuid(dev, uuid) == 0;
+    pthread_mutex_lock(&setup_mu);
+    int rc = limits_refresh_setup_locked(e);
+    if (rc == 0 && dev >= 0 && dev < MAX_ORDINALS && ord_idx[dev] == 0) {
+        ord_idx[dev] = -1;
+        for (uint32_t i = 0; have && i < alim.device_count; i++)
+            if (memcmp(alim.devices[i].uuid, uuid, 16) == 0) {
+                ord_idx[dev] = (int)i + 1;
+                break;
+            }
+    }
+    if (rc == 0 && dev >= 0 && dev < MAX_ORDINALS && ord_idx[dev] > 0)
+        *out = &sg_gpus[ord_idx[dev] - 1];
+    *gen = alim.generation;
+    bool any_arb = false;
+    for (uint32_t i = 0; i < alim.device_count; i++)
+        any_arb |= alim.devices[i].policy != SG_POLICY_NATIVE;
+    pthread_mutex_unlock(&setup_mu);
+    if (rc < 0)
+        return rc;
+    if (!*out && any_arb)
+        return sg_fail(e, SG_E_CONFIG, "device %d is not assigned to this tenant", (int)dev);
+    return 0;
+}
+
+/* ---- the region ---------------------------------------------------------------------------- */
+
+static void uuid_text(const uint8_t *b, char *out, size_t n)
+{
+    snprintf(out, n, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+             b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
+             b[13], b[14], b[15]);
+}
+
+static int open_region(struct sg_gpu *g, struct sg_err *e)
+{
+    char id[48], path[PATH_MAX + 96];
+    uuid_text(alim.devices[g->idx].uuid, id, sizeof id);
+    snprintf(path, sizeof path, "%s/%s/%s/%s", sg_tenant_dir, SG_GPUS_DIR, id, SG_ARBITER_FILE);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return sg_fail(e, SG_E_CONFIG, "%s: cannot open the GPU arbiter: %s", path,
+                       strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+        (uint64_t)st.st_size < sizeof(struct sg_arbiter)) {
+        close(fd);
+        return sg_fail(e, SG_E_CONFIG, "%s: not a GPU arbiter region (%lld bytes, need %zu)",
+                       path, (long long)st.st_size, sizeof(struct sg_arbiter));
+    }
+    struct sg_arbiter *a =
+        mmap(NULL, sizeof *a, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (a == MAP_FAILED)
+        return sg_fail(e, SG_E_CONFIG, "%s: cannot map: %s", path, strerror(errno));
+    int rc = 0;
+    uint64_t q = __atomic_load_n(&a->quantum_ns, __ATOMIC_RELAXED);
+    if (a->hdr.magic != SG_MAGIC_ARBITER)
+        rc = sg_fail(e, SG_E_CONFIG, "%s: bad magic 0x%08x (not a sharegpu arbiter region)", path,
+                     a->hdr.magic);
+    else if (a->hdr.abi_major != SG_ABI_MAJOR)
+        rc = sg_fail(e, SG_E_CONFIG, "%s: ABI %u.%u, this shim speaks %d.x", path,
+                     a->hdr.abi_major, a->hdr.abi_minor, SG_ABI_MAJOR);
+    else if (a->hdr.total_size < sizeof *a)
+        rc = sg_fail(e, SG_E_CONFIG, "%s: region is %u bytes, need %zu", path, a->hdr.total_size,
+                     sizeof *a);
+    else if (a->tenant_slots != SG_ARB_MAX_TENANTS || a->client_slots != SG_ARB_MAX_CLIENTS)
+        rc = sg_fail(e, SG_E_CONFIG, "%s: %u tenant / %u client slots, expected %d / %d", path,
+                     a->tenant_slots, a->client_slots, SG_ARB_MAX_TENANTS, SG_ARB_MAX_CLIENTS);
+    else if (memcmp(a->uuid, alim.devices[g->idx].uuid, 16) != 0)
+        rc = sg_fail(e, SG_E_CONFIG, "%s: the region belongs to another GPU", path);
+    else if (q < SG_ARB_MIN_QUANTUM_NS || q > SG_ARB_MAX_QUANTUM_NS)
+        rc = sg_fail(e, SG_E_CONFIG, "%s: quantum %llu ns out of range", path,
+                     (unsigned long long)q);
+#ifdef __GLIBC__
+    else if ((__atomic_load_n(&a->lock.mutex.__data.__kind, __ATOMIC_RELAXED) & (16 | 128)) !=
+             (16 | 128))
+        rc = sg_fail(e, SG_E_CONFIG,
+                     "%s: the arbiter mutex is not initialised as robust and process-shared",
+                     path);
+#endif
+    if (rc < 0) {
+        munmap(a, sizeof *a);
+        return rc;
+    }
+    g->a = a;
+    return 0;
+}
+
+/* Copy the tenant's limits into its entry when they are newer.  Under the region lock. */
+static void tenant_sync_locked(struct sg_arbiter *a, int ti, const struct sg_limits_device *d,
+                               uint64_t gen)
+{
+    struct sg_arb_tenant *t = &a->tenants[ti];
+    if (t->limits_generation == gen && t->policy == d->policy && t->weight)
+        return;
+    t->policy = d->policy;
+    t->priority = d->priority;
+    t->share_permille = d->share_permille;
+    t->ceiling_permille = d->policy == SG_POLICY_BURST ? d->ceiling_permille
+                          : d->policy == SG_POLICY_CAP ? d->share_permille
+                                                       : 1000;
+    t->weight = d->weight ? d->weight : 1;
+    t->limits_generation = gen;
+    for (int c = 0; c < SG_ARB_MAX_CLIENTS; c++)
+        if (a->clients[c].pid && a->clients[c].tenant == (uint32_t)ti)
+            a->clients[c].priority = d->priority;
+}
+
+static int find_tenant_locked(struct sg_arbiter *a, uint64_t now)
+{
+    int fresh = -1, reuse = -1;
+    for (int t = 0; t < SG_ARB_MAX_TENANTS; t++) {
+        struct sg_arb_tenant *te = &a->tenants[t];
+        if (te->tenant_id[0] == 0) {
+            if (fresh < 0)
+                fresh = t;
+            continue;
+        }
+        if (strncmp(te->tenant_id, tenant_id, SG_TENANT_ID_LEN) == 0)
+            return t;
+        if (te->clients == 0 &&
+            (reuse < 0 || te->last_active_ns < a->tenants[reuse].last_active_ns))
+            reuse = t;
+    }
+    int t = fresh >= 0 ? fresh : reuse;
+    if (t < 0)
+        return -1;
+    struct sg_arb_tenant *te = &a->tenants[t];
+    memset(te, 0, sizeof *te);
+    memcpy(te->tenant_id, tenant_id, SG_TENANT_ID_LEN);
+    te->tenant_id[SG_TENANT_ID_LEN - 1] = 0;
+    te->bucket_ns = (int64_t)quantum(a);
+    te->bucket_ts_ns = now;
+    return t;
+}
+
+/* Claim our client entry (and our tenant's), start the watcher.  Caller holds g->mu. */
+static int ensure_client(struct sg_gpu *g, struct sg_err *e)
+{
+    if (g->client >= 0)
+        return 0;
+    if (!g->a && open_region(g, e) < 0) {
+        sg_break("%s", e->msg);
+        return SG_E_CONFIG;
+    }
+    pthread_mutex_lock(&setup_mu);
+    if (!self_pid)
+        sg_self_identity(&self_pid, &self_start);
+    struct sg_limits_device d = alim.devices[g->idx];
+    uint64_t gen = alim.generation;
+    pthread_mutex_unlock(&setup_mu);
+    int slot = sg_usage_slot();
+    g->usage = slot >= 0 ? &sg_usage_map->procs[slot].dev[g->idx] : NULL;
+    struct sg_arbiter *a = g->a;
+    if (arb_lock(a) < 0)
+        return sg_fail(e, SG_E_CONFIG, "cannot lock the GPU arbiter");
+    uint64_t now = sg_mono_ns();
+    int c = -1, t = -1;
+    for (int pass = 0; pass < 2 && c < 0; pass++) {
+        for (int i = 0; i < SG_ARB_MAX_CLIENTS; i++) {
+            /* Our pid and start time but not ours: what this process held before an exec. */
+            if (a->clients[i].pid == self_pid && a->clients[i].start_time == self_start)
+                free_client_locked(a, i);
+        }
+        t = find_tenant_locked(a, now);
+        for (int i = 0; t >= 0 && i < SG_ARB_MAX_CLIENTS; i++)
+            if (a->clients[i].pid == 0) {
+                c = i;
+                break;
+            }
+        if (c < 0)
+            reap_and_pick_locked(a);
+    }
+    if (c >= 0) {
+        struct sg_arb_client *cl = &a->clients[c];
+        uint32_t wake = cl->wake, watch = cl->watch;
+        memset(cl, 0, sizeof *cl);
+        cl->wake = wake;
+        cl->watch = watch;
+        cl->pid = self_pid;
+        cl->start_time = self_start;
+        cl->tenant = (uint32_t)t;
+        cl->state = SG_ARB_IDLE;
+        a->tenants[t].clients++;
+        tenant_sync_locked(a, t, &d, gen);
+        cl->priority = a->tenants[t].priority;
+    }
+    arb_unlock(a);
+    if (c < 0)
+        return sg_fail(e, SG_E_NOSLOT, "the GPU arbiter has no free entry");
+    g->client = c;
+    g->tenant = t;
+    pthread_mutex_lock(&setup_mu);
+    bool start = !watcher_started;
+    watcher_started = true;
+    pthread_mutex_unlock(&setup_mu);
+    if (start)
+        sg_arb_start_watcher();
+    return 0;
+}
+
+/* ---- counters ------------------------------------------------------------------------------ */
+
+static void count_wait(struct sg_gpu *g, uint64_t ns, bool throttled)
+{
+    struct sg_arbiter *a = g->a;
+    struct sg_arb_client *cl = &a->clients[g->client];
+    struct sg_arb_tenant *t = &a->tenants[g->tenant];
+    if (throttled) {
+        __atomic_fetch_add(&cl->throttled_ns, ns, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&t->throttled_ns, ns, __ATOMIC_RELAXED);
+        if (g->usage)
+            __atomic_fetch_add(&g->usage->throttled_ns, ns, __ATOMIC_RELAXED);
+    } else {
+        __atomic_fetch_add(&cl->wait_ns, ns, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&t->wait_ns, ns, __ATOMIC_RELAXED);
+        if (g->usage)
+            __atomic_fetch_add(&g->usage->wait_ns, ns, __ATOMIC_RELAXED);
+    }
+}
+
+static void count_preemption(struct sg_gpu *g)
+{
+    struct sg_arbiter *a = g->a;
+    __atomic_fetch_add(&a->clients[g->client].preemptions, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&a->tenants[g->tenant].preemptions, 1, __ATOMIC_RELAXED);
+    if (g->usage)
+        __atomic_fetch_add(&g->usage->preemptions, 1, __ATOMIC_RELAXED);
+}
+
+/* ---- holding and releasing (caller holds g->mu) ----------------------------------------------- */
+
+static bool holding(struct sg_gpu *g)
+{
+    uint64_t tok = __atomic_load_n(&g->token, __ATOMIC_RELAXED);
+    return tok && __atomic_load_n(&g->a->token, __ATOMIC_ACQUIRE) == tok;
+}
+
+static void register_ctx(struct sg_gpu *g, CUcontext ctx)
+{
+    for (int i = 0; i < g->nctx; i++)
+        if (g->ctxs[i] == ctx)
+            return;
+    if (g->nctx < (int)(sizeof g->ctxs / sizeof g->ctxs[0]))
+        g->ctxs[g->nctx++] = ctx;
+}
+
+/* Wait for every context that launched during this hold to finish its work. */
+static void drain(struct sg_gpu *g)
+{
+    const struct sg_real *r = sg_real_cu();
+    for (int i = 0; i < g->nctx; i++) {
+        if (!r->cuCtxPushCurrent_v2 || !r->cuCtxPopCurrent_v2 || !r->cuCtxSynchronize)
+            break;
+        if (r->cuCtxPushCurrent_v2(g->ctxs[i]) != CUDA_SUCCESS)
+            continue; /* destroyed: nothing of it is left to run */
+        r->cuCtxSynchronize();
+        CUcontext dummy;
+        r->cuCtxPopCurrent_v2(&dummy);
+    }
+}
+
+/* Give the token up: stop new fast-path launches, wait for those under way, drain, charge,
+ * hand on to the best waiter. */
+static void release(struct sg_gpu *g, bool preempted)
+{
+    __atomic_store_n(&g->revoked, 1, __ATOMIC_SEQ_CST);
+    for (unsigned spins = 0; __atomic_load_n(&g->launching, __ATOMIC_SEQ_CST); spins++) {
+        if (spins < 100)
+            sched_yield();
+        else {
+            struct timespec ts = {0, 50000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    drain(g);
+    struct sg_arbiter *a = g->a;
+    uint64_t now = sg_mono_ns();
+    if (arb_lock(a) == 0) {
+        if (holding(g)) {
+            int c = g->client;
+            charge_locked(a, g, c, now);
+            __atomic_store_n(&a->clients[c].state, SG_ARB_IDLE, __ATOMIC_RELAXED);
+            __atomic_store_n(&a->clients[c].yield, 0, __ATOMIC_RELAXED);
+            __atomic_store_n(&a->token, SG_ARB_TOKEN(SG_ARB_TOKEN_GEN(a->token), -1),
+                             __ATOMIC_RELEASE);
+            a->last_release_ns = now;
+            note_online_locked(a, c, now);
+            int next = pick_locked(a, now);
+            if (next >= 0)
+                grant_locked(a, next, now);
+        }
+        arb_unlock(a);
+    }
+    if (preempted)
+        count_preemption(g);
+    __atomic_store_n(&g->token, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g->since_sync, 0, __ATOMIC_RELAXED);
+    g->nctx = 0;
+    __atomic_store_n(&g->revoked, 0, __ATOMIC_SEQ_CST);
+}
+
+enum decision { KEEP, RELEASE, PREEMPT };
+
+/* At the end of a quantum or of a burst: keep the token (renewing the quantum when it is over)
+ * or hand it on.  Charges the time held so far. */
+static enum decision decide(struct sg_gpu *g, uint64_t now, bool burst_end)
+{
+    struct sg_arbiter *a = g->a;
+    int c = g->client;
+    if (__atomic_load_n(&a->clients[c].yield, __ATOMIC_RELAXED))
+        return PREEMPT;
+    bool quantum_over = now >= __atomic_load_n(&g->qend, __ATOMIC_RELAXED);
+    if (burst_end && !__atomic_load_n(&a->waiting, __ATOMIC_RELAXED))
+        return KEEP;
+    pthread_mutex_lock(&setup_mu);
+    struct sg_limits_device lim = alim.devices[g->idx];
+    uint64_t gen = alim.generation;
+    pthread_mutex_unlock(&setup_mu);
+    if (arb_lock(a) < 0)
+        return KEEP;
+    enum decision d = KEEP;
+    if (!holding(g)) {
+        arb_unlock(a);
+        return RELEASE; /* lost (taken back): just forget it */
+    }
+    charge_locked(a, g, c, now);
+    tenant_sync_locked(a, g->tenant, &lim, gen); /* a resize applies from the next quantum */
+    struct sg_arb_tenant *t = &a->tenants[g->tenant];
+    int best = pick_locked(a, now);
+    bool throttled = has_ceiling(t) && t->bucket_ns < min_grant_ns(a);
+    bool min_held = now - a->grant_ns >= quantum(a) / 4;
+    if (best >= 0 && a->clients[best].priority > a->clients[c].priority)
+        d = RELEASE; /* a higher class waits */
+    else if (best >= 0 && burst_end && a->clients[best].priority < a->clients[c].priority) {
+        /* Our burst may be over: if no launch follows within the idle grace, the watcher hands
+         * the card to the lower class (a loop that syncs and launches again keeps it). */
+        __atomic_store_n(&g->burst_end_ns, now, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&a->clients[c].watch, 1, __ATOMIC_RELEASE);
+        futex_wake(&a->clients[c].watch, true);
+    } else if ((quantum_over || burst_end) && throttled)
+        d = RELEASE;
+    else if (best >= 0 && (quantum_over || min_held) && better_locked(a, best, c, true))
+        d = RELEASE; /* same class, further behind in virtual time */
+    if (d == KEEP && quantum_over) {
+        a->quantum_end_ns = now + quantum_len_locked(a, c, now);
+        if (a->quantum_end_ns <= now)
+            d = RELEASE;
+        __atomic_store_n(&g->qend, a->quantum_end_ns, __ATOMIC_RELAXED);
+    }
+    note_online_locked(a, c, now);
+    arb_unlock(a);
+    return d;
+}
+
+/* Ask for the token and sleep until it is ours. */
+static int acquire(struct sg_gpu *g, struct sg_err *e)
+{
+    struct sg_arbiter *a = g->a;
+    int c = g->client;
+    struct sg_arb_client *me = &a->clients[c];
+    pthread_mutex_lock(&setup_mu);
+    struct sg_limits_device d = alim.devices[g->idx];
+    uint64_t gen = alim.generation;
+    pthread_mutex_unlock(&setup_mu);
+    uint64_t now = sg_mono_ns();
+    if (arb_lock(a) < 0)
+        return sg_fail(e, SG_E_CONFIG, "cannot lock the GPU arbiter");
+    if (me->pid != self_pid || me->start_time != self_start) {
+        /* Our entry was reaped (judged dead by mistake or the region repaired): claim anew. */
+        arb_unlock(a);
+        g->client = -1;
+        int rc = ensure_client(g, e);
+        if (rc < 0)
+            return rc;
+        c = g->client;
+        me = &a->clients[c];
+        if (arb_lock(a) < 0)
+            return sg_fail(e, SG_E_CONFIG, "cannot lock the GPU arbiter");
+    }
+    struct sg_arb_tenant *t = &a->tenants[g->tenant];
+    tenant_sync_locked(a, g->tenant, &d, gen);
+    if (me->state != SG_ARB_WAITING && me->state != SG_ARB_HOLDING) {
+        bool active[SG_ARB_MAX_TENANTS];
+        active_tenants_locked(a, now, active);
+        if (!active[g->tenant]) {
+            /* (Re)joining: start at the least virtual time of the active tenants of our class,
+             * so time spent away is not credit to hoard. */
+            uint64_t minv = UINT64_MAX;
+            for (int i = 0; i < SG_ARB_MAX_TENANTS; i++)
+                if (active[i] && i != g->tenant && a->tenants[i].priority == t->priority &&
+                    a->tenants[i].vtime < minv)
+                    minv = a->tenants[i].vtime;
+            if (minv != UINT64_MAX && t->vtime < minv)
+                t->vtime = minv;
+        }
+        __atomic_store_n(&me->state, SG_ARB_WAITING, __ATOMIC_RELAXED);
+        __atomic_store_n(&a->waiting, a->waiting + 1, __ATOMIC_RELAXED);
+        me->wait_since_ns = now;
+        me->priority = t->priority;
+    }
+    t->last_active_ns = now;
+    note_online_locked(a, c, now);
+    bool slept = false, handed = false;
+    for (;;) {
+        int holder = SG_ARB_TOKEN_HOLDER(a->token);
+        if (holder == c) {
+            handed = slept; /* granted by a releasing holder while we slept */
+            break;
+        }
+        if (holder < 0) {
+            int best = pick_locked(a, now);
+            if (best >= 0)
+                grant_locked(a, best, now);
+            if (best == c)
+                break;
+        } else if (holder < SG_ARB_MAX_CLIENTS) {
+            struct sg_arb_client *h = &a->clients[holder];
+            if (slept && sg_mono_ns() >= last_reap_ns + REAP_INTERVAL_NS) {
+                reap_and_pick_locked(a); /* a dead holder's token comes back */
+                continue;
+            }
+            if (me->priority > h->priority && !__atomic_load_n(&h->yield, __ATOMIC_RELAXED)) {
+                __atomic_store_n(&h->yield, 1, __ATOMIC_RELAXED);
+                __atomic_fetch_add(&h->watch, 1, __ATOMIC_RELEASE);
+                futex_wake(&h->watch, true);
+            }
+        }
+        bool throttled = has_ceiling(t) && !eligible_locked(a, t, now);
+        uint64_t sleep = LIVENESS_POLL_NS;
+        if (throttled) {
+            int64_t need = min_grant_ns(a) - t->bucket_ns;
+            uint64_t ns = (uint64_t)(need > 0 ? need : 0) * 1000u / t->ceiling_permille;
+            sleep = ns < MIN_SLEEP_NS ? MIN_SLEEP_NS : ns < sleep ? ns : sleep;
+        }
+        uint32_t w = __atomic_load_n(&me->wake, __ATOMIC_ACQUIRE);
+        arb_unlock(a);
+        futex_wait(&me->wake, w, sleep, true);
+        uint64_t after = sg_mono_ns();
+        count_wait(g, after - now, throttled);
+        now = after;
+        slept = true;
+        if (arb_lock(a) < 0)
+            return sg_fail(e, SG_E_CONFIG, "cannot lock the GPU arbiter");
+        if (me->pid != self_pid || me->state == SG_ARB_IDLE) {
+            /* Repaired or reaped while we slept: ask again from the top. */
+            arb_unlock(a);
+            return acquire(g, e);
+        }
+    }
+    if (handed && a->last_release_ns && a->grant_ns >= a->last_release_ns) {
+        a->handovers++;
+        a->handover_idle_ns += now - a->last_release_ns;
+    }
+    __atomic_store_n(&g->qend, a->quantum_end_ns, __ATOMIC_RELAXED);
+    __atomic_store_n(&g->token, a->token, __ATOMIC_RELAXED);
+    g->nctx = 0;
+    arb_unlock(a);
+    __atomic_fetch_add(&watcher_kick, 1, __ATOMIC_RELEASE);
+    futex_wake(&watcher_kick, false);
+    return 0;
+}
+
+/* ---- the slow path ------------------------------------------------------------------------- */
+
+CUresult sg_arb_enter_slow(struct sg_gate *gt)
+{
+    gt->g = NULL;
+    if (sg_mode() != SG_MODE_ACTIVE)
+        return CUDA_ERROR_NOT_PERMITTED;
+    const struct sg_real *r = sg_real_cu();
+    CUcontext ctx = NULL;
+    CUdevice dev;
+    if (!r->cuCtxGetCurrent || r->cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx ||
+        sg_current_ordinal(&dev) != CUDA_SUCCESS)
+        return CUDA_SUCCESS; /* no context: the driver refuses the launch itself */
+    struct sg_err e = {0};
+    struct sg_gpu *g;
+    uint64_t gen;
+    sg_in_hook++;
+    int rc = gpu_of_ordinal(dev, &g, &gen, &e);
+    if (rc < 0 || !g) {
+        sg_in_hook--;
+        return rc < 0 ? CUDA_ERROR_NOT_PERMITTED : CUDA_SUCCESS;
+    }
+    struct sg_arb_tls *t = &sg_arb_tls;
+    if (__atomic_load_n(&g->state, __ATOMIC_ACQUIRE) == SG_GPU_NATIVE) {
+        pthread_mutex_lock(&g->mu);
+        if (g->a && g->client >= 0 && holding(g))
+            release(g, false); /* became native on a resize */
+        pthread_mutex_unlock(&g->mu);
+        t->ctx = ctx;
+        t->g = g;
+        t->gen = gen;
+        t->token = 0;
+        sg_in_hook--;
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_lock(&g->mu);
+    rc = ensure_client(g, &e);
+    while (rc == 0) {
+        if (!holding(g)) {
+            __atomic_store_n(&g->token, 0, __ATOMIC_RELAXED);
+            rc = acquire(g, &e);
+            continue;
+        }
+        uint64_t now = sg_mono_ns();
+        bool over = now >= __atomic_load_n(&g->qend, __ATOMIC_RELAXED);
+        bool yield = __atomic_load_n(&g->a->clients[g->client].yield, __ATOMIC_RELAXED);
+        if (!over && !yield)
+            break;
+        enum decision d = decide(g, now, false);
+        if (d == KEEP)
+            break;
+        release(g, d == PREEMPT);
+    }
+    if (rc == 0) {
+        register_ctx(g, ctx);
+        t->ctx = ctx;
+        t->g = g;
+        t->token = __atomic_load_n(&g->token, __ATOMIC_RELAXED);
+        __atomic_store_n(&g->last_launch, sg_mono_ns(), __ATOMIC_RELAXED);
+        __atomic_fetch_add(&g->launching, 1, __ATOMIC_SEQ_CST);
+        gt->g = g;
+    }
+    pthread_mutex_unlock(&g->mu);
+    sg_in_hook--;
+    return rc < 0 ? sg_cu_result(rc == SG_E_NOSLOT ? SG_E_CONFIG : rc) : CUDA_SUCCESS;
+}
+
+/* Offline and online tenants active: synchronise every offline_inflight_max launches so that
+ * an online request waits about one offline kernel. */
+void sg_arb_offline_bound(struct sg_gpu *g)
+{
+    struct sg_arbiter *a = g->a;
+    uint64_t until = __atomic_load_n(&a->online_active_until_ns, __ATOMIC_RELAXED);
+    if (!until || sg_mono_ns() >= until)
+        return;
+    uint32_t bound = __atomic_load_n(&a->offline_inflight_max, __ATOMIC_RELAXED);
+    if (bound < 1)
+        bound = 1;
+    if (__atomic_add_fetch(&g->since_sync, 1, __ATOMIC_RELAXED) < bound)
+        return;
+    __atomic_store_n(&g->since_sync, 0, __ATOMIC_RELAXED);
+    const struct sg_real *r = sg_real_cu();
+    if (r->cuCtxSynchronize) {
+        sg_in_hook++;
+        r->cuCtxSynchronize();
+        sg_in_hook--;
+    }
+}
+
+/* A sync call returned: the end of a burst.  Hand the token on if a better waiter exists. */
+void sg_arb_burst_end(void)
+{
+    struct sg_gpu *g = sg_arb_tls.g;
+    if (!g || !__atomic_load_n(&g->token, __ATOMIC_RELAXED) ||
+        !__atomic_load_n(&g->a->waiting, __ATOMIC_RELAXED))
+        return;
+    sg_in_hook++;
+    pthread_mutex_lock(&g->mu);
+    if (g->client >= 0 && holding(g)) {
+        enum decision d = decide(g, sg_mono_ns(), true);
+        if (d != KEEP)
+            release(g, d == PREEMPT);
+    }
+    pthread_mutex_unlock(&g->mu);
+    sg_in_hook--;
+}
+
+/* ---- the watcher ----------------------------------------------------------------------------- */
+
+/* How long a holder that ended a burst may stay idle before a lower class gets the card. */
+static uint64_t idle_grace(uint64_t q)
+{
+    return q / 20;
+}
+
+static void watch_one(struct sg_gpu *g, uint64_t now)
+{
+    if (g->client < 0 || !g->a)
+        return;
+    if (!holding(g)) {
+        __atomic_store_n(&g->token, 0, __ATOMIC_RELAXED);
+        return;
+    }
+    uint64_t q = quantum(g->a);
+    bool yield = __atomic_load_n(&g->a->clients[g->client].yield, __ATOMIC_RELAXED);
+    bool over = now >= __atomic_load_n(&g->qend, __ATOMIC_RELAXED);
+    uint64_t last = __atomic_load_n(&g->last_launch, __ATOMIC_RELAXED);
+    bool launching = __atomic_load_n(&g->launching, __ATOMIC_RELAXED) ||
+                     __atomic_load_n(&g->syncing, __ATOMIC_RELAXED);
+    bool idle = now > last && now - last >= q / 2 && !launching;
+    uint64_t burst_end = __atomic_load_n(&g->burst_end_ns, __ATOMIC_RELAXED);
+    bool burst_over = burst_end > last && now > burst_end && now - burst_end >= idle_grace(q) &&
+                      !launching &&
+                      __atomic_load_n(&g->a->waiting, __ATOMIC_RELAXED);
+    if (yield) {
+        release(g, true); /* waits for launches under way, then drains */
+    } else if ((over && idle) || burst_over) {
+        release(g, false); /* not launching: do not keep the card */
+    } else if (over) {
+        enum decision d = decide(g, now, false);
+        if (d != KEEP)
+            release(g, d == PREEMPT);
+    }
+}
+
+static void *watcher_main(void *arg)
+{
+    (void)arg;
+    sg_in_hook = 1; /* everything this thread calls is ours */
+    for (;;) {
+        /* Read the kick word first: a grant after this read wakes the futex wait below. */
+        uint32_t kick = __atomic_load_n(&watcher_kick, __ATOMIC_ACQUIRE);
+        uint64_t sleep = 0;
+        uint32_t *word = NULL, val = 0;
+        for (int i = 0; i < SG_MAX_DEVICES; i++) {
+            struct sg_gpu *g = &sg_gpus[i];
+            if (__atomic_load_n(&g->state, __ATOMIC_ACQUIRE) != SG_GPU_ARB || !g->a)
+                continue;
+            int c = __atomic_load_n(&g->client, __ATOMIC_RELAXED);
+            if (c < 0 || c >= SG_ARB_MAX_CLIENTS)
+                continue;
+            uint32_t *w = &g->a->clients[c].watch;
+            uint32_t v = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+            uint64_t q;
+            if (pthread_mutex_trylock(&g->mu) != 0) {
+                q = WATCHER_BUSY_RETRY_NS; /* a launch or sync is deciding: look again soon */
+            } else {
+                uint64_t now = sg_mono_ns();
+                watch_one(g, now);
+                bool held = __atomic_load_n(&g->token, __ATOMIC_RELAXED) != 0;
+                q = quantum(g->a) / 2;
+                uint64_t qend = __atomic_load_n(&g->qend, __ATOMIC_RELAXED);
+                if (qend > now && qend - now < q)
+                    q = qend - now + 1000;
+                uint64_t be = __atomic_load_n(&g->burst_end_ns, __ATOMIC_RELAXED);
+                uint64_t grace = idle_grace(quantum(g->a));
+                if (be > __atomic_load_n(&g->last_launch, __ATOMIC_RELAXED) && be + grace > now &&
+                    be + grace - now + 1000 < q)
+                    q = be + grace - now + 1000;
+                pthread_mutex_unlock(&g->mu);
+                if (!held)
+                    continue;
+            }
+            if (!sleep || q < sleep)
+                sleep = q;
+            if (!word) {
+                word = w;
+                val = v;
+            }
+        }
+        if (word)
+            futex_wait(word, val, sleep, true);
+        else
+            futex_wait(&watcher_kick, kick, 1000000000ull, false);
+    }
+    return NULL;
+}
+
+void sg_arb_start_watcher(void)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old); /* the watcher takes none of the app's signals */
+    pthread_t th;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 64 * 1024);
+    if (pthread_create(&th, &attr, watcher_main, NULL) != 0) {
+        static int logged;
+        sg_log_once(&logged, "cannot start the GPU arbiter watcher thread: an idle holder keeps "
+                             "the token until its next launch or sync");
+    }
+    pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+/* ---- fork and exit ---------------------------------------------------------------------- */
+
+static void atfork_child(void)
+{
+    /* The child holds no token, has no client entry and no watcher; it claims its own at its
+     * first launch. */
+    pthread_mutex_init(&setup_mu, NULL);
+    self_pid = 0;
+    self_start = 0;
+    watcher_started = false;
+    for (int i = 0; i < SG_MAX_DEVICES; i++) {
+        struct sg_gpu *g = &sg_gpus[i];
+        pthread_mutex_init(&g->mu, NULL);
+        g->client = -1;
+        g->token = 0;
+        g->revoked = 0;
+        g->launching = 0;
+        g->syncing = 0;
+        g->since_sync = 0;
+        g->nctx = 0;
+        g->usage = NULL;
+    }
+    memset(&sg_arb_tls, 0, sizeof sg_arb_tls);
+}
+
+static pthread_once_t setup_once = PTHREAD_ONCE_INIT;
+
+static void setup_once_fn(void)
+{
+    for (int i = 0; i < SG_MAX_DEVICES; i++) {
+        pthread_mutex_init(&sg_gpus[i].mu, NULL);
+        sg_gpus[i].client = -1;
+        sg_gpus[i].idx = i;
+    }
+    memcpy(tenant_id, sg_limits_map->tenant_id, SG_TENANT_ID_LEN);
+    tenant_id[SG_TENANT_ID_LEN - 1] = 0;
+    pthread_atfork(NULL, NULL, atfork_child);
+}
+
+void sg_arb_setup(void)
+{
+    pthread_once(&setup_once, setup_once_fn);
+}
+
+/* Normal exit: hand the token on and free our entries, so nobody waits for our death to be
+ * noticed.  The driver tears our contexts down, so there is nothing to drain. */
+__attribute__((destructor)) static void sg_arb_exit_hook(void)
+{
+    if (!self_pid || self_pid != (int32_t)getpid())
+        return;
+    for (int i = 0; i < SG_MAX_DEVICES; i++) {
+        struct sg_gpu *g = &sg_gpus[i];
+        if (!g->a || g->client < 0 || pthread_mutex_trylock(&g->mu) != 0)
+            continue;
+        struct sg_arbiter *a = g->a;
+        if (g->client >= 0 && arb_lock(a) == 0) {
+            struct sg_arb_client *cl = &a->clients[g->client];
+            if (cl->pid == self_pid && cl->start_time == self_start) {
+                uint64_t now = sg_mono_ns();
+                bool held = SG_ARB_TOKEN_HOLDER(a->token) == g->client;
+                if (held)
+                    charge_locked(a, g, g->client, now);
+                free_client_locked(a, g->client);
+                if (held) {
+                    int next = pick_locked(a, now);
+                    if (next >= 0)
+                        grant_locked(a, next, now);
+                }
+            }
+            arb_unlock(a);
+        }
+        g->client = -1;
+        __atomic_store_n(&g->token, 0, __ATOMIC_RELAXED);
+        pthread_mutex_unlock(&g->mu);
+    }
+}

@@ -1,0 +1,174 @@
+/*
+ * Compute arbitration hooks (ABI 1.1): every launch path takes the GPU token first
+ * (sg_arb_enter: the fast path in shim.h, the slow path in arbiter.c), and every sync call is the
+ * end of a kernel burst where the token is handed on if a better waiter exists.
+ *
+ * Launch hooks:
+ *   - the real function missing: CUDA_ERROR_NOT_FOUND;
+ *   - inert or re-entered from inside the driver: forward untouched;
+ *   - broken configuration (including a missing or corrupt arbiter region):
+ *     CUDA_ERROR_NOT_PERMITTED;
+ *   - a device whose policy is native, or a tenant without a context: forward;
+ *   - otherwise: wait for the token, launch, let a release proceed.
+ * Graphs (cuGraphLaunch) and stream capture go through the same gate, so a tenant cannot
+ * escape its share by launching through graphs.
+ *
+ * Sync hooks: the real call, then sg_arb_burst_end (nothing unless this thread's GPU token is
+ * held and someone waits).  They never fail because of the arbiter.
+ */
+#include "shim.h"
+
+#define REAL(name)                                                                                 \
+    const struct sg_real *r_ = sg_real_cu();                                                       \
+    if (!r_->name)                                                                                 \
+        return CUDA_ERROR_NOT_FOUND;                                                               \
+    __typeof__(&name) real_ = r_->name
+
+#define FORWARD_IF_PASSIVE(...)                                                                    \
+    if (sg_in_hook || !sg_configured())                                                            \
+    return real_(__VA_ARGS__)
+
+#define GATED(...)                                                                                 \
+    struct sg_gate gt_;                                                                            \
+    CUresult res_ = sg_arb_enter(&gt_);                                                            \
+    if (res_ != CUDA_SUCCESS)                                                                      \
+        return res_;                                                                               \
+    res_ = real_(__VA_ARGS__);                                                                     \
+    sg_arb_exit(&gt_);                                                                             \
+    return res_
+
+#define LAUNCH_KERNEL(name)                                                                        \
+    SG_EXPORT CUresult name(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,            \
+                            unsigned int gridDimZ, unsigned int blockDimX,                         \
+                            unsigned int blockDimY, unsigned int blockDimZ,                        \
+                            unsigned int sharedMemBytes, CUstream hStream, void **kernelParams,    \
+                            void **extra)                                                          \
+    {                                                                                              \
+        REAL(name);                                                                                \
+        FORWARD_IF_PASSIVE(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,       \
+                           sharedMemBytes, hStream, kernelParams, extra);                          \
+        GATED(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,    \
+              hStream, kernelParams, extra);                                                       \
+    }
+LAUNCH_KERNEL(cuLaunchKernel)
+LAUNCH_KERNEL(cuLaunchKernel_ptsz)
+
+#define LAUNCH_EX(name)                                                                            \
+    SG_EXPORT CUresult name(const CUlaunchConfig *config, CUfunction f, void **kernelParams,       \
+                            void **extra)                                                          \
+    {                                                                                              \
+        REAL(name);                                                                                \
+        FORWARD_IF_PASSIVE(config, f, kernelParams, extra);                                        \
+        GATED(config, f, kernelParams, extra);                                                     \
+    }
+LAUNCH_EX(cuLaunchKernelEx)
+LAUNCH_EX(cuLaunchKernelEx_ptsz)
+
+#define LAUNCH_COOP(name)                                                                          \
+    SG_EXPORT CUresult name(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,            \
+                            unsigned int gridDimZ, unsigned int blockDimX,                         \
+                            unsigned int blockDimY, unsigned int blockDimZ,                        \
+                            unsigned int sharedMemBytes, CUstream hStream, void **kernelParams)    \
+    {                                                                                              \
+        REAL(name);                                                                                \
+        FORWARD_IF_PASSIVE(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,       \
+                           sharedMemBytes, hStream, kernelParams);                                 \
+        GATED(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,    \
+              hStream, kernelParams);                                                              \
+    }
+LAUNCH_COOP(cuLaunchCooperativeKernel)
+LAUNCH_COOP(cuLaunchCooperativeKernel_ptsz)
+
+#define GRAPH_LAUNCH(name)                                                                         \
+    SG_EXPORT CUresult name(CUgraphExec exec, CUstream stream)                                     \
+    {                                                                                              \
+        REAL(name);                                                                                \
+        FORWARD_IF_PASSIVE(exec, stream);                                                          \
+        GATED(exec, stream);                                                                       \
+    }
+GRAPH_LAUNCH(cuGraphLaunch)
+GRAPH_LAUNCH(cuGraphLaunch_ptsz)
+
+/* The deprecated launches: gated too, so that no launch path escapes. */
+SG_EXPORT CUresult cuLaunch(CUfunction f)
+{
+    REAL(cuLaunch);
+    FORWARD_IF_PASSIVE(f);
+    GATED(f);
+}
+
+SG_EXPORT CUresult cuLaunchGrid(CUfunction f, int grid_width, int grid_height)
+{
+    REAL(cuLaunchGrid);
+    FORWARD_IF_PASSIVE(f, grid_width, grid_height);
+    GATED(f, grid_width, grid_height);
+}
+
+SG_EXPORT CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_height, CUstream hStream)
+{
+    REAL(cuLaunchGridAsync);
+    FORWARD_IF_PASSIVE(f, grid_width, grid_height, hStream);
+    GATED(f, grid_width, grid_height, hStream);
+}
+
+/* ---- sync calls: the end of a burst -------------------------------------------------------- */
+
+#define BURST_END(...)                                                                             \
+    struct sg_gpu *g_ = sg_arb_sync_begin();                                                       \
+    CUresult res_ = real_(__VA_ARGS__);                                                            \
+    sg_arb_sync_end(g_);                                                                           \
+    return res_
+
+SG_EXPORT CUresult cuCtxSynchronize(void)
+{
+    REAL(cuCtxSynchronize);
+    FORWARD_IF_PASSIVE();
+    BURST_END();
+}
+
+#define STREAM_SYNC(name)                                                                          \
+    SG_EXPORT CUresult name(CUstream stream)                                                       \
+    {                                                                                              \
+        REAL(name);                                                                                \
+        FORWARD_IF_PASSIVE(stream);                                                                \
+        BURST_END(stream);                                                                         \
+    }
+STREAM_SYNC(cuStreamSynchronize)
+STREAM_SYNC(cuStreamSynchronize_ptsz)
+
+SG_EXPORT CUresult cuEventSynchronize(CUevent event)
+{
+    REAL(cuEventSynchronize);
+    FORWARD_IF_PASSIVE(event);
+    BURST_END(event);
+}
+
+#define COPY_HTOD(name)                                                                            \
+    SG_EXPORT CUresult name(CUdeviceptr dst, const void *src, size_t bytes)                        \
+    {                                                                                              \
+        REAL(name);                                                                                \
+        FORWARD_IF_PASSIVE(dst, src, bytes);                                                       \
+        BURST_END(dst, src, bytes);                                                                \
+    }
+COPY_HTOD(cuMemcpyHtoD_v2)
+COPY_HTOD(cuMemcpyHtoD_v2_ptds)
+
+#define COPY_DTOH(name)                                                                            \
+    SG_EXPORT CUresult name(void *dst, CUdeviceptr src, size_t bytes)                              \
+    {                                                                                              \
+        REAL(name);                                                                                \
+        FORWARD_IF_PASSIVE(dst, src, bytes);                                                       \
+        BURST_END(dst, src, bytes);                                                            \
+    }
+COPY_DTOH(cuMemcpyDtoH_v2)
+COPY_DTOH(cuMemcpyDtoH_v2_ptds)
+
+#define COPY_DTOD(name)                                                                            \
+    SG_EXPORT CUresult name(CUdeviceptr dst, CUdeviceptr src, size_t bytes)                        \
+    {                                                                                              \
+        REAL(name);                                                                                \
+        FORWARD_IF_PASSIVE(dst, src, bytes);                                                       \
+        BURST_END(dst, src, bytes);                                                                \
+    }
+COPY_DTOD(cuMemcpyDtoD_v2)
+COPY_DTOD(cuMemcpyDtoD_v2_ptds)

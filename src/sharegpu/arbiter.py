@@ -1,0 +1,366 @@
+"""The per-GPU arbiter region: create it, tune it, read it.
+
+One region per physical GPU, ``<runtime>/gpus/<uuid>/arbiter`` (``struct sg_arbiter`` in
+``native/include/sharegpu/abi.h``), shared by every tenant on that GPU: the shims in the tenants'
+processes pass the GPU's one token between them through it (docs/design/arbitration.md). Each
+tenant directory links ``gpus`` to ``<runtime>/gpus``, so the shim finds it at
+``<tenant dir>/gpus/<uuid>/arbiter``.
+
+``ensure_arbiter`` is idempotent and race-free between concurrent callers (``flock`` on
+``<runtime>/gpus/.lock``): the first call publishes the region (temporary file, robust
+process-shared mutex initialised through libc, rename); later calls validate and return it. An
+existing region is never rewritten, since live tenants use it; a corrupt one is reported
+(``ConfigError``) and the shims of its GPU fail closed until it is removed.
+
+The region is writable by the tenants on the GPU. Nothing in it is a limit (limits live in
+each tenant's read-only ``limits`` file), but a hostile tenant can corrupt it and so disturb the
+arbitration of its GPU; the agent's NVML audit is the backstop (threat model).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import mmap
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sharegpu import abi
+from sharegpu.errors import ConfigError, SpecError, TenantError
+from sharegpu.tenant import init_robust_mutex
+
+LOCK_FILE = ".lock"
+
+
+def arbiter_path(root: Path, uuid: str) -> Path:
+    """``<root>/gpus/<uuid>/arbiter`` (uuid in NVML form, ``GPU-...``)."""
+    return root / abi.GPUS_DIR / _canonical_uuid(uuid) / abi.ARBITER_FILE
+
+
+def _canonical_uuid(uuid: str) -> str:
+    try:
+        return abi.bytes_to_uuid(abi.uuid_to_bytes(uuid))
+    except ValueError as err:
+        raise SpecError(f"invalid GPU UUID {uuid!r}: expected GPU-xxxxxxxx-xxxx-...") from err
+
+
+def _check_quantum(quantum_ns: int) -> int:
+    if not abi.ARB_MIN_QUANTUM_NS <= quantum_ns <= abi.ARB_MAX_QUANTUM_NS:
+        raise SpecError(
+            f"invalid quantum {quantum_ns} ns: must be between {abi.ARB_MIN_QUANTUM_NS} ns "
+            f"and {abi.ARB_MAX_QUANTUM_NS} ns"
+        )
+    return quantum_ns
+
+
+@contextlib.contextmanager
+def _gpus_lock(gpus: Path) -> Iterator[None]:
+    fd = os.open(gpus / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _init_region(view: mmap.mmap, uuid: str, quantum_ns: int) -> None:
+    region = abi.Arbiter.from_buffer(view)
+    size = ctypes.sizeof(abi.Arbiter)
+    region.hdr = abi.RegionHeader(
+        magic=abi.MAGIC_ARBITER,
+        abi_major=abi.ABI_MAJOR,
+        abi_minor=abi.ABI_MINOR,
+        header_size=ctypes.sizeof(abi.RegionHeader),
+        total_size=size,
+        created_ns=time.time_ns(),
+    )
+    region.uuid[:] = abi.uuid_to_bytes(uuid)
+    region.quantum_ns = quantum_ns
+    region.tenant_slots = abi.ARB_MAX_TENANTS
+    region.client_slots = abi.ARB_MAX_CLIENTS
+    region.offline_inflight_max = abi.ARB_DEFAULT_OFFLINE_INFLIGHT
+    region.online_window_ns = abi.ARB_DEFAULT_ONLINE_WINDOW_NS
+    init_robust_mutex(ctypes.addressof(region) + abi.Arbiter.lock.offset, "GPU arbiter")
+    del region  # release the buffer export before the mmap closes
+
+
+def _validate(path: Path, uuid: str) -> None:
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"{path}: {err.strerror}") from err
+    size = ctypes.sizeof(abi.Arbiter)
+    if len(data) < size:
+        raise ConfigError(f"{path}: truncated ({len(data)} of {size} bytes)")
+    region = abi.Arbiter.from_buffer_copy(data[:size])
+    hdr = region.hdr
+    if hdr.magic != abi.MAGIC_ARBITER:
+        raise ConfigError(f"{path}: not a sharegpu arbiter region (bad magic {hdr.magic:#x})")
+    if hdr.abi_major != abi.ABI_MAJOR:
+        raise ConfigError(f"{path}: ABI {hdr.abi_major}.{hdr.abi_minor}, this is {abi.ABI_MAJOR}.x")
+    if hdr.total_size < size:
+        raise ConfigError(f"{path}: region is {hdr.total_size} bytes, need {size}")
+    if bytes(region.uuid) != abi.uuid_to_bytes(uuid):
+        raise ConfigError(f"{path}: the region belongs to {abi.bytes_to_uuid(bytes(region.uuid))}")
+
+
+def ensure_arbiter(root: Path, uuid: str, quantum_ns: int | None = None) -> Path:
+    """Create ``<root>/gpus/<uuid>/arbiter`` if it does not exist; return its path.
+
+    ``quantum_ns`` applies only when this call creates the region (default: the measured
+    ``abi.ARB_DEFAULT_QUANTUM_NS``); use ``tune_arbiter`` to change a live one.
+    """
+    uuid = _canonical_uuid(uuid)
+    quantum = _check_quantum(quantum_ns if quantum_ns is not None else abi.ARB_DEFAULT_QUANTUM_NS)
+    gpus = root / abi.GPUS_DIR
+    directory = gpus / uuid
+    path = directory / abi.ARBITER_FILE
+    try:
+        gpus.mkdir(parents=True, exist_ok=True, mode=0o755)
+    except OSError as err:
+        raise TenantError(f"cannot create {gpus}: {err.strerror}") from err
+    with _gpus_lock(gpus):
+        if path.exists():
+            _validate(path, uuid)
+            return path
+        try:
+            directory.mkdir(exist_ok=True, mode=0o755)
+        except OSError as err:
+            raise TenantError(f"cannot create {directory}: {err.strerror}") from err
+        size = ctypes.sizeof(abi.Arbiter)
+        fd, tmp = _mkstemp(directory)
+        try:
+            os.ftruncate(fd, size)
+            with mmap.mmap(fd, size) as view:
+                _init_region(view, uuid, quantum)
+                view.flush()
+            os.fchmod(fd, 0o666)  # every tenant on the GPU writes it
+            os.fsync(fd)
+            os.close(fd)
+            fd = -1
+            os.rename(tmp, path)
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+    return path
+
+
+def _mkstemp(directory: Path) -> tuple[int, str]:
+    return tempfile.mkstemp(prefix=f".{abi.ARBITER_FILE}.", dir=directory)
+
+
+def tune_arbiter(
+    path: Path,
+    *,
+    quantum_ns: int | None = None,
+    offline_inflight_max: int | None = None,
+    online_window_ns: int | None = None,
+) -> None:
+    """Change the tunables of a live region (single aligned stores; shims read them at grants)."""
+    _validate_header_only(path)
+    if quantum_ns is not None:
+        _check_quantum(quantum_ns)
+    if offline_inflight_max is not None and not 1 <= offline_inflight_max <= 1 << 20:
+        raise SpecError(f"invalid offline in-flight bound {offline_inflight_max}: must be >= 1")
+    if online_window_ns is not None and not 0 <= online_window_ns <= 60 * 10**9:
+        raise SpecError(f"invalid online window {online_window_ns} ns")
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        with mmap.mmap(fd, ctypes.sizeof(abi.Arbiter)) as view:
+            region = abi.Arbiter.from_buffer(view)
+            if quantum_ns is not None:
+                region.quantum_ns = quantum_ns
+            if offline_inflight_max is not None:
+                region.offline_inflight_max = offline_inflight_max
+            if online_window_ns is not None:
+                region.online_window_ns = online_window_ns
+            del region
+    finally:
+        os.close(fd)
+
+
+def _validate_header_only(path: Path) -> None:
+    try:
+        with path.open("rb") as f:
+            raw = f.read(ctypes.sizeof(abi.RegionHeader))
+    except OSError as err:
+        raise ConfigError(f"{path}: {err.strerror}") from err
+    if len(raw) < ctypes.sizeof(abi.RegionHeader):
+        raise ConfigError(f"{path}: truncated")
+    hdr = abi.RegionHeader.from_buffer_copy(raw)
+    if hdr.magic != abi.MAGIC_ARBITER or hdr.abi_major != abi.ABI_MAJOR:
+        raise ConfigError(f"{path}: not a sharegpu {abi.ABI_MAJOR}.x arbiter region")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading.
+
+
+@dataclass
+class ArbiterTenant:
+    """One tenant's entry: its configuration as the shims copied it and its totals on the GPU."""
+
+    id: str
+    policy: str
+    priority: str
+    share_permille: int
+    ceiling_permille: int
+    weight: int
+    clients: int
+    gpu_time_ns: int
+    wait_ns: int
+    throttled_ns: int
+    preemptions: int
+    grants: int
+    vtime: int
+    bucket_ns: int
+
+
+@dataclass
+class ArbiterClient:
+    pid: int
+    tenant: str
+    state: str
+    holding: bool
+    gpu_time_ns: int
+    wait_ns: int
+    throttled_ns: int
+    preemptions: int
+
+
+@dataclass
+class ArbiterStatus:
+    """A snapshot of one GPU's arbiter (copied without the lock: counters may be a few ns apart)."""
+
+    path: Path
+    uuid: str
+    quantum_ns: int
+    offline_inflight_max: int
+    online_window_ns: int
+    holder_pid: int | None
+    waiting: int
+    grants: int
+    handovers: int
+    handover_idle_ns: int
+    reclaims: int
+    recoveries: int
+    tenants: list[ArbiterTenant] = field(default_factory=list)
+    clients: list[ArbiterClient] = field(default_factory=list)
+
+    def tenant(self, tenant_id: str) -> ArbiterTenant | None:
+        return next((t for t in self.tenants if t.id == tenant_id), None)
+
+    @property
+    def mean_handover_idle_ns(self) -> float:
+        return self.handover_idle_ns / self.handovers if self.handovers else 0.0
+
+
+def read_arbiter(path: Path) -> ArbiterStatus:
+    """Read an arbiter region (validated: magic, ABI major, size)."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"{path}: {err.strerror}") from err
+    size = ctypes.sizeof(abi.Arbiter)
+    if len(data) < ctypes.sizeof(abi.RegionHeader):
+        raise ConfigError(f"{path}: truncated ({len(data)} bytes)")
+    hdr = abi.RegionHeader.from_buffer_copy(data)
+    if hdr.magic != abi.MAGIC_ARBITER:
+        raise ConfigError(f"{path}: not a sharegpu arbiter region (bad magic {hdr.magic:#x})")
+    if hdr.abi_major != abi.ABI_MAJOR:
+        raise ConfigError(f"{path}: ABI {hdr.abi_major}.{hdr.abi_minor}, this is {abi.ABI_MAJOR}.x")
+    if len(data) < size or hdr.total_size < size:
+        raise ConfigError(f"{path}: truncated ({len(data)} of {size} bytes)")
+    region = abi.Arbiter.from_buffer_copy(data[:size])
+    tenants_by_index: dict[int, str] = {}
+    tenants = []
+    for i, t in enumerate(region.tenants):
+        if not t.tenant_id:
+            continue
+        tid = t.tenant_id.decode(errors="replace")
+        tenants_by_index[i] = tid
+        tenants.append(
+            ArbiterTenant(
+                id=tid,
+                policy=abi.POLICY_NAMES.get(t.policy, str(t.policy)),
+                priority=abi.PRIORITY_NAMES.get(t.priority, str(t.priority)),
+                share_permille=t.share_permille,
+                ceiling_permille=t.ceiling_permille,
+                weight=t.weight,
+                clients=t.clients,
+                gpu_time_ns=t.gpu_time_ns,
+                wait_ns=t.wait_ns,
+                throttled_ns=t.throttled_ns,
+                preemptions=t.preemptions,
+                grants=t.grants,
+                vtime=t.vtime,
+                bucket_ns=t.bucket_ns,
+            )
+        )
+    holder = abi.token_holder(region.token)
+    clients = []
+    holder_pid = None
+    for i, c in enumerate(region.clients):
+        if c.pid == 0:
+            continue
+        if i == holder:
+            holder_pid = c.pid
+        clients.append(
+            ArbiterClient(
+                pid=c.pid,
+                tenant=tenants_by_index.get(c.tenant, "?"),
+                state=abi.ARB_STATE_NAMES.get(c.state, str(c.state)),
+                holding=i == holder,
+                gpu_time_ns=c.gpu_time_ns,
+                wait_ns=c.wait_ns,
+                throttled_ns=c.throttled_ns,
+                preemptions=c.preemptions,
+            )
+        )
+    return ArbiterStatus(
+        path=path,
+        uuid=abi.bytes_to_uuid(bytes(region.uuid)),
+        quantum_ns=region.quantum_ns,
+        offline_inflight_max=region.offline_inflight_max,
+        online_window_ns=region.online_window_ns,
+        holder_pid=holder_pid,
+        waiting=region.waiting,
+        grants=region.grants,
+        handovers=region.handovers,
+        handover_idle_ns=region.handover_idle_ns,
+        reclaims=region.reclaims,
+        recoveries=region.recoveries,
+        tenants=tenants,
+        clients=clients,
+    )
+
+
+def iter_arbiters(root: Path) -> Iterator[Path]:
+    """Every arbiter region under ``<root>/gpus``."""
+    gpus = root / abi.GPUS_DIR
+    if not gpus.is_dir():
+        return
+    for entry in sorted(gpus.iterdir()):
+        path = entry / abi.ARBITER_FILE
+        if entry.is_dir() and path.is_file():
+            yield path
+
+
+__all__ = [
+    "ArbiterClient",
+    "ArbiterStatus",
+    "ArbiterTenant",
+    "arbiter_path",
+    "ensure_arbiter",
+    "iter_arbiters",
+    "read_arbiter",
+    "tune_arbiter",
+]
