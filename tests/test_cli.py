@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -13,6 +15,7 @@ import pytest
 from conftest import Sim, parse_kv
 from sharegpu import native
 from sharegpu.spec import MIB
+from sharegpu.tenant import iter_tenants
 
 
 def _one_line_error(proc: subprocess.CompletedProcess[str], code: int, text: str) -> None:
@@ -64,12 +67,49 @@ def _one_line_error(proc: subprocess.CompletedProcess[str], code: int, text: str
             id="missing-command",
         ),
         pytest.param(["devices", "-o", "xml"], 2, "xml", id="bad-output-format"),
+        pytest.param(
+            ["run", "-m", "1GiB", "--compute", "0%", "--", "true"], 2, "between 1% and 100%", id="compute-0"
+        ),
+        pytest.param(
+            ["run", "-m", "1GiB", "--compute", "150%", "--", "true"],
+            2,
+            "between 1% and 100%",
+            id="compute-150",
+        ),
+        pytest.param(
+            ["run", "-m", "1GiB", "--compute", "lots", "--", "true"],
+            2,
+            "invalid compute share",
+            id="compute-word",
+        ),
+        pytest.param(
+            ["run", "-m", "1GiB", "--policy", "fair", "--", "true"], 2, "invalid policy", id="bad-policy"
+        ),
+        pytest.param(
+            ["run", "-m", "1GiB", "-c", "40%", "--policy", "burst", "--ceiling", "30%", "--", "true"],
+            2,
+            "below the guarantee",
+            id="ceiling-below-guarantee",
+        ),
+        pytest.param(
+            ["run", "-m", "1GiB", "--ceiling", "30%", "--", "true"], 2, "burst only", id="ceiling-not-burst"
+        ),
+        pytest.param(
+            ["run", "-m", "1GiB", "--priority", "urgent", "--", "true"],
+            2,
+            "invalid priority",
+            id="bad-priority",
+        ),
+        pytest.param(
+            ["run", "-m", "1GiB", "--weight", "0", "--", "true"], 2, "invalid weight", id="zero-weight"
+        ),
+        pytest.param(["run", "-m", "1GiB", "--weight", "x", "--", "true"], 2, "weight", id="word-weight"),
         pytest.param(["frobnicate"], 2, "No such command", id="unknown-command"),
     ],
 )
 def test_bad_input_gets_one_line(sim: Sim, args: list[str], code: int, text: str) -> None:
     _one_line_error(sim.cli(*args), code, text)
-    assert not list((sim.runtime / "tenants").glob("*")) if (sim.runtime / "tenants").exists() else True
+    assert not list(iter_tenants(sim.runtime)), "a refused run left a tenant behind"
 
 
 def test_devices_json(sim: Sim) -> None:
@@ -96,7 +136,7 @@ def test_run_enforces_the_cap_and_cleans_up(sim: Sim) -> None:
     assert int(values["bytes"]) == 256 * MIB
     assert values["error"] == "CUDA_ERROR_OUT_OF_MEMORY"
     assert values["refill"] == "OK"
-    assert not list((sim.runtime / "tenants").iterdir()), "tenant not removed after the command exited"
+    assert not list(iter_tenants(sim.runtime)), "tenant not removed after the command exited"
 
 
 def test_run_propagates_exit_status(sim: Sim) -> None:
@@ -197,3 +237,118 @@ def test_simgpu_env_and_reset(sim: Sim) -> None:
     assert not sim.state.exists()
     assert "nothing to reset" in sim.cli("simgpu", "reset").stdout
     _one_line_error(sim.cli("simgpu", "env", "--gpus", "0"), 2, "invalid GPU count")
+
+
+def test_guarantees_over_100_percent_are_refused(sim: Sim) -> None:
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sharegpu.cli",
+            "run",
+            "--name",
+            "capped",
+            "-m",
+            "64MiB",
+            "--gpu",
+            "0",
+            "--policy",
+            "cap",
+            "--compute",
+            "60%",
+            "--",
+            str(native.probe_path()),
+            "hold",
+            "plain",
+            str(MIB),
+            "30",
+        ],
+        env=sim.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "ready=1"
+        over = [
+            "run",
+            "-m",
+            "64MiB",
+            "--gpu",
+            "0",
+            "--policy",
+            "burst",
+            "-c",
+            "50%",
+            "--ceiling",
+            "90%",
+            "--",
+            "true",
+        ]
+        _one_line_error(sim.cli(*over), 2, "would total 110%")
+        # Another GPU has nothing promised; a share tenant is not a guarantee.
+        assert (
+            sim.cli(
+                "run", "-m", "64MiB", "--gpu", "1", "--policy", "cap", "-c", "50%", "--", "true"
+            ).returncode
+            == 0
+        )
+        assert sim.cli("run", "-m", "64MiB", "--gpu", "0", "-c", "90%", "--", "true").returncode == 0
+        assert (
+            sim.cli(
+                "run", "-m", "64MiB", "--gpu", "0", "--policy", "cap", "-c", "40%", "--", "true"
+            ).returncode
+            == 0
+        )
+    finally:
+        holder.kill()
+        holder.communicate()
+
+
+def test_stale_tenant_of_a_killed_supervisor_is_collected(sim: Sim) -> None:
+    supervisor = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sharegpu.cli",
+            "run",
+            "--name",
+            "orphan",
+            "-m",
+            "64MiB",
+            "--gpu",
+            "0",
+            "--policy",
+            "cap",
+            "-c",
+            "80%",
+            "--",
+            "sleep",
+            "30",
+        ],
+        env=sim.env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not (sim.runtime / "tenants" / "orphan" / "meta.json").exists():
+            assert time.monotonic() < deadline, "tenant never appeared"
+            time.sleep(0.05)
+        supervisor.kill()  # SIGKILL: no chance to remove its tenant
+        supervisor.wait()
+        assert (sim.runtime / "tenants" / "orphan").exists()
+        # The next creation collects it, so its 80% guarantee no longer blocks a new one.
+        assert (
+            sim.cli(
+                "run", "-m", "64MiB", "--gpu", "0", "--policy", "cap", "-c", "50%", "--", "true"
+            ).returncode
+            == 0
+        )
+        assert not (sim.runtime / "tenants" / "orphan").exists()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(supervisor.pid, signal.SIGKILL)  # the orphaned `sleep`
+        supervisor.wait()

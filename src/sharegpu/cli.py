@@ -60,10 +60,10 @@ def _size(n: int) -> str:
 
 @app.command(
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-    help="Run COMMAND as a tenant with a memory cap on each GPU it uses.\n\n"
-    "Example: sharegpu run --memory 4GiB -- python train.py",
+    help="Run COMMAND as a tenant with a memory cap and a compute share on each GPU it uses.\n\n"
+    "Example: sharegpu run --memory 4GiB --compute 30% -- python train.py",
 )
-def run(
+def run(  # noqa: PLR0917 (typer maps parameters to options)
     memory: Annotated[
         str, typer.Option("--memory", "-m", help="Memory cap per GPU, e.g. 512MiB, 4GiB, 1.5GiB.")
     ],
@@ -75,16 +75,35 @@ def run(
         typer.Option("--gpu", "-g", help="GPU index or UUID; repeat for several. Default: all."),
     ] = None,
     name: Annotated[str | None, typer.Option("--name", help="Tenant name (default run-<pid>).")] = None,
+    compute: Annotated[
+        str | None,
+        typer.Option(
+            "--compute", "-c", help="Share of GPU time, 1%-100%: the share, the cap or the guarantee."
+        ),
+    ] = None,
+    policy: Annotated[
+        str | None, typer.Option("--policy", help="share (default) | cap | burst | native (memory only).")
+    ] = None,
+    ceiling: Annotated[
+        str | None, typer.Option("--ceiling", help="burst only: most GPU time when idle.")
+    ] = None,
+    priority: Annotated[
+        str | None, typer.Option("--priority", help="online | normal (default) | offline.")
+    ] = None,
+    weight: Annotated[
+        int | None, typer.Option("--weight", help="Tie-break weight within a class (1-1000).")
+    ] = None,
 ) -> None:
     from sharegpu.runtime.run import RunRequest
     from sharegpu.runtime.run import run as run_tenant
-    from sharegpu.spec import GpuSelector, parse_memory_cap
+    from sharegpu.spec import ComputeSpec, GpuSelector, parse_memory_cap
 
     request = RunRequest(
         command=command or [],
         memory_bytes=parse_memory_cap(memory),
         gpus=[GpuSelector.parse(g) for g in gpu or []],
         name=name,
+        compute=ComputeSpec.parse(compute, policy, ceiling, priority, weight),
     )
     raise typer.Exit(run_tenant(request))
 

@@ -15,15 +15,16 @@ import os
 import signal
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sharegpu import abi
+from sharegpu.arbiter import ensure_arbiter
 from sharegpu.devices import Gpu, list_gpus, select_gpus
 from sharegpu.errors import CommandNotFound, SpecError
 from sharegpu.native import shim_path
-from sharegpu.spec import GpuSelector, format_size, validate_tenant_id
-from sharegpu.tenant import DeviceLimit, create_tenant, remove_tenant
+from sharegpu.spec import ComputeSpec, GpuSelector, format_size, validate_tenant_id
+from sharegpu.tenant import DeviceLimit, create_tenant, remove_tenant, runtime_dir, supervisor_identity
 
 _FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -34,6 +35,32 @@ class RunRequest:
     memory_bytes: int
     gpus: Sequence[GpuSelector] = ()
     name: str | None = None
+    compute: ComputeSpec = field(default_factory=ComputeSpec)
+
+
+_POLICY_CODES = {
+    "share": abi.POLICY_SHARE,
+    "cap": abi.POLICY_CAP,
+    "burst": abi.POLICY_BURST,
+    "native": abi.POLICY_NATIVE,
+}
+_PRIORITY_CODES = {
+    "online": abi.PRIORITY_ONLINE,
+    "normal": abi.PRIORITY_NORMAL,
+    "offline": abi.PRIORITY_OFFLINE,
+}
+
+
+def device_limit(uuid: str, memory_bytes: int, compute: ComputeSpec) -> DeviceLimit:
+    return DeviceLimit(
+        uuid=uuid,
+        mem_cap_bytes=memory_bytes,
+        policy=_POLICY_CODES[compute.policy],
+        priority=_PRIORITY_CODES[compute.priority],
+        share_permille=compute.share_permille,
+        ceiling_permille=compute.ceiling_permille,
+        weight=compute.weight,
+    )
 
 
 def plan_devices(request: RunRequest, gpus: list[Gpu]) -> list[DeviceLimit]:
@@ -45,7 +72,7 @@ def plan_devices(request: RunRequest, gpus: list[Gpu]) -> list[DeviceLimit]:
                 f"memory cap {format_size(request.memory_bytes)} is larger than GPU {gpu.index} "
                 f"({gpu.name}, {format_size(gpu.memory_total)})"
             )
-    return [DeviceLimit(uuid=g.uuid, mem_cap_bytes=request.memory_bytes) for g in chosen]
+    return [device_limit(g.uuid, request.memory_bytes, request.compute) for g in chosen]
 
 
 def tenant_environment(tenant_dir: Path, limits: list[DeviceLimit], restrict: bool) -> dict[str, str]:
@@ -64,8 +91,11 @@ def run(request: RunRequest) -> int:
         raise SpecError("no command given: use `sharegpu run [OPTIONS] -- COMMAND [ARGS]`")
     name = validate_tenant_id(request.name) if request.name else f"run-{os.getpid()}"
     limits = plan_devices(request, list_gpus())
+    if request.compute.policy != "native":
+        for dev in limits:
+            ensure_arbiter(runtime_dir(), dev.uuid)
     tenant_dir = create_tenant(
-        name, limits, meta={"command": list(request.command), "supervisor_pid": os.getpid()}
+        name, limits, meta={"command": list(request.command), "supervisor": supervisor_identity()}
     )
     try:
         env = tenant_environment(tenant_dir, limits, restrict=bool(request.gpus))
