@@ -352,3 +352,52 @@ def test_stale_tenant_of_a_killed_supervisor_is_collected(sim: Sim) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(supervisor.pid, signal.SIGKILL)  # the orphaned `sleep`
         supervisor.wait()
+
+
+def test_tenants_shows_configured_and_used_compute(sim: Sim) -> None:
+    probe = str(native.probe_path())
+    busy = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sharegpu.cli",
+            "run",
+            "--name",
+            "capped",
+            "-m",
+            "64MiB",
+            "--gpu",
+            "0",
+            "--policy",
+            "cap",
+            "-c",
+            "30%",
+            "--priority",
+            "offline",
+            "--",
+            probe,
+            "saturate",
+            "4",
+            "1000",
+        ],
+        env=sim.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        time.sleep(2.0)
+        doc = json.loads(sim.cli("tenants", "-o", "json").stdout)
+        (item,) = doc["items"]
+        (dev,) = item["devices"]
+        assert (dev["policy"], dev["priority"], dev["compute_share_ratio"]) == ("cap", "offline", 0.3)
+        assert dev["gpu_time_seconds"] > 0.1
+        # Held to its cap (with slack for start-up and a loaded machine), and throttled the rest.
+        assert 0.05 < dev["share_used_ratio"] < 0.4
+        assert dev["throttled_seconds"] > 0.3
+        table = sim.cli("tenants").stdout
+        assert "cap 30%" in table and "offline" in table
+    finally:
+        os.killpg(busy.pid, signal.SIGKILL)
+        busy.communicate()

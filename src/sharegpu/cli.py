@@ -13,7 +13,7 @@ import os
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -21,6 +21,9 @@ from rich.table import Table
 
 from sharegpu import __version__
 from sharegpu.errors import SharegpuError
+
+if TYPE_CHECKING:
+    from sharegpu.report import DeviceReport
 
 JSON_VERSION = 1
 
@@ -141,20 +144,34 @@ def devices(output: OutputOpt = Output.table) -> None:
     console.print(table)
 
 
-@app.command(help="List the tenants on this node with their caps and usage.")
-def tenants(output: OutputOpt = Output.table) -> None:
-    from sharegpu.tenant import iter_tenants, tenant_status
+def _pct(permille: int) -> str:
+    return f"{permille / 10:g}%"
 
-    statuses = [tenant_status(p) for p in iter_tenants()]
+
+def _configured(d: DeviceReport) -> str:
+    if d.policy == "native":
+        return "native"
+    if d.policy == "burst":
+        return f"burst {_pct(d.share_permille)}-{_pct(d.ceiling_permille)}"
+    return f"{d.policy} {_pct(d.share_permille)}"
+
+
+@app.command(help="List the tenants on this node: memory cap and usage, configured and used GPU time.")
+def tenants(output: OutputOpt = Output.table) -> None:
+    from sharegpu.report import node_report
+
+    reports = node_report()
     if output is Output.json:
         _emit_json(
             "TenantList",
             [
                 {
-                    "id": s.id,
-                    "path": str(s.path),
-                    "error": s.error,
-                    "command": s.meta.get("command"),
+                    "id": r.id,
+                    "path": str(r.path),
+                    "error": r.error,
+                    "stale": r.stale,
+                    "command": r.command,
+                    "age_seconds": round(r.age_s, 3),
                     "devices": [
                         {
                             "uuid": d.uuid,
@@ -163,8 +180,18 @@ def tenants(output: OutputOpt = Output.table) -> None:
                             "memory_overhead_bytes": d.overhead_bytes,
                             "memory_peak_bytes": d.mem_peak_bytes,
                             "oom_events": d.oom_events,
+                            "policy": d.policy,
+                            "priority": d.priority,
+                            "compute_share_ratio": d.share_permille / 1000,
+                            "compute_ceiling_ratio": d.ceiling_permille / 1000,
+                            "weight": d.weight,
+                            "gpu_time_seconds": d.gpu_time_ns / 1e9,
+                            "wait_seconds": d.wait_ns / 1e9,
+                            "throttled_seconds": d.throttled_ns / 1e9,
+                            "preemptions": d.preemptions,
+                            "share_used_ratio": d.share_used,
                         }
-                        for d in s.devices
+                        for d in r.devices
                     ],
                     "processes": [
                         {
@@ -173,30 +200,47 @@ def tenants(output: OutputOpt = Output.table) -> None:
                             "memory_bytes": p.mem_bytes,
                             "oom_events": p.oom_events,
                         }
-                        for p in s.processes
+                        for p in r.processes
                     ],
                 }
-                for s in statuses
+                for r in reports
             ],
         )
         return
-    if not statuses:
+    if not reports:
         console.print("no tenants")
         return
-    table = Table("TENANT", "GPU", "MEMORY USED / CAP", "PEAK", "OOM REFUSED", "PROCESSES", box=None)
-    for s in statuses:
-        if s.error:
-            table.add_row(s.id, "-", f"[red]unreadable: {s.error}[/red]", "", "", "")
+    table = Table(
+        "TENANT",
+        "GPU",
+        "PRIORITY",
+        "COMPUTE",
+        "USED",
+        "WAIT",
+        "THROTTLED",
+        "MEMORY USED / CAP",
+        "OOM",
+        "PROCS",
+        box=None,
+    )
+    for r in reports:
+        name = f"{r.id} (stale)" if r.stale else r.id
+        if r.error:
+            table.add_row(name, "-", "", "", "", "", "", f"[red]unreadable: {r.error}[/red]", "", "")
             continue
-        live = sum(1 for p in s.processes if p.alive)
-        for i, d in enumerate(s.devices):
+        age = r.age_s or 1.0
+        for i, d in enumerate(r.devices):
             table.add_row(
-                s.id if i == 0 else "",
+                name if i == 0 else "",
                 d.uuid,
+                d.priority,
+                _configured(d),
+                "-" if d.share_used is None else f"{d.share_used * 100:.1f}%",
+                f"{d.wait_ns / 1e9 / age * 100:.1f}%",
+                f"{d.throttled_ns / 1e9 / age * 100:.1f}%",
                 f"{_size(d.mem_used_bytes + d.overhead_bytes)} / {_size(d.mem_cap_bytes)}",
-                _size(d.mem_peak_bytes),
                 str(d.oom_events),
-                str(live) if i == 0 else "",
+                str(r.live_processes) if i == 0 else "",
             )
     console.print(table)
 
