@@ -496,3 +496,18 @@ def test_probe_help_lists_the_compute_commands(sim: Sim) -> None:
     out = sim.probe("help").stdout
     for name in ("saturate", "bursts", "forklaunch"):
         assert f"  {name}" in out
+
+
+def test_a_tenant_recreated_under_the_same_name_gets_its_new_limits(sim: Sim) -> None:
+    """The arbiter keys tenants by name; a new tenant of an old name must not inherit old limits
+    (both start at limits generation 0)."""
+    from sharegpu.tenant import remove_tenant
+
+    old = compute_tenant(sim, "reused", "cap", 20)
+    assert achieved(finish(spawn(sim, old, "saturate", 1, 500))) < 30
+    remove_tenant(old)
+    new = compute_tenant(sim, "reused", "share", 10)
+    # Alone, a 10% share is work-conserving: nearly the whole card, not the old 20% cap.
+    assert achieved(finish(spawn(sim, new, "saturate", 1, 500))) > 80
+    (entry,) = [t for t in read_arbiter(arbiter_of(sim)).tenants if t.id == "reused"]
+    assert (entry.policy, entry.share_permille) == ("share", 100)

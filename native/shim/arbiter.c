@@ -228,10 +228,13 @@ static void refill_locked(struct sg_arbiter *a, struct sg_arb_tenant *t, uint64_
     }
 }
 
-/* A tenant is eligible for a grant unless its ceiling bucket is below the minimum grant. */
+/* A tenant is eligible for a grant unless its ceiling bucket is below the minimum grant.  Half a
+ * quantum: each throttle cycle (release, drain, wake, refill the pipeline) loses ~0.1 ms of the
+ * tenant's time, so short cycles cost a ceiling tenant its own share (a 1/8-quantum grant left a
+ * 50% cap alone at ~48%); half a quantum keeps cycles >= 10 ms at 50%. */
 static int64_t min_grant_ns(const struct sg_arbiter *a)
 {
-    return (int64_t)(quantum(a) / 8);
+    return (int64_t)(quantum(a) / 2);
 }
 
 static bool eligible_locked(struct sg_arbiter *a, struct sg_arb_tenant *t, uint64_t now)
@@ -532,20 +535,26 @@ static int open_region(struct sg_gpu *g, struct sg_err *e)
     return 0;
 }
 
-/* Copy the tenant's limits into its entry when they are newer.  Under the region lock. */
+/* Copy the tenant's limits into its entry when they differ.  Under the region lock.  The values
+ * are compared, not only the generation: a tenant re-created under the same name starts again
+ * at generation 0 with other limits, and must not inherit the old entry's. */
 static void tenant_sync_locked(struct sg_arbiter *a, int ti, const struct sg_limits_device *d,
                                uint64_t gen)
 {
     struct sg_arb_tenant *t = &a->tenants[ti];
-    if (t->limits_generation == gen && t->policy == d->policy && t->weight)
+    uint32_t ceiling = d->policy == SG_POLICY_BURST ? d->ceiling_permille
+                       : d->policy == SG_POLICY_CAP ? d->share_permille
+                                                    : 1000;
+    uint32_t weight = d->weight ? d->weight : 1;
+    if (t->limits_generation == gen && t->policy == d->policy && t->priority == d->priority &&
+        t->share_permille == d->share_permille && t->ceiling_permille == ceiling &&
+        t->weight == weight)
         return;
     t->policy = d->policy;
     t->priority = d->priority;
     t->share_permille = d->share_permille;
-    t->ceiling_permille = d->policy == SG_POLICY_BURST ? d->ceiling_permille
-                          : d->policy == SG_POLICY_CAP ? d->share_permille
-                                                       : 1000;
-    t->weight = d->weight ? d->weight : 1;
+    t->ceiling_permille = ceiling;
+    t->weight = weight;
     t->limits_generation = gen;
     for (int c = 0; c < SG_ARB_MAX_CLIENTS; c++)
         if (a->clients[c].pid && a->clients[c].tenant == (uint32_t)ti)
@@ -575,7 +584,7 @@ static int find_tenant_locked(struct sg_arbiter *a, uint64_t now)
     memset(te, 0, sizeof *te);
     memcpy(te->tenant_id, tenant_id, SG_TENANT_ID_LEN);
     te->tenant_id[SG_TENANT_ID_LEN - 1] = 0;
-    te->bucket_ns = (int64_t)quantum(a);
+    te->bucket_ns = min_grant_ns(a); /* one grant's credit to start, not a whole quantum */
     te->bucket_ts_ns = now;
     return t;
 }
