@@ -904,15 +904,21 @@ static int cmd_saturate(int argc, char **argv)
     if (strcmp(mode, "kernel") && build_graph(mode, f, params, batch, &graph, &exec))
         return 1;
     /* Double-buffered, as a real training loop: after queueing batch i, wait for batch i-1, so
-     * the GPU always has work queued while the host waits. */
-    CUevent ev[2];
+     * the GPU always has work queued while the host waits.  achieved= counts only the batches
+     * that completed inside the SECONDS window (event times against an event at the start), so
+     * the tail after the window (the last batch drains, the token comes back) does not dilute it. */
+    CUevent ev[2], ev0;
     CK(api.cuEventCreate(&ev[0], 0));
     CK(api.cuEventCreate(&ev[1], 0));
+    CK(api.cuEventCreate(&ev0, 0));
     sleep_until(start_at);
     uint64_t t0 = now_ns(), deadline = t0 + (uint64_t)(secs * 1e9), last = t0, max_gap = 0;
-    long kernels = 0, syncs = 0;
+    CK(api.cuEventRecord(ev0, stream));
+    long kernels = 0, syncs = 0, inside = 0;
+    const float window_ms = (float)(secs * 1e3);
     out("started=1");
-    for (long it = 0; now_ns() < deadline; it++) {
+    long it = 0;
+    for (; now_ns() < deadline; it++) {
         if (exec) {
             CK(api.cuGraphLaunch(exec, stream));
         } else {
@@ -920,8 +926,13 @@ static int cmd_saturate(int argc, char **argv)
                 CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
         }
         CK(api.cuEventRecord(ev[it % 2], stream));
-        if (it > 0)
+        if (it > 0) {
             CK(api.cuEventSynchronize(ev[(it + 1) % 2]));
+            float ms;
+            CK(api.cuEventElapsedTime(&ms, ev0, ev[(it + 1) % 2]));
+            if (ms <= window_ms)
+                inside += batch;
+        }
         kernels += batch;
         syncs++;
         uint64_t t = now_ns();
@@ -931,15 +942,23 @@ static int cmd_saturate(int argc, char **argv)
     }
     CK(api.cuStreamSynchronize(stream));
     uint64_t t1 = now_ns();
+    if (it > 0) {
+        float ms;
+        CK(api.cuEventElapsedTime(&ms, ev0, ev[(it + 1) % 2]));
+        if (ms <= window_ms)
+            inside += batch;
+    }
     CK(api.cuEventDestroy_v2(ev[0]));
     CK(api.cuEventDestroy_v2(ev[1]));
+    CK(api.cuEventDestroy_v2(ev0));
     uint64_t gpu = (uint64_t)kernels * us * 1000u;
     out("kernels=%ld", kernels);
     out("syncs=%ld", syncs);
     out("mode=%s", mode);
     out("gpu_ns=%" PRIu64, gpu);
     out("wall_ns=%" PRIu64, t1 - t0);
-    out("achieved=%.4f", (double)gpu / (double)(t1 - t0));
+    out("window_kernels=%ld", inside);
+    out("achieved=%.4f", (double)inside * (double)us * 1e3 / (secs * 1e9));
     out("max_gap_us=%" PRIu64, max_gap / 1000u);
     out("start_ns=%" PRIu64, t0);
     out("end_ns=%" PRIu64, t1);
@@ -1080,8 +1099,9 @@ static const struct command {
                                "launch US-µs spin kernels back to back for SECONDS, BATCH (default ~2 ms of "
                                "work; graph/capture: one BATCH-kernel graph) at a time, waiting for the "
                                "previous batch after queueing the next (double-buffered): "
-                               "kernels= gpu_ns= (kernels x US) wall_ns= achieved= "
-                               "(gpu_ns/wall_ns) max_gap_us= (longest time between two syncs)"},
+                               "kernels= gpu_ns= (kernels x US) wall_ns= window_kernels= (batches "
+                               "completed inside the window) achieved= (window_kernels x US / "
+                               "SECONDS) max_gap_us= (longest time between two syncs)"},
     {"forklaunch", cmd_forklaunch, "US HOLD_SECONDS: launch and sync, fork; the child launches "
                                    "(re-initialising if needed): child_pid= child_launch=OK, holds "
                                    "HOLD_SECONDS; then the parent launches again: parent_launch=OK"},

@@ -1,0 +1,94 @@
+"""A private simulated-GPU node for benchmarks: its own state, runtime directory and tenants.
+
+Shared by bench/overhead.py and bench/isolation.py so both set up the node, run the probe and
+make tenants the same way `sharegpu run` does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from sharegpu.arbiter import arbiter_path, ensure_arbiter
+from sharegpu.native import LIB_DIR, probe_path
+from sharegpu.runtime.run import device_limit
+from sharegpu.spec import MIB, ComputeSpec
+from sharegpu.tenant import create_tenant, iter_tenants, remove_tenant
+
+
+def parse(out: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+@dataclass
+class Node:
+    root: Path
+    base_env: dict[str, str]
+    uuid: str
+
+    def probe(self, args: Sequence[str], env: dict[str, str] | None = None) -> dict[str, str]:
+        proc = subprocess.run(
+            [str(probe_path()), *args], env=env or self.base_env, capture_output=True, text=True, check=False
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"probe {list(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
+        return parse(proc.stdout)
+
+    def spawn(self, args: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [str(probe_path()), *args],
+            env=env or self.base_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def tenant_env(self, name: str, compute: ComputeSpec, memory_mib: int = 1024) -> dict[str, str]:
+        """Create tenant `name` on GPU 0 (and the GPU's arbiter) as `sharegpu run` does."""
+        path = self.root / "run" / "tenants" / name
+        if path.exists():
+            remove_tenant(path)
+        if compute.policy != "native":
+            ensure_arbiter(self.root / "run", self.uuid)
+        path = create_tenant(
+            name, [device_limit(self.uuid, memory_mib * MIB, compute)], root=self.root / "run"
+        )
+        return self.base_env | {"LD_PRELOAD": str(LIB_DIR / "libsharegpu.so"), "SHAREGPU_TENANT": str(path)}
+
+    def clear_tenants(self) -> None:
+        for path in iter_tenants(self.root / "run"):
+            remove_tenant(path)
+
+    def arbiter(self) -> Path:
+        return arbiter_path(self.root / "run", self.uuid)
+
+
+@contextmanager
+def simulated_node(memory_mib: int = 81920) -> Iterator[Node]:
+    with tempfile.TemporaryDirectory(prefix="sharegpu-bench-") as tmp:
+        root = Path(tmp)
+        (root / "simgpu.json").write_text(json.dumps({"gpus": 1, "memory_mib": memory_mib}))
+        base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "SHAREGPU_TENANT")}
+        base |= {
+            "LD_LIBRARY_PATH": str(LIB_DIR / "simgpu"),
+            "SIMGPU_STATE": str(root / "simgpu.state"),
+            "SIMGPU_CONFIG": str(root / "simgpu.json"),
+        }
+        uuid = parse(
+            subprocess.run(
+                [str(probe_path()), "info"], env=base, capture_output=True, text=True, check=True
+            ).stdout
+        )["dev0.uuid"]
+        yield Node(root=root, base_env=base, uuid=uuid)
+
+
+def start_at(delay: float = 0.5) -> int:
+    """A common CLOCK_MONOTONIC start instant, far enough ahead for every process to be ready."""
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC) + int(delay * 1e9)

@@ -1,0 +1,298 @@
+"""Compute isolation on the simulated GPU: accuracy, ceilings, online/offline, costs — one table.
+
+1. Accuracy: saturating tenants at 50/50, 30/70, 10/90, 1/99, 20/30/50 and 4x25, under `share` and
+   under `cap`; achieved share of each (GPU time of its completed kernels / wall time, from the
+   probe, not from sharegpu's own books) against its configured share. Goal: max error <= 1 point.
+2. Ceilings: `cap` 1%, 5%, 20%, 50% alone on an idle card. Goal: <= 1 point.
+3. Online/offline: an online tenant's burst latency (p50/p99) alone, next to a saturating offline
+   tenant under sharegpu, and next to the same offline work without sharegpu; offline throughput
+   as a fraction of the GPU time the online tenant leaves idle. Goals: online p99 <= 1.10 x alone,
+   offline >= 80% of the idle time.
+4. Costs: GPU idle time per token handover (from the arbiter's counters) and the launch fast path
+   with the token held, over no shim. Goal: < 100 ns added.
+
+Every figure is the median of --runs runs (default 5) made in this invocation. All figures come
+from the simulated GPU (native/simgpu), which time-slices contexts in 2 ms slices like a GPU; they
+measure sharegpu's arbitration, not a real GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _node import Node, simulated_node, start_at
+from sharegpu.arbiter import read_arbiter
+from sharegpu.spec import ComputeSpec
+
+SPLITS: dict[str, list[int]] = {
+    "50/50": [50, 50],
+    "30/70": [30, 70],
+    "10/90": [10, 90],
+    "1/99": [1, 99],
+    "20/30/50": [20, 30, 50],
+    "4x25": [25, 25, 25, 25],
+}
+CEILINGS = [1, 5, 20, 50]
+KERNEL_US = 500  # saturating workloads: 0.5 ms kernels
+ONLINE = {"bursts": 60, "period_ms": 30, "kernels": 4, "us": 1000}  # 4 ms of work every 30 ms
+# An online request waits for at most the offline kernel in flight, so its delay scales with the
+# offline kernel length: measured for 0.5 ms kernels (the goal row) and 1 ms kernels.
+OFFLINE_US = (500, 1000)
+
+
+@dataclass
+class Row:
+    section: str
+    case: str
+    configured: str
+    measured: str
+    goal: str
+    met: bool | None
+    figures: dict[str, float] = field(default_factory=dict)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def run_together(node: Node, jobs: list[tuple[dict[str, str], list[str]]]) -> list[dict[str, str]]:
+    """Start every probe with one common start instant appended; wait for all."""
+    start = str(start_at(0.3 + 0.1 * len(jobs)))
+    procs = [node.spawn([*args, start], env) for env, args in jobs]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"probe failed ({proc.returncode}): {err.strip()}")
+        results.append(dict(line.split("=", 1) for line in out.splitlines() if "=" in line))
+    return results
+
+
+def saturate_args(seconds: float, us: int = KERNEL_US) -> list[str]:
+    return ["saturate", f"{seconds:g}", str(us), "kernel"]
+
+
+def accuracy(
+    node: Node, runs: int, seconds: float, policy: str, split: list[int]
+) -> tuple[list[float], float]:
+    """Median achieved share (percent) of each tenant, and the handover idle time in µs."""
+    per_tenant: list[list[float]] = [[] for _ in split]
+    idle: list[float] = []
+    for _ in range(runs):
+        node.clear_tenants()
+        jobs = []
+        for i, pct in enumerate(split):
+            env = node.tenant_env(f"t{i}", ComputeSpec.parse(f"{pct}%", policy))
+            jobs.append((env, saturate_args(seconds)))
+        before = read_arbiter(node.arbiter())
+        for i, r in enumerate(run_together(node, jobs)):
+            per_tenant[i].append(float(r["achieved"]) * 100)
+        after = read_arbiter(node.arbiter())
+        handovers = after.handovers - before.handovers
+        if handovers:
+            idle.append((after.handover_idle_ns - before.handover_idle_ns) / handovers / 1000)
+    return [median(v) for v in per_tenant], (median(idle) if idle else 0.0)
+
+
+def online_offline(node: Node, runs: int, offline_us: int) -> dict[str, float]:
+    bursts = ONLINE["bursts"]
+    online_args = ["bursts", str(bursts), str(ONLINE["period_ms"]), str(ONLINE["kernels"]), str(ONLINE["us"])]
+    window = bursts * ONLINE["period_ms"] / 1000
+    online_busy = bursts * ONLINE["kernels"] * ONLINE["us"] / 1e6
+    figures: dict[str, list[float]] = {}
+
+    def add(key: str, value: float) -> None:
+        figures.setdefault(key, []).append(value)
+
+    for _ in range(runs):
+        node.clear_tenants()
+        online_env = node.tenant_env("online", ComputeSpec.parse(priority="online"))
+        (alone,) = run_together(node, [(online_env, online_args)])
+        add("alone_p50", float(alone["p50_us"]))
+        add("alone_p99", float(alone["p99_us"]))
+        for label, shim in (("shared", True), ("bare", False)):
+            online_env = node.tenant_env("online", ComputeSpec.parse(priority="online"))
+            offline_env = node.tenant_env("offline", ComputeSpec.parse(priority="offline"))
+            if not shim:
+                online_env = offline_env = node.base_env
+            on, off = run_together(
+                node, [(online_env, online_args), (offline_env, saturate_args(window, offline_us))]
+            )
+            add(f"{label}_p50", float(on["p50_us"]))
+            add(f"{label}_p99", float(on["p99_us"]))
+            idle_time = float(off["wall_ns"]) / 1e9 - online_busy
+            add(f"{label}_offline", float(off["gpu_ns"]) / 1e9 / idle_time)
+    return {k: median(v) for k, v in figures.items()}
+
+
+def fast_path(node: Node, runs: int, launches: int = 50000) -> tuple[float, float]:
+    bare, shim = [], []
+    for _ in range(runs):
+        node.clear_tenants()
+        env = node.tenant_env("fast", ComputeSpec.parse())
+        bare.append(float(node.probe(["launchbench", str(launches)])["ns_per_launch"]))
+        shim.append(float(node.probe(["launchbench", str(launches)], env)["ns_per_launch"]))
+    return median(bare), median(shim)
+
+
+def pct(x: float) -> str:
+    return f"{x:.1f}%"
+
+
+def build_rows(args: argparse.Namespace) -> list[Row]:
+    rows: list[Row] = []
+    handover_idle: list[float] = []
+    with simulated_node() as node:
+        sections: set[str] = set(args.sections.split(","))
+        if "accuracy" in sections:
+            for policy in ("share", "cap"):
+                for name, split in SPLITS.items():
+                    got, idle = accuracy(node, args.runs, args.seconds, policy, split)
+                    if idle:
+                        handover_idle.append(idle)
+                    err = max(abs(g - c) for g, c in zip(got, split, strict=True))
+                    rows.append(
+                        Row(
+                            "1 accuracy",
+                            f"{policy} {name}",
+                            "/".join(map(str, split)),
+                            "/".join(f"{g:.1f}" for g in got),
+                            "<= 1 pt",
+                            err <= 1.0,
+                            {"max_error_pt": err},
+                        )
+                    )
+        if "ceilings" in sections:
+            for ceiling in CEILINGS:
+                got, _ = accuracy(node, args.runs, args.seconds, "cap", [ceiling])
+                err = abs(got[0] - ceiling)
+                rows.append(
+                    Row(
+                        "2 ceilings",
+                        f"cap {ceiling}% alone",
+                        pct(ceiling),
+                        pct(got[0]),
+                        "<= 1 pt",
+                        err <= 1.0,
+                        {"error_pt": err},
+                    )
+                )
+        if "online" in sections:
+            for offline_us in OFFLINE_US:
+                f = online_offline(node, args.runs, offline_us)
+                ratio_shared = f["shared_p99"] / f["alone_p99"]
+                ratio_bare = f["bare_p99"] / f["alone_p99"]
+                goal = offline_us == OFFLINE_US[0]
+                sec = f"3 online/offline, offline kernels {offline_us / 1000:g} ms"
+                rows += [
+                    Row(
+                        sec,
+                        "online alone",
+                        "p50 / p99",
+                        f"{f['alone_p50']:.0f} / {f['alone_p99']:.0f} µs",
+                        "",
+                        None,
+                        {k: f[k] for k in ("alone_p50", "alone_p99")},
+                    ),
+                    Row(
+                        sec,
+                        "with offline, sharegpu",
+                        "p50 / p99 (x alone)",
+                        f"{f['shared_p50']:.0f} / {f['shared_p99']:.0f} µs ({ratio_shared:.2f}x)",
+                        "p99 <= 1.10x" if goal else "",
+                        (ratio_shared <= 1.10) if goal else None,
+                        {"p99_ratio": ratio_shared},
+                    ),
+                    Row(
+                        sec,
+                        "with offline, no sharegpu",
+                        "p50 / p99 (x alone)",
+                        f"{f['bare_p50']:.0f} / {f['bare_p99']:.0f} µs ({ratio_bare:.2f}x)",
+                        "",
+                        None,
+                        {"p99_ratio": ratio_bare},
+                    ),
+                    Row(
+                        sec,
+                        "offline throughput, sharegpu",
+                        "of idle time",
+                        pct(f["shared_offline"] * 100),
+                        ">= 80%",
+                        f["shared_offline"] >= 0.8,
+                        {"fraction": f["shared_offline"]},
+                    ),
+                    Row(
+                        sec,
+                        "offline throughput, no sharegpu",
+                        "of idle time",
+                        pct(f["bare_offline"] * 100),
+                        "",
+                        None,
+                        {"fraction": f["bare_offline"]},
+                    ),
+                ]
+        if "costs" in sections:
+            if not handover_idle:
+                _, idle = accuracy(node, args.runs, args.seconds, "share", SPLITS["30/70"])
+                handover_idle.append(idle)
+            idle_us = median(handover_idle)
+            rows.append(
+                Row("4 costs", "GPU idle per handover", "", f"{idle_us:.1f} µs", "", None, {"us": idle_us})
+            )
+            bare, shim = fast_path(node, args.runs)
+            rows.append(
+                Row(
+                    "4 costs",
+                    "launch, token held",
+                    "no shim / shim",
+                    f"{bare:.0f} / {shim:.0f} ns (+{shim - bare:.0f})",
+                    "< +100 ns",
+                    shim - bare < 100,
+                    {"added_ns": shim - bare},
+                )
+            )
+    return rows
+
+
+def main(argv: list[str] | None = None, out: Callable[[str], None] = print) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=5, help="runs per figure (median reported)")
+    parser.add_argument("--seconds", type=float, default=2.0, help="length of each saturating run")
+    parser.add_argument("--sections", default="accuracy,ceilings,online,costs", help="comma-separated subset")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    args = parser.parse_args(argv)
+    rows = build_rows(args)
+    if args.json:
+        out(
+            json.dumps(
+                {"source": "simulated GPU", "runs": args.runs, "rows": [r.__dict__ for r in rows]}, indent=2
+            )
+        )
+        return 0
+    out(f"Compute isolation — simulated GPU, median of {args.runs} runs per figure")
+    widths = (44, 32, 20, 34, 14)
+    head = ("section", "case", "configured", "measured", "goal")
+    out("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)) + "  met")
+    out("-" * (sum(widths) + 2 * len(widths) + 3))
+    for r in rows:
+        met = "" if r.met is None else ("yes" if r.met else "NO")
+        cells = (r.section, r.case, r.configured, r.measured, r.goal)
+        out("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + f"  {met}")
+    errors = [r.figures["max_error_pt"] for r in rows if "max_error_pt" in r.figures]
+    if errors:
+        out(f"max absolute share error over all splits: {max(errors):.2f} points (goal <= 1)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
