@@ -15,23 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from sharegpu.native import LIB_DIR, probe_path
-from sharegpu.spec import MIB
-from sharegpu.tenant import DeviceLimit, create_tenant
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-
-def _run_probe(args: list[str], env: dict[str, str]) -> dict[str, str]:
-    out = subprocess.run(
-        [str(probe_path()), *args], env=env, capture_output=True, text=True, check=True
-    ).stdout
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+from _node import simulated_node
+from sharegpu.spec import ComputeSpec
 
 
 def main() -> int:
@@ -39,34 +30,20 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=7, help="runs per configuration (median reported)")
-    parser.add_argument("--pairs", type=int, default=20000, help="alloc/free pairs per run")
-    parser.add_argument("--launches", type=int, default=50000, help="launches per run")
+    parser.add_argument("--pairs", type=int, default=200000, help="alloc/free pairs per run")
+    parser.add_argument("--launches", type=int, default=200000, help="launches per run")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory(prefix="sharegpu-bench-") as tmp:
-        work = Path(tmp)
-        (work / "simgpu.json").write_text(json.dumps({"gpus": 1, "memory_mib": 81920}))
-        base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "SHAREGPU_TENANT")}
-        base |= {
-            "LD_LIBRARY_PATH": str(LIB_DIR / "simgpu"),
-            "SIMGPU_STATE": str(work / "simgpu.state"),
-            "SIMGPU_CONFIG": str(work / "simgpu.json"),
-        }
-        uuid = _run_probe(["info"], base)["dev0.uuid"]
-        tenant = create_tenant(
-            "bench", [DeviceLimit(uuid=uuid, mem_cap_bytes=40960 * MIB)], root=work / "run"
-        )
-        shim = base | {
-            "LD_PRELOAD": str(LIB_DIR / "libsharegpu.so"),
-            "SHAREGPU_TENANT": str(tenant),
-        }
-
-        samples: dict[tuple[str, str], list[float]] = {}
+    samples: dict[tuple[str, str], list[float]] = {}
+    with simulated_node() as node:
+        # A compute-controlled tenant (share 100%): the launch row is the arbiter's fast path
+        # with the token held; the alloc row is the memory ledger.
+        shim = node.tenant_env("bench", ComputeSpec.parse(), memory_mib=40960)
         for _ in range(args.rounds):
-            for label, env in (("without shim", base), ("with shim", shim)):
-                pair = float(_run_probe(["cycle", "plain", "1048576", str(args.pairs)], env)["ns_per_pair"])
-                launch = float(_run_probe(["launchbench", str(args.launches)], env)["ns_per_launch"])
+            for label, env in (("without shim", node.base_env), ("with shim", shim)):
+                pair = float(node.probe(["cycle", "plain", "1048576", str(args.pairs)], env)["ns_per_pair"])
+                launch = float(node.probe(["launchbench", str(args.launches)], env)["ns_per_launch"])
                 samples.setdefault(("alloc+free pair", label), []).append(pair)
                 samples.setdefault(("launch (0 µs kernel)", label), []).append(launch)
 
