@@ -25,34 +25,10 @@
 
 /* ---- prototypes the public headers do not carry ---------------------------------------- */
 
-/* Per-thread-default-stream variants (cuda.h maps the plain names to these when compiled with
- * CUDA_API_PER_THREAD_DEFAULT_STREAM; cuGetProcAddress returns them for
- * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM). */
-CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream);
-CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                      CUstream stream);
-CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
-CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
-                             unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
-                             unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
-                             void **kernelParams, void **extra);
-CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
-                               void **extra);
-CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX,
-                                        unsigned int gridDimY, unsigned int gridDimZ,
-                                        unsigned int blockDimX, unsigned int blockDimY,
-                                        unsigned int blockDimZ, unsigned int sharedMemBytes,
-                                        CUstream hStream, void **kernelParams);
-CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
-CUresult cuStreamSynchronize_ptsz(CUstream stream);
 /* Deprecated launches (parameters set beforehand with cuParamSet*); still exported by drivers. */
 CUresult cuLaunch(CUfunction f);
 CUresult cuLaunchGrid(CUfunction f, int grid_width, int grid_height);
 CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_height, CUstream hStream);
-/* Per-thread-default-stream synchronous copies (cuda.h's _ptds names). */
-CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t bytes);
-CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t bytes);
-CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t bytes);
 
 /* Legacy 32-bit entry points (CUDA < 3.2; still exported by the driver). */
 typedef unsigned int CUdeviceptr_v1;

@@ -410,6 +410,45 @@ SG_CUAPI cuEventElapsedTime(float *ms, CUevent start, CUevent end);
 SG_CUAPI cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end);
 SG_CUAPI cuEventDestroy_v2(CUevent event);
 
+/* Legacy unversioned forms and the per-thread-default-stream variants (cuda.h maps the plain
+ * names to the _ptsz/_ptds ones under CUDA_API_PER_THREAD_DEFAULT_STREAM, and cuGetProcAddress
+ * returns them for CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM); same signatures as their base
+ * functions.  Declared once here for both the simulated driver and the shim. */
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
+CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags);
+CUresult cuDevicePrimaryCtxReset(CUdevice dev);
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                             unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                             unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                             void **kernelParams, void **extra);
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
+                               void **extra);
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                        unsigned int gridDimZ, unsigned int blockDimX,
+                                        unsigned int blockDimY, unsigned int blockDimZ,
+                                        unsigned int sharedMemBytes, CUstream hStream,
+                                        void **kernelParams);
+CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
+CUresult cuStreamSynchronize_ptsz(CUstream stream);
+CUresult cuStreamQuery_ptsz(CUstream stream);
+CUresult cuEventRecord_ptsz(CUevent event, CUstream stream);
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream);
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                      CUstream stream);
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
+CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t bytes);
+CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t bytes);
+CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t bytes);
+CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream);
+CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dst, CUdeviceptr src, size_t bytes, CUstream stream);
+CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t bytes,
+                                   CUstream stream);
+CUresult cuMemsetD8_v2_ptds(CUdeviceptr dst, unsigned char value, size_t n);
+CUresult cuMemsetD32_v2_ptds(CUdeviceptr dst, unsigned int value, size_t n);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, CUstreamCaptureMode mode);
+CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph *graph);
+CUresult cuStreamIsCapturing_ptsz(CUstream stream, CUstreamCaptureStatus *status);
+
 #ifdef __cplusplus
 }
 #endif

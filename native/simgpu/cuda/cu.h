@@ -14,43 +14,6 @@
 
 #define SIM_EXPORT __attribute__((visibility("default")))
 
-/* Entry points we export that sharegpu/cuda_api.h does not declare (legacy unversioned forms and
- * the per-thread-default-stream variants); same signatures as their base functions. */
-CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
-CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags);
-CUresult cuDevicePrimaryCtxReset(CUdevice dev);
-CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
-                             unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
-                             unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
-                             void **kernelParams, void **extra);
-CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
-                               void **extra);
-CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
-                                        unsigned int gridDimZ, unsigned int blockDimX,
-                                        unsigned int blockDimY, unsigned int blockDimZ,
-                                        unsigned int sharedMemBytes, CUstream hStream,
-                                        void **kernelParams);
-CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
-CUresult cuStreamSynchronize_ptsz(CUstream stream);
-CUresult cuStreamQuery_ptsz(CUstream stream);
-CUresult cuEventRecord_ptsz(CUevent event, CUstream stream);
-CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream);
-CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                      CUstream stream);
-CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
-CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t bytes);
-CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t bytes);
-CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t bytes);
-CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream);
-CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dst, CUdeviceptr src, size_t bytes, CUstream stream);
-CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t bytes,
-                                   CUstream stream);
-CUresult cuMemsetD8_v2_ptds(CUdeviceptr dst, unsigned char value, size_t n);
-CUresult cuMemsetD32_v2_ptds(CUdeviceptr dst, unsigned int value, size_t n);
-CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, CUstreamCaptureMode mode);
-CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph *graph);
-CUresult cuStreamIsCapturing_ptsz(CUstream stream, CUstreamCaptureStatus *status);
-
 /* ---- handles ------------------------------------------------------------------------------
  * Every handle is a pointer to one of these; `magic` is checked before any other field and is
  * cleared when the object dies, so a stale handle yields an error, not a wild access (as long
