@@ -63,11 +63,9 @@ void cu_ctx_fork_child(void)
 
 static CUresult primary_of(CUdevice dev, struct CUctx_st **out)
 {
-    CUresult r = cu_ready();
+    CUresult r = cu_ready_device(dev, NULL);
     if (r)
         return r;
-    if (cu_phys(dev) < 0)
-        return CUDA_ERROR_INVALID_DEVICE;
     *out = &cu_g.primary[dev];
     return CUDA_SUCCESS;
 }
@@ -210,12 +208,10 @@ static CUresult ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev)
 {
     if (!pctx)
         return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = cu_ready();
+    int phys;
+    CUresult r = cu_ready_device(dev, &phys);
     if (r)
         return r;
-    int phys = cu_phys(dev);
-    if (phys < 0)
-        return CUDA_ERROR_INVALID_DEVICE;
     if (flags & ~CTX_FLAGS_VALID)
         return CUDA_ERROR_INVALID_VALUE;
     if (depth >= CTX_STACK_MAX)

@@ -108,6 +108,21 @@ static inline int cu_phys(CUdevice d)
 {
     return (d >= 0 && d < cu_g.nvis) ? cu_g.vis[d] : -1;
 }
+
+/* The preamble of every call that takes a device: the driver is initialised and `dev` names a
+ * visible device (its physical index in *phys when phys is not NULL). */
+static inline CUresult cu_ready_device(CUdevice dev, int *phys)
+{
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    int p = cu_phys(dev);
+    if (p < 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (phys)
+        *phys = p;
+    return CUDA_SUCCESS;
+}
 /* The one place internal errors become CUresults. */
 SIM_HIDDEN CUresult cu_result(const struct sim_err *e);
 

@@ -19,11 +19,9 @@ SIM_EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal)
 {
     if (!device)
         return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = cu_ready();
+    CUresult r = cu_ready_device(ordinal, NULL);
     if (r)
         return r;
-    if (cu_phys(ordinal) < 0)
-        return CUDA_ERROR_INVALID_DEVICE;
     *device = ordinal;
     return CUDA_SUCCESS;
 }
@@ -32,11 +30,9 @@ SIM_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 {
     if (!name || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = cu_ready();
+    CUresult r = cu_ready_device(dev, NULL);
     if (r)
         return r;
-    if (cu_phys(dev) < 0)
-        return CUDA_ERROR_INVALID_DEVICE;
     snprintf(name, (size_t)len, "%s", cu_g.st->cfg.name); /* truncates like the real driver */
     return CUDA_SUCCESS;
 }
@@ -45,12 +41,10 @@ static CUresult get_uuid(CUuuid *uuid, CUdevice dev)
 {
     if (!uuid)
         return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = cu_ready();
+    int p;
+    CUresult r = cu_ready_device(dev, &p);
     if (r)
         return r;
-    int p = cu_phys(dev);
-    if (p < 0)
-        return CUDA_ERROR_INVALID_DEVICE;
     sim_uuid_bytes((unsigned)p, (unsigned char *)uuid->bytes);
     return CUDA_SUCCESS;
 }
@@ -69,11 +63,9 @@ SIM_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
     if (!bytes)
         return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = cu_ready();
+    CUresult r = cu_ready_device(dev, NULL);
     if (r)
         return r;
-    if (cu_phys(dev) < 0)
-        return CUDA_ERROR_INVALID_DEVICE;
     *bytes = (size_t)cu_g.st->cfg.memory_bytes;
     return CUDA_SUCCESS;
 }
@@ -82,12 +74,10 @@ SIM_EXPORT CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
 {
     if (!pciBusId || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = cu_ready();
+    int p;
+    CUresult r = cu_ready_device(dev, &p);
     if (r)
         return r;
-    int p = cu_phys(dev);
-    if (p < 0)
-        return CUDA_ERROR_INVALID_DEVICE;
     char id[SIM_PCI_STR_LEN];
     sim_pci_bus_id((unsigned)p, id);
     snprintf(pciBusId, (size_t)len, "%s", id);
@@ -144,12 +134,10 @@ SIM_EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUd
 {
     if (!pi)
         return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = cu_ready();
+    int p;
+    CUresult r = cu_ready_device(dev, &p);
     if (r)
         return r;
-    int p = cu_phys(dev);
-    if (p < 0)
-        return CUDA_ERROR_INVALID_DEVICE;
     if ((int)attrib <= 0 || (int)attrib >= (int)CU_DEVICE_ATTRIBUTE_MAX)
         return CUDA_ERROR_INVALID_VALUE;
     *pi = attribute(attrib, p, &cu_g.st->cfg);
@@ -160,11 +148,9 @@ static CUresult get_pool(CUmemoryPool *pool, CUdevice dev)
 {
     if (!pool)
         return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = cu_ready();
+    CUresult r = cu_ready_device(dev, NULL);
     if (r)
         return r;
-    if (cu_phys(dev) < 0)
-        return CUDA_ERROR_INVALID_DEVICE;
     *pool = &cu_g.pool[dev];
     return CUDA_SUCCESS;
 }
