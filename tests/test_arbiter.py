@@ -171,9 +171,15 @@ def test_ensure_arbiter_default_quantum_and_bad_input(sim: Sim) -> None:
     good = ensure_arbiter(sim.runtime, sim.uuids()[0])
     with pytest.raises(SpecError, match="quantum"):
         tune_arbiter(good, quantum_ns=1)
-    tune_arbiter(good, quantum_ns=5_000_000, offline_inflight_max=2, online_window_ns=10**9)
+    with pytest.raises(SpecError, match="hold-back"):
+        tune_arbiter(good, holdback_max_ns=-1)
+    assert read_arbiter(good).holdback_max_ns == abi.ARB_DEFAULT_HOLDBACK_MAX_NS
+    tune_arbiter(
+        good, quantum_ns=5_000_000, offline_inflight_max=2, online_window_ns=10**9, holdback_max_ns=0
+    )
     status = read_arbiter(good)
     assert (status.quantum_ns, status.offline_inflight_max, status.online_window_ns) == (5_000_000, 2, 10**9)
+    assert status.holdback_max_ns == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -314,6 +320,9 @@ def _online_p99(
 def test_online_preempts_offline(sim: Sim) -> None:
     online = compute_tenant(sim, "web", "share", 50, priority="online")
     offline = compute_tenant(sim, "train", "share", 50, priority="offline")
+    # The yield path itself: with prediction on, offline clients mostly step aside before a
+    # request comes (test_offline_holds_back_before_predicted_online_requests).
+    tune_arbiter(arbiter_of(sim), holdback_max_ns=0)
     alone, _ = _online_p99(sim, online, None, 0)
     shared, off = _online_p99(sim, online, offline, 3)
     bare, _ = _online_p99(sim, None, None, 3)
@@ -326,6 +335,41 @@ def test_online_preempts_offline(sim: Sim) -> None:
     assert t is not None
     assert t.preemptions >= 20
     assert usage_totals(offline)["preemptions"] == t.preemptions
+
+
+def _late_bursts(sim: Sim, online: Path, offline: Path, arrivals: str) -> float:
+    """Online requests (2 x 1 ms kernels) next to an offline tenant with 1 ms kernels: the
+    fraction of requests delayed by more than 0.4 ms over the quickest."""
+    at = start_at(0.5)
+    off = spawn(sim, offline, "saturate", 2.6, 1000, "kernel", at - 300_000_000)
+    on = spawn(sim, online, arrivals, 60, 25, 2, 1000, at)
+    out, err = on.communicate(timeout=60)
+    assert on.returncode == 0, err
+    finish(off)
+    lat = [int(line.split("=", 1)[1]) for line in out.splitlines() if line.startswith("lat_us=")]
+    quickest = min(lat)
+    return sum(1 for x in lat if x > quickest + 400) / len(lat)
+
+
+def test_offline_holds_back_before_predicted_online_requests(sim: Sim) -> None:
+    online = compute_tenant(sim, "web", "share", 50, priority="online")
+    offline = compute_tenant(sim, "train", "share", 50, priority="offline")
+    path = arbiter_of(sim)
+    late = _late_bursts(sim, online, offline, "bursts")
+    status = read_arbiter(path)
+    print(f"periodic: {late:.0%} late, period {status.online_period_ns} ns, holdbacks {status.holdbacks}")
+    assert abs(status.online_period_ns - 25_000_000) < 2_500_000  # the period was learned
+    assert status.holdbacks >= 30  # about one per request once learned
+    tune_arbiter(path, holdback_max_ns=0)  # prediction off: the in-flight bound alone
+    late_off = _late_bursts(sim, online, offline, "bursts")
+    print(f"periodic without prediction: {late_off:.0%} late")
+    assert read_arbiter(path).holdbacks == status.holdbacks
+    assert late < late_off / 2
+    tune_arbiter(path, holdback_max_ns=abi.ARB_DEFAULT_HOLDBACK_MAX_NS)
+    _late_bursts(sim, online, offline, "poisson")
+    random_holds = read_arbiter(path).holdbacks - status.holdbacks
+    print(f"random arrivals: {random_holds} holdbacks for 60 requests")
+    assert random_holds <= 20  # nothing regular to predict: few (wrong) hold-backs
 
 
 # ---------------------------------------------------------------------------------------------

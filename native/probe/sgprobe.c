@@ -16,9 +16,11 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -970,7 +972,9 @@ static int cmd_saturate(int argc, char **argv)
     return 0;
 }
 
-static int cmd_bursts(int argc, char **argv)
+/* Online requests: N bursts of K spin kernels of US µs, each synchronised, at a fixed period
+ * (bursts) or with exponentially distributed gaps of that mean (poisson: nothing to predict). */
+static int run_bursts(int argc, char **argv, bool poisson)
 {
     long n, period_ms, k;
     size_t us;
@@ -978,7 +982,7 @@ static int cmd_bursts(int argc, char **argv)
     if (argc < 4 || argc > 5 || parse_count(argv[0], &n) < 0 || n < 1 || n > 1000000 ||
         parse_count(argv[1], &period_ms) < 0 || parse_count(argv[2], &k) < 0 || k < 1 ||
         parse_size(argv[3], &us) < 0 || (argc == 5 && parse_start(argv[4], &start_at) < 0))
-        return usage("bursts N PERIOD_MS K US [START_NS]");
+        return usage(poisson ? "poisson N MEAN_MS K US [START_NS]" : "bursts N PERIOD_MS K US [START_NS]");
     if (setup(1))
         return 1;
     CUmodule mod;
@@ -994,10 +998,17 @@ static int cmd_bursts(int argc, char **argv)
     CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
     CK(api.cuStreamSynchronize(stream));
     sleep_until(start_at);
-    uint64_t t0 = now_ns(), sum = 0;
+    uint64_t t0 = now_ns(), sum = 0, at = t0;
+    unsigned short seed[3] = {0x5347, 0x5055, (unsigned short)getpid()};
     out("started=1");
     for (long i = 0; i < n; i++) {
-        sleep_until(t0 + (uint64_t)i * (uint64_t)period_ms * 1000000ull);
+        if (i > 0) {
+            double gap = (double)period_ms * 1e6;
+            if (poisson)
+                gap *= -log(1.0 - erand48(seed));
+            at += (uint64_t)gap;
+        }
+        sleep_until(at);
         uint64_t b = now_ns();
         for (long j = 0; j < k; j++)
             CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
@@ -1019,6 +1030,16 @@ static int cmd_bursts(int argc, char **argv)
     free(lat);
     CK(api.cuModuleUnload(mod));
     return 0;
+}
+
+static int cmd_bursts(int argc, char **argv)
+{
+    return run_bursts(argc, argv, false);
+}
+
+static int cmd_poisson(int argc, char **argv)
+{
+    return run_bursts(argc, argv, true);
 }
 
 /* Launch in the parent (it takes the GPU token), fork, launch in the child: the child must ask
@@ -1105,6 +1126,8 @@ static const struct command {
     {"forklaunch", cmd_forklaunch, "US HOLD_SECONDS: launch and sync, fork; the child launches "
                                    "(re-initialising if needed): child_pid= child_launch=OK, holds "
                                    "HOLD_SECONDS; then the parent launches again: parent_launch=OK"},
+    {"poisson", cmd_poisson, "N MEAN_MS K US [START_NS]: as bursts, but the gaps between bursts are "
+                             "exponentially distributed with mean MEAN_MS (random arrivals)"},
     {"bursts", cmd_bursts, "N PERIOD_MS K US [START_NS]: every PERIOD_MS launch K spin kernels of "
                            "US µs and sync, N times; lat_us= per burst in order, then p50_us= p99_us= "
                            "max_us= mean_us="},

@@ -52,6 +52,12 @@
 #define MIN_SLEEP_NS 100000ull
 #define MAX_ORDINALS 64
 #define WATCHER_BUSY_RETRY_NS 200000ull
+/* Hold-back ahead of a predicted online request (see predicted_arrival): the prediction is
+ * trusted after this many consistent intervals, and the hold starts this much (plus twice the
+ * jitter) before the predicted instant and waits this long after it. */
+#define HOLDBACK_MIN_SAMPLES 2
+#define HOLDBACK_EARLY_NS 100000ull
+#define HOLDBACK_LATE_NS 300000ull
 
 struct sg_gpu sg_gpus[SG_MAX_DEVICES];
 __thread struct sg_arb_tls sg_arb_tls __attribute__((tls_model("initial-exec")));
@@ -327,6 +333,8 @@ static int pick_locked(struct sg_arbiter *a, uint64_t now)
             continue;
         if (!eligible_locked(a, &a->tenants[cl->tenant], now))
             continue;
+        if (cl->priority == SG_PRIORITY_OFFLINE && now < a->offline_hold_until_ns)
+            continue; /* held back ahead of a predicted online request */
         if (best < 0 || better_locked(a, c, best, false))
             best = c;
     }
@@ -364,6 +372,8 @@ static void grant_locked(struct sg_arbiter *a, int c, uint64_t now)
     struct sg_arb_tenant *t = &a->tenants[cl->tenant];
     __atomic_fetch_add(&t->grants, 1, __ATOMIC_RELAXED);
     t->last_active_ns = now;
+    if (cl->priority == SG_PRIORITY_ONLINE)
+        a->offline_hold_until_ns = 0; /* the request a hold-back waited for is served */
     __atomic_store_n(&a->token, SG_ARB_TOKEN(gen, c), __ATOMIC_RELEASE);
     __atomic_fetch_add(&cl->wake, 1, __ATOMIC_RELEASE);
     futex_wake(&cl->wake, true);
@@ -376,6 +386,48 @@ static void note_online_locked(struct sg_arbiter *a, int c, uint64_t now)
     uint64_t until = now + __atomic_load_n(&a->online_window_ns, __ATOMIC_RELAXED);
     if (until > __atomic_load_n(&a->online_active_until_ns, __ATOMIC_RELAXED))
         __atomic_store_n(&a->online_active_until_ns, until, __ATOMIC_RELAXED);
+}
+
+/* An online client starts a request (it asks for the token): learn the period of requests.
+ * An interval of about k periods (2 <= k <= 8) is k - 1 requests served without asking (the
+ * client still held the token) and counts as one period.  A longer gap (a pause in traffic,
+ * or one longer than the online window) teaches nothing but keeps the phase.  Against an
+ * established period (while learning, only single periods count) an interval off by more than
+ * an eighth is an outlier: one is ignored (a
+ * stray request), a second in a row means the pattern changed and learning starts over from
+ * it.  The prediction is trusted after two consistent intervals (predicted_arrival). */
+static void note_arrival_locked(struct sg_arbiter *a, uint64_t now)
+{
+    uint64_t last = a->online_last_arrival_ns;
+    __atomic_store_n(&a->online_last_arrival_ns, now, __ATOMIC_RELAXED);
+    if (!last || now <= last)
+        return;
+    uint64_t iv = now - last, p = a->online_period_ns;
+    uint32_t n = a->online_samples;
+    if (iv > __atomic_load_n(&a->online_window_ns, __ATOMIC_RELAXED))
+        return;
+    uint64_t k = p ? (iv + p / 2) / p : 0;
+    if (k > 8)
+        return;
+    /* Off by more than an eighth of a period from the nearest multiple: an outlier. */
+    uint64_t kp = k * p, dev = iv > kp ? iv - kp : kp - iv;
+    bool outlier = k == 0 || dev * 8 > p || (k > 1 && n < HOLDBACK_MIN_SAMPLES);
+    if (!p || (outlier && (n < 2 || a->online_outliers++ > 0))) {
+        __atomic_store_n(&a->online_period_ns, iv, __ATOMIC_RELAXED);
+        __atomic_store_n(&a->online_jitter_ns, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&a->online_samples, 1, __ATOMIC_RELAXED);
+        a->online_outliers = 0;
+        return;
+    }
+    if (outlier)
+        return; /* the first outlier against an established period */
+    a->online_outliers = 0;
+    dev /= k;
+    uint64_t j = n < 2 ? dev : (a->online_jitter_ns * 3 + dev) / 4;
+    __atomic_store_n(&a->online_jitter_ns, j, __ATOMIC_RELAXED);
+    __atomic_store_n(&a->online_period_ns, (p * 3 + iv / k) / 4, __ATOMIC_RELAXED);
+    if (n < 1000)
+        __atomic_store_n(&a->online_samples, n + 1, __ATOMIC_RELAXED);
 }
 
 /* ---- limits and devices ------------------------------------------------------------------ */
@@ -853,6 +905,8 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
         __atomic_store_n(&a->waiting, a->waiting + 1, __ATOMIC_RELAXED);
         me->wait_since_ns = now;
         me->priority = t->priority;
+        if (me->priority == SG_PRIORITY_ONLINE)
+            note_arrival_locked(a, now);
     }
     t->last_active_ns = now;
     note_online_locked(a, c, now);
@@ -888,6 +942,9 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
             uint64_t ns = (uint64_t)(need > 0 ? need : 0) * 1000u / t->ceiling_permille;
             sleep = ns < MIN_SLEEP_NS ? MIN_SLEEP_NS : ns < sleep ? ns : sleep;
         }
+        if (me->priority == SG_PRIORITY_OFFLINE && now < a->offline_hold_until_ns &&
+            a->offline_hold_until_ns - now < sleep)
+            sleep = a->offline_hold_until_ns - now; /* the hold-back ends: ask again */
         uint32_t w = __atomic_load_n(&me->wake, __ATOMIC_ACQUIRE);
         arb_unlock(a);
         futex_wait(&me->wake, w, sleep, true);
@@ -983,13 +1040,63 @@ CUresult sg_arb_enter_slow(struct sg_gate *gt)
     return rc < 0 ? sg_cu_result(rc == SG_E_NOSLOT ? SG_E_CONFIG : rc) : CUDA_SUCCESS;
 }
 
+/* The next online request the learned period predicts, or 0 when the prediction is not
+ * trusted (too few samples, too much jitter) or would hold back too long.  *late: how long
+ * past the predicted instant the hold-back waits for it. */
+static uint64_t predicted_arrival(struct sg_arbiter *a, uint64_t now, uint64_t kernel_ns,
+                                  uint64_t *late)
+{
+    uint64_t hmax = __atomic_load_n(&a->holdback_max_ns, __ATOMIC_RELAXED);
+    uint64_t p = __atomic_load_n(&a->online_period_ns, __ATOMIC_RELAXED);
+    uint64_t j = __atomic_load_n(&a->online_jitter_ns, __ATOMIC_RELAXED);
+    uint64_t last = __atomic_load_n(&a->online_last_arrival_ns, __ATOMIC_RELAXED);
+    uint32_t n = __atomic_load_n(&a->online_samples, __ATOMIC_RELAXED);
+    if (!hmax || !p || !last || n < HOLDBACK_MIN_SAMPLES || j * 8 > p || now < last)
+        return 0;
+    uint64_t early = 2 * j + HOLDBACK_EARLY_NS;
+    *late = 2 * j + HOLDBACK_LATE_NS;
+    uint64_t span = kernel_ns + early + *late; /* the longest hold-back this can cause */
+    if (span > hmax || span * 4 > p)
+        return 0; /* kernels too long for the period: the in-flight bound alone applies */
+    uint64_t k = (now - last) / p;
+    uint64_t next = last + (k ? k : 1) * p;
+    if (next + *late <= now)
+        next += p;
+    return now + kernel_ns + early >= next ? next : 0;
+}
+
+/* Our work would still run when the next online request is due: give the token up now and
+ * let no offline client start until the request came (or its predicted instant + late). */
+static void hold_back(struct sg_gpu *g, uint64_t until)
+{
+    sg_in_hook++;
+    pthread_mutex_lock(&g->mu);
+    if (g->client >= 0 && holding(g)) {
+        struct sg_arbiter *a = g->a;
+        if (arb_lock(a) == 0) {
+            uint64_t now = sg_mono_ns();
+            if (until > a->offline_hold_until_ns) {
+                a->offline_hold_until_ns = until;
+                a->holdbacks++;
+                a->holdback_ns += until > now ? until - now : 0;
+            }
+            arb_unlock(a);
+        }
+        release(g, false);
+    }
+    pthread_mutex_unlock(&g->mu);
+    sg_in_hook--;
+}
+
 /* Offline and online tenants active: synchronise every offline_inflight_max launches so that
- * an online request waits about one offline kernel. */
+ * an online request waits about one offline kernel, and hold the next launch back when the
+ * next online request is predicted before it would finish. */
 void sg_arb_offline_bound(struct sg_gpu *g)
 {
     struct sg_arbiter *a = g->a;
+    uint64_t start = sg_mono_ns();
     uint64_t until = __atomic_load_n(&a->online_active_until_ns, __ATOMIC_RELAXED);
-    if (!until || sg_mono_ns() >= until)
+    if (!until || start >= until)
         return;
     uint32_t bound = __atomic_load_n(&a->offline_inflight_max, __ATOMIC_RELAXED);
     if (bound < 1)
@@ -998,11 +1105,23 @@ void sg_arb_offline_bound(struct sg_gpu *g)
         return;
     __atomic_store_n(&g->since_sync, 0, __ATOMIC_RELAXED);
     const struct sg_real *r = sg_real_cu();
-    if (r->cuCtxSynchronize) {
-        sg_in_hook++;
-        r->cuCtxSynchronize();
-        sg_in_hook--;
-    }
+    if (!r->cuCtxSynchronize)
+        return;
+    sg_in_hook++;
+    r->cuCtxSynchronize();
+    sg_in_hook--;
+    uint64_t now = sg_mono_ns();
+    /* What we had queued ran from `start` to `now`: a decaying maximum of that is what the
+     * next launch is expected to take. */
+    uint64_t est = __atomic_load_n(&g->kernel_ns, __ATOMIC_RELAXED);
+    est -= est / 8;
+    if (now - start > est)
+        est = now - start;
+    __atomic_store_n(&g->kernel_ns, est, __ATOMIC_RELAXED);
+    uint64_t late = 0;
+    uint64_t next = predicted_arrival(a, now, est, &late);
+    if (next)
+        hold_back(g, next + late);
 }
 
 /* A sync call returned: the end of a burst.  Hand the token on if a better waiter exists. */

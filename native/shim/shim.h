@@ -230,6 +230,8 @@ struct sg_gpu {
     int launching;       /* [atomic seq_cst] launches between the gate and the real call */
     int offline;         /* [atomic relaxed] our class is offline (in-flight bound applies) */
     unsigned since_sync; /* [atomic relaxed] launches since the last bound sync */
+    uint64_t kernel_ns;  /* [atomic relaxed] offline: decaying maximum of the run time of our
+                            work, measured by the bound sync (the hold-back's estimate) */
     int state;           /* [atomic acquire/release] enum sg_gpu_state */
     int client;          /* [mu] our entry in a->clients, -1 before the first launch */
     struct sg_arbiter *a; /* [mu] set once, then read-only */

@@ -11,7 +11,7 @@ import ctypes
 import uuid as uuidlib
 
 ABI_MAJOR = 1
-ABI_MINOR = 1
+ABI_MINOR = 2
 
 MAGIC_LIMITS = 0x4D4C4753  # "SGLM"
 MAGIC_USAGE = 0x53554753  # "SGUS"
@@ -43,7 +43,8 @@ ARB_DEFAULT_QUANTUM_NS = 10_000_000
 ARB_MIN_QUANTUM_NS = 500_000
 ARB_MAX_QUANTUM_NS = 1_000_000_000
 ARB_DEFAULT_OFFLINE_INFLIGHT = 1
-ARB_DEFAULT_ONLINE_WINDOW_NS = 200_000_000
+ARB_DEFAULT_ONLINE_WINDOW_NS = 5_000_000_000
+ARB_DEFAULT_HOLDBACK_MAX_NS = 5_000_000
 ARB_FREE, ARB_IDLE, ARB_WAITING, ARB_HOLDING = 0, 1, 2, 3
 ARB_STATE_NAMES = {ARB_FREE: "free", ARB_IDLE: "idle", ARB_WAITING: "waiting", ARB_HOLDING: "holding"}
 
@@ -214,7 +215,16 @@ class Arbiter(ctypes.Structure):
         ("handover_idle_ns", u64),
         ("reclaims", u64),
         ("recoveries", u64),
-        ("reserved", u8 * 256),
+        ("holdback_max_ns", u64),  # ABI 1.2: predicted online requests
+        ("online_period_ns", u64),
+        ("online_jitter_ns", u64),
+        ("online_last_arrival_ns", u64),
+        ("online_samples", u32),
+        ("online_outliers", u32),
+        ("offline_hold_until_ns", u64),
+        ("holdbacks", u64),
+        ("holdback_ns", u64),
+        ("reserved", u8 * 192),
         ("tenants", ArbTenant * ARB_MAX_TENANTS),
         ("clients", ArbClient * ARB_MAX_CLIENTS),
     )

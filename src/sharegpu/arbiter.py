@@ -85,6 +85,7 @@ def _init_region(view: mmap.mmap, uuid: str, quantum_ns: int) -> None:
     region.client_slots = abi.ARB_MAX_CLIENTS
     region.offline_inflight_max = abi.ARB_DEFAULT_OFFLINE_INFLIGHT
     region.online_window_ns = abi.ARB_DEFAULT_ONLINE_WINDOW_NS
+    region.holdback_max_ns = abi.ARB_DEFAULT_HOLDBACK_MAX_NS
     init_robust_mutex(ctypes.addressof(region) + abi.Arbiter.lock.offset, "GPU arbiter")
     del region  # release the buffer export before the mmap closes
 
@@ -163,6 +164,7 @@ def tune_arbiter(
     quantum_ns: int | None = None,
     offline_inflight_max: int | None = None,
     online_window_ns: int | None = None,
+    holdback_max_ns: int | None = None,
 ) -> None:
     """Change the tunables of a live region (single aligned stores; shims read them at grants)."""
     _validate_header_only(path)
@@ -172,6 +174,8 @@ def tune_arbiter(
         raise SpecError(f"invalid offline in-flight bound {offline_inflight_max}: must be >= 1")
     if online_window_ns is not None and not 0 <= online_window_ns <= 60 * 10**9:
         raise SpecError(f"invalid online window {online_window_ns} ns")
+    if holdback_max_ns is not None and not 0 <= holdback_max_ns <= 10**9:
+        raise SpecError(f"invalid hold-back limit {holdback_max_ns} ns: must be 0 (off) to 1 s")
     fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     try:
         with mmap.mmap(fd, ctypes.sizeof(abi.Arbiter)) as view:
@@ -182,6 +186,8 @@ def tune_arbiter(
                 region.offline_inflight_max = offline_inflight_max
             if online_window_ns is not None:
                 region.online_window_ns = online_window_ns
+            if holdback_max_ns is not None:
+                region.holdback_max_ns = holdback_max_ns
             del region
     finally:
         os.close(fd)
@@ -245,6 +251,12 @@ class ArbiterStatus:
     quantum_ns: int
     offline_inflight_max: int
     online_window_ns: int
+    holdback_max_ns: int
+    online_period_ns: int  # learned period of online requests; 0: none
+    online_jitter_ns: int
+    online_samples: int
+    holdbacks: int  # offline launches held back ahead of a predicted online request
+    holdback_ns: int
     holder_pid: int | None
     waiting: int
     grants: int
@@ -331,6 +343,12 @@ def read_arbiter(path: Path) -> ArbiterStatus:
         quantum_ns=region.quantum_ns,
         offline_inflight_max=region.offline_inflight_max,
         online_window_ns=region.online_window_ns,
+        holdback_max_ns=region.holdback_max_ns,
+        online_period_ns=region.online_period_ns,
+        online_jitter_ns=region.online_jitter_ns,
+        online_samples=region.online_samples,
+        holdbacks=region.holdbacks,
+        holdback_ns=region.holdback_ns,
         holder_pid=holder_pid,
         waiting=region.waiting,
         grants=region.grants,

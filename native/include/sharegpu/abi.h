@@ -24,7 +24,8 @@
 #include <stdint.h>
 
 #define SG_ABI_MAJOR 1
-#define SG_ABI_MINOR 1 /* 1.1: the GPU arbiter region and the compute counters */
+#define SG_ABI_MINOR 2 /* 1.1: the GPU arbiter region and the compute counters;
+                          1.2: predicted online arrivals (offline hold-back) */
 
 #define SG_MAGIC_LIMITS 0x4d4c4753u  /* "SGLM" little-endian */
 #define SG_MAGIC_USAGE 0x53554753u   /* "SGUS" */
@@ -243,7 +244,9 @@ _Static_assert(sizeof(struct sg_usage) ==
 #define SG_ARB_MAX_QUANTUM_NS 1000000000ull
 /* Default for offline_inflight_max and online_window_ns. */
 #define SG_ARB_DEFAULT_OFFLINE_INFLIGHT 1
-#define SG_ARB_DEFAULT_ONLINE_WINDOW_NS 200000000ull
+#define SG_ARB_DEFAULT_ONLINE_WINDOW_NS 5000000000ull
+/* Default for holdback_max_ns (docs/design/arbitration.md, "Predicted online requests"). */
+#define SG_ARB_DEFAULT_HOLDBACK_MAX_NS 5000000ull
 
 #define SG_ARB_TOKEN_HOLDER(t) ((int)((t) & 0xffffu) - 1)
 #define SG_ARB_TOKEN_GEN(t) ((t) >> 16)
@@ -373,7 +376,24 @@ struct sg_arbiter {
     uint64_t handover_idle_ns;      /* [lock] sum over handovers of (grant - release) */
     uint64_t reclaims;              /* [lock] tokens taken back from dead holders */
     uint64_t recoveries;            /* [lock] EOWNERDEAD repairs */
-    uint8_t reserved[256];
+    /* ABI 1.2: predicted online requests.  Online requests of a service tend to be periodic;
+       while the period is learned with little jitter, an offline client does not start a
+       kernel that would still run when the next request is due (it releases the token and no
+       offline client is granted until the request came or offline_hold_until_ns passed).  A
+       region of ABI 1.1 reads holdback_max_ns == 0: prediction off. */
+    uint64_t holdback_max_ns;       /* [atomic relaxed] W: creator, agent.  Longest hold-back
+                                       ahead of a predicted request; 0: prediction off */
+    uint64_t online_period_ns;      /* [lock, atomic relaxed reads] learned period (EWMA) */
+    uint64_t online_jitter_ns;      /* [lock, atomic relaxed reads] EWMA of |interval - period| */
+    uint64_t online_last_arrival_ns;/* [lock, atomic relaxed reads] last online request start */
+    uint32_t online_samples;        /* [lock, atomic relaxed reads] consistent intervals learned
+                                       since the period was last (re)set (<= 1000) */
+    uint32_t online_outliers;       /* [lock] intervals in a row off the learned period */
+    uint64_t offline_hold_until_ns; /* [lock] no offline grant before this, unless an online
+                                       client was granted since (then 0) */
+    uint64_t holdbacks;             /* [lock] offline launches held back */
+    uint64_t holdback_ns;           /* [lock] sum of the planned hold-back lengths */
+    uint8_t reserved[192];
     struct sg_arb_tenant tenants[SG_ARB_MAX_TENANTS];
     struct sg_arb_client clients[SG_ARB_MAX_CLIENTS];
 };
@@ -395,6 +415,9 @@ _Static_assert(offsetof(struct sg_arbiter, handovers) == 224, "arb handovers");
 _Static_assert(offsetof(struct sg_arbiter, handover_idle_ns) == 232, "arb handover_idle_ns");
 _Static_assert(offsetof(struct sg_arbiter, reclaims) == 240, "arb reclaims");
 _Static_assert(offsetof(struct sg_arbiter, recoveries) == 248, "arb recoveries");
+_Static_assert(offsetof(struct sg_arbiter, holdback_max_ns) == 256, "arb holdback_max_ns");
+_Static_assert(offsetof(struct sg_arbiter, online_samples) == 288, "arb online_samples");
+_Static_assert(offsetof(struct sg_arbiter, holdback_ns) == 312, "arb holdback_ns");
 _Static_assert(offsetof(struct sg_arbiter, tenants) == 512, "arb tenants");
 _Static_assert(offsetof(struct sg_arbiter, clients) == 512 + 192 * SG_ARB_MAX_TENANTS, "arb clients");
 _Static_assert(sizeof(struct sg_arbiter) ==
