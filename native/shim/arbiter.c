@@ -372,8 +372,10 @@ static void grant_locked(struct sg_arbiter *a, int c, uint64_t now)
     struct sg_arb_tenant *t = &a->tenants[cl->tenant];
     __atomic_fetch_add(&t->grants, 1, __ATOMIC_RELAXED);
     t->last_active_ns = now;
-    if (cl->priority == SG_PRIORITY_ONLINE)
+    if (cl->priority == SG_PRIORITY_ONLINE) {
         a->offline_hold_until_ns = 0; /* the request a hold-back waited for is served */
+        a->misses_in_row = 0;
+    }
     __atomic_store_n(&a->token, SG_ARB_TOKEN(gen, c), __ATOMIC_RELEASE);
     __atomic_fetch_add(&cl->wake, 1, __ATOMIC_RELEASE);
     futex_wake(&cl->wake, true);
@@ -1065,24 +1067,41 @@ static uint64_t predicted_arrival(struct sg_arbiter *a, uint64_t now, uint64_t k
     return now + kernel_ns + early >= next ? next : 0;
 }
 
+/* Under the region lock: may a hold-back start now?  The request the previous hold-back waited
+ * for may never have come (no online grant cleared it); two such misses in a row withdraw the
+ * prediction until two consistent intervals are learned again. */
+static bool hold_back_allowed_locked(struct sg_arbiter *a, uint64_t now)
+{
+    uint64_t prev = a->offline_hold_until_ns;
+    if (!prev || prev > now)
+        return true;
+    a->holdback_misses++;
+    a->offline_hold_until_ns = 0;
+    if (++a->misses_in_row < 2)
+        return true;
+    a->misses_in_row = 0;
+    __atomic_store_n(&a->online_samples, 0, __ATOMIC_RELAXED);
+    return false;
+}
+
 /* Our work would still run when the next online request is due: give the token up now and
  * let no offline client start until the request came (or its predicted instant + late). */
 static void hold_back(struct sg_gpu *g, uint64_t until)
 {
     sg_in_hook++;
     pthread_mutex_lock(&g->mu);
-    if (g->client >= 0 && holding(g)) {
-        struct sg_arbiter *a = g->a;
-        if (arb_lock(a) == 0) {
-            uint64_t now = sg_mono_ns();
-            if (until > a->offline_hold_until_ns) {
-                a->offline_hold_until_ns = until;
-                a->holdbacks++;
-                a->holdback_ns += until > now ? until - now : 0;
-            }
-            arb_unlock(a);
+    struct sg_arbiter *a = g->a;
+    if (g->client >= 0 && holding(g) && arb_lock(a) == 0) {
+        uint64_t now = sg_mono_ns();
+        bool hold = hold_back_allowed_locked(a, now);
+        if (hold && until > a->offline_hold_until_ns) {
+            a->offline_hold_until_ns = until;
+            a->holdbacks++;
+            a->holdback_ns += until > now ? until - now : 0;
         }
-        release(g, false);
+        arb_unlock(a);
+        if (hold)
+            release(g, false);
     }
     pthread_mutex_unlock(&g->mu);
     sg_in_hook--;

@@ -224,7 +224,10 @@ class Arbiter(ctypes.Structure):
         ("offline_hold_until_ns", u64),
         ("holdbacks", u64),
         ("holdback_ns", u64),
-        ("reserved", u8 * 192),
+        ("holdback_misses", u64),
+        ("misses_in_row", u32),
+        ("pad0", u32),
+        ("reserved", u8 * 176),
         ("tenants", ArbTenant * ARB_MAX_TENANTS),
         ("clients", ArbClient * ARB_MAX_CLIENTS),
     )

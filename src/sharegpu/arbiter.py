@@ -257,6 +257,7 @@ class ArbiterStatus:
     online_samples: int
     holdbacks: int  # offline launches held back ahead of a predicted online request
     holdback_ns: int
+    holdback_misses: int  # hold-backs whose predicted request never came
     holder_pid: int | None
     waiting: int
     grants: int
@@ -349,6 +350,7 @@ def read_arbiter(path: Path) -> ArbiterStatus:
         online_samples=region.online_samples,
         holdbacks=region.holdbacks,
         holdback_ns=region.holdback_ns,
+        holdback_misses=region.holdback_misses,
         holder_pid=holder_pid,
         waiting=region.waiting,
         grants=region.grants,

@@ -393,7 +393,11 @@ struct sg_arbiter {
                                        client was granted since (then 0) */
     uint64_t holdbacks;             /* [lock] offline launches held back */
     uint64_t holdback_ns;           /* [lock] sum of the planned hold-back lengths */
-    uint8_t reserved[192];
+    uint64_t holdback_misses;       /* [lock] hold-backs whose request never came */
+    uint32_t misses_in_row;         /* [lock] since the last online grant; two in a row
+                                       withdraw the prediction until it is learned again */
+    uint32_t pad0;
+    uint8_t reserved[176];
     struct sg_arb_tenant tenants[SG_ARB_MAX_TENANTS];
     struct sg_arb_client clients[SG_ARB_MAX_CLIENTS];
 };
@@ -418,6 +422,7 @@ _Static_assert(offsetof(struct sg_arbiter, recoveries) == 248, "arb recoveries")
 _Static_assert(offsetof(struct sg_arbiter, holdback_max_ns) == 256, "arb holdback_max_ns");
 _Static_assert(offsetof(struct sg_arbiter, online_samples) == 288, "arb online_samples");
 _Static_assert(offsetof(struct sg_arbiter, holdback_ns) == 312, "arb holdback_ns");
+_Static_assert(offsetof(struct sg_arbiter, misses_in_row) == 328, "arb misses_in_row");
 _Static_assert(offsetof(struct sg_arbiter, tenants) == 512, "arb tenants");
 _Static_assert(offsetof(struct sg_arbiter, clients) == 512 + 192 * SG_ARB_MAX_TENANTS, "arb clients");
 _Static_assert(sizeof(struct sg_arbiter) ==
