@@ -103,6 +103,22 @@ def gpu_processes(uuid: str) -> list[GpuProcess]:
         ]
 
 
+def processes_by_gpu() -> dict[str, list[GpuProcess]]:
+    """Every GPU's compute processes in one NVML session: {uuid: [(host pid, bytes)]}.
+
+    `used_bytes` is what the driver charges the process on that GPU: its allocations plus its
+    contexts and library workspaces (what a shim's ledger cannot see)."""
+    found: dict[str, list[GpuProcess]] = {}
+    with nvml():
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            found[_text(pynvml.nvmlDeviceGetUUID(handle))] = [
+                GpuProcess(pid=int(p.pid), used_bytes=int(p.usedGpuMemory or 0))
+                for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            ]
+    return found
+
+
 def select_gpus(selectors: list[GpuSelector], gpus: list[Gpu]) -> list[Gpu]:
     """Resolve --gpu selectors against the discovered GPUs; all GPUs when none are given."""
     if not gpus:

@@ -23,6 +23,12 @@ def shim_path() -> Path:
     return _require(LIB_DIR / "libsharegpu.so")
 
 
+def agent_lib_path() -> Path:
+    """The agent's region operations (libsgagent.so: reaping, overhead), built from the shim's
+    own ledger and arbiter sources; never the shim itself."""
+    return _require(LIB_DIR / "libsgagent.so")
+
+
 def simgpu_dir() -> Path:
     """Directory holding the simulated GPU's libcuda.so.1 and libnvidia-ml.so.1."""
     return _require(LIB_DIR / "simgpu")

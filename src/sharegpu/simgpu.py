@@ -45,6 +45,7 @@ class SimConfig:
     memory_bytes: int = 80 * 1024 * MIB
     name: str = "sharegpu simulated H100"
     sm_count: int = 132
+    context_overhead_bytes: int = 0  # memory a process's first context on a GPU takes
 
     def validate(self) -> None:
         if not 1 <= self.gpus <= 16:
@@ -53,6 +54,8 @@ class SimConfig:
             raise SpecError("simulated GPU memory must be a positive whole number of MiB")
         if not 1 <= self.sm_count <= 1024:
             raise SpecError(f"invalid SM count {self.sm_count}")
+        if self.context_overhead_bytes % MIB or not 0 <= self.context_overhead_bytes < self.memory_bytes:
+            raise SpecError("the simulated context overhead must be whole MiB, less than the memory")
 
     def write(self, path: Path) -> Path:
         self.validate()
@@ -61,6 +64,7 @@ class SimConfig:
             "memory_mib": self.memory_bytes // MIB,
             "name": self.name,
             "sm_count": self.sm_count,
+            "context_overhead_mib": self.context_overhead_bytes // MIB,
         }
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(doc) + "\n")

@@ -87,10 +87,10 @@ static int parse_uint(struct parser *ps, const char *key, unsigned long long lo,
     return 0;
 }
 
-enum { K_GPUS, K_MEM, K_NAME, K_SM, K_DRV, K_CUDA, K_SLICE, K_COUNT };
+enum { K_GPUS, K_MEM, K_NAME, K_SM, K_DRV, K_CUDA, K_SLICE, K_CTXMEM, K_COUNT };
 static const char *const keys[K_COUNT] = {"gpus",           "memory_mib",   "name",
                                           "sm_count",       "driver_version", "cuda_version",
-                                          "timeslice_us"};
+                                          "timeslice_us",   "context_overhead_mib"};
 
 static int parse_value(struct parser *ps, int k, struct sim_config *c)
 {
@@ -131,6 +131,12 @@ static int parse_value(struct parser *ps, int k, struct sim_config *c)
             return -1;
         c->timeslice_us = (uint32_t)v;
         return 0;
+    case K_CTXMEM:
+        /* Checked against memory_mib once the whole object is read (sim_config_parse). */
+        if (parse_uint(ps, keys[k], 0, 16ull * 1024 * 1024, &v) < 0)
+            return -1;
+        c->context_overhead_bytes = v * 1024ull * 1024ull;
+        return 0;
     }
     return sim_fail(ps->e, SIM_ECONFIG, "internal: bad key index");
 }
@@ -158,7 +164,8 @@ int sim_config_parse(struct sim_err *e, const char *text, struct sim_config *c)
             if (k == K_COUNT)
                 return sim_fail(e, SIM_ECONFIG,
                                 "unknown key \"%s\" (known: gpus, memory_mib, name, sm_count, "
-                                "driver_version, cuda_version, timeslice_us)",
+                                "driver_version, cuda_version, timeslice_us, "
+                                "context_overhead_mib)",
                                 key);
             if (seen[k]++)
                 return sim_fail(e, SIM_ECONFIG, "duplicate key \"%s\"", key);
@@ -184,6 +191,8 @@ int sim_config_parse(struct sim_err *e, const char *text, struct sim_config *c)
     skip_ws(&ps);
     if (*ps.p != '\0')
         return sim_fail(e, SIM_ECONFIG, "trailing characters after the object");
+    if (c->context_overhead_bytes >= c->memory_bytes)
+        return sim_fail(e, SIM_ECONFIG, "\"context_overhead_mib\" must be less than memory_mib");
     return 0;
 }
 

@@ -63,6 +63,10 @@ struct sim_config {
     uint32_t timeslice_us; /* engine time slice (µs) when several contexts have work */
     char name[SIM_NAME_LEN];
     char driver_version[SIM_DRV_LEN];
+    /* Device memory a process's first context on a GPU takes (driver state, kernels, local
+     * memory), charged to the process's slot like an allocation, freed with its last context
+     * there: NVML shows it, a CUDA allocator never sees it.  0 by default (state version 3). */
+    uint64_t context_overhead_bytes;
 };
 
 #define SIM_TIMESLICE_US_DEFAULT 2000u
@@ -100,7 +104,7 @@ SIM_HIDDEN unsigned sim_pci_bus(unsigned idx);
  * EOWNERDEAD repair rebuilds what a dead holder may have left half-written (engine.c).
  */
 #define SIM_STATE_MAGIC 0x314d495355504753ULL /* "SGPUSIM1" little-endian */
-#define SIM_STATE_VERSION 2u
+#define SIM_STATE_VERSION 3u /* 3: cfg.context_overhead_bytes */
 #define SIM_MAX_SLOTS 512
 #define SIM_RING 16384 /* run segments kept per GPU (NVML history) */
 #define SIM_CHQ 4096   /* pending kernels per channel before a launch blocks */

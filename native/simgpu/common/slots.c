@@ -232,10 +232,31 @@ int sim_set_ctx(struct sim_err *e, struct sim_state *st, int dev, int on)
         return -1;
     if (sim_lock(e, st) < 0)
         return -1;
-    if (on)
-        st->slot[s].ctx_mask |= 1u << dev;
-    else
-        st->slot[s].ctx_mask &= ~(1u << dev);
+    struct sim_slot *sl = &st->slot[s];
+    struct sim_gpu *g = &st->gpu[dev];
+    const uint32_t bit = 1u << dev;
+    const uint64_t ovh = st->cfg.context_overhead_bytes, cap = st->cfg.memory_bytes;
+    int rc = 0;
+    if (sl->pid != self_pid()) {
+        rc = sim_fail(e, SIM_ENOSLOT, "process slot lost"); /* reaped as dead: nothing to do */
+    } else if (on && !(sl->ctx_mask & bit)) {
+        /* The context's own memory: charged like an allocation, refused past the capacity as a
+         * real context creation fails with CUDA_ERROR_OUT_OF_MEMORY. */
+        if (ovh > cap - g->used)
+            sim_reap_locked(st, 1);
+        if (ovh > cap - g->used) {
+            rc = sim_fail(e, SIM_ENODEV_MEM, "out of device memory for a context");
+        } else {
+            g->used += ovh;
+            sl->bytes[dev] += ovh;
+            sl->ctx_mask |= bit;
+        }
+    } else if (!on && (sl->ctx_mask & bit)) {
+        uint64_t b = ovh <= sl->bytes[dev] ? ovh : sl->bytes[dev];
+        sl->bytes[dev] -= b;
+        g->used = g->used >= b ? g->used - b : 0;
+        sl->ctx_mask &= ~bit;
+    }
     sim_unlock(st);
-    return 0;
+    return rc;
 }

@@ -41,11 +41,21 @@ CUresult cu_ctx_wait(struct CUctx_st *c)
     return sim_engine_wait(&e, cu_g.st, c->phys, &c->last) < 0 ? cu_result(&e) : CUDA_SUCCESS;
 }
 
-/* Called under cu_g.mu when a context on phys starts (on=1) or ends (on=0). */
-static void note_live(int phys, int on)
+/* Called under cu_g.mu when a context on phys starts (on=1) or ends (on=0).  The first context
+ * of the process on a GPU takes the configured context memory; when it does not fit, the start
+ * fails (CUDA_ERROR_OUT_OF_MEMORY) and nothing changes. */
+static CUresult note_live(int phys, int on)
 {
-    if (on ? live_per_gpu[phys]++ == 0 : --live_per_gpu[phys] == 0)
-        sim_set_ctx(NULL, cu_g.st, phys, on);
+    struct sim_err e = {0};
+    if (on) {
+        if (live_per_gpu[phys] == 0 && sim_set_ctx(&e, cu_g.st, phys, 1) < 0 &&
+            e.code == SIM_ENODEV_MEM)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        live_per_gpu[phys]++;
+    } else if (--live_per_gpu[phys] == 0) {
+        sim_set_ctx(NULL, cu_g.st, phys, 0);
+    }
+    return CUDA_SUCCESS;
 }
 
 void cu_ctx_fork_child(void)
@@ -93,9 +103,13 @@ SIM_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
         return cu_result(&e);
     pthread_mutex_lock(&cu_g.mu);
     if (!c->active) {
+        r = note_live(c->phys, 1);
+        if (r) {
+            pthread_mutex_unlock(&cu_g.mu);
+            return r;
+        }
         c->active = 1;
         c->refcount = 0;
-        note_live(c->phys, 1);
     }
     c->refcount++;
     pthread_mutex_unlock(&cu_g.mu);
@@ -239,8 +253,13 @@ static CUresult ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev)
         created = n;
         capcreated = cap;
     }
+    r = note_live(phys, 1);
+    if (r) {
+        pthread_mutex_unlock(&cu_g.mu);
+        free(c);
+        return r;
+    }
     created[ncreated++] = c;
-    note_live(phys, 1);
     c->magic = CTX_MAGIC;
     pthread_mutex_unlock(&cu_g.mu);
     push(c);

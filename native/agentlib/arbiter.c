@@ -1,0 +1,74 @@
+/*
+ * The agent's side of the GPU arbiter region.  This file includes the shim's arbiter.c, so
+ * reaping a dead client and handing a token it held to the best waiter is the shim's own
+ * reap_and_pick_locked (eligibility, ceiling buckets, virtual time, the futex wake of the
+ * waiter), and the lock's EOWNERDEAD repair is its repair_locked.  The agent has no client
+ * entry of its own (self_pid stays 0), so its exit hook returns at once.
+ */
+#include "../shim/arbiter.c"
+
+#include "internal.h"
+
+static pthread_mutex_t agent_mu = PTHREAD_MUTEX_INITIALIZER;
+
+struct snap {
+    int32_t pid;
+    uint32_t tenant;
+    uint64_t start_time;
+};
+
+int sga_arbiter_reap(const char *path, struct sga_arb_reaped *out, int cap,
+                     struct sga_arb_result *res, char err[SGA_ERR_LEN])
+{
+    memset(res, 0, sizeof *res);
+    void *m;
+    if (sga_map(path, SG_MAGIC_ARBITER, sizeof(struct sg_arbiter), &m, err) < 0)
+        return -1;
+    struct sg_arbiter *a = m;
+    if (a->tenant_slots != SG_ARB_MAX_TENANTS || a->client_slots != SG_ARB_MAX_CLIENTS) {
+        sga_unmap(m, sizeof *a);
+        return sga_error(err, "%s: %u tenant / %u client slots, expected %d / %d", path,
+                         a->tenant_slots, a->client_slots, SG_ARB_MAX_TENANTS, SG_ARB_MAX_CLIENTS);
+    }
+    pthread_mutex_lock(&agent_mu);
+    static struct snap before[SG_ARB_MAX_CLIENTS]; /* [agent_mu] */
+    uint64_t recoveries = a->recoveries;
+    int n = 0;
+    if (arb_lock(a) < 0) {
+        n = sga_error(err, "%s: cannot lock the GPU arbiter mutex", path);
+    } else {
+        res->recovered = a->recoveries != recoveries;
+        int holder = SG_ARB_TOKEN_HOLDER(a->token);
+        for (int c = 0; c < SG_ARB_MAX_CLIENTS; c++) {
+            before[c].pid = a->clients[c].pid;
+            before[c].tenant = a->clients[c].tenant;
+            before[c].start_time = a->clients[c].start_time;
+        }
+        reap_and_pick_locked(a);
+        for (int c = 0; c < SG_ARB_MAX_CLIENTS; c++) {
+            const struct sg_arb_client *cl = &a->clients[c];
+            if (before[c].pid == 0 ||
+                (cl->pid == before[c].pid && cl->start_time == before[c].start_time))
+                continue;
+            if (n < cap) {
+                struct sga_arb_reaped *r = &out[n];
+                memset(r, 0, sizeof *r);
+                r->pid = before[c].pid;
+                r->start_time = before[c].start_time;
+                r->held_token = c == holder;
+                if (before[c].tenant < SG_ARB_MAX_TENANTS)
+                    memcpy(r->tenant_id, a->tenants[before[c].tenant].tenant_id,
+                           SG_TENANT_ID_LEN - 1);
+            }
+            n++;
+        }
+        int now_holder = SG_ARB_TOKEN_HOLDER(a->token);
+        if (now_holder >= 0 && now_holder < SG_ARB_MAX_CLIENTS && now_holder != holder)
+            res->new_holder_pid = a->clients[now_holder].pid;
+        res->reaped = (uint32_t)n;
+        arb_unlock(a);
+    }
+    pthread_mutex_unlock(&agent_mu);
+    sga_unmap(m, sizeof *a);
+    return n;
+}

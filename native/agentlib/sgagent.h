@@ -1,0 +1,74 @@
+/*
+ * libsgagent.so: the few operations of the node agent (src/sharegpu/agent) that must take a
+ * region's robust mutex and change what the shims guard with it.  They are compiled from the
+ * shim's own sources (usage.c includes shim/ledger.c, arbiter.c includes shim/arbiter.c), so
+ * the agent frees a dead process's charges and hands a dead holder's token on exactly as a
+ * shim would, EOWNERDEAD repair included.  Nothing here hooks CUDA or NVML: the library
+ * exports only the sga_* functions below (exports.map), and the agent never loads
+ * libsharegpu.so.
+ *
+ * Every function maps the region file itself (open, validate magic / ABI major / size / slot
+ * counts, mmap MAP_SHARED), works under the region's lock and unmaps.  Return: >= 0 on
+ * success (a count where documented), -1 with a one-line message in err[] otherwise.
+ * Thread-safe (one internal mutex per region kind).
+ *
+ * Liveness is the shim's: a process is dead when its pid is gone, a zombie, or reused by a
+ * process with another start time (sg_proc_alive in shim/ledger.c).  Usage slots are judged by
+ * host_pid when the agent has filled it in, else by pid; both must be in the agent's pid
+ * namespace.
+ *
+ * Mirrored with ctypes in src/sharegpu/agent/regions.py.
+ */
+#ifndef SHAREGPU_SGAGENT_H
+#define SHAREGPU_SGAGENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sharegpu/abi.h"
+
+#define SGA_EXPORT __attribute__((visibility("default")))
+#define SGA_ERR_LEN 256
+
+/* A usage slot freed because its process is dead. */
+struct sga_usage_reaped {
+    int32_t pid;        /* the slot's pid (tenant namespace) */
+    int32_t host_pid;   /* host pid if known, else 0 */
+    uint64_t start_time;
+    uint64_t mem_bytes[SG_MAX_DEVICES]; /* bytes it held per limits index, now uncharged */
+};
+
+/* Outcome of one arbiter reap. */
+struct sga_arb_reaped {
+    int32_t pid;                     /* the dead client's pid */
+    uint32_t held_token;             /* 1 if it held the GPU token */
+    uint64_t start_time;
+    char tenant_id[SG_TENANT_ID_LEN];
+};
+
+struct sga_arb_result {
+    int32_t new_holder_pid;  /* pid granted the token by this reap, 0 if none */
+    uint32_t recovered;      /* 1 if the lock was found EOWNERDEAD and repaired */
+    uint32_t reaped;         /* entries freed (may exceed the capacity of the out array) */
+    uint32_t reserved;
+};
+
+/* Free the slots of dead processes in the usage region at path, taking their bytes off the
+ * per-device totals (ledger.c release_slot_locked).  Up to cap of them are described in out.
+ * *recovered = 1 when the mutex was EOWNERDEAD (the totals were recomputed from the slots and
+ * the slots of dead processes freed by the shim's own recovery; those are not in out).
+ * Returns the number of slots freed by this call's own scan. */
+SGA_EXPORT int sga_usage_reap(const char *path, struct sga_usage_reaped *out, int cap,
+                              int *recovered, char err[SGA_ERR_LEN]);
+
+/* Store overhead_bytes of limits index idx (the agent's figure: NVML minus the ledger). */
+SGA_EXPORT int sga_usage_set_overhead(const char *path, int idx, uint64_t bytes,
+                                      char err[SGA_ERR_LEN]);
+
+/* Free the client entries of dead processes in the arbiter region at path and, when the token
+ * came free and clients wait, grant it to the best waiter (shim/arbiter.c
+ * reap_and_pick_locked).  Up to cap freed entries are described in out. */
+SGA_EXPORT int sga_arbiter_reap(const char *path, struct sga_arb_reaped *out, int cap,
+                                struct sga_arb_result *res, char err[SGA_ERR_LEN]);
+
+#endif /* SHAREGPU_SGAGENT_H */

@@ -1,0 +1,76 @@
+/*
+ * What shim/ledger.c and shim/arbiter.c need from the rest of the shim, reduced to what the
+ * agent's operations use.  The agent has no tenant configuration of its own (mode INERT), no
+ * real libcuda (every function pointer NULL) and prints nothing: errors come back as text.
+ */
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../shim/shim.h"
+
+const struct sg_limits *sg_limits_map;
+struct sg_usage *sg_usage_map;
+char sg_tenant_dir[PATH_MAX] = "(agent)";
+struct sg_limits_copy sg_lim;
+struct sg_real sg_real;
+__thread int sg_in_hook __attribute__((tls_model("initial-exec")));
+
+static const struct sg_real no_real;
+
+int sg_fail(struct sg_err *e, int code, const char *fmt, ...)
+{
+    if (e) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+        va_end(ap);
+        e->code = code;
+    }
+    return code;
+}
+
+void sg_log_once(int *once, const char *fmt, ...)
+{
+    (void)fmt;
+    *once = 1; /* the agent reports through return values, never on stderr */
+}
+
+void sg_break(const char *fmt, ...)
+{
+    (void)fmt;
+}
+
+bool sg_configured(void)
+{
+    return false;
+}
+
+enum sg_mode sg_mode(void)
+{
+    return SG_MODE_INERT;
+}
+
+const struct sg_real *sg_real_cu(void)
+{
+    return &no_real;
+}
+
+int sg_limits_refresh_locked(struct sg_err *e)
+{
+    (void)e;
+    return 0;
+}
+
+int sg_limits_read(const struct sg_limits *l, struct sg_limits_copy *out, struct sg_err *e)
+{
+    (void)l;
+    (void)out;
+    return sg_fail(e, SG_E_CONFIG, "no limits in the agent");
+}
+
+CUresult sg_cu_result(int code)
+{
+    return code == 0 ? CUDA_SUCCESS : CUDA_ERROR_NOT_PERMITTED;
+}

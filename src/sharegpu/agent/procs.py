@@ -1,0 +1,183 @@
+"""Processes as the agent sees them: liveness, parentage and attribution to tenants.
+
+Liveness is the shim's rule (``sg_proc_alive`` in native/shim/ledger.c): a process is alive
+while its pid exists, is not a zombie, and has the recorded start time (field 22 of
+/proc/<pid>/stat), so a reused pid is never mistaken for the original. The agent must share the
+pid namespace of the processes it judges (the host's, for containers once host pids are known).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from sharegpu import abi
+from sharegpu.errors import ConfigError
+from sharegpu.tenant import TenantStatus, read_usage
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    pid: int
+    ppid: int
+    pgid: int
+    state: str
+    start_time: int
+
+
+def proc_info(pid: int) -> ProcInfo | None:
+    """/proc/<pid>/stat, or None when there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    try:
+        # The command (field 2) may hold spaces and ')': the fields resume after the last ')'.
+        fields = stat[stat.rindex(")") + 2 :].split()
+        return ProcInfo(
+            pid=pid,
+            ppid=int(fields[1]),
+            pgid=int(fields[2]),
+            state=fields[0],
+            start_time=int(fields[19]),
+        )
+    except (ValueError, IndexError):
+        return None
+
+
+def alive(pid: int, start_time: int | None = None) -> bool:
+    """The shim's liveness: the pid exists, is not a zombie, and (if given) started then."""
+    if pid <= 0:
+        return False
+    info = proc_info(pid)
+    if info is None or info.state in ("Z", "X"):
+        return False
+    return start_time is None or info.start_time == start_time
+
+
+def process_table() -> dict[int, ProcInfo]:
+    """Every process in this pid namespace (one pass over /proc)."""
+    table = {}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit() and (info := proc_info(int(entry.name))) is not None:
+                table[info.pid] = info
+    return table
+
+
+def descendants(root_pid: int, table: dict[int, ProcInfo]) -> set[int]:
+    """root_pid and every live process below it in `table`."""
+    children: dict[int, list[int]] = {}
+    for info in table.values():
+        children.setdefault(info.ppid, []).append(info.pid)
+    found: set[int] = set()
+    todo = [root_pid]
+    while todo:
+        pid = todo.pop()
+        if pid in found:
+            continue
+        found.add(pid)
+        todo.extend(children.get(pid, ()))
+    return {p for p in found if p in table and table[p].state not in ("Z", "X")}
+
+
+def supervisor_of(meta: dict[str, object]) -> tuple[int, int] | None:
+    """(pid, start time) of the tenant's supervisor from meta.json, if it names one."""
+    sup = meta.get("supervisor")
+    if not isinstance(sup, dict):
+        return None
+    try:
+        return int(sup.get("pid", 0)), int(sup.get("start_time", -1))
+    except (TypeError, ValueError):
+        return None
+
+
+def owner_gone(meta: dict[str, object], table: dict[int, ProcInfo]) -> str | None:
+    """Why the tenant's owner is gone, or None while it lives or when the tenant names none.
+
+    Owners: "supervisor" {pid, start_time} (`sharegpu run`), "pgid" (a process group: gone
+    when no process is left in it). A tenant that names neither is managed by the agent's API
+    and never reaped here."""
+    reasons = []
+    sup = supervisor_of(meta)
+    if sup is not None:
+        pid, start = sup
+        info = table.get(pid)
+        if info is not None and info.state not in ("Z", "X") and info.start_time == start:
+            return None
+        reasons.append(f"supervisor {pid} is gone")
+    pgid = meta.get("pgid")
+    if isinstance(pgid, int) and pgid > 0:
+        if any(i.pgid == pgid and i.state not in ("Z", "X") for i in table.values()):
+            return None
+        reasons.append(f"process group {pgid} is empty")
+    return "; ".join(reasons) or None
+
+
+@dataclass(frozen=True)
+class SlotProc:
+    """A live process in a tenant's usage region."""
+
+    pid: int  # in the agent's namespace (host_pid when known)
+    start_time: int
+    mem_bytes: tuple[int, ...]  # per limits index
+
+
+def live_slots(tenant_dir: Path) -> list[SlotProc]:
+    """Live processes of the tenant's ledger, with the bytes each holds per limits index."""
+    try:
+        usage = read_usage(tenant_dir)
+    except ConfigError:
+        return []
+    found = []
+    for proc in usage.procs:
+        if proc.pid == 0:
+            continue
+        pid = int(proc.host_pid or proc.pid)
+        if alive(pid, int(proc.start_time)):
+            found.append(
+                SlotProc(
+                    pid=pid,
+                    start_time=int(proc.start_time),
+                    mem_bytes=tuple(int(proc.dev[i].mem_bytes) for i in range(abi.MAX_DEVICES)),
+                )
+            )
+    return found
+
+
+def tenant_pids(status: TenantStatus, table: dict[int, ProcInfo]) -> set[int]:
+    """The processes that belong to a tenant: those in its usage slots, and every descendant of
+    its live supervisor (so a process that unloaded the shim is still the tenant's)."""
+    pids = {s.pid for s in live_slots(status.path)}
+    sup = supervisor_of(status.meta)
+    if sup is not None:
+        pid, start = sup
+        info = table.get(pid)
+        if info is not None and info.start_time == start:
+            pids |= descendants(pid, table)
+    return pids
+
+
+def kill(pid: int, start_time: int | None) -> bool:
+    """SIGKILL pid if it is still the process that started at start_time (through a pidfd, so a
+    pid reused in between is never hit). True if the signal was sent."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return False
+    try:
+        if start_time is not None and not alive(pid, start_time):
+            return False
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def mib(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MiB"

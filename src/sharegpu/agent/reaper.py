@@ -1,0 +1,188 @@
+"""The reaper: what dead processes and dead supervisors leave behind is released at once.
+
+The shim reclaims a dead process's memory charge and GPU-token entry only lazily, when another
+process of the tenant (or of the GPU) next calls in. The reaper does not wait for that: every
+half second it frees, in each tenant's usage region, the slots of dead processes (their bytes
+leave the per-device totals) and, in each GPU's arbiter region, the entries of dead clients; a
+token that a dead client held goes to the best waiter. Both run the shim's own code under the
+regions' robust mutexes (libsgagent.so, see ``sharegpu.agent.regions``), so the accounting is
+exactly the shim's. Then tenants whose owner (``sharegpu run`` supervisor, process group) is
+gone and that have no live process left are removed, under the node lock that tenant creation
+takes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from sharegpu import abi
+from sharegpu.agent import regions
+from sharegpu.agent.events import Event
+from sharegpu.agent.procs import live_slots, mib, owner_gone, process_table
+from sharegpu.arbiter import iter_arbiters
+from sharegpu.errors import ConfigError
+from sharegpu.tenant import iter_tenants, read_limits, remove_tenant, tenant_status, tenants_dir
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _node_lock(root: Path) -> Iterator[None]:
+    """The lock `sharegpu.tenant.create_tenant` holds (flock on <runtime>/tenants/.lock)."""
+    fd = os.open(tenants_dir(root) / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+class Reaper:
+    """Releases the charges and arbiter entries of dead processes; removes orphaned tenants."""
+
+    name = "reaper"
+
+    def __init__(self, root: Path, *, interval_s: float = 0.5) -> None:
+        self.root = root
+        self.interval_s = interval_s
+        self._broken: set[str] = set()  # regions already reported unreadable
+
+    def tick(self) -> list[Event]:
+        events = self._reap_usage()
+        events += self._reap_arbiters()
+        events += self._reap_tenants()
+        return events
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._broken:
+            self._broken.add(key)
+            log.warning("%s", message)
+
+    def _reap_usage(self) -> list[Event]:
+        events = []
+        for path in iter_tenants(self.root):
+            if not (path / abi.USAGE_FILE).exists():
+                continue  # being created or removed
+            try:
+                lim = read_limits(path)
+                uuids = [abi.bytes_to_uuid(bytes(d.uuid)) for d in lim.devices[: lim.device_count]]
+                reap = regions.reap_usage(path)
+            except ConfigError as err:
+                self._warn_once(str(path), f"reaper: {err}")
+                continue
+            self._broken.discard(str(path))
+            for slot in reap.slots:
+                held = {uuids[i]: b for i, b in enumerate(slot.mem_bytes[: len(uuids)]) if b}
+                total = sum(held.values())
+                events.append(
+                    Event(
+                        kind="process.reaped",
+                        tenant=path.name,
+                        gpu=next(iter(held), None),
+                        pid=slot.host_pid or slot.pid,
+                        message=f"process {slot.host_pid or slot.pid} of tenant {path.name} is gone: "
+                        f"released its {mib(total)} charge",
+                        data={
+                            "region": "usage",
+                            "pid": slot.pid,
+                            "host_pid": slot.host_pid,
+                            "start_time": slot.start_time,
+                            "mem_bytes": held,
+                        },
+                    )
+                )
+            if reap.recovered:
+                events.append(
+                    Event(
+                        kind="process.reaped",
+                        severity="warning",
+                        tenant=path.name,
+                        message=f"tenant {path.name}: a process died holding the usage lock; "
+                        "the totals were recomputed from the slots",
+                        data={"region": "usage", "recovered": True},
+                    )
+                )
+        return events
+
+    def _reap_arbiters(self) -> list[Event]:
+        events = []
+        for path in iter_arbiters(self.root):
+            uuid = path.parent.name
+            try:
+                reap = regions.reap_arbiter(path)
+            except ConfigError as err:
+                self._warn_once(str(path), f"reaper: {err}")
+                continue
+            self._broken.discard(str(path))
+            for client in reap.clients:
+                handed = reap.new_holder_pid if client.held_token else None
+                note = ""
+                if client.held_token:
+                    note = (
+                        f"; its GPU token went to process {handed}"
+                        if handed
+                        else "; its GPU token is free (nobody waits)"
+                    )
+                events.append(
+                    Event(
+                        kind="process.reaped",
+                        tenant=client.tenant or None,
+                        gpu=uuid,
+                        pid=client.pid,
+                        message=f"process {client.pid} of tenant {client.tenant} is gone: "
+                        f"freed its arbiter entry on {uuid}{note}",
+                        data={
+                            "region": "arbiter",
+                            "start_time": client.start_time,
+                            "held_token": client.held_token,
+                            "token_to_pid": handed,
+                        },
+                    )
+                )
+            if reap.recovered:
+                events.append(
+                    Event(
+                        kind="process.reaped",
+                        severity="warning",
+                        gpu=uuid,
+                        message=f"GPU {uuid}: a process died holding the arbiter lock; repaired",
+                        data={"region": "arbiter", "recovered": True},
+                    )
+                )
+        return events
+
+    def _reap_tenants(self) -> list[Event]:
+        candidates = list(iter_tenants(self.root))
+        if not candidates:
+            return []
+        table = process_table()
+        events = []
+        for path in candidates:
+            status = tenant_status(path)
+            if status.error is not None or owner_gone(status.meta, table) is None:
+                continue
+            if live_slots(path):
+                continue
+            with _node_lock(self.root):
+                # Look again under the lock: tenant creation collects stale tenants too.
+                if not path.exists():
+                    continue
+                status = tenant_status(path)
+                reason = owner_gone(status.meta, process_table())
+                if status.error is not None or reason is None or live_slots(path):
+                    continue
+                remove_tenant(path)
+            events.append(
+                Event(
+                    kind="tenant.reaped",
+                    tenant=status.id,
+                    message=f"tenant {status.id} removed: {reason} and no process of it is left",
+                    data={"reason": reason, "meta": status.meta},
+                )
+            )
+        return events

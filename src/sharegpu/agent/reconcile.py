@@ -1,0 +1,145 @@
+"""The reconciler: what NVML sees a tenant use beyond its ledger becomes its overhead.
+
+The shim's ledger counts the bytes the tenant's processes allocate through CUDA. The driver
+also charges each process for its contexts, kernels, local memory and library workspaces, which
+no allocation call shows. Every second the reconciler compares, per tenant and GPU, NVML's
+per-process memory with the ledger and writes the difference into the tenant's usage region as
+``overhead_bytes``; the shim counts it against the cap at every admission (ledger.c
+``fits_locked``: used + overhead + size <= cap) and in the memory the tenant sees. So the cap
+covers what the tenant really uses on the card.
+
+Per process of the tenant's ledger (a live usage slot) seen by NVML on the GPU:
+``max(0, min(nvml - ledger, max_process_overhead))``, summed over the tenant. The ledger is read
+before and after NVML and the larger figure used, so a free or an allocation racing the
+measurement never inflates the overhead. Processes outside the ledger (no slot: a process that
+unloaded the shim, or one with a context that never allocated) add nothing here: their whole
+use is what the audit weighs against the cap. The per-process ceiling keeps a process that
+allocates around the shim while loaded from hiding it all as overhead.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from sharegpu import abi
+from sharegpu.agent import regions
+from sharegpu.agent.events import Event
+from sharegpu.agent.procs import SlotProc, live_slots, mib
+from sharegpu.devices import GpuProcess, processes_by_gpu
+from sharegpu.errors import ConfigError, DeviceError
+from sharegpu.spec import MIB
+from sharegpu.tenant import iter_tenants, read_limits, read_usage
+
+log = logging.getLogger(__name__)
+
+NvmlSource = Callable[[], dict[str, list[GpuProcess]]]
+
+DEFAULT_EVENT_THRESHOLD = 32 * MIB
+DEFAULT_MAX_PROCESS_OVERHEAD = 2048 * MIB
+
+
+class Reconciler:
+    """Writes each tenant's overhead (NVML minus ledger) per GPU into its usage region."""
+
+    name = "reconcile"
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        interval_s: float = 1.0,
+        nvml: NvmlSource | None = None,
+        event_threshold_bytes: int = DEFAULT_EVENT_THRESHOLD,
+        max_process_overhead_bytes: int = DEFAULT_MAX_PROCESS_OVERHEAD,
+    ) -> None:
+        self.root = root
+        self.interval_s = interval_s
+        self.nvml = nvml or processes_by_gpu
+        self.event_threshold_bytes = event_threshold_bytes
+        self.max_process_overhead_bytes = max_process_overhead_bytes
+        self._reported: dict[tuple[str, str], int] = {}  # (tenant, uuid) -> last reported
+        self._nvml_failed = False
+
+    def tick(self) -> list[Event]:
+        tenants = list(iter_tenants(self.root))
+        if not tenants:
+            return []
+        before = {path: live_slots(path) for path in tenants}
+        try:
+            gpus = self.nvml()
+        except DeviceError as err:
+            if not self._nvml_failed:
+                log.warning("reconcile: %s", err)
+            self._nvml_failed = True
+            return []
+        self._nvml_failed = False
+        events = []
+        for path in tenants:
+            events += self._tenant(path, before[path], live_slots(path), gpus)
+        names = {p.name for p in tenants}
+        self._reported = {k: v for k, v in self._reported.items() if k[0] in names}
+        return events
+
+    def _tenant(
+        self,
+        path: Path,
+        before: list[SlotProc],
+        after: list[SlotProc],
+        gpus: dict[str, list[GpuProcess]],
+    ) -> list[Event]:
+        try:
+            limits = read_limits(path)
+            usage = read_usage(path)
+        except ConfigError:
+            return []  # being created or removed, or broken (the shim reports that)
+        events = []
+        slots: dict[int, list[SlotProc]] = {}
+        for s in (*before, *after):
+            slots.setdefault(s.pid, []).append(s)
+        for i, dev in enumerate(limits.devices[: limits.device_count]):
+            uuid = abi.bytes_to_uuid(bytes(dev.uuid))
+            if uuid not in gpus:
+                continue  # NVML does not show the GPU: leave the last figure
+            seen = {p.pid: p.used_bytes for p in gpus[uuid]}
+            overhead = 0
+            per_pid = {}
+            for pid, views in slots.items():
+                if pid not in seen:
+                    continue
+                ledger = max(v.mem_bytes[i] for v in views)
+                extra = min(max(seen[pid] - ledger, 0), self.max_process_overhead_bytes)
+                if extra:
+                    per_pid[pid] = extra
+                overhead += extra
+            current = int(usage.devices[i].overhead_bytes)
+            if overhead != current:
+                try:
+                    regions.set_overhead(path, i, overhead)
+                except ConfigError as err:
+                    log.warning("reconcile: %s", err)
+                    continue
+            key = (path.name, uuid)
+            last = self._reported.get(key, current)
+            if abs(overhead - last) > self.event_threshold_bytes:
+                self._reported[key] = overhead
+                events.append(
+                    Event(
+                        kind="reconcile.overhead",
+                        tenant=path.name,
+                        gpu=uuid,
+                        message=f"tenant {path.name} on {uuid}: overhead {mib(last)} -> {mib(overhead)} "
+                        f"(NVML beyond the ledger; counted against its {mib(int(dev.mem_cap_bytes))} cap)",
+                        data={
+                            "overhead_bytes": overhead,
+                            "previous_bytes": last,
+                            "cap_bytes": int(dev.mem_cap_bytes),
+                            "ledger_bytes": int(usage.devices[i].mem_used_bytes),
+                            "per_pid": per_pid,
+                        },
+                    )
+                )
+            else:
+                self._reported.setdefault(key, current)
+        return events

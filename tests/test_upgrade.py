@@ -1,0 +1,203 @@
+"""Hot upgrade of the shim (sharegpu.agent.upgrade): install, validate, swap, collect.
+
+Tenant processes preload the stable link <runtime>/shim/libsharegpu.so; these tests start real
+probes on the simulated GPU through it before and after an upgrade and read /proc/<pid>/maps to
+see which build each one runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import Sim, parse_kv
+from sharegpu import native
+from sharegpu.agent.upgrade import (
+    collect_old_shims,
+    current_shim,
+    ensure_installed,
+    inspect_shim,
+    install_shim,
+    shim_dir,
+    stable_path,
+    upgrade_event,
+)
+from sharegpu.errors import ConfigError
+from sharegpu.spec import MIB
+from sharegpu.tenant import read_usage
+
+
+def variant(tmp_path: Path, n: int) -> Path:
+    """Another build of the shim: the same code with different bytes (so another hash)."""
+    path = tmp_path / f"variant{n}" / "libsharegpu.so"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(native.shim_path().read_bytes() + f"\0variant {n}\0".encode())
+    return path
+
+
+def listing(directory: Path) -> dict[str, str]:
+    """Every entry of the shim directory (hidden ones too) and what each is."""
+    if not directory.exists():
+        return {}
+    return {
+        p.name: (f"-> {os.readlink(p)}" if p.is_symlink() else str(p.stat().st_size))
+        for p in directory.iterdir()
+    }
+
+
+def mapped_shim(pid: int) -> str:
+    """The libsharegpu file process pid has mapped (by name)."""
+    names = {
+        line.split(maxsplit=5)[5]
+        for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+        if "libsharegpu" in line and len(line.split(maxsplit=5)) == 6
+    }
+    assert len(names) == 1, names
+    return Path(names.pop()).name
+
+
+def preload_env(sim: Sim, tenant: Path) -> dict[str, str]:
+    return sim.env(LD_PRELOAD=str(stable_path(sim.runtime)), SHAREGPU_TENANT=str(tenant))
+
+
+def wait_ready(proc: subprocess.Popen[str], key: str = "ready") -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if key in parse_kv(line)[0]:
+            return
+    raise AssertionError(f"probe ended without {key}=: {proc.stderr.read() if proc.stderr else ''}")
+
+
+def test_the_shim_carries_its_version_and_abi() -> None:
+    info = inspect_shim(native.shim_path())
+    assert info.version not in ("", "unknown")
+    assert info.abi is not None
+    assert len(info.sha256) == 64
+
+
+def test_install_names_the_build_and_swaps_the_link(sim: Sim, tmp_path: Path) -> None:
+    assert current_shim(sim.runtime) is None
+    stable = ensure_installed(sim.runtime)  # the package's own shim
+    assert stable == stable_path(sim.runtime)
+    first = current_shim(sim.runtime)
+    assert first is not None
+    info = inspect_shim(native.shim_path())
+    assert first.name == f"libsharegpu-{info.version}-{info.sha256[:12]}.so"
+    assert first.read_bytes() == native.shim_path().read_bytes()
+    assert os.readlink(stable) == first.name  # relative: the directory can be mounted anywhere
+    assert first.stat().st_mode & 0o777 == 0o444
+    assert ensure_installed(sim.runtime) == stable  # installed already: nothing happens
+    assert install_shim(native.shim_path(), sim.runtime) == first  # the same build again
+    assert current_shim(sim.runtime) == first
+    second = install_shim(variant(tmp_path, 1), sim.runtime)
+    assert second != first
+    assert current_shim(sim.runtime) == second
+    event = upgrade_event(second, first)
+    assert event.kind == "shim.upgraded"
+    assert event.data["version"] == info.version
+    assert first.name in event.message
+    assert not [p for p in shim_dir(sim.runtime).iterdir() if p.name.startswith(".libsharegpu")]
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda d: d / "missing.so", "no such file"),
+        (lambda d: _write(d / "text.so", b"#!/bin/sh\necho hi\n"), "not an ELF file"),
+        (lambda d: native.agent_lib_path(), "does not export cuInit"),
+        (lambda d: native.simgpu_dir() / "libcuda.so.1", "does not export dlsym"),
+        (lambda d: _write(d / "abi.so", _other_abi()), "this node speaks"),
+        (lambda d: _write(d / "short.so", native.shim_path().read_bytes()[:200]), "malformed"),
+    ],
+    ids=["missing", "text", "not-a-shim", "a-driver", "other-abi", "truncated"],
+)
+def test_a_bad_file_is_refused_and_nothing_changes(sim: Sim, tmp_path: Path, make, message) -> None:  # type: ignore[no-untyped-def]
+    ensure_installed(sim.runtime)
+    before = listing(shim_dir(sim.runtime))
+    with pytest.raises(ConfigError, match=message):
+        install_shim(make(tmp_path), sim.runtime)
+    assert listing(shim_dir(sim.runtime)) == before
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def _other_abi() -> bytes:
+    data = native.shim_path().read_bytes()
+    marker = data.index(b"sharegpu-shim: version=")
+    abi_at = data.index(b" abi=", marker) + len(b" abi=")
+    return data[:abi_at] + b"9" + data[abi_at + 1 :]
+
+
+def test_upgrade_under_running_tenant_processes(sim: Sim, tmp_path: Path) -> None:
+    tenant = sim.tenant("a", 256, gpus=[0])
+    old = install_shim(native.shim_path(), sim.runtime)
+    before = sim.spawn_probe("hold", "plain", "100M", "60", env=preload_env(sim, tenant))
+    after: subprocess.Popen[str] | None = None
+    try:
+        wait_ready(before)
+        assert mapped_shim(before.pid) == old.name
+        new = install_shim(variant(tmp_path, 1), sim.runtime)
+        assert new != old
+        # The running process keeps its build, unchanged on disk, and keeps its charge.
+        assert before.poll() is None
+        assert mapped_shim(before.pid) == old.name
+        assert old.exists()
+        assert read_usage(tenant).devices[0].mem_used_bytes == 100 * MIB
+        # A process started now loads the new build, and shares the one ledger: the cap still
+        # covers both (256 - 100 = 156 MiB left, in 16 MiB chunks: 9).
+        after = sim.spawn_probe("fill", "plain", "16M", "30", env=preload_env(sim, tenant))
+        wait_ready(after, "held")
+        assert mapped_shim(after.pid) == new.name
+        assert read_usage(tenant).devices[0].mem_used_bytes == 100 * MIB + 9 * 16 * MIB
+        probe = sim.probe("alloc", "plain", "16M", env=preload_env(sim, tenant))
+        assert probe["alloc"] == "CUDA_ERROR_OUT_OF_MEMORY"
+        # The old build's process dies: the next call of the new build reclaims its charge.
+        before.send_signal(signal.SIGKILL)
+        before.communicate(timeout=30)
+        deadline = time.monotonic() + 10
+        while read_usage(tenant).devices[0].mem_used_bytes != 9 * 16 * MIB:
+            assert time.monotonic() < deadline
+            sim.probe("meminfo", env=preload_env(sim, tenant))  # a call reclaims the dead slot
+            time.sleep(0.05)
+    finally:
+        for proc in (before, after):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+            if proc is not None:
+                proc.communicate(timeout=30)
+
+
+def test_old_builds_are_collected_once_no_process_maps_them(sim: Sim, tmp_path: Path) -> None:
+    tenant = sim.tenant("a", 256, gpus=[0])
+    v1 = install_shim(variant(tmp_path, 1), sim.runtime)
+    holder = sim.spawn_probe("hold", "plain", "10M", "60", env=preload_env(sim, tenant))
+    try:
+        wait_ready(holder)
+        v2 = install_shim(variant(tmp_path, 2), sim.runtime)
+        v3 = install_shim(variant(tmp_path, 3), sim.runtime)
+        # v1 is neither current nor previous, but still mapped: kept.
+        assert v1.exists()
+        assert v2.exists()
+        assert collect_old_shims(sim.runtime) == []
+        holder.kill()
+        holder.communicate(timeout=30)
+        assert collect_old_shims(sim.runtime) == [v1]
+        assert not v1.exists()
+        assert v2.exists()  # the previous build is always kept
+        assert current_shim(sim.runtime) == v3
+        v4 = install_shim(variant(tmp_path, 4), sim.runtime)  # collects v2 on the way
+        assert sorted(p.name for p in shim_dir(sim.runtime).glob("libsharegpu-*")) == sorted(
+            [v3.name, v4.name]
+        )
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        holder.communicate(timeout=30)
