@@ -18,12 +18,18 @@ REPO = Path(__file__).resolve().parent.parent
 def test_public_names() -> None:
     assert sharegpu.__all__ == ["__version__"]
     assert sorted(errors.__all__) == [
+        "AdmissionError",
+        "AgentError",
         "CommandNotFound",
         "ConfigError",
         "DeviceError",
         "SharegpuError",
         "SpecError",
+        "TenantBusy",
         "TenantError",
+        "TenantExists",
+        "TenantNotFound",
+        "UnknownGpu",
     ]
     for name in errors.__all__:
         assert issubclass(getattr(errors, name), errors.SharegpuError)
@@ -33,7 +39,18 @@ def test_help_lists_the_commands() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "sharegpu.cli", "--help"], capture_output=True, text=True, check=True
     ).stdout
-    for command in ("run", "devices", "tenants", "simgpu", "demo", "simulate"):
+    for command in (
+        "run",
+        "devices",
+        "tenants",
+        "resize",
+        "events",
+        "agent",
+        "upgrade",
+        "simgpu",
+        "demo",
+        "simulate",
+    ):
         assert command in out
 
 

@@ -23,7 +23,9 @@ from sharegpu import __version__
 from sharegpu.errors import SharegpuError
 
 if TYPE_CHECKING:
-    from sharegpu.report import DeviceReport
+    from sharegpu.agent.client import AgentClient
+    from sharegpu.agent.events import Event
+    from sharegpu.agent.models import DeviceView, TenantView
 
 JSON_VERSION = 1
 
@@ -111,105 +113,86 @@ def run(  # noqa: PLR0917 (typer maps parameters to options)
     raise typer.Exit(run_tenant(request))
 
 
-@app.command(help="List the GPUs of this node as NVML reports them.")
-def devices(output: OutputOpt = Output.table) -> None:
-    from sharegpu.devices import list_gpus
+def _agent() -> AgentClient | None:
+    """The node agent's client when one answers on the runtime directory, else None."""
+    from sharegpu.agent.client import AgentClient
+    from sharegpu.tenant import runtime_dir
 
-    gpus = list_gpus()
+    return AgentClient.connect(runtime_dir())
+
+
+@app.command(
+    help="List the GPUs of this node: memory and utilization as NVML reports them, and what the "
+    "tenants were given (memory caps, compute guarantees) and use."
+)
+def devices(output: OutputOpt = Output.table) -> None:
+    from sharegpu.agent.models import gpu_views, read_arbiters
+    from sharegpu.agent.service import views
+    from sharegpu.devices import list_gpus
+    from sharegpu.tenant import runtime_dir
+
+    client = _agent()
+    if client is not None:
+        with client:
+            gpus = client.list_gpus()
+    else:
+        found = list_gpus()
+        root = runtime_dir()
+        gpus = gpu_views(found, views(root), read_arbiters(root, [g.uuid for g in found]))
     if output is Output.json:
-        _emit_json(
-            "DeviceList",
-            [
-                {
-                    "index": g.index,
-                    "uuid": g.uuid,
-                    "name": g.name,
-                    "memory_total_bytes": g.memory_total,
-                    "memory_used_bytes": g.memory_used,
-                    "utilization_pct": g.utilization_pct,
-                }
-                for g in gpus
-            ],
-        )
+        _emit_json("DeviceList", [g.model_dump(mode="json") for g in gpus])
         return
-    table = Table("INDEX", "UUID", "NAME", "MEMORY USED / TOTAL", "UTIL", box=None)
+    table = Table(
+        "INDEX", "UUID", "NAME", "MEMORY USED / TOTAL", "UTIL", "CAPS", "GUARANTEED", "TENANTS", box=None
+    )
     for g in gpus:
+        caps = f"{_size(g.memory_allocated_bytes)}" + (" [overcommitted]" if g.memory_overcommitted else "")
         table.add_row(
             str(g.index),
             g.uuid,
             g.name,
-            f"{_size(g.memory_used)} / {_size(g.memory_total)}",
+            f"{_size(g.memory_used_bytes)} / {_size(g.memory_total_bytes)}",
             f"{g.utilization_pct}%",
+            caps,
+            f"{g.compute_guaranteed_ratio * 100:g}%",
+            str(len(g.tenants)),
         )
     console.print(table)
 
 
-def _pct(permille: int) -> str:
-    return f"{permille / 10:g}%"
+def _pct(ratio: float) -> str:
+    return f"{ratio * 100:g}%"
 
 
-def _configured(d: DeviceReport) -> str:
+def _configured(d: DeviceView) -> str:
     if d.policy == "native":
         return "native"
     if d.policy == "burst":
-        return f"burst {_pct(d.share_permille)}-{_pct(d.ceiling_permille)}"
-    return f"{d.policy} {_pct(d.share_permille)}"
+        return f"burst {_pct(d.compute_share_ratio)}-{_pct(d.compute_ceiling_ratio)}"
+    return f"{d.policy} {_pct(d.compute_share_ratio)}"
 
 
 @app.command(help="List the tenants on this node: memory cap and usage, configured and used GPU time.")
 def tenants(output: OutputOpt = Output.table) -> None:
-    from sharegpu.report import node_report
+    from sharegpu.agent.service import views
+    from sharegpu.tenant import runtime_dir
 
-    reports = node_report()
+    client = _agent()
+    if client is not None:
+        with client:
+            items = client.list_tenants()
+    else:
+        items = views(runtime_dir())
     if output is Output.json:
-        _emit_json(
-            "TenantList",
-            [
-                {
-                    "id": r.id,
-                    "path": str(r.path),
-                    "error": r.error,
-                    "stale": r.stale,
-                    "command": r.command,
-                    "age_seconds": round(r.age_s, 3),
-                    "devices": [
-                        {
-                            "uuid": d.uuid,
-                            "memory_cap_bytes": d.mem_cap_bytes,
-                            "memory_used_bytes": d.mem_used_bytes,
-                            "memory_overhead_bytes": d.overhead_bytes,
-                            "memory_peak_bytes": d.mem_peak_bytes,
-                            "oom_events": d.oom_events,
-                            "policy": d.policy,
-                            "priority": d.priority,
-                            "compute_share_ratio": d.share_permille / 1000,
-                            "compute_ceiling_ratio": d.ceiling_permille / 1000,
-                            "weight": d.weight,
-                            "gpu_time_seconds": d.gpu_time_ns / 1e9,
-                            "wait_seconds": d.wait_ns / 1e9,
-                            "throttled_seconds": d.throttled_ns / 1e9,
-                            "preemptions": d.preemptions,
-                            "share_used_ratio": d.share_used,
-                        }
-                        for d in r.devices
-                    ],
-                    "processes": [
-                        {
-                            "pid": p.pid,
-                            "alive": p.alive,
-                            "memory_bytes": p.mem_bytes,
-                            "oom_events": p.oom_events,
-                        }
-                        for p in r.processes
-                    ],
-                }
-                for r in reports
-            ],
-        )
+        _emit_json("TenantList", [t.model_dump(mode="json") for t in items])
         return
-    if not reports:
+    if not items:
         console.print("no tenants")
         return
+    _tenant_table(items)
+
+
+def _tenant_table(items: list[TenantView]) -> None:
     table = Table(
         "TENANT",
         "GPU",
@@ -223,26 +206,198 @@ def tenants(output: OutputOpt = Output.table) -> None:
         "PROCS",
         box=None,
     )
-    for r in reports:
-        name = f"{r.id} (stale)" if r.stale else r.id
-        if r.error:
-            table.add_row(name, "-", "", "", "", "", "", f"[red]unreadable: {r.error}[/red]", "", "")
+    for t in items:
+        name = f"{t.id} (stale)" if t.stale else t.id
+        if t.error:
+            table.add_row(name, "-", "", "", "", "", "", f"[red]unreadable: {t.error}[/red]", "", "")
             continue
-        age = r.age_s or 1.0
-        for i, d in enumerate(r.devices):
+        age = t.age_seconds or 1.0
+        live = sum(1 for p in t.processes if p.alive)
+        for i, d in enumerate(t.devices):
+            memory = f"{_size(d.memory_used_bytes + d.memory_overhead_bytes)} / {_size(d.memory_cap_bytes)}"
             table.add_row(
                 name if i == 0 else "",
                 d.uuid,
                 d.priority,
                 _configured(d),
-                "-" if d.share_used is None else f"{d.share_used * 100:.1f}%",
-                f"{d.wait_ns / 1e9 / age * 100:.1f}%",
-                f"{d.throttled_ns / 1e9 / age * 100:.1f}%",
-                f"{_size(d.mem_used_bytes + d.overhead_bytes)} / {_size(d.mem_cap_bytes)}",
+                "-" if d.share_used_ratio is None else f"{d.share_used_ratio * 100:.1f}%",
+                f"{d.wait_seconds / age * 100:.1f}%",
+                f"{d.throttled_seconds / age * 100:.1f}%",
+                memory + (" [yellow]over cap[/yellow]" if d.over_cap else ""),
                 str(d.oom_events),
-                str(r.live_processes) if i == 0 else "",
+                str(live) if i == 0 else "",
             )
     console.print(table)
+    for t in items:
+        if t.note:
+            console.print(f"note: {t.id}: {t.note}")
+
+
+@app.command(
+    help="Resize a tenant while it runs: memory cap, compute share, ceiling, priority, policy, "
+    "weight. Only what is given changes; the shim follows at the next allocation or launch.\n\n"
+    "Shrinking memory below what the tenant holds kills nothing: its new allocations are refused "
+    "until its usage falls under the new cap.\n\n"
+    "Example: sharegpu resize web --memory 2GiB --compute 40%"
+)
+def resize(  # noqa: PLR0917 (typer maps parameters to options)
+    tenant: Annotated[str, typer.Argument(help="The tenant's name.")],
+    memory: Annotated[str | None, typer.Option("--memory", "-m", help="New memory cap per GPU.")] = None,
+    compute: Annotated[
+        str | None, typer.Option("--compute", "-c", help="New share, cap or guarantee, 1%-100%.")
+    ] = None,
+    ceiling: Annotated[str | None, typer.Option("--ceiling", help="New burst ceiling.")] = None,
+    priority: Annotated[str | None, typer.Option("--priority", help="online | normal | offline.")] = None,
+    policy: Annotated[str | None, typer.Option("--policy", help="share | cap | burst | native.")] = None,
+    weight: Annotated[int | None, typer.Option("--weight", help="Tie-break weight (1-1000).")] = None,
+    output: OutputOpt = Output.table,
+) -> None:
+    from sharegpu.agent.models import TenantResize
+    from sharegpu.agent.service import apply_resize, parse_model, views
+    from sharegpu.devices import list_gpus
+    from sharegpu.errors import TenantNotFound
+    from sharegpu.tenant import overcommit_allowed, runtime_dir
+
+    fields: dict[str, str | int | None] = {"memory": memory, "compute": compute, "ceiling": ceiling}
+    fields |= {"priority": priority, "policy": policy, "weight": weight}
+    changes = {k: v for k, v in fields.items() if v is not None}
+    request = parse_model(TenantResize, changes)  # the agent's checks and messages, here too
+    client = _agent()
+    if client is not None:
+        with client:
+            view = client.resize_tenant(tenant, changes)
+    else:
+        root = runtime_dir()
+        apply_resize(root, tenant, request, list_gpus(), allow_overcommit=overcommit_allowed(root))
+        found = views(root, only=tenant)
+        if not found:
+            raise TenantNotFound(f"tenant {tenant!r} vanished during the resize")
+        view = found[0]
+    if output is Output.json:
+        _emit_json("TenantList", [view.model_dump(mode="json")])
+        return
+    parts = [f"{_size(d.memory_cap_bytes)} {_configured(d)} {d.priority}" for d in view.devices[:1]]
+    print(f"resized {view.id}: {', '.join(parts)} (limits generation {view.limits_generation})")
+    if view.note:
+        print(f"note: {view.note}")
+
+
+@app.command(
+    help="List what the agent noticed and decided: tenants created, resized, recovered and reaped, "
+    "audit findings, QoS decisions. Needs a running agent.\n\n"
+    "Example: sharegpu events --kind audit --limit 20"
+)
+def events(  # noqa: PLR0917 (typer maps parameters to options)
+    output: OutputOpt = Output.table,
+    kind: Annotated[
+        str | None, typer.Option("--kind", help="A kind (tenant.resized) or a family (tenant, audit).")
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", help="At most this many (the latest).")] = 50,
+    tenant: Annotated[str | None, typer.Option("--tenant", help="Only this tenant's events.")] = None,
+    since: Annotated[int | None, typer.Option("--since", help="Only events after this id.")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new events.")] = False,
+) -> None:
+    from sharegpu.agent.client import socket_path
+    from sharegpu.errors import AgentError
+    from sharegpu.tenant import runtime_dir
+
+    if not 1 <= limit <= 10_000:
+        raise typer.BadParameter(f"{limit} is not between 1 and 10000", param_hint="--limit")
+    client = _agent()
+    if client is None:
+        raise AgentError(
+            f"no agent answers on {socket_path(runtime_dir())}: events are kept by the agent "
+            "(start it with `sharegpu agent`)"
+        )
+    with client:
+        items, last = client.events(since=since, kind=kind, tenant=tenant, limit=limit)
+        if output is Output.json and not follow:
+            _emit_json("EventList", [e.model_dump(mode="json") for e in items])
+            return
+        _print_events(items, output)
+        while follow:
+            items, last = client.events(since=last, kind=kind, tenant=tenant, limit=1000, wait=25)
+            _print_events(items, output)
+
+
+def _print_events(items: list[Event], output: Output) -> None:
+    import time
+
+    for e in items:
+        if output is Output.json:
+            print(e.model_dump_json(), flush=True)
+            continue
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.time))
+        who = f" [{e.tenant}]" if e.tenant else ""
+        level = "" if e.severity == "info" else f" {e.severity.upper()}"
+        print(f"{e.id:>6} {when} {e.kind}{level}{who} {e.message}", flush=True)
+
+
+class Enforce(StrEnum):
+    report = "report"
+    kill = "kill"
+
+
+@app.command(
+    help="Run the node agent: tenants through an HTTP API on <runtime-dir>/agent.sock, state in "
+    "<state-dir>/agent.db, reaping, reconciliation, audit and QoS loops. Stop it with SIGTERM; "
+    "tenants keep running and stay enforced while it is down. See docs/agent.md."
+)
+def agent(
+    runtime_dir_opt: Annotated[
+        Path | None,
+        typer.Option("--runtime-dir", help="Default: $SHAREGPU_RUNTIME_DIR, /run/sharegpu as root."),
+    ] = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option("--state-dir", help="Default: /var/lib/sharegpu as root, else ~/.local/state/sharegpu."),
+    ] = None,
+    enforce: Annotated[
+        Enforce, typer.Option("--enforce", help="On a process bypassing its caps: report it, or kill it too.")
+    ] = Enforce.report,
+    allow_overcommit: Annotated[
+        bool, typer.Option("--allow-overcommit", help="Admit memory caps that sum past a card's memory.")
+    ] = False,
+    log_level: Annotated[str, typer.Option("--log-level", help="debug | info | warning | error.")] = "info",
+) -> None:
+    import logging
+
+    from sharegpu.agent.daemon import Settings, default_state_dir, run_agent
+    from sharegpu.tenant import RUNTIME_ENV, runtime_dir
+
+    level = getattr(logging, log_level.upper(), None)
+    if not isinstance(level, int):
+        raise typer.BadParameter(f"unknown log level {log_level!r}", param_hint="--log-level")
+    logging.basicConfig(level=level, format="%(asctime)s sharegpu agent %(levelname)s %(message)s")
+    root = (runtime_dir_opt or runtime_dir()).absolute()
+    os.environ[RUNTIME_ENV] = str(root)  # for anything that asks runtime_dir() in the agent
+    settings = Settings(
+        runtime_dir=root,
+        state_dir=(state_dir or default_state_dir()).absolute(),
+        enforce=enforce.value,
+        allow_overcommit=allow_overcommit,
+    )
+    raise typer.Exit(run_agent(settings))
+
+
+@app.command(
+    help="Install a new shim (libsharegpu.so) for new tenant processes, without disturbing the running ones."
+)
+def upgrade(
+    shim: Annotated[Path, typer.Option("--shim", help="The new libsharegpu.so.")],
+) -> None:
+    import importlib
+
+    from sharegpu.errors import AgentError
+    from sharegpu.tenant import runtime_dir
+
+    try:
+        module: Any = importlib.import_module("sharegpu.agent.upgrade")
+    except ImportError as err:
+        raise AgentError("this sharegpu cannot upgrade the shim (sharegpu.agent.upgrade is missing)") from err
+    result = module.install_shim(shim, runtime_dir())
+    if result is not None:
+        print(result)
 
 
 @simgpu_app.command(

@@ -2,10 +2,20 @@
 
     SharegpuError                 every error we raise on purpose; the CLI prints one line for it
     ├── SpecError                 bad user input: a size, a share, a GPU selector, a tenant name
-    │   └── CommandNotFound       the command to run does not exist (exit 127, as a shell)
+    │   ├── CommandNotFound       the command to run does not exist (exit 127, as a shell)
+    │   └── AdmissionError        valid, but the node cannot honour it next to the other tenants
     ├── ConfigError               a file we read is missing, corrupt or of another ABI version
     ├── DeviceError               GPU discovery or NVML failed (wraps pynvml.NVMLError)
-    └── TenantError               a tenant that does not exist, already exists, or cannot be made
+    │   └── UnknownGpu            a GPU selector that matches no GPU of this node
+    ├── TenantError               a tenant operation that cannot be done
+    │   ├── TenantNotFound        no such tenant
+    │   ├── TenantExists          a tenant of that name exists already
+    │   └── TenantBusy            the tenant still has live processes
+    └── AgentError                the node agent cannot start, or answered with an unknown error
+
+The agent's API turns each class into an HTTP status and an error code, and its client turns
+them back (sharegpu.agent.api / sharegpu.agent.client), so a command fails the same way, with
+the same exit status, with and without the agent.
 
 Library errors are wrapped with ``raise ... from err`` so the cause stays in the traceback when
 debugging (``SHAREGPU_DEBUG=1``) but the user sees one line. All of these are *permanent*: a
@@ -32,6 +42,11 @@ class CommandNotFound(SpecError):
     exit_code = 127
 
 
+class AdmissionError(SpecError):
+    """A request that parses but cannot be honoured next to the existing tenants (memory caps
+    past the card, compute guarantees past 100%): retry after others shrink or leave."""
+
+
 class ConfigError(SharegpuError):
     """A configuration or region file that is missing, corrupt or incompatible."""
 
@@ -40,15 +55,41 @@ class DeviceError(SharegpuError):
     """GPU discovery failed or the requested GPU does not exist."""
 
 
+class UnknownGpu(DeviceError):
+    """A GPU index or UUID that matches no GPU (or several) of this node."""
+
+
 class TenantError(SharegpuError):
     """A tenant operation failed (unknown tenant, duplicate name, runtime dir not writable)."""
 
 
+class TenantNotFound(TenantError):
+    """No tenant of that name on this node."""
+
+
+class TenantExists(TenantError):
+    """A tenant of that name exists already."""
+
+
+class TenantBusy(TenantError):
+    """The tenant still has live processes (delete it with force, or stop them first)."""
+
+
+class AgentError(SharegpuError):
+    """The node agent cannot start (another one runs), or it failed in a way we do not know."""
+
+
 __all__ = [
+    "AdmissionError",
+    "AgentError",
     "CommandNotFound",
     "ConfigError",
     "DeviceError",
     "SharegpuError",
     "SpecError",
+    "TenantBusy",
     "TenantError",
+    "TenantExists",
+    "TenantNotFound",
+    "UnknownGpu",
 ]

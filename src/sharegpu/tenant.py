@@ -11,6 +11,14 @@ Layout under the runtime directory (see DESIGN.md)::
 Each file is published by writing a temporary file in the same directory and renaming it, so a
 reader never sees half a file. The usage region's robust, process-shared mutex is initialised
 here through libc (``pthread_mutex_init``) before the rename.
+
+A resize rewrites the limits file *in place* under its seqlock (generation odd while writing,
++2 when done), never by rename: a container's read-only bind mount pins the inode, and the shim
+keeps the file mapped, so only an in-place write reaches them (``resize_tenant``).
+
+Admission (under the node lock, so concurrent creators and resizers see each other): compute
+guarantees (cap and burst) on a GPU sum to at most 100%; and, when the caller passes the cards'
+memory (``memory_totals``), memory caps on a GPU sum to at most the card's memory.
 """
 
 from __future__ import annotations
@@ -25,13 +33,13 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sharegpu import abi
-from sharegpu.errors import ConfigError, SpecError, TenantError
-from sharegpu.spec import validate_tenant_id
+from sharegpu.errors import AdmissionError, ConfigError, SpecError, TenantError, TenantExists, TenantNotFound
+from sharegpu.spec import format_size, validate_tenant_id
 
 RUNTIME_ENV = "SHAREGPU_RUNTIME_DIR"
 GPUS_DIR = "gpus"
@@ -211,6 +219,15 @@ def _node_lock(base: Path) -> Iterator[None]:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def node_lock(root: Path | None = None) -> Iterator[None]:
+    """The node lock (flock on <runtime>/tenants/.lock) that creation, resize and removal take."""
+    base = tenants_dir(root)
+    base.mkdir(parents=True, exist_ok=True, mode=0o755)
+    with _node_lock(base):
+        yield
+
+
 def supervisor_identity() -> dict[str, int]:
     """This process as a tenant's supervisor: pid plus start time, so a reused pid is not it."""
     return {"pid": os.getpid(), "start_time": process_start_time(os.getpid()) or 0}
@@ -226,30 +243,55 @@ def is_stale(status: TenantStatus) -> bool:
     return not any(p.alive for p in status.processes)
 
 
-def _guarantees_on(base: Path, uuid: str) -> int:
-    """Permille of `uuid` promised to existing cap/burst tenants."""
-    total = 0
+def _guarantee(dev: DeviceLimit) -> int:
+    return dev.share_permille if dev.policy in (abi.POLICY_CAP, abi.POLICY_BURST) else 0
+
+
+def _allocated_on(base: Path, uuid: str, exclude: str | None) -> tuple[int, int]:
+    """(permille promised to cap/burst tenants, bytes of memory caps) on `uuid`, all tenants
+    but `exclude`."""
+    guaranteed = memory = 0
     for path in iter_tenants(base.parent):
-        with contextlib.suppress(ConfigError):
-            limits = read_limits(path)
-            for dev in limits.devices[: limits.device_count]:
-                if abi.bytes_to_uuid(bytes(dev.uuid)) == uuid and dev.policy in (
-                    abi.POLICY_CAP,
-                    abi.POLICY_BURST,
-                ):
-                    total += int(dev.share_permille)
-    return total
-
-
-def _admit(base: Path, devices: Sequence[DeviceLimit]) -> None:
-    for dev in devices:
-        if dev.policy not in (abi.POLICY_CAP, abi.POLICY_BURST):
+        if path.name == exclude:
             continue
-        taken = _guarantees_on(base, dev.uuid)
-        if taken + dev.share_permille > 1000:
-            raise SpecError(
-                f"compute guarantees on {dev.uuid} would total {(taken + dev.share_permille) / 10:g}% "
+        with contextlib.suppress(ConfigError):
+            for dev in read_device_limits(path):
+                if dev.uuid == uuid:
+                    guaranteed += _guarantee(dev)
+                    memory += dev.mem_cap_bytes
+    return guaranteed, memory
+
+
+def _admit(
+    base: Path,
+    devices: Sequence[DeviceLimit],
+    *,
+    exclude: str | None = None,
+    before: Sequence[DeviceLimit] = (),
+    memory_totals: Mapping[str, int] | None = None,
+) -> None:
+    """Refuse what could not be honoured next to the other tenants. On a resize (`before` given)
+    only what grows is checked: shrinking is always allowed, even on an overcommitted card."""
+    old = {d.uuid: d for d in before}
+    for dev in devices:
+        prev = old.get(dev.uuid)
+        grows_compute = _guarantee(dev) > (_guarantee(prev) if prev else 0)
+        grows_memory = memory_totals is not None and dev.mem_cap_bytes > (prev.mem_cap_bytes if prev else 0)
+        if not (grows_compute or grows_memory):
+            continue
+        taken, memory = _allocated_on(base, dev.uuid, exclude)
+        if grows_compute and taken + _guarantee(dev) > 1000:
+            raise AdmissionError(
+                f"compute guarantees on {dev.uuid} would total {(taken + _guarantee(dev)) / 10:g}% "
                 f"({taken / 10:g}% already promised to cap/burst tenants): they could not all be honoured"
+            )
+        total = (memory_totals or {}).get(dev.uuid)
+        if grows_memory and total is not None and memory + dev.mem_cap_bytes > total:
+            raise AdmissionError(
+                f"memory caps on {dev.uuid} would total {format_size(memory + dev.mem_cap_bytes)} of "
+                f"the card's {format_size(total)} ({format_size(memory)} already given to other tenants, "
+                f"{format_size(max(total - memory, 0))} left): they could not all be honoured "
+                "(an agent started with --allow-overcommit allows it)"
             )
 
 
@@ -270,11 +312,13 @@ def create_tenant(
     *,
     root: Path | None = None,
     meta: dict[str, object] | None = None,
+    memory_totals: Mapping[str, int] | None = None,
 ) -> Path:
     """Create a tenant directory with its limits, usage and meta files; returns the directory.
 
     Under the node lock: tenants left behind by dead supervisors are collected first, then the
-    compute guarantees (cap and burst) on each GPU must still sum to at most 100%."""
+    compute guarantees (cap and burst) on each GPU must still sum to at most 100%, and, with
+    `memory_totals` (GPU UUID -> card memory), the memory caps to at most the card."""
     validate_tenant_id(tenant_id)
     base = tenants_dir(root)
     try:
@@ -283,7 +327,9 @@ def create_tenant(
         raise TenantError(f"cannot create the runtime directory {base}: {err.strerror}") from err
     with _node_lock(base):
         collect_stale(base.parent)
-        _admit(base, devices)
+        if (base / tenant_id).exists():
+            raise TenantExists(f"tenant {tenant_id!r} already exists ({base / tenant_id})")
+        _admit(base, devices, memory_totals=memory_totals)
         return _create_locked(base, tenant_id, devices, meta)
 
 
@@ -294,7 +340,7 @@ def _create_locked(
     try:
         path.mkdir(mode=0o755)
     except FileExistsError as err:
-        raise TenantError(f"tenant {tenant_id!r} already exists ({path})") from err
+        raise TenantExists(f"tenant {tenant_id!r} already exists ({path})") from err
     except OSError as err:
         raise TenantError(f"cannot create {path}: {err.strerror}") from err
     try:
@@ -317,6 +363,120 @@ def _create_locked(
 
 def remove_tenant(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Resizing a live tenant.
+
+
+def tenant_path(tenant_id: str, root: Path | None = None) -> Path:
+    """The directory of an existing tenant; TenantNotFound when there is none."""
+    base = tenants_dir(root)
+    try:
+        validate_tenant_id(tenant_id)
+    except SpecError as err:
+        raise TenantNotFound(f"no tenant {tenant_id!r} on this node: {err}") from err
+    path = base / tenant_id
+    if not path.is_dir():
+        raise TenantNotFound(f"no tenant {tenant_id!r} on this node ({base})")
+    return path
+
+
+def write_limits_in_place(path: Path, devices: Sequence[DeviceLimit]) -> int:
+    """Rewrite the device entries of `path`/limits under the seqlock; returns the new generation.
+
+    Writer protocol of abi.h: store generation+1 (odd), write the fields, store generation+2.
+    Each store is one aligned 8-byte write and x86 keeps stores in program order, which is what
+    the shim's acquire loads pair with. A generation left odd by a writer that died is first
+    rounded up, so this write repairs it. Caller holds the node lock (the single writer)."""
+    if not devices or len(devices) > abi.MAX_DEVICES:
+        raise TenantError(f"a tenant needs 1 to {abi.MAX_DEVICES} GPUs, not {len(devices)}")
+    file = path / abi.LIMITS_FILE
+    _read_region(file, abi.Limits, abi.MAGIC_LIMITS)  # magic, ABI and size, before writing a byte
+    try:
+        mode = file.stat().st_mode & 0o777
+        # The file is 0444 (the tenant must not write it): lend its owner write permission just
+        # long enough to open it; an open descriptor keeps working after the mode is restored.
+        os.chmod(file, mode | 0o200)
+        try:
+            fd = os.open(file, os.O_RDWR | os.O_CLOEXEC)
+        finally:
+            os.chmod(file, mode)
+    except OSError as err:
+        raise TenantError(f"cannot open {file} for a resize: {err.strerror}") from err
+    try:
+        with mmap.mmap(fd, ctypes.sizeof(abi.Limits)) as view:
+            region = abi.Limits.from_buffer(view)
+            gen = int(region.generation)
+            gen += gen % 2
+            region.generation = gen + 1
+            region.device_count = len(devices)
+            for i in range(abi.MAX_DEVICES):
+                slot = abi.LimitsDevice()
+                if i < len(devices):
+                    dev = devices[i]
+                    slot.uuid[:] = abi.uuid_to_bytes(dev.uuid)
+                    slot.mem_cap_bytes = dev.mem_cap_bytes
+                    slot.policy = dev.policy
+                    slot.priority = dev.priority
+                    slot.share_permille = dev.share_permille
+                    slot.ceiling_permille = dev.ceiling_permille
+                    slot.weight = dev.weight
+                region.devices[i] = slot
+            region.generation = gen + 2
+            del region  # release the buffer export before the mmap closes
+    finally:
+        os.close(fd)
+    return gen + 2
+
+
+def resize_tenant(
+    tenant_id: str,
+    update: Callable[[list[DeviceLimit]], list[DeviceLimit]],
+    *,
+    root: Path | None = None,
+    memory_totals: Mapping[str, int] | None = None,
+) -> tuple[list[DeviceLimit], list[DeviceLimit], int]:
+    """Resize a tenant, running or not: under the node lock, `update` maps the current limits to
+    the new ones, admission re-runs for what grows, and the limits are rewritten in place.
+
+    Returns (before, after, generation). The shim follows at its next allocation or launch.
+    Shrinking memory below what the tenant holds kills nothing: its allocations are refused
+    until its usage falls under the new cap."""
+    path = tenant_path(tenant_id, root)
+    base = path.parent
+    with _node_lock(base):
+        if not path.is_dir():
+            raise TenantNotFound(f"no tenant {tenant_id!r} on this node ({base})")
+        before = read_device_limits(path)
+        after = update(list(before))
+        if [d.uuid for d in after] != [d.uuid for d in before]:
+            raise SpecError("a resize cannot change the GPUs of a tenant: create a new tenant instead")
+        _admit(base, after, exclude=path.name, before=before, memory_totals=memory_totals)
+        generation = write_limits_in_place(path, after)
+    return before, after, generation
+
+
+# ---------------------------------------------------------------------------------------------
+# The node's admission policy, written by the agent so that `sharegpu run` without it applies
+# the same rule.
+
+ADMISSION_FILE = "admission.json"
+
+
+def write_admission_policy(root: Path, *, allow_overcommit: bool) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".{ADMISSION_FILE}.{os.getpid()}"
+    tmp.write_text(json.dumps({"allow_overcommit": allow_overcommit}) + "\n")
+    os.replace(tmp, root / ADMISSION_FILE)
+
+
+def overcommit_allowed(root: Path | None = None) -> bool:
+    """Whether memory caps may sum past a card: the agent's --allow-overcommit, last set."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        policy = json.loads(((root or runtime_dir()) / ADMISSION_FILE).read_text())
+        return bool(policy.get("allow_overcommit", False))
+    return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -358,6 +518,23 @@ def read_limits(path: Path) -> abi.Limits:
             return region
         time.sleep(0.001)
     raise ConfigError(f"{path / abi.LIMITS_FILE}: a writer never finished (generation stays odd)")
+
+
+def read_device_limits(path: Path) -> list[DeviceLimit]:
+    """The vGPUs in `path`/limits as DeviceLimit (read under the seqlock)."""
+    limits = read_limits(path)
+    return [
+        DeviceLimit(
+            uuid=abi.bytes_to_uuid(bytes(d.uuid)),
+            mem_cap_bytes=int(d.mem_cap_bytes),
+            policy=int(d.policy),
+            priority=int(d.priority),
+            share_permille=int(d.share_permille),
+            ceiling_permille=int(d.ceiling_permille),
+            weight=int(d.weight),
+        )
+        for d in limits.devices[: limits.device_count]
+    ]
 
 
 def read_usage(path: Path) -> abi.Usage:

@@ -5,6 +5,11 @@ Creates the tenant (limits + usage files), starts the command with the shim prel
 tenant when the command exits and returns the command's exit status (128+N for signal N, as a
 shell reports it).
 
+When a node agent answers on the runtime directory, the tenant is created and deleted through
+its API (admission, events, the store); otherwise directly on the runtime directory under the
+node lock, as before the agent existed. This module is why `sharegpu.runtime` sits above
+`sharegpu.agent` in the import layers: it imports the agent's client.
+
 On a bare host the limits are only as safe as the invoking user's file permissions (the tenant
 runs as that user); inside containers the runtime mounts them read-only (see DESIGN.md).
 """
@@ -19,12 +24,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sharegpu import abi
+from sharegpu.agent.client import AgentClient
+from sharegpu.agent.plan import device_limit, memory_totals, plan_devices
 from sharegpu.arbiter import ensure_arbiter
-from sharegpu.devices import Gpu, list_gpus, select_gpus
-from sharegpu.errors import CommandNotFound, SpecError
+from sharegpu.devices import list_gpus
+from sharegpu.errors import AgentError, CommandNotFound, SpecError, TenantNotFound
 from sharegpu.native import shim_path
-from sharegpu.spec import ComputeSpec, GpuSelector, format_size, validate_tenant_id
-from sharegpu.tenant import DeviceLimit, create_tenant, remove_tenant, runtime_dir, supervisor_identity
+from sharegpu.spec import MIB, ComputeSpec, GpuSelector, validate_tenant_id
+from sharegpu.tenant import (
+    create_tenant,
+    overcommit_allowed,
+    remove_tenant,
+    runtime_dir,
+    supervisor_identity,
+)
+
+__all__ = ["RunRequest", "device_limit", "run", "tenant_environment"]
 
 _FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -38,70 +53,82 @@ class RunRequest:
     compute: ComputeSpec = field(default_factory=ComputeSpec)
 
 
-_POLICY_CODES = {
-    "share": abi.POLICY_SHARE,
-    "cap": abi.POLICY_CAP,
-    "burst": abi.POLICY_BURST,
-    "native": abi.POLICY_NATIVE,
-}
-_PRIORITY_CODES = {
-    "online": abi.PRIORITY_ONLINE,
-    "normal": abi.PRIORITY_NORMAL,
-    "offline": abi.PRIORITY_OFFLINE,
-}
-
-
-def device_limit(uuid: str, memory_bytes: int, compute: ComputeSpec) -> DeviceLimit:
-    return DeviceLimit(
-        uuid=uuid,
-        mem_cap_bytes=memory_bytes,
-        policy=_POLICY_CODES[compute.policy],
-        priority=_PRIORITY_CODES[compute.priority],
-        share_permille=compute.share_permille,
-        ceiling_permille=compute.ceiling_permille,
-        weight=compute.weight,
-    )
-
-
-def plan_devices(request: RunRequest, gpus: list[Gpu]) -> list[DeviceLimit]:
-    """The vGPUs of the tenant: one per selected GPU, each with the memory cap, checked."""
-    chosen = select_gpus(list(request.gpus), gpus)
-    for gpu in chosen:
-        if request.memory_bytes > gpu.memory_total:
-            raise SpecError(
-                f"memory cap {format_size(request.memory_bytes)} is larger than GPU {gpu.index} "
-                f"({gpu.name}, {format_size(gpu.memory_total)})"
-            )
-    return [device_limit(g.uuid, request.memory_bytes, request.compute) for g in chosen]
-
-
-def tenant_environment(tenant_dir: Path, limits: list[DeviceLimit], restrict: bool) -> dict[str, str]:
+def tenant_environment(tenant_dir: Path, uuids: Sequence[str], restrict: bool) -> dict[str, str]:
     env = dict(os.environ)
     env[abi.TENANT_ENV] = str(tenant_dir)
     preload = [str(shim_path())] + [p for p in env.get("LD_PRELOAD", "").split(":") if p]
     env["LD_PRELOAD"] = ":".join(dict.fromkeys(preload))
     if restrict:
         # Only the granted GPUs are visible to CUDA, as a container would mount only those.
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(d.uuid for d in limits)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
     return env
 
 
 def run(request: RunRequest) -> int:
+    """Through the agent when one answers on the runtime directory (it admits, records and
+    reports the tenant); else directly on the runtime directory, under the node lock."""
     if not request.command:
         raise SpecError("no command given: use `sharegpu run [OPTIONS] -- COMMAND [ARGS]`")
     name = validate_tenant_id(request.name) if request.name else f"run-{os.getpid()}"
-    limits = plan_devices(request, list_gpus())
+    client = AgentClient.connect(runtime_dir())
+    if client is not None:
+        with client:
+            return _run_with_agent(client, request, name)
+    return _run_direct(request, name)
+
+
+def _run_direct(request: RunRequest, name: str) -> int:
+    gpus = list_gpus()
+    limits = plan_devices(request.memory_bytes, request.gpus, request.compute, gpus)
     if request.compute.policy != "native":
         for dev in limits:
             ensure_arbiter(runtime_dir(), dev.uuid)
     tenant_dir = create_tenant(
-        name, limits, meta={"command": list(request.command), "supervisor": supervisor_identity()}
+        name,
+        limits,
+        meta={"command": list(request.command), "supervisor": supervisor_identity()},
+        memory_totals=memory_totals(gpus, overcommit_allowed()),
     )
     try:
-        env = tenant_environment(tenant_dir, limits, restrict=bool(request.gpus))
+        env = tenant_environment(tenant_dir, [d.uuid for d in limits], restrict=bool(request.gpus))
         return _supervise(request.command, env)
     finally:
         remove_tenant(tenant_dir)
+
+
+def _create_body(request: RunRequest, name: str) -> dict[str, object]:
+    """The request as the agent's API takes it (the strings the CLI took)."""
+    compute = request.compute
+    body: dict[str, object] = {
+        "name": name,
+        "memory": f"{request.memory_bytes // MIB}MiB",
+        "gpus": [str(s) for s in request.gpus],
+        "policy": compute.policy,
+        "priority": compute.priority,
+        "weight": compute.weight,
+        "supervisor_pid": os.getpid(),
+        "command": list(request.command),
+    }
+    if compute.policy != "native":
+        body["compute"] = f"{compute.share_permille // 10}%"
+    if compute.policy == "burst":
+        body["ceiling"] = f"{compute.ceiling_permille // 10}%"
+    return body
+
+
+def _run_with_agent(client: AgentClient, request: RunRequest, name: str) -> int:
+    view = client.create_tenant(_create_body(request, name))
+    tenant_dir = Path(view.path)
+    try:
+        env = tenant_environment(tenant_dir, [d.uuid for d in view.devices], restrict=bool(request.gpus))
+        return _supervise(request.command, env)
+    finally:
+        try:
+            client.delete_tenant(name, force=True)
+        except TenantNotFound:
+            pass  # reaped already
+        except AgentError:
+            remove_tenant(tenant_dir)  # the agent went away meanwhile: clean up as without it
 
 
 def _supervise(command: Sequence[str], env: dict[str, str]) -> int:

@@ -1,0 +1,316 @@
+"""`sharegpu agent`: recover, serve the API on the Unix socket, run the periodic loops.
+
+Start-up: one agent per runtime directory and per state directory (flocks); a socket file left
+by an agent that died is replaced, one that answers is not (another agent runs: refuse). Then
+GPU discovery, recovery (the store against the tenant directories), the socket (bound under a
+temporary name with mode 0660, then renamed into place), the loops, the server.
+
+The loops: GPU discovery every few seconds (gpu.added / gpu.removed), the store sync every
+couple of seconds (tenants made by `sharegpu run` without the agent are adopted), and whatever
+`sharegpu.agent.loops.build_loops` returns (reaper, reconciler, audit, QoS), each tick in a
+worker thread every `interval_s`, an exception logged and the loop continued.
+
+SIGTERM or SIGINT stops it cleanly (event "agent.stopped"). Nothing a tenant needs depends on
+the agent: SIGKILL stops it just as well, and the next start recovers every tenant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import importlib
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from sharegpu import __version__
+from sharegpu.agent.api import build_app
+from sharegpu.agent.client import SOCKET_NAME
+from sharegpu.agent.events import Event, Loop
+from sharegpu.agent.service import LoopStats, TenantService
+from sharegpu.agent.store import Store
+from sharegpu.errors import AgentError
+from sharegpu.tenant import write_admission_policy
+
+log = logging.getLogger("sharegpu.agent")
+
+ENFORCE_MODES = ("report", "kill")
+_UDS_PATH_MAX = 107  # sun_path is 108 bytes with the NUL
+
+
+@dataclass(frozen=True)
+class Settings:
+    runtime_dir: Path
+    state_dir: Path
+    enforce: str = "report"
+    allow_overcommit: bool = False
+    gpu_scan_interval_s: float = 3.0
+    sync_interval_s: float = 2.0
+
+
+def default_state_dir() -> Path:
+    """/var/lib/sharegpu as root, else $XDG_STATE_HOME/sharegpu (~/.local/state/sharegpu)."""
+    if os.geteuid() == 0:
+        return Path("/var/lib/sharegpu")
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "sharegpu"
+
+
+def run_agent(settings: Settings) -> int:
+    """Run the agent until SIGTERM/SIGINT; returns the exit status (0 after a clean stop)."""
+    if settings.enforce not in ENFORCE_MODES:
+        raise AgentError(f"invalid --enforce {settings.enforce!r}: use report or kill")
+    return asyncio.run(_main(settings))
+
+
+# ---------------------------------------------------------------------------------------------
+# Start-up checks.
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path, what: str) -> Iterator[None]:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as err:
+        raise AgentError(f"cannot use {path.parent}: {err.strerror}") from err
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as err:
+            holder = ""
+            with contextlib.suppress(OSError, ValueError):
+                holder = f" (pid {int(os.pread(fd, 32, 0).decode().strip())})"
+            raise AgentError(f"another agent{holder} already uses {what}") from err
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _answers(path: Path) -> bool:
+    """Whether something accepts connections on the Unix socket `path`."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            return False
+        except OSError as err:
+            return err.errno not in (errno.ECONNREFUSED, errno.ENOENT)
+    return True
+
+
+def _bind(path: Path) -> socket.socket:
+    """Listen on `path` with mode 0660: bound under a temporary name, then renamed into place,
+    so the socket never exists with looser permissions."""
+    if len(str(path).encode()) > _UDS_PATH_MAX:
+        raise AgentError(
+            f"the socket path {path} is longer than {_UDS_PATH_MAX} bytes: use a shorter --runtime-dir"
+        )
+    if path.exists() or path.is_symlink():
+        if not path.is_socket():
+            raise AgentError(f"{path} exists and is not a socket: move it away")
+        if _answers(path):
+            raise AgentError(f"another agent answers on {path}: stop it first")
+        path.unlink()  # left by an agent that died
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(tmp))
+        os.chmod(tmp, 0o660)
+        sock.listen(128)
+        os.replace(tmp, path)
+    except OSError as err:
+        sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise AgentError(f"cannot listen on {path}: {err.strerror}") from err
+    sock.setblocking(False)
+    return sock
+
+
+# ---------------------------------------------------------------------------------------------
+# Loops.
+
+
+def _external_loops(root: Path, enforce: str, store: Store) -> list[Loop]:
+    """The loops of sharegpu.agent.loops (reaper, reconciler, audit, QoS), if it is there."""
+    try:
+        module: Any = importlib.import_module("sharegpu.agent.loops")
+    except ImportError as err:
+        log.warning("no periodic loops: %s", err)
+        return []
+    try:
+        return list(module.build_loops(root, enforce=enforce, store=store))
+    except Exception as err:  # the API and recovery still work without the loops
+        log.error("no periodic loops: building them failed: %s: %s", type(err).__name__, err)
+        return []
+
+
+async def _every(
+    name: str,
+    interval_s: float,
+    step: Callable[[], Awaitable[None]],
+    stats: LoopStats,
+    stop: asyncio.Event,
+) -> None:
+    while not stop.is_set():
+        began = time.monotonic()
+        try:
+            await step()
+            stats.ticks += 1
+            stats.last_tick = time.time()
+        except Exception as err:
+            stats.errors += 1
+            stats.last_error = f"{type(err).__name__}: {err}"
+            log.warning("loop %s failed (retried in %.1f s): %s", name, interval_s, stats.last_error)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), max(interval_s - (time.monotonic() - began), 0.01))
+
+
+def _schedule(
+    service: TenantService, settings: Settings, loops: list[Loop], stop: asyncio.Event
+) -> list[asyncio.Task[None]]:
+    jobs: list[tuple[str, float, Callable[[], Awaitable[None]]]] = []
+
+    async def scan() -> None:
+        await service.scan_gpus()
+
+    async def sync() -> None:
+        await service.sync()
+
+    jobs.append(("gpus", settings.gpu_scan_interval_s, scan))
+    jobs.append(("sync", settings.sync_interval_s, sync))
+    for loop in loops:
+
+        async def tick(loop: Loop = loop) -> None:
+            events = await asyncio.to_thread(loop.tick)
+            await service.record(list(events))
+
+        jobs.append((loop.name, loop.interval_s, tick))
+    tasks = []
+    for name, interval, step in jobs:
+        stats = service.loops.setdefault(name, LoopStats(interval_s=interval))
+        tasks.append(asyncio.create_task(_every(name, interval, step, stats, stop), name=f"loop-{name}"))
+    return tasks
+
+
+# ---------------------------------------------------------------------------------------------
+# The server.
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, minus its signal handling: the agent handles SIGTERM/SIGINT itself (uvicorn's
+    would re-raise the signal after shutdown, and the agent would not exit 0)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def _main(settings: Settings) -> int:
+    root = settings.runtime_dir
+    try:
+        root.mkdir(parents=True, exist_ok=True, mode=0o755)
+    except OSError as err:
+        raise AgentError(f"cannot create the runtime directory {root}: {err.strerror}") from err
+    sock_path = root / SOCKET_NAME
+    with (
+        _exclusive(root / "agent.lock", f"the runtime directory {root}"),
+        _exclusive(settings.state_dir / "agent.lock", f"the state directory {settings.state_dir}"),
+    ):
+        store = Store(settings.state_dir)
+        try:
+            return await _serve(settings, store, sock_path)
+        finally:
+            store.close()
+
+
+async def _serve(settings: Settings, store: Store, sock_path: Path) -> int:
+    root = settings.runtime_dir
+    service = TenantService(root, store, allow_overcommit=settings.allow_overcommit, enforce=settings.enforce)
+    write_admission_policy(root, allow_overcommit=settings.allow_overcommit)
+    await service.scan_gpus()
+    recovered = await service.sync(initial=True)
+    sock = _bind(sock_path)
+    bound = os.stat(sock_path).st_ino
+    config = uvicorn.Config(
+        build_app(service),
+        lifespan="off",
+        log_config=None,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=3,
+    )
+    server = _Server(config)
+    received: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        received.append(signum)
+        service.release_waiters()
+        if server.should_exit:
+            server.force_exit = True
+        server.should_exit = True
+
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    stop = asyncio.Event()
+    loops = _external_loops(root, settings.enforce, store)
+    tasks = _schedule(service, settings, loops, stop)
+    gpus = service.known_gpus or []
+    adopted = sum(1 for e in recovered if e.kind == "tenant.recovered" and e.data.get("adopted"))
+    dropped = sum(1 for e in recovered if e.kind == "tenant.deleted")
+    tenants = service.tenant_count()
+    await service.record(
+        [
+            Event(
+                kind="agent.started",
+                message=f"agent {__version__} started (pid {os.getpid()}) on {sock_path}: "
+                f"{len(gpus)} GPU(s), {tenants} tenant(s) ({adopted} adopted, {dropped} forgotten)",
+                data={
+                    "pid": os.getpid(),
+                    "version": __version__,
+                    "socket": str(sock_path),
+                    "state_dir": str(settings.state_dir),
+                    "gpus": [g.uuid for g in gpus],
+                    "tenants": tenants,
+                    "adopted": adopted,
+                    "forgotten": dropped,
+                    "loops": list(service.loops),
+                    "enforce": settings.enforce,
+                    "allow_overcommit": settings.allow_overcommit,
+                },
+            )
+        ]
+    )
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        why = f"signal {signal.Signals(received[0]).name}" if received else "shutdown"
+        await service.record(
+            [Event(kind="agent.stopped", message=f"agent stopped ({why})", data={"pid": os.getpid()})]
+        )
+        sock.close()
+        with contextlib.suppress(OSError):
+            if os.stat(sock_path).st_ino == bound:
+                sock_path.unlink()
+    return 0
