@@ -30,7 +30,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sharegpu import abi
+import numpy as np
+
+from sharegpu import abi, regionmap
 from sharegpu.errors import ConfigError, SpecError, TenantError
 from sharegpu.tenant import init_robust_mutex
 
@@ -233,6 +235,7 @@ class ArbiterTenant:
 @dataclass
 class ArbiterClient:
     pid: int
+    start_time: int  # with pid, tells a live client from a dead one whose pid was reused
     tenant: str
     state: str
     holding: bool
@@ -276,12 +279,13 @@ class ArbiterStatus:
         return self.handover_idle_ns / self.handovers if self.handovers else 0.0
 
 
+_TENANT_ID_AT = abi.Arbiter.tenants.offset + abi.ArbTenant.tenant_id.offset
+_CLIENTS_AT = abi.Arbiter.clients.offset + abi.ArbClient.pid.offset
+
+
 def read_arbiter(path: Path) -> ArbiterStatus:
     """Read an arbiter region (validated: magic, ABI major, size)."""
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise ConfigError(f"{path}: {err.strerror}") from err
+    data = regionmap.mapped(path)
     size = ctypes.sizeof(abi.Arbiter)
     if len(data) < ctypes.sizeof(abi.RegionHeader):
         raise ConfigError(f"{path}: truncated ({len(data)} bytes)")
@@ -292,10 +296,20 @@ def read_arbiter(path: Path) -> ArbiterStatus:
         raise ConfigError(f"{path}: ABI {hdr.abi_major}.{hdr.abi_minor}, this is {abi.ABI_MAJOR}.x")
     if len(data) < size or hdr.total_size < size:
         raise ConfigError(f"{path}: truncated ({len(data)} of {size} bytes)")
-    region = abi.Arbiter.from_buffer_copy(data[:size])
+    region = abi.Arbiter.from_buffer_copy(data)
+    # Walk only the occupied entries (most of the 64 + 256 are empty): found with numpy.
+    raw = np.frombuffer(data, dtype=np.uint8, count=size)
+    used_tenants = np.flatnonzero(raw[_TENANT_ID_AT :: ctypes.sizeof(abi.ArbTenant)][: abi.ARB_MAX_TENANTS])
+    stride = ctypes.sizeof(abi.ArbClient)
+    client_pids = np.ndarray(
+        (abi.ARB_MAX_CLIENTS,), dtype=np.int32, buffer=raw, offset=_CLIENTS_AT, strides=(stride,)
+    )
+    used_clients = np.flatnonzero(client_pids)
+    del raw, client_pids
     tenants_by_index: dict[int, str] = {}
     tenants = []
-    for i, t in enumerate(region.tenants):
+    for i in map(int, used_tenants):
+        t = region.tenants[i]
         if not t.tenant_id:
             continue
         tid = t.tenant_id.decode(errors="replace")
@@ -321,7 +335,8 @@ def read_arbiter(path: Path) -> ArbiterStatus:
     holder = abi.token_holder(region.token)
     clients = []
     holder_pid = None
-    for i, c in enumerate(region.clients):
+    for i in map(int, used_clients):
+        c = region.clients[i]
         if c.pid == 0:
             continue
         if i == holder:
@@ -329,6 +344,7 @@ def read_arbiter(path: Path) -> ArbiterStatus:
         clients.append(
             ArbiterClient(
                 pid=c.pid,
+                start_time=c.start_time,
                 tenant=tenants_by_index.get(c.tenant, "?"),
                 state=abi.ARB_STATE_NAMES.get(c.state, str(c.state)),
                 holding=i == holder,

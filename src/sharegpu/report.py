@@ -19,7 +19,15 @@ from pathlib import Path
 from sharegpu import abi
 from sharegpu.arbiter import ArbiterStatus, arbiter_path, read_arbiter
 from sharegpu.errors import ConfigError
-from sharegpu.tenant import ProcessUsage, is_stale, iter_tenants, read_limits, runtime_dir, tenant_status
+from sharegpu.tenant import (
+    ProcessUsage,
+    is_stale,
+    iter_tenants,
+    read_limits,
+    runtime_dir,
+    tenant_status,
+    tenants_dir,
+)
 
 
 @dataclass
@@ -68,9 +76,11 @@ def _arbiters(root: Path, uuids: set[str]) -> dict[str, ArbiterStatus]:
     return found
 
 
-def node_report(root: Path | None = None) -> list[TenantReport]:
+def node_report(root: Path | None = None, only: str | None = None) -> list[TenantReport]:
+    """Every tenant of the node, or only tenant `only` (reading nothing of the others)."""
     root = root or runtime_dir()
-    statuses = [tenant_status(p) for p in iter_tenants(root)]
+    paths = iter_tenants(root) if only is None else [p for p in [tenants_dir(root) / only] if p.is_dir()]
+    statuses = [tenant_status(p) for p in paths]
     arbiters = _arbiters(root, {d.uuid for s in statuses for d in s.devices})
     now = time.time()
     reports = []

@@ -24,6 +24,7 @@ memory (``memory_totals``), memory caps on a GPU sum to at most the card's memor
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import ctypes.util
 import fcntl
@@ -36,8 +37,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from sharegpu import abi
+import numpy as np
+
+from sharegpu import abi, regionmap
 from sharegpu.errors import AdmissionError, ConfigError, SpecError, TenantError, TenantExists, TenantNotFound
 from sharegpu.spec import format_size, validate_tenant_id
 
@@ -233,12 +237,17 @@ def supervisor_identity() -> dict[str, int]:
     return {"pid": os.getpid(), "start_time": process_start_time(os.getpid()) or 0}
 
 
+def supervisor_gone(meta: Mapping[str, Any]) -> bool:
+    """The tenant names a supervisor (`sharegpu run`) and that process is gone."""
+    sup = meta.get("supervisor")
+    if not isinstance(sup, dict):
+        return False
+    return process_start_time(int(sup.get("pid", 0))) != int(sup.get("start_time", -1))
+
+
 def is_stale(status: TenantStatus) -> bool:
     """A tenant whose supervisor died and that has no live process left (nobody will remove it)."""
-    sup = status.meta.get("supervisor")
-    if not isinstance(sup, dict) or status.error is not None:
-        return False
-    if process_start_time(int(sup.get("pid", 0))) == int(sup.get("start_time", -1)):
+    if status.error is not None or not supervisor_gone(status.meta):
         return False
     return not any(p.alive for p in status.processes)
 
@@ -299,6 +308,8 @@ def collect_stale(root: Path | None = None) -> list[str]:
     """Remove tenants left behind by a supervisor that was killed; returns their ids."""
     removed = []
     for path in iter_tenants(root):
+        if not supervisor_gone(read_meta(path)):
+            continue  # the usual case, answered without reading the tenant's regions
         status = tenant_status(path)
         if is_stale(status):
             remove_tenant(path)
@@ -454,7 +465,36 @@ def resize_tenant(
             raise SpecError("a resize cannot change the GPUs of a tenant: create a new tenant instead")
         _admit(base, after, exclude=path.name, before=before, memory_totals=memory_totals)
         generation = write_limits_in_place(path, after)
+        _note_shrinks(path, before, after)
     return before, after, generation
+
+
+SHRUNK_KEY = "shrunk_from_bytes"
+
+
+def _note_shrinks(path: Path, before: Sequence[DeviceLimit], after: Sequence[DeviceLimit]) -> None:
+    """Remember in meta.json the largest memory cap granted before a shrink, per GPU: until the
+    tenant frees down to its new cap, holding more is legitimate, not a bypass (the audit)."""
+    meta = read_meta(path)
+    shrunk = dict(shrunk_from(meta))
+    for old, new in zip(before, after, strict=True):
+        if new.mem_cap_bytes < old.mem_cap_bytes:
+            shrunk[new.uuid] = max(old.mem_cap_bytes, shrunk.get(new.uuid, 0))
+        elif new.mem_cap_bytes >= shrunk.get(new.uuid, 0):
+            shrunk.pop(new.uuid, None)
+    if shrunk != shrunk_from(meta):
+        meta[SHRUNK_KEY] = shrunk
+        tmp = path / f".meta.json.{os.getpid()}"
+        tmp.write_text(json.dumps(meta, indent=2) + "\n")
+        os.replace(tmp, path / "meta.json")
+
+
+def shrunk_from(meta: Mapping[str, Any]) -> dict[str, int]:
+    """GPU UUID -> the cap a tenant had before its memory was shrunk (see _note_shrinks)."""
+    value = meta.get(SHRUNK_KEY)
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): int(v) for k, v in value.items() if isinstance(v, int)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -492,19 +532,19 @@ def _check_header(hdr: abi.RegionHeader, magic: int, need: int, what: Path) -> N
         raise ConfigError(f"{what}: region is {hdr.total_size} bytes, need {need}")
 
 
+def _mapped_region(path: Path, size: int, magic: int) -> mmap.mmap:
+    """The region at `path`, mapped read-only, with its header checked."""
+    view = regionmap.mapped(path)
+    if len(view) < ctypes.sizeof(abi.RegionHeader):
+        raise ConfigError(f"{path}: truncated ({len(view)} bytes)")
+    _check_header(abi.RegionHeader.from_buffer_copy(view), magic, size, path)
+    if len(view) < size:
+        raise ConfigError(f"{path}: truncated ({len(view)} of {size} bytes)")
+    return view
+
+
 def _read_region(path: Path, struct: type[ctypes.Structure], magic: int) -> ctypes.Structure:
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise ConfigError(f"{path}: {err.strerror}") from err
-    size = ctypes.sizeof(struct)
-    if len(data) < ctypes.sizeof(abi.RegionHeader):
-        raise ConfigError(f"{path}: truncated ({len(data)} bytes)")
-    hdr = abi.RegionHeader.from_buffer_copy(data)
-    _check_header(hdr, magic, size, path)
-    if len(data) < size:
-        raise ConfigError(f"{path}: truncated ({len(data)} of {size} bytes)")
-    return struct.from_buffer_copy(data[:size])
+    return struct.from_buffer_copy(_mapped_region(path, ctypes.sizeof(struct), magic))
 
 
 def read_limits(path: Path) -> abi.Limits:
@@ -537,10 +577,49 @@ def read_device_limits(path: Path) -> list[DeviceLimit]:
     ]
 
 
-def read_usage(path: Path) -> abi.Usage:
-    region = _read_region(path / abi.USAGE_FILE, abi.Usage, abi.MAGIC_USAGE)
-    assert isinstance(region, abi.Usage)
-    return region
+@dataclass
+class UsageSnapshot:
+    """A copy of a usage region: its per-device totals and its occupied process slots only (a
+    region has 256 slots, nearly all empty; copying and walking them all was the agent's main
+    cost)."""
+
+    hdr: abi.RegionHeader
+    slot_count: int
+    device_count: int
+    recoveries: int
+    devices: ctypes.Array[abi.UsageDevice]
+    procs: list[abi.UsageProc]  # occupied slots (pid != 0), in slot order
+    slots: list[int]  # their indexes
+
+
+_PROCS_AT = abi.Usage.procs.offset
+_SLOT_SIZE = ctypes.sizeof(abi.UsageProc)
+_PID_AT = abi.UsageProc.pid.offset
+
+
+def _u32(view: mmap.mmap, at: int) -> int:
+    return int.from_bytes(view[at : at + 4], "little")
+
+
+def read_usage(path: Path) -> UsageSnapshot:
+    view = _mapped_region(path / abi.USAGE_FILE, ctypes.sizeof(abi.Usage), abi.MAGIC_USAGE)
+    pids = np.ndarray(
+        (abi.MAX_PROCS,), dtype=np.int32, buffer=view, offset=_PROCS_AT + _PID_AT, strides=(_SLOT_SIZE,)
+    )
+    slots = [int(i) for i in np.flatnonzero(pids)]
+    procs = [abi.UsageProc.from_buffer_copy(view, _PROCS_AT + i * _SLOT_SIZE) for i in slots]
+    del pids  # the array holds an export of the mapping
+    return UsageSnapshot(
+        hdr=abi.RegionHeader.from_buffer_copy(view),
+        slot_count=_u32(view, abi.Usage.slot_count.offset),
+        device_count=_u32(view, abi.Usage.device_count.offset),
+        recoveries=int.from_bytes(
+            view[abi.Usage.recoveries.offset : abi.Usage.recoveries.offset + 8], "little"
+        ),
+        devices=(abi.UsageDevice * abi.MAX_DEVICES).from_buffer_copy(view, abi.Usage.devices.offset),
+        procs=[p for p in procs if p.pid != 0],  # a slot freed between the two reads
+        slots=[i for i, p in zip(slots, procs, strict=True) if p.pid != 0],
+    )
 
 
 def process_start_time(pid: int) -> int | None:
@@ -560,10 +639,38 @@ def slot_alive(proc: abi.UsageProc) -> bool:
     return pid > 0 and process_start_time(pid) == int(proc.start_time)
 
 
-def tenant_status(path: Path) -> TenantStatus:
-    meta: dict[str, object] = {}
+_meta_cache: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """The tenant's meta.json ({} when missing or unreadable: it is for humans and reapers).
+
+    The agent asks for every tenant's several times a second; a parsed copy is kept while the
+    file keeps its inode, size and mtime (it is only ever replaced by rename).  Callers get their
+    own copy to change."""
+    name = str(path / "meta.json")
+    try:
+        st = os.stat(name)
+    except OSError:
+        _meta_cache.pop(name, None)
+        return {}
+    ident = (st.st_ino, st.st_size, st.st_mtime_ns)
+    hit = _meta_cache.get(name)
+    if hit is not None and hit[0] == ident:
+        return copy.deepcopy(hit[1])
     with contextlib.suppress(OSError, ValueError):
-        meta = json.loads((path / "meta.json").read_text())
+        with open(name, encoding="utf-8") as f:
+            meta = json.load(f)
+        if isinstance(meta, dict):
+            if len(_meta_cache) > 4096:
+                _meta_cache.clear()
+            _meta_cache[name] = (ident, meta)
+            return copy.deepcopy(meta)
+    return {}
+
+
+def tenant_status(path: Path) -> TenantStatus:
+    meta = read_meta(path)
     try:
         limits = read_limits(path)
         usage = read_usage(path)
@@ -610,8 +717,10 @@ def tenant_status(path: Path) -> TenantStatus:
 
 def iter_tenants(root: Path | None = None) -> Iterator[Path]:
     base = tenants_dir(root)
-    if not base.is_dir():
+    try:
+        with os.scandir(base) as entries:  # d_type: no stat() per entry
+            names = sorted(e.name for e in entries if not e.name.startswith(".") and e.is_dir())
+    except OSError:
         return
-    for entry in sorted(base.iterdir()):
-        if entry.is_dir() and not entry.name.startswith("."):
-            yield entry
+    for name in names:
+        yield base / name
