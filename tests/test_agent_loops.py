@@ -8,6 +8,7 @@ its own), so every loop sees exactly what the agent would on that node.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -31,7 +32,15 @@ from sharegpu.agent.reconcile import Reconciler
 from sharegpu.arbiter import arbiter_path, ensure_arbiter, read_arbiter, tune_arbiter
 from sharegpu.devices import GpuProcess
 from sharegpu.spec import MIB
-from sharegpu.tenant import DeviceLimit, create_tenant, iter_tenants, read_usage
+from sharegpu.tenant import (
+    DeviceLimit,
+    create_tenant,
+    iter_tenants,
+    read_meta,
+    read_usage,
+    resize_tenant,
+    shrunk_from,
+)
 
 NVML_DUMP = (
     "import json; from sharegpu import devices; "
@@ -120,7 +129,7 @@ def with_context_overhead(sim: Sim, mib: int) -> Sim:
 def test_build_loops_gives_the_four_loops(sim: Sim) -> None:
     loops = build_loops(sim.runtime, enforce="report")
     assert [(loop.name, loop.interval_s) for loop in loops] == [
-        ("reaper", 0.5),
+        ("reaper", 1.0),
         ("reconcile", 1.0),
         ("audit", 1.0),
         ("qos", 1.0),
@@ -365,6 +374,24 @@ def test_audit_finds_a_process_that_bypasses_the_shim(sim: Sim, enforce: str) ->
         stop(shell)
         if honest is not None:
             stop(honest)
+
+
+def test_a_memory_shrink_below_usage_is_not_a_bypass(sim: Sim) -> None:
+    tenant = sim.tenant("big", 1024, gpus=[0])
+    holder = sim.spawn_probe("hold", "plain", "600M", "60", env=sim.tenant_env(tenant))
+    try:
+        wait_line(holder, "ready")
+
+        def shrink(devices: list[DeviceLimit]) -> list[DeviceLimit]:
+            return [dataclasses.replace(d, mem_cap_bytes=128 * MIB) for d in devices]
+
+        resize_tenant("big", shrink, root=sim.runtime)
+        assert shrunk_from(read_meta(tenant)) == {sim.uuids()[0]: 1024 * MIB}
+        audit = Auditor(sim.runtime, "kill", tolerance_bytes=32 * MIB, nvml=nvml_of(sim))
+        assert [e for e in audit.tick() if e.kind.startswith("audit.")] == []
+        assert holder.poll() is None  # a shrink never kills anything, even with --enforce kill
+    finally:
+        stop(holder)
 
 
 def test_audit_reports_a_gpu_process_of_no_tenant(sim: Sim) -> None:

@@ -29,17 +29,42 @@ from typing import Literal
 
 from sharegpu import abi
 from sharegpu.agent.events import Event
-from sharegpu.agent.procs import ProcInfo, kill, live_slots, mib, process_table, tenant_pids
+from sharegpu.agent.procs import ProcessTable, kill, live_slots, mib, process_table, tenant_pids
 from sharegpu.agent.reconcile import NvmlSource
 from sharegpu.devices import GpuProcess, processes_by_gpu
 from sharegpu.errors import ConfigError, DeviceError
 from sharegpu.spec import MIB
-from sharegpu.tenant import TenantStatus, iter_tenants, read_limits, tenant_status
+from sharegpu.tenant import (
+    UsageSnapshot,
+    iter_tenants,
+    read_limits,
+    read_meta,
+    read_usage,
+    shrunk_from,
+    tenant_status,
+)
 
 log = logging.getLogger(__name__)
 
 Enforce = Literal["report", "kill"]
 DEFAULT_TOLERANCE = 256 * MIB
+
+
+@dataclass
+class _Tenant:
+    """What the audit reads of a tenant every second: its limits and its usage region."""
+
+    id: str
+    path: Path
+    limits: abi.Limits
+    usage: UsageSnapshot
+
+
+def _read_tenant(path: Path) -> _Tenant | None:
+    try:
+        return _Tenant(id=path.name, path=path, limits=read_limits(path), usage=read_usage(path))
+    except ConfigError:
+        return None  # being created or removed, or broken: the reaper and the API report it
 
 
 @dataclass
@@ -85,18 +110,21 @@ class Auditor:
             return []
         self._nvml_failed = False
         table = process_table()
-        statuses = [s for s in map(tenant_status, iter_tenants(self.root)) if s.error is None]
+        tenants = [t for t in map(_read_tenant, iter_tenants(self.root)) if t is not None]
+        ledgers = {t.id: {s.pid for s in live_slots(t.usage, table)} for t in tenants}
+        in_some_ledger = set().union(*ledgers.values())
+        if all(p.pid in in_some_ledger for procs in gpus.values() for p in procs):
+            members = ledgers  # the usual case: nothing to attribute, no pass over /proc
+        else:
+            members = {t.id: tenant_pids(tenant_status(t.path), table, ledgers[t.id]) for t in tenants}
         owners: dict[int, str] = {}
-        members: dict[str, set[int]] = {}
-        for status in statuses:
-            pids = tenant_pids(status, table)
-            members[status.id] = pids
-            for pid in pids:
-                owners.setdefault(pid, status.id)
+        for t in tenants:
+            for pid in members[t.id]:
+                owners.setdefault(pid, t.id)
         found: dict[tuple[str, ...], _Finding] = {}
         self._untracked(gpus, owners, table, found)
-        for status in statuses:
-            self._bypass(status, members[status.id], gpus, table, found)
+        for t in tenants:
+            self._bypass(t, members[t.id], ledgers[t.id], gpus, found)
         events = []
         for key, finding in found.items():
             if key not in self._active:
@@ -112,7 +140,7 @@ class Auditor:
         self,
         gpus: dict[str, list[GpuProcess]],
         owners: dict[int, str],
-        table: dict[int, ProcInfo],
+        table: ProcessTable,
         found: dict[tuple[str, ...], _Finding],
     ) -> None:
         me = os.getpid()
@@ -137,35 +165,36 @@ class Auditor:
 
     def _bypass(
         self,
-        status: TenantStatus,
+        tenant: _Tenant,
         pids: set[int],
+        in_ledger: set[int],
         gpus: dict[str, list[GpuProcess]],
-        table: dict[int, ProcInfo],
         found: dict[tuple[str, ...], _Finding],
     ) -> None:
-        try:
-            limits = read_limits(status.path)
-        except ConfigError:
-            return
-        in_ledger = {s.pid for s in live_slots(status.path)}
+        limits, usage = tenant.limits, tenant.usage
         for i, dev in enumerate(limits.devices[: limits.device_count]):
             uuid = abi.bytes_to_uuid(bytes(dev.uuid))
             mine = [p for p in gpus.get(uuid, []) if p.pid in pids]
             measured = sum(p.used_bytes for p in mine)
             cap = int(dev.mem_cap_bytes)
-            overhead = status.devices[i].overhead_bytes if i < len(status.devices) else 0
-            allowed = cap + overhead
+            overhead = int(usage.devices[i].overhead_bytes)
+            if measured <= cap + overhead + self.tolerance_bytes:
+                continue
+            # A cap shrunk below what the tenant holds is not a bypass: what it held before the
+            # resize (as its ledger says, never more than the cap it had) is allowed until freed.
+            used = int(usage.devices[i].mem_used_bytes)
+            allowed = max(cap, min(used, shrunk_from(read_meta(tenant.path)).get(uuid, cap))) + overhead
             if measured <= allowed + self.tolerance_bytes:
                 continue
             outside = [p.pid for p in mine if p.pid not in in_ledger]
             offenders = outside or [p.pid for p in mine]
-            found[("bypass", status.id, uuid)] = _Finding(
+            found[("bypass", tenant.id, uuid)] = _Finding(
                 Event(
                     kind="audit.bypass",
                     severity="error",
-                    tenant=status.id,
+                    tenant=tenant.id,
                     gpu=uuid,
-                    message=f"tenant {status.id} uses {mib(measured)} on {uuid} (NVML), over its "
+                    message=f"tenant {tenant.id} uses {mib(measured)} on {uuid} (NVML), over its "
                     f"{mib(cap)} cap + {mib(overhead)} overhead; "
                     + (
                         f"processes {outside} are outside its ledger (shim bypassed)"
@@ -184,7 +213,7 @@ class Auditor:
                 offenders,
             )
 
-    def _enforce(self, found: dict[tuple[str, ...], _Finding], table: dict[int, ProcInfo]) -> list[Event]:
+    def _enforce(self, found: dict[tuple[str, ...], _Finding], table: ProcessTable) -> list[Event]:
         if self.enforce != "kill":
             return []
         self._killed = {k for k in self._killed if (i := table.get(k[0])) and i.start_time == k[1]}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sharegpu import abi
 from sharegpu.errors import ConfigError
-from sharegpu.tenant import TenantStatus, read_usage
+from sharegpu.tenant import TenantStatus, UsageSnapshot, read_usage
 
 
 @dataclass(frozen=True)
@@ -58,21 +58,57 @@ def alive(pid: int, start_time: int | None = None) -> bool:
     return start_time is None or info.start_time == start_time
 
 
-def process_table() -> dict[int, ProcInfo]:
-    """Every process in this pid namespace (one pass over /proc)."""
-    table = {}
-    with contextlib.suppress(OSError):
-        for entry in os.scandir("/proc"):
-            if entry.name.isdigit() and (info := proc_info(int(entry.name))) is not None:
-                table[info.pid] = info
-    return table
+class ProcessTable:
+    """The processes of this pid namespace as one tick of a loop sees them.
+
+    A pid is read from /proc when first asked for and remembered for the tick; a full pass
+    over /proc (one file per process: milliseconds on a busy node) happens only when a question
+    needs every process (a process group, the children of a supervisor)."""
+
+    def __init__(self) -> None:
+        self._known: dict[int, ProcInfo | None] = {}
+        self._scanned = False
+        self._children: dict[int, list[int]] | None = None
+
+    def get(self, pid: int) -> ProcInfo | None:
+        if pid not in self._known and not self._scanned:
+            self._known[pid] = proc_info(pid)
+        return self._known.get(pid)
+
+    def values(self) -> list[ProcInfo]:
+        """Every process (a full pass over /proc, once per table)."""
+        if not self._scanned:
+            with contextlib.suppress(OSError):
+                for entry in os.scandir("/proc"):
+                    if entry.name.isdigit() and int(entry.name) not in self._known:
+                        self._known[int(entry.name)] = proc_info(int(entry.name))
+            self._known = {pid: info for pid, info in self._known.items() if info is not None}
+            self._scanned = True
+        return [info for info in self._known.values() if info is not None]
+
+    def children(self) -> dict[int, list[int]]:
+        """Parent pid -> child pids (from a full pass)."""
+        if self._children is None:
+            self._children = {}
+            for info in self.values():
+                self._children.setdefault(info.ppid, []).append(info.pid)
+        return self._children
 
 
-def descendants(root_pid: int, table: dict[int, ProcInfo]) -> set[int]:
-    """root_pid and every live process below it in `table`."""
-    children: dict[int, list[int]] = {}
-    for info in table.values():
-        children.setdefault(info.ppid, []).append(info.pid)
+def process_table() -> ProcessTable:
+    """A fresh view of the processes, read lazily (see ProcessTable)."""
+    return ProcessTable()
+
+
+def alive_in(table: ProcessTable, pid: int, start_time: int) -> bool:
+    """The shim's liveness rule, answered from a process table."""
+    info = table.get(pid)
+    return info is not None and info.state not in ("Z", "X") and info.start_time == start_time
+
+
+def descendants(root_pid: int, table: ProcessTable) -> set[int]:
+    """root_pid and every live process below it."""
+    children = table.children()
     found: set[int] = set()
     todo = [root_pid]
     while todo:
@@ -81,7 +117,7 @@ def descendants(root_pid: int, table: dict[int, ProcInfo]) -> set[int]:
             continue
         found.add(pid)
         todo.extend(children.get(pid, ()))
-    return {p for p in found if p in table and table[p].state not in ("Z", "X")}
+    return {p for p in found if (i := table.get(p)) is not None and i.state not in ("Z", "X")}
 
 
 def supervisor_of(meta: dict[str, object]) -> tuple[int, int] | None:
@@ -95,7 +131,7 @@ def supervisor_of(meta: dict[str, object]) -> tuple[int, int] | None:
         return None
 
 
-def owner_gone(meta: dict[str, object], table: dict[int, ProcInfo]) -> str | None:
+def owner_gone(meta: dict[str, object], table: ProcessTable) -> str | None:
     """Why the tenant's owner is gone, or None while it lives or when the tenant names none.
 
     Owners: "supervisor" {pid, start_time} (`sharegpu run`), "pgid" (a process group: gone
@@ -126,18 +162,22 @@ class SlotProc:
     mem_bytes: tuple[int, ...]  # per limits index
 
 
-def live_slots(tenant_dir: Path) -> list[SlotProc]:
-    """Live processes of the tenant's ledger, with the bytes each holds per limits index."""
-    try:
-        usage = read_usage(tenant_dir)
-    except ConfigError:
-        return []
+def live_slots(tenant: Path | UsageSnapshot, table: ProcessTable | None = None) -> list[SlotProc]:
+    """Live processes of the tenant's ledger (its directory, or its usage already read), with the
+    bytes each holds per limits index (judged from `table` when given, else from /proc)."""
+    if isinstance(tenant, UsageSnapshot):
+        usage = tenant
+    else:
+        try:
+            usage = read_usage(tenant)
+        except ConfigError:
+            return []
     found = []
     for proc in usage.procs:
         if proc.pid == 0:
             continue
-        pid = int(proc.host_pid or proc.pid)
-        if alive(pid, int(proc.start_time)):
+        pid, start = int(proc.host_pid or proc.pid), int(proc.start_time)
+        if alive_in(table, pid, start) if table is not None else alive(pid, start):
             found.append(
                 SlotProc(
                     pid=pid,
@@ -148,10 +188,11 @@ def live_slots(tenant_dir: Path) -> list[SlotProc]:
     return found
 
 
-def tenant_pids(status: TenantStatus, table: dict[int, ProcInfo]) -> set[int]:
-    """The processes that belong to a tenant: those in its usage slots, and every descendant of
-    its live supervisor (so a process that unloaded the shim is still the tenant's)."""
-    pids = {s.pid for s in live_slots(status.path)}
+def tenant_pids(status: TenantStatus, table: ProcessTable, in_ledger: set[int] | None = None) -> set[int]:
+    """The processes that belong to a tenant: those in its usage slots (`in_ledger` if already
+    known), and every descendant of its live supervisor (so a process that unloaded the shim is
+    still the tenant's)."""
+    pids = set(in_ledger) if in_ledger is not None else {s.pid for s in live_slots(status.path, table)}
     sup = supervisor_of(status.meta)
     if sup is not None:
         pid, start = sup

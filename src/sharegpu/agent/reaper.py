@@ -23,10 +23,18 @@ from pathlib import Path
 from sharegpu import abi
 from sharegpu.agent import regions
 from sharegpu.agent.events import Event
-from sharegpu.agent.procs import live_slots, mib, owner_gone, process_table
-from sharegpu.arbiter import iter_arbiters
+from sharegpu.agent.procs import ProcessTable, alive_in, live_slots, mib, owner_gone, process_table
+from sharegpu.arbiter import iter_arbiters, read_arbiter
 from sharegpu.errors import ConfigError
-from sharegpu.tenant import iter_tenants, read_limits, remove_tenant, tenant_status, tenants_dir
+from sharegpu.tenant import (
+    iter_tenants,
+    read_limits,
+    read_meta,
+    read_usage,
+    remove_tenant,
+    tenant_status,
+    tenants_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,15 +55,16 @@ class Reaper:
 
     name = "reaper"
 
-    def __init__(self, root: Path, *, interval_s: float = 0.5) -> None:
+    def __init__(self, root: Path, *, interval_s: float = 1.0) -> None:
         self.root = root
         self.interval_s = interval_s
         self._broken: set[str] = set()  # regions already reported unreadable
 
     def tick(self) -> list[Event]:
-        events = self._reap_usage()
-        events += self._reap_arbiters()
-        events += self._reap_tenants()
+        table = process_table()  # who is alive, read from /proc once per tick
+        events = self._reap_usage(table)
+        events += self._reap_arbiters(table)
+        events += self._reap_tenants(table)
         return events
 
     def _warn_once(self, key: str, message: str) -> None:
@@ -63,17 +72,19 @@ class Reaper:
             self._broken.add(key)
             log.warning("%s", message)
 
-    def _reap_usage(self) -> list[Event]:
+    def _reap_usage(self, table: ProcessTable) -> list[Event]:
         events = []
         for path in iter_tenants(self.root):
-            if not (path / abi.USAGE_FILE).exists():
-                continue  # being created or removed
             try:
+                # Reaping takes the tenant's lock: first look (without it) for a dead process.
+                if all(alive_in(table, p.host_pid or p.pid, p.start_time) for p in read_usage(path).procs):
+                    continue
                 lim = read_limits(path)
                 uuids = [abi.bytes_to_uuid(bytes(d.uuid)) for d in lim.devices[: lim.device_count]]
                 reap = regions.reap_usage(path)
             except ConfigError as err:
-                self._warn_once(str(path), f"reaper: {err}")
+                if (path / abi.USAGE_FILE).exists():  # else being created or removed
+                    self._warn_once(str(path), f"reaper: {err}")
                 continue
             self._broken.discard(str(path))
             for slot in reap.slots:
@@ -109,11 +120,13 @@ class Reaper:
                 )
         return events
 
-    def _reap_arbiters(self) -> list[Event]:
+    def _reap_arbiters(self, table: ProcessTable) -> list[Event]:
         events = []
         for path in iter_arbiters(self.root):
             uuid = path.parent.name
             try:
+                if all(alive_in(table, c.pid, c.start_time) for c in read_arbiter(path).clients):
+                    continue
                 reap = regions.reap_arbiter(path)
             except ConfigError as err:
                 self._warn_once(str(path), f"reaper: {err}")
@@ -156,17 +169,18 @@ class Reaper:
                 )
         return events
 
-    def _reap_tenants(self) -> list[Event]:
+    def _reap_tenants(self, table: ProcessTable) -> list[Event]:
         candidates = list(iter_tenants(self.root))
         if not candidates:
             return []
-        table = process_table()
         events = []
         for path in candidates:
-            status = tenant_status(path)
-            if status.error is not None or owner_gone(status.meta, table) is None:
+            # The owner first (meta.json and the process table): almost always alive, and far
+            # cheaper to ask than the tenant's regions.
+            if owner_gone(read_meta(path), table) is None:
                 continue
-            if live_slots(path):
+            status = tenant_status(path)
+            if status.error is not None or live_slots(path):
                 continue
             with _node_lock(self.root):
                 # Look again under the lock: tenant creation collects stale tenants too.

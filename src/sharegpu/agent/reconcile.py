@@ -26,11 +26,11 @@ from pathlib import Path
 from sharegpu import abi
 from sharegpu.agent import regions
 from sharegpu.agent.events import Event
-from sharegpu.agent.procs import SlotProc, live_slots, mib
+from sharegpu.agent.procs import SlotProc, live_slots, mib, process_table
 from sharegpu.devices import GpuProcess, processes_by_gpu
 from sharegpu.errors import ConfigError, DeviceError
 from sharegpu.spec import MIB
-from sharegpu.tenant import iter_tenants, read_limits, read_usage
+from sharegpu.tenant import UsageSnapshot, iter_tenants, read_limits, read_usage
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,8 @@ class Reconciler:
         tenants = list(iter_tenants(self.root))
         if not tenants:
             return []
-        before = {path: live_slots(path) for path in tenants}
+        table = process_table()  # liveness read once per pid for both passes
+        before = {path: live_slots(path, table) for path in tenants}
         try:
             gpus = self.nvml()
         except DeviceError as err:
@@ -77,7 +78,11 @@ class Reconciler:
         self._nvml_failed = False
         events = []
         for path in tenants:
-            events += self._tenant(path, before[path], live_slots(path), gpus)
+            try:
+                usage = read_usage(path)
+            except ConfigError:
+                continue  # being created or removed, or broken (the shim reports that)
+            events += self._tenant(path, before[path], usage, live_slots(usage, table), gpus)
         names = {p.name for p in tenants}
         self._reported = {k: v for k, v in self._reported.items() if k[0] in names}
         return events
@@ -86,12 +91,12 @@ class Reconciler:
         self,
         path: Path,
         before: list[SlotProc],
+        usage: UsageSnapshot,
         after: list[SlotProc],
         gpus: dict[str, list[GpuProcess]],
     ) -> list[Event]:
         try:
             limits = read_limits(path)
-            usage = read_usage(path)
         except ConfigError:
             return []  # being created or removed, or broken (the shim reports that)
         events = []

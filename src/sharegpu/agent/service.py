@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -51,6 +50,7 @@ from sharegpu.tenant import (
     process_start_time,
     read_device_limits,
     read_limits,
+    read_meta,
     remove_tenant,
     resize_tenant,
     tenant_path,
@@ -116,19 +116,13 @@ def apply_resize(
     return resize_tenant(tenant_id, update, root=root, memory_totals=memory_totals(gpus, allow_overcommit))
 
 
-def read_meta(path: Path) -> dict[str, Any]:
-    with contextlib.suppress(OSError, ValueError):
-        meta = json.loads((path / "meta.json").read_text())
-        if isinstance(meta, dict):
-            return meta
-    return {}
-
-
 def views(
     root: Path, rows: Mapping[str, TenantRow] | None = None, only: str | None = None
 ) -> list[TenantView]:
     """Every tenant (or `only` that one) as the API shows it."""
-    reports = node_report(root)
+    if only is not None and ("/" in only or only in (".", "..")):
+        return []  # never a path: a tenant id names one directory under tenants/
+    reports = node_report(root, only)
     found = []
     for report in reports:
         name = report.path.name
