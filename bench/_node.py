@@ -71,10 +71,10 @@ class Node:
 
 
 @contextmanager
-def simulated_node(memory_mib: int = 81920) -> Iterator[Node]:
+def simulated_node(memory_mib: int = 81920, gpus: int = 1) -> Iterator[Node]:
     with tempfile.TemporaryDirectory(prefix="sharegpu-bench-") as tmp:
         root = Path(tmp)
-        (root / "simgpu.json").write_text(json.dumps({"gpus": 1, "memory_mib": memory_mib}))
+        (root / "simgpu.json").write_text(json.dumps({"gpus": gpus, "memory_mib": memory_mib}))
         base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "SHAREGPU_TENANT")}
         base |= {
             "LD_LIBRARY_PATH": str(LIB_DIR / "simgpu"),

@@ -193,7 +193,11 @@ SIM_HIDDEN void sim_uncharge(struct sim_state *st, int dev, uint64_t bytes);
 SIM_HIDDEN int sim_set_ctx(struct sim_err *e, struct sim_state *st, int dev, int on);
 /* Frees the slots of dead processes.  force=0: at most every SIM_REAP_NS.  Call under lock. */
 SIM_HIDDEN void sim_reap_locked(struct sim_state *st, int force);
+SIM_HIDDEN void sim_reap_older_locked(struct sim_state *st, uint64_t max_age_ns); /* 0: always */
 #define SIM_REAP_NS 100000000ull
+/* NVML queries see exits within this (a driver drops an exited process at once; reaping at every
+ * query read /proc for every slot, milliseconds per query). */
+#define SIM_NVML_REAP_NS 10000000ull
 /* Start time (field 22) of pid from /proc, 0 if unknown.  *zombie set if it is a zombie. */
 SIM_HIDDEN uint64_t sim_proc_start_time(int pid, int *gone);
 /* Recomputes gpu[].used from the slots (EOWNERDEAD repair).  Call under lock. */

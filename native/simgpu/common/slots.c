@@ -99,8 +99,13 @@ static void slot_clear_locked(struct sim_state *st, struct sim_slot *s)
 
 void sim_reap_locked(struct sim_state *st, int force)
 {
+    sim_reap_older_locked(st, force ? 0 : SIM_REAP_NS);
+}
+
+void sim_reap_older_locked(struct sim_state *st, uint64_t max_age_ns)
+{
     uint64_t now = sim_now_ns();
-    if (!force && now - st->last_reap_ns < SIM_REAP_NS)
+    if (max_age_ns && now - st->last_reap_ns < max_age_ns)
         return;
     st->last_reap_ns = now;
     int self = sim_slot_self();

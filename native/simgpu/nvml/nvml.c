@@ -237,13 +237,13 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsi
     return copy_string(uuid, length, u);
 }
 
-/* total/used of GPU g after reaping dead processes. */
+/* total/used of GPU g after reaping dead processes (see SIM_NVML_REAP_NS). */
 static nvmlReturn_t memory(unsigned g, uint64_t *total, uint64_t *used)
 {
     struct sim_err e = {0};
     if (sim_lock(&e, st) < 0)
         return nvml_result(&e);
-    sim_reap_locked(st, 1);
+    sim_reap_older_locked(st, SIM_NVML_REAP_NS);
     *total = st->cfg.memory_bytes;
     *used = st->gpu[g].used;
     sim_unlock(st);
@@ -324,7 +324,7 @@ static nvmlReturn_t list_procs(unsigned g, struct proc_row *rows, unsigned *n)
     struct sim_err e = {0};
     if (sim_lock(&e, st) < 0)
         return nvml_result(&e);
-    sim_reap_locked(st, 1);
+    sim_reap_older_locked(st, SIM_NVML_REAP_NS);
     unsigned k = 0;
     for (int i = 0; i < SIM_MAX_SLOTS; i++) {
         const struct sim_slot *s = &st->slot[i];
