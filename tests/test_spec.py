@@ -43,6 +43,9 @@ def test_sizes(text: str, expected: int) -> None:
         pytest.param("4XB", "unknown unit", id="unknown-unit"),
         pytest.param("-1GiB", "expected a number", id="negative"),
         pytest.param("1e3MiB", "expected a number", id="exponent"),
+        pytest.param("9" * 400 + "GiB", "too large", id="huge"),
+        pytest.param("8388608TiB", "too large", id="past-64-bits"),
+        pytest.param("0.1GiB", "not a whole number of bytes", id="fraction-of-a-byte"),
     ],
 )
 def test_bad_sizes(text: str, message: str) -> None:

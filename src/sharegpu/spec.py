@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 
 from sharegpu.errors import SpecError
 
@@ -38,6 +39,9 @@ _SIZE_RE = re.compile(r"^\s*(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[a-zA-Z]*)\s
 _TENANT_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 
 
+_MAX_SIZE = 1 << 63  # the ABI keeps sizes in 64-bit fields
+
+
 def parse_size(text: str) -> int:
     """Parse a size such as ``4GiB`` into bytes; a bare number needs a unit to avoid guesses."""
     match = _SIZE_RE.match(text)
@@ -48,8 +52,11 @@ def parse_size(text: str) -> int:
         raise SpecError(f"invalid size {text!r}: unknown unit {match['unit']!r} (use MiB, GiB, TiB)")
     if unit == "":
         raise SpecError(f"invalid size {text!r}: add a unit, like {text.strip()}MiB or {text.strip()}GiB")
-    value = float(match["num"]) * _UNITS[unit]
-    if value != int(value):
+    value = Decimal(match["num"]) * _UNITS[unit]  # exact: no float rounding, no overflow
+    if value >= _MAX_SIZE:
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise SpecError(f"invalid size {shown!r}: too large (sizes must be under 8 EiB)")
+    if value != value.to_integral_value():
         raise SpecError(f"invalid size {text!r}: not a whole number of bytes")
     return int(value)
 
