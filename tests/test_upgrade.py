@@ -201,3 +201,19 @@ def test_old_builds_are_collected_once_no_process_maps_them(sim: Sim, tmp_path: 
         if holder.poll() is None:
             holder.kill()
         holder.communicate(timeout=30)
+
+
+def test_sharegpu_run_preloads_the_installed_build(sim: Sim, tmp_path: Path) -> None:
+    maps = "grep -o '[^ ]*libsharegpu[^ ]*' /proc/self/maps | sort -u"
+    # No build installed on the node: the package's own shim.
+    plain = sim.cli("run", "-m", "64MiB", "--", "sh", "-c", maps, env=sim.env(SHAREGPU_NO_AGENT="1"))
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.split() == [str(native.shim_path().resolve())]
+    # After `sharegpu upgrade`: the stable link's build, which the next upgrade replaces.
+    up = sim.cli("upgrade", "--shim", str(variant(tmp_path, 3)))
+    assert up.returncode == 0, up.stderr
+    installed = current_shim(sim.runtime)
+    assert installed is not None
+    got = sim.cli("run", "-m", "64MiB", "--", "sh", "-c", maps, env=sim.env(SHAREGPU_NO_AGENT="1"))
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split() == [str(installed)]

@@ -39,6 +39,7 @@ from sharegpu.agent.client import SOCKET_NAME
 from sharegpu.agent.events import Event, Loop
 from sharegpu.agent.service import LoopStats, TenantService
 from sharegpu.agent.store import Store
+from sharegpu.agent.upgrade import current_shim, ensure_installed
 from sharegpu.errors import AgentError
 from sharegpu.tenant import write_admission_policy
 
@@ -235,6 +236,10 @@ async def _main(settings: Settings) -> int:
     ):
         store = Store(settings.state_dir)
         try:
+            # Tenant processes preload <runtime>/shim/libsharegpu.so, a link that `sharegpu
+            # upgrade` swaps; the first agent on a node installs the package's own build there.
+            shim = ensure_installed(root)
+            log.info("tenant processes load %s -> %s", shim, current_shim(root))
             return await _serve(settings, store, sock_path)
         finally:
             store.close()

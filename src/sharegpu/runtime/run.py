@@ -26,6 +26,7 @@ from pathlib import Path
 from sharegpu import abi
 from sharegpu.agent.client import AgentClient
 from sharegpu.agent.plan import device_limit, memory_totals, plan_devices
+from sharegpu.agent.upgrade import current_shim, stable_path
 from sharegpu.arbiter import ensure_arbiter
 from sharegpu.devices import list_gpus
 from sharegpu.errors import AgentError, CommandNotFound, SpecError, TenantNotFound
@@ -53,10 +54,17 @@ class RunRequest:
     compute: ComputeSpec = field(default_factory=ComputeSpec)
 
 
+def preload_shim() -> Path:
+    """The shim a new tenant process loads: the node's installed build (the stable link that
+    `sharegpu upgrade` swaps) when there is one, else the package's own."""
+    root = runtime_dir()
+    return stable_path(root) if current_shim(root) is not None else shim_path()
+
+
 def tenant_environment(tenant_dir: Path, uuids: Sequence[str], restrict: bool) -> dict[str, str]:
     env = dict(os.environ)
     env[abi.TENANT_ENV] = str(tenant_dir)
-    preload = [str(shim_path())] + [p for p in env.get("LD_PRELOAD", "").split(":") if p]
+    preload = [str(preload_shim())] + [p for p in env.get("LD_PRELOAD", "").split(":") if p]
     env["LD_PRELOAD"] = ":".join(dict.fromkeys(preload))
     if restrict:
         # Only the granted GPUs are visible to CUDA, as a container would mount only those.
