@@ -40,7 +40,7 @@ SPLITS: dict[str, list[int]] = {
     "20/30/50": [20, 30, 50],
     "4x25": [25, 25, 25, 25],
 }
-CEILINGS = [1, 5, 20, 50]
+CEILINGS = [1, 5, 20, 50, 90]
 KERNEL_US = 500  # saturating workloads: 0.5 ms kernels
 ONLINE = {"bursts": 60, "period_ms": 30, "kernels": 4, "us": 1000}  # 4 ms of work every 30 ms
 # Without prediction an online request waits for at most the offline kernel in flight, so its

@@ -225,6 +225,15 @@ def test_cap_alone_on_an_idle_card_stays_under_its_ceiling(sim: Sim) -> None:
     assert t.throttled_ns == counters["throttled_ns"]
 
 
+def test_a_high_cap_alone_reaches_its_ceiling(sim: Sim) -> None:
+    # Credit earned while holding the card used to be capped before the hold was charged, so a
+    # 90% cap alone got about 67%.
+    c = compute_tenant(sim, "c", "cap", 90)
+    x = achieved(finish(spawn(sim, c, "saturate", 1.5, 500)))
+    print(f"cap 90% alone: {x:.1f}%")
+    assert 84 <= x <= 92
+
+
 def test_burst_alone_reaches_its_ceiling(sim: Sim) -> None:
     b = compute_tenant(sim, "b", "burst", 20, ceiling=60)
     x = achieved(finish(spawn(sim, b, "saturate", 1.5, 500)))
