@@ -32,6 +32,7 @@ test: setup
 bench: setup
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/isolation.py
+	$(BIN)/python bench/agent.py
 	$(BIN)/python bench/placement.py
 
 check: setup

@@ -293,6 +293,13 @@ class ArbiterView(BaseModel):
     mean_handover_idle_ns: float
     reclaims: int
     recoveries: int
+    holdback_max_ns: int = Field(
+        description="Longest offline hold-back ahead of a predicted online request; 0: off"
+    )
+    online_period_ns: int = Field(description="Learned period of online requests; 0: none learned")
+    online_jitter_ns: int
+    holdbacks: int = Field(description="Offline launches held back ahead of a predicted online request")
+    holdback_misses: int = Field(description="Hold-backs whose predicted request never came")
 
 
 class GpuView(BaseModel):
@@ -449,6 +456,11 @@ def arbiter_view(status: ArbiterStatus) -> ArbiterView:
         mean_handover_idle_ns=status.mean_handover_idle_ns,
         reclaims=status.reclaims,
         recoveries=status.recoveries,
+        holdback_max_ns=status.holdback_max_ns,
+        online_period_ns=status.online_period_ns,
+        online_jitter_ns=status.online_jitter_ns,
+        holdbacks=status.holdbacks,
+        holdback_misses=status.holdback_misses,
     )
 
 
