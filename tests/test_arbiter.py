@@ -27,7 +27,7 @@ from sharegpu import abi
 from sharegpu.arbiter import arbiter_path, ensure_arbiter, read_arbiter, tune_arbiter
 from sharegpu.errors import ConfigError, SpecError
 from sharegpu.spec import MIB
-from sharegpu.tenant import DeviceLimit, create_tenant
+from sharegpu.tenant import DeviceLimit, create_tenant, read_limits
 
 POLICY = {
     "share": abi.POLICY_SHARE,
@@ -434,6 +434,27 @@ def test_death_inside_the_critical_section_is_repaired(sim: Sim) -> None:
     status = read_arbiter(path)
     assert status.recoveries >= 1
     assert status.waiting == 0  # recomputed from the client entries
+
+
+def test_regions_of_other_minor_versions_are_used(sim: Sim) -> None:
+    """Within one major version, fields are only appended: a shim and an agent of 1.2 work with
+    an arbiter written by 1.1 (prediction fields zero: prediction off) and with limits and
+    usage regions from a newer 1.x."""
+    a = compute_tenant(sim, "a", "cap", 50)
+    path = arbiter_of(sim)
+    minor_at = abi.RegionHeader.abi_minor.offset
+    _patch(path, minor_at, (1).to_bytes(2, "little"))
+    _patch(path, abi.Arbiter.holdback_max_ns.offset, bytes(8))
+    for name in (abi.LIMITS_FILE, abi.USAGE_FILE):
+        region = a / name
+        region.chmod(0o644)
+        _patch(region, minor_at, (9).to_bytes(2, "little"))
+    x = achieved(finish(spawn(sim, a, "saturate", 1.0, 500)))
+    assert 40 <= x <= 55  # still held to its cap
+    status = read_arbiter(path)
+    assert (status.holdback_max_ns, status.holdbacks) == (0, 0)
+    assert status.tenant("a") is not None
+    assert read_limits(a).hdr.abi_minor == 9
 
 
 def test_a_forked_child_asks_for_its_own_token(sim: Sim) -> None:
