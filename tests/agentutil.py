@@ -63,6 +63,8 @@ class Agent:
             runtime,
             "--state-dir",
             state,
+            "--metrics-port",  # tests that want metrics pass their own port (the last one wins)
+            "0",
             *extra,
         ]
 
@@ -154,3 +156,18 @@ def step(proc: subprocess.Popen[str], *mib: int) -> tuple[list[str], int]:
     res, total = line.split()
     codes = ["OK" if c == "0" else ("OOM" if c == "2" else c) for c in res.removeprefix("res=").split(",")]
     return codes, int(total.removeprefix("total="))
+
+
+def promtool() -> str | None:
+    """promtool's path. Missing: fail in CI (.ci/run installs it), skip on a developer's machine."""
+    import os
+    import shutil
+
+    import pytest
+
+    found = shutil.which("promtool")
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("promtool is missing: .ci/run installs Debian's prometheus package")
+        pytest.skip("promtool is not installed (apt-get install prometheus)")
+    return found

@@ -57,6 +57,8 @@ class Settings:
     allow_overcommit: bool = False
     gpu_scan_interval_s: float = 3.0
     sync_interval_s: float = 2.0
+    metrics_port: int = 0  # 0: no metrics endpoint (the CLI's default is metrics.DEFAULT_PORT)
+    metrics_address: str = "0.0.0.0"
 
 
 def default_state_dir() -> Path:
@@ -184,7 +186,11 @@ async def _every(
 
 
 def _schedule(
-    service: TenantService, settings: Settings, loops: list[Loop], stop: asyncio.Event
+    service: TenantService,
+    settings: Settings,
+    loops: list[Loop],
+    stop: asyncio.Event,
+    on_events: Callable[[list[Event]], None] | None = None,
 ) -> list[asyncio.Task[None]]:
     jobs: list[tuple[str, float, Callable[[], Awaitable[None]]]] = []
 
@@ -200,7 +206,9 @@ def _schedule(
 
         async def tick(loop: Loop = loop) -> None:
             events = await asyncio.to_thread(loop.tick)
-            await service.record(list(events))
+            stored = await service.record(list(events))
+            if on_events is not None:
+                on_events(stored)
 
         jobs.append((loop.name, loop.interval_s, tick))
     tasks = []
@@ -208,6 +216,44 @@ def _schedule(
         stats = service.loops.setdefault(name, LoopStats(interval_s=interval))
         tasks.append(asyncio.create_task(_every(name, interval, step, stats, stop), name=f"loop-{name}"))
     return tasks
+
+
+# ---------------------------------------------------------------------------------------------
+# The metrics endpoint.
+
+
+def _start_metrics(
+    settings: Settings, service: TenantService, loops: list[Loop]
+) -> tuple[Any, Callable[[list[Event]], None] | None]:
+    """Serve metrics if asked (adds the online-wait sampler to `loops`): the server (or None)
+    and what counts the loops' events. A port that cannot be bound is logged, not fatal: the
+    tenants need the agent, not its metrics (and Prometheus's `up` says the scrape failed)."""
+    if not settings.metrics_port:
+        return None, None
+    from sharegpu.agent import metrics
+    from sharegpu.devices import driver_version
+
+    counts = metrics.EventCounts()
+    sampler = metrics.OnlineWaitSampler(settings.runtime_dir)
+    collector = metrics.SharegpuCollector(
+        settings.runtime_dir,
+        service.store.tenants,
+        service.gpu_source,
+        loops=service.loops,
+        counts=counts,
+        sampler=sampler,
+        driver=driver_version,
+    )
+    try:
+        server = metrics.MetricsServer(
+            metrics.build_registry(collector), settings.metrics_address, settings.metrics_port
+        )
+    except AgentError as err:
+        log.error("no metrics: %s", err)
+        return None, None
+    loops.append(sampler)
+    log.info("metrics on http://%s:%d/metrics", settings.metrics_address, server.port)
+    return server, counts.observe
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,7 +322,8 @@ async def _serve(settings: Settings, store: Store, sock_path: Path) -> int:
         loop.add_signal_handler(signum, on_signal, signum)
     stop = asyncio.Event()
     loops = _external_loops(root, settings.enforce, store)
-    tasks = _schedule(service, settings, loops, stop)
+    metrics_server, on_events = _start_metrics(settings, service, loops)
+    tasks = _schedule(service, settings, loops, stop, on_events)
     gpus = service.known_gpus or []
     adopted = sum(1 for e in recovered if e.kind == "tenant.recovered" and e.data.get("adopted"))
     dropped = sum(1 for e in recovered if e.kind == "tenant.deleted")
@@ -299,6 +346,7 @@ async def _serve(settings: Settings, store: Store, sock_path: Path) -> int:
                     "loops": list(service.loops),
                     "enforce": settings.enforce,
                     "allow_overcommit": settings.allow_overcommit,
+                    "metrics_port": metrics_server.port if metrics_server else None,
                 },
             )
         ]
@@ -308,6 +356,8 @@ async def _serve(settings: Settings, store: Store, sock_path: Path) -> int:
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if metrics_server is not None:
+            await asyncio.to_thread(metrics_server.stop)
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
         why = f"signal {signal.Signals(received[0]).name}" if received else "shutdown"
