@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -25,7 +26,7 @@ from sharegpu.errors import SharegpuError
 if TYPE_CHECKING:
     from sharegpu.agent.client import AgentClient
     from sharegpu.agent.events import Event
-    from sharegpu.agent.models import DeviceView, TenantView
+    from sharegpu.agent.models import DeviceView
 
 JSON_VERSION = 1
 
@@ -33,7 +34,7 @@ app = typer.Typer(
     name="sharegpu",
     help="Share one NVIDIA GPU between many containers: memory caps and compute shares per tenant.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 simgpu_app = typer.Typer(
@@ -42,7 +43,11 @@ simgpu_app = typer.Typer(
 app.add_typer(simgpu_app, name="simgpu")
 
 # Piped output (scripts, CI logs) is not cut at 80 columns: tables keep whole UUIDs.
-console = Console(width=None if sys.stdout.isatty() else 200)
+# NO_COLOR (https://no-color.org): no styling at all, not even bold; no tty: rich adds none either.
+console = Console(
+    width=None if sys.stdout.isatty() else 200,
+    color_system=None if os.environ.get("NO_COLOR") else "auto",
+)
 
 
 class Output(StrEnum):
@@ -51,6 +56,22 @@ class Output(StrEnum):
 
 
 OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="Output format.")]
+
+
+class Format(StrEnum):
+    table = "table"
+    wide = "wide"
+    json = "json"
+    yaml = "yaml"
+
+
+FormatOpt = Annotated[
+    Format, typer.Option("--output", "-o", help="table, wide (more columns), json or yaml.")
+]
+WatchOpt = Annotated[
+    bool, typer.Option("--watch", "-w", help="Refresh every --interval seconds until Ctrl-C.")
+]
+IntervalOpt = Annotated[float, typer.Option("--interval", help="Seconds between refreshes with --watch.")]
 
 
 def _emit_json(kind: str, items: list[dict[str, Any]]) -> None:
@@ -123,114 +144,149 @@ def _agent() -> AgentClient | None:
 
 @app.command(
     help="List the GPUs of this node: memory and utilization as NVML reports them, and what the "
-    "tenants were given (memory caps, compute guarantees) and use."
+    "tenants were given (memory caps, compute guarantees) and use.\n\n"
+    "Example: sharegpu devices -o wide --watch"
 )
-def devices(output: OutputOpt = Output.table) -> None:
-    from sharegpu.agent.models import gpu_views, read_arbiters
-    from sharegpu.agent.service import views
-    from sharegpu.devices import list_gpus
-    from sharegpu.tenant import runtime_dir
+def devices(output: FormatOpt = Format.table, watch: WatchOpt = False, interval: IntervalOpt = 2.0) -> None:
+    from sharegpu.ops.output import devices_items, devices_table, document, dump
+    from sharegpu.ops.snapshot import take
 
-    client = _agent()
-    if client is not None:
-        with client:
-            gpus = client.list_gpus()
-    else:
-        found = list_gpus()
-        root = runtime_dir()
-        gpus = gpu_views(found, views(root), read_arbiters(root, [g.uuid for g in found]))
-    if output is Output.json:
-        _emit_json("DeviceList", [g.model_dump(mode="json") for g in gpus])
+    def frame() -> None:
+        gpus = take(tenants=False).gpus
+        if output in (Format.json, Format.yaml):
+            print(dump(document("DeviceList", devices_items(gpus)), output, stream=watch), flush=True)
+        else:
+            console.print(devices_table(gpus, wide=output is Format.wide))
+
+    _show(frame, output, watch, interval, "sharegpu devices")
+
+
+def _show(frame: Callable[[], None], output: Format, watch: bool, interval: float, what: str) -> None:
+    from sharegpu.ops.output import watch as watch_frames
+
+    if not watch:
+        frame()
         return
-    table = Table(
-        "INDEX", "UUID", "NAME", "MEMORY USED / TOTAL", "UTIL", "CAPS", "GUARANTEED", "TENANTS", box=None
-    )
-    for g in gpus:
-        caps = f"{_size(g.memory_allocated_bytes)}" + (" [overcommitted]" if g.memory_overcommitted else "")
-        table.add_row(
-            str(g.index),
-            g.uuid,
-            g.name,
-            f"{_size(g.memory_used_bytes)} / {_size(g.memory_total_bytes)}",
-            f"{g.utilization_pct}%",
-            caps,
-            f"{g.compute_guaranteed_ratio * 100:g}%",
-            str(len(g.tenants)),
-        )
-    console.print(table)
-
-
-def _pct(ratio: float) -> str:
-    return f"{ratio * 100:g}%"
+    if interval <= 0:
+        raise typer.BadParameter(f"{interval:g} is not a positive number of seconds", param_hint="--interval")
+    header = what if output in (Format.table, Format.wide) else None
+    watch_frames(frame, interval, console, header=header)
 
 
 def _configured(d: DeviceView) -> str:
-    if d.policy == "native":
-        return "native"
-    if d.policy == "burst":
-        return f"burst {_pct(d.compute_share_ratio)}-{_pct(d.compute_ceiling_ratio)}"
-    return f"{d.policy} {_pct(d.compute_share_ratio)}"
+    from sharegpu.ops.output import configured
+
+    return configured(d)
 
 
-@app.command(help="List the tenants on this node: memory cap and usage, configured and used GPU time.")
-def tenants(output: OutputOpt = Output.table) -> None:
-    from sharegpu.agent.service import views
-    from sharegpu.tenant import runtime_dir
+@app.command(
+    help="List the tenants on this node: memory cap and usage, configured and used GPU time.\n\n"
+    "Example: sharegpu tenants -o yaml"
+)
+def tenants(output: FormatOpt = Format.table, watch: WatchOpt = False, interval: IntervalOpt = 2.0) -> None:
+    from sharegpu.ops.output import document, dump, tenants_items, tenants_renderable
+    from sharegpu.ops.snapshot import take
 
-    client = _agent()
-    if client is not None:
-        with client:
-            items = client.list_tenants()
+    def frame() -> None:
+        items = take(gpus=False).tenants
+        if output in (Format.json, Format.yaml):
+            print(dump(document("TenantList", tenants_items(items)), output, stream=watch), flush=True)
+        else:
+            console.print(tenants_renderable(items, wide=output is Format.wide))
+
+    _show(frame, output, watch, interval, "sharegpu tenants")
+
+
+@app.command(
+    help="Summarize this node: the agent (running or not, version), the GPUs, the tenants by "
+    "state, and the agent's recent warnings and errors.\n\n"
+    "Example: sharegpu status -o json"
+)
+def status(output: FormatOpt = Format.table, watch: WatchOpt = False, interval: IntervalOpt = 2.0) -> None:
+    from sharegpu.ops.output import document, dump, status_item, status_renderable
+    from sharegpu.ops.snapshot import take
+
+    def frame() -> None:
+        snap = take(events=True, strict=False)
+        if output in (Format.json, Format.yaml):
+            print(dump(document("NodeStatus", [status_item(snap)]), output, stream=watch), flush=True)
+        else:
+            console.print(status_renderable(snap, wide=output is Format.wide))
+
+    _show(frame, output, watch, interval, "sharegpu status")
+
+
+class TopSort(StrEnum):
+    mem = "mem"
+    compute = "compute"
+    wait = "wait"
+    name = "name"
+
+
+@app.command(
+    help="A live screen of the node: a bar per GPU (memory, busy) and a row per tenant on each GPU "
+    "(memory used / cap / overhead, compute achieved / configured, wait, throttled, preemptions, "
+    "OOM refusals). Keys: m, c, w, n sort; q quits. Rates are measured between refreshes; with "
+    "--once, over --sample seconds (0: over each tenant's lifetime).\n\n"
+    "Example: sharegpu top --sort compute"
+)
+def top(
+    sort: Annotated[TopSort, typer.Option("--sort", "-s", help="Order of the tenant rows.")] = TopSort.mem,
+    once: Annotated[bool, typer.Option("--once", help="Print one frame and exit (no live screen).")] = False,
+    interval: Annotated[
+        float, typer.Option("--interval", "-n", help="Seconds between refreshes.", min=0.1)
+    ] = 2.0,
+    sample: Annotated[
+        float,
+        typer.Option("--sample", help="--once: seconds between the two readings (0: lifetime rates).", min=0),
+    ] = 1.0,
+) -> None:
+    from sharegpu.ops import top as top_screen
+
+    order = top_screen.Sort(sort.value)
+    if once:
+        top_screen.once(console, order, sample)
     else:
-        items = views(runtime_dir())
-    if output is Output.json:
-        _emit_json("TenantList", [t.model_dump(mode="json") for t in items])
-        return
-    if not items:
-        console.print("no tenants")
-        return
-    _tenant_table(items)
+        top_screen.live(console, order, interval)
 
 
-def _tenant_table(items: list[TenantView]) -> None:
-    table = Table(
-        "TENANT",
-        "GPU",
-        "PRIORITY",
-        "COMPUTE",
-        "USED",
-        "WAIT",
-        "THROTTLED",
-        "MEMORY USED / CAP",
-        "OOM",
-        "PROCS",
-        box=None,
-    )
-    for t in items:
-        name = f"{t.id} (stale)" if t.stale else t.id
-        if t.error:
-            table.add_row(name, "-", "", "", "", "", "", f"[red]unreadable: {t.error}[/red]", "", "")
-            continue
-        age = t.age_seconds or 1.0
-        live = sum(1 for p in t.processes if p.alive)
-        for i, d in enumerate(t.devices):
-            memory = f"{_size(d.memory_used_bytes + d.memory_overhead_bytes)} / {_size(d.memory_cap_bytes)}"
-            table.add_row(
-                name if i == 0 else "",
-                d.uuid,
-                d.priority,
-                _configured(d),
-                "-" if d.share_used_ratio is None else f"{d.share_used_ratio * 100:.1f}%",
-                f"{d.wait_seconds / age * 100:.1f}%",
-                f"{d.throttled_seconds / age * 100:.1f}%",
-                memory + (" [yellow]over cap[/yellow]" if d.over_cap else ""),
-                str(d.oom_events),
-                str(live) if i == 0 else "",
-            )
-    console.print(table)
-    for t in items:
-        if t.note:
-            console.print(f"note: {t.id}: {t.note}")
+@app.command(
+    help="Check this node, in order: NVML, the driver and its CUDA version, the shim (built, "
+    "installed, loads without failing closed), the runtime directory, the agent, the "
+    "/etc/ld.so.preload mount, the clock source, and other GPU-sharing software. One line per "
+    "check (ok / warn / FAIL) with the fix for what fails. Exit status 1 when a check fails."
+)
+def doctor(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the checks as JSON.")] = False,
+) -> None:
+    from sharegpu.ops.doctor import print_report, report_document, run_checks
+
+    results = run_checks()
+    if as_json:
+        print(json.dumps(report_document(results), indent=2))
+    else:
+        print_report(results, console)
+    raise typer.Exit(1 if any(r.status == "fail" for r in results) else 0)
+
+
+@app.command(
+    "support-bundle",
+    help="Write a tar.gz for a bug report: status, devices, tenants and recent events (JSON), the "
+    "configuration (directories, SHAREGPU_*/SIMGPU_* variables, versions), the doctor's report "
+    "and the agent's log when found. No secrets: nothing else from the environment.",
+)
+def support_bundle(
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Where to write it (default sharegpu-support-<time>.tar.gz)."),
+    ] = None,
+) -> None:
+    from sharegpu.ops.bundle import write_bundle
+
+    path, notes = write_bundle(output)
+    for note in notes:
+        print(f"sharegpu: {note}", file=sys.stderr)
+    print(f"wrote {path}")
 
 
 @app.command(
@@ -343,7 +399,7 @@ class Enforce(StrEnum):
     "<state-dir>/agent.db, reaping, reconciliation, audit and QoS loops. Stop it with SIGTERM; "
     "tenants keep running and stay enforced while it is down. See docs/agent.md."
 )
-def agent(
+def agent(  # noqa: PLR0917 (typer maps parameters to options)
     runtime_dir_opt: Annotated[
         Path | None,
         typer.Option("--runtime-dir", help="Default: $SHAREGPU_RUNTIME_DIR, /run/sharegpu as root."),
@@ -359,6 +415,18 @@ def agent(
         bool, typer.Option("--allow-overcommit", help="Admit memory caps that sum past a card's memory.")
     ] = False,
     log_level: Annotated[str, typer.Option("--log-level", help="debug | info | warning | error.")] = "info",
+    metrics_port: Annotated[
+        int,
+        typer.Option(
+            "--metrics-port",
+            min=0,
+            max=65535,
+            help="Serve Prometheus metrics on this TCP port; 0: none. See docs/metrics.md.",
+        ),
+    ] = 9479,
+    metrics_address: Annotated[
+        str, typer.Option("--metrics-address", help="Address the metrics endpoint listens on.")
+    ] = "0.0.0.0",
 ) -> None:
     import logging
 
@@ -376,6 +444,8 @@ def agent(
         state_dir=(state_dir or default_state_dir()).absolute(),
         enforce=enforce.value,
         allow_overcommit=allow_overcommit,
+        metrics_port=metrics_port,
+        metrics_address=metrics_address,
     )
     raise typer.Exit(run_agent(settings))
 

@@ -1,0 +1,270 @@
+"""Output of `devices`, `tenants` and `status`: table, wide, JSON and YAML, once or watched.
+
+JSON and YAML are the same document, `{"version": 1, "kind": ..., "items": [...]}`; in watch
+mode JSON is one compact document per line and YAML one document per frame (``---``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from sharegpu.agent.models import DeviceView, GpuView, TenantView
+from sharegpu.errors import SharegpuError
+from sharegpu.ops.snapshot import Snapshot
+
+JSON_VERSION = 1
+
+
+def document(kind: str, items: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"version": JSON_VERSION, "kind": kind, "items": items}
+
+
+def dump(doc: dict[str, Any], fmt: str, *, stream: bool = False) -> str:
+    """The document as JSON (indented, or one line when `stream`) or, for "yaml", YAML (one
+    `---` document)."""
+    if fmt == "yaml":
+        import yaml
+
+        return "---\n" + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False).rstrip("\n")
+    if stream:
+        return json.dumps(doc, separators=(",", ":"))
+    return json.dumps(doc, indent=2)
+
+
+def size(n: int) -> str:
+    from sharegpu.spec import format_size
+
+    return format_size(n) if n else "0"
+
+
+def pct(ratio: float) -> str:
+    return f"{ratio * 100:g}%"
+
+
+def configured(d: DeviceView) -> str:
+    if d.policy == "native":
+        return "native"
+    if d.policy == "burst":
+        return f"burst {pct(d.compute_share_ratio)}-{pct(d.compute_ceiling_ratio)}"
+    return f"{d.policy} {pct(d.compute_share_ratio)}"
+
+
+# -- devices ---------------------------------------------------------------------------------------
+
+
+def devices_items(gpus: list[GpuView]) -> list[dict[str, Any]]:
+    return [g.model_dump(mode="json") for g in gpus]
+
+
+def devices_table(gpus: list[GpuView], *, wide: bool = False) -> Table:
+    columns = ["INDEX", "UUID", "NAME", "MEMORY USED / TOTAL", "UTIL", "CAPS", "GUARANTEED", "TENANTS"]
+    if wide:
+        columns += ["TENANTS USE", "COMPUTE USED", "HOLDER", "WAITING", "HANDOVERS", "TENANT NAMES"]
+    table = Table(*columns, box=None)
+    for g in gpus:
+        caps = size(g.memory_allocated_bytes) + (" [overcommitted]" if g.memory_overcommitted else "")
+        row = [
+            str(g.index),
+            g.uuid,
+            g.name,
+            f"{size(g.memory_used_bytes)} / {size(g.memory_total_bytes)}",
+            f"{g.utilization_pct}%",
+            caps,
+            pct(g.compute_guaranteed_ratio),
+            str(len(g.tenants)),
+        ]
+        if wide:
+            arb = g.arbiter
+            row += [
+                size(g.memory_tenants_used_bytes),
+                f"{g.compute_used_ratio * 100:.1f}%",
+                "-" if arb is None or arb.holder_pid is None else str(arb.holder_pid),
+                "-" if arb is None else str(arb.waiting),
+                "-" if arb is None else str(arb.handovers),
+                ",".join(g.tenants) or "-",
+            ]
+        table.add_row(*row)
+    return table
+
+
+# -- tenants ---------------------------------------------------------------------------------------
+
+
+def tenants_items(tenants: list[TenantView]) -> list[dict[str, Any]]:
+    return [t.model_dump(mode="json") for t in tenants]
+
+
+def tenants_renderable(items: list[TenantView], *, wide: bool = False) -> RenderableType:
+    if not items:
+        return Text("no tenants")
+    columns = ["TENANT", "GPU", "PRIORITY", "COMPUTE", "USED", "WAIT", "THROTTLED", "MEMORY USED / CAP"]
+    columns += ["OOM", "PROCS"]
+    if wide:
+        columns += ["STATE", "OVERHEAD", "PEAK", "WEIGHT", "PREEMPTIONS", "GENERATION", "LABELS"]
+    table = Table(*columns, box=None)
+    for t in items:
+        name = f"{t.id} (stale)" if t.stale else t.id
+        if t.error:
+            row = [name, "-", "", "", "", "", "", f"[red]unreadable: {t.error}[/red]", "", ""]
+            table.add_row(*row, *([t.state, "", "", "", "", "", ""] if wide else []))
+            continue
+        age = t.age_seconds or 1.0
+        live = sum(1 for p in t.processes if p.alive)
+        for i, d in enumerate(t.devices):
+            memory = f"{size(d.memory_used_bytes + d.memory_overhead_bytes)} / {size(d.memory_cap_bytes)}"
+            row = [
+                name if i == 0 else "",
+                d.uuid,
+                d.priority,
+                configured(d),
+                "-" if d.share_used_ratio is None else f"{d.share_used_ratio * 100:.1f}%",
+                f"{d.wait_seconds / age * 100:.1f}%",
+                f"{d.throttled_seconds / age * 100:.1f}%",
+                memory + (" [yellow]over cap[/yellow]" if d.over_cap else ""),
+                str(d.oom_events),
+                str(live) if i == 0 else "",
+            ]
+            if wide:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(t.labels.items()))
+                row += [
+                    t.state if i == 0 else "",
+                    size(d.memory_overhead_bytes),
+                    size(d.memory_peak_bytes),
+                    str(d.weight),
+                    str(d.preemptions),
+                    "-" if t.limits_generation is None else str(t.limits_generation),
+                    (labels or "-") if i == 0 else "",
+                ]
+            table.add_row(*row)
+    notes = [Text(f"note: {t.id}: {t.note}") for t in items if t.note]
+    return Group(table, *notes) if notes else table
+
+
+# -- status ----------------------------------------------------------------------------------------
+
+
+def status_item(snap: Snapshot) -> dict[str, Any]:
+    agent: dict[str, Any] = {"running": snap.agent is not None, "socket": str(snap.socket)}
+    if snap.agent is not None:
+        h = snap.agent
+        agent |= {
+            "version": h.version,
+            "pid": h.pid,
+            "uptime_seconds": round(h.uptime_seconds, 1),
+            "enforce": h.enforce,
+            "allow_overcommit": h.allow_overcommit,
+            "loops": {
+                name: {"ticks": loop.ticks, "errors": loop.errors, "last_error": loop.last_error}
+                for name, loop in h.loops.items()
+            },
+        }
+    counts = {"total": len(snap.tenants), "running": 0, "idle": 0, "stale": 0, "error": 0, "over_cap": 0}
+    for t in snap.tenants:
+        counts[t.state] += 1
+        counts["over_cap"] += int(t.over_cap)
+    return {
+        "runtime_dir": str(snap.runtime_dir),
+        "agent": agent,
+        "gpus": [
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "name": g.name,
+                "memory_total_bytes": g.memory_total_bytes,
+                "memory_used_bytes": g.memory_used_bytes,
+                "memory_allocated_bytes": g.memory_allocated_bytes,
+                "utilization_pct": g.utilization_pct,
+                "tenants": len(g.tenants),
+            }
+            for g in snap.gpus
+        ],
+        "gpu_error": snap.gpu_error,
+        "tenants": counts,
+        "warnings": [e.model_dump(mode="json") for e in snap.warnings],
+    }
+
+
+def status_renderable(snap: Snapshot, *, wide: bool = False) -> RenderableType:
+    item = status_item(snap)
+    lines: list[RenderableType] = []
+    agent = item["agent"]
+    if agent["running"]:
+        lines.append(
+            Text.from_markup(
+                f"agent:    [green]running[/green] (sharegpu {agent['version']}, pid {agent['pid']}, "
+                f"up {agent['uptime_seconds']:.0f} s, enforce {agent['enforce']})"
+            )
+        )
+        if wide:
+            for name, loop in agent["loops"].items():
+                err = f", last error: {loop['last_error']}" if loop["last_error"] else ""
+                lines.append(Text(f"  loop {name}: {loop['ticks']} ticks, {loop['errors']} errors{err}"))
+    else:
+        lines.append(
+            Text.from_markup(f"agent:    [yellow]not running[/yellow] (nothing answers on {agent['socket']})")
+        )
+    lines.append(Text(f"runtime:  {item['runtime_dir']}"))
+    if item["gpu_error"]:
+        lines.append(Text.from_markup(f"gpus:     [red]unavailable[/red]: {item['gpu_error']}"))
+    else:
+        lines.append(Text(f"gpus:     {len(item['gpus'])}"))
+        for g in snap.gpus:
+            lines.append(
+                Text(
+                    f"  {g.index} {g.name} {g.uuid if wide else g.uuid[:12]}: "
+                    f"{size(g.memory_used_bytes)} / {size(g.memory_total_bytes)} used, "
+                    f"{size(g.memory_allocated_bytes)} capped, util {g.utilization_pct}%, "
+                    f"{len(g.tenants)} tenants"
+                )
+            )
+    c = item["tenants"]
+    lines.append(
+        Text(
+            f"tenants:  {c['total']} ({c['running']} running, {c['idle']} idle, {c['stale']} stale, "
+            f"{c['error']} unreadable, {c['over_cap']} over cap)"
+        )
+    )
+    if snap.agent is not None:
+        if snap.warnings:
+            lines.append(Text("recent warnings:"))
+            for e in snap.warnings:
+                when = time.strftime("%H:%M:%S", time.localtime(e.time))
+                who = f" [{e.tenant}]" if e.tenant else ""
+                colour = "red" if e.severity == "error" else "yellow"
+                lines.append(
+                    Text.assemble(f"  {when} ", (e.severity.upper(), colour), f" {e.kind}{who} {e.message}")
+                )
+        else:
+            lines.append(Text("recent warnings: none"))
+    return Group(*lines)
+
+
+# -- watching --------------------------------------------------------------------------------------
+
+
+def watch(frame: Callable[[], None], interval: float, console: Console, *, header: str | None = None) -> None:
+    """Call `frame` every `interval` seconds until Ctrl-C (which returns normally). On a
+    terminal the screen is cleared between frames; piped, frames follow each other. An error
+    in one frame (the agent went away) is printed and the next frame tried."""
+    try:
+        while True:
+            if console.is_terminal:
+                console.clear()
+            if header is not None:
+                console.print(f"{header}   {time.strftime('%Y-%m-%d %H:%M:%S')}", highlight=False)
+            try:
+                frame()
+            except SharegpuError as err:
+                print(f"sharegpu: error: {err}", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return

@@ -1,0 +1,285 @@
+"""`sharegpu doctor` (each check on a healthy and a broken node) and `sharegpu support-bundle`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentutil import Agent
+from conftest import Sim
+from sharegpu import native
+from sharegpu.ops import doctor
+from sharegpu.ops.doctor import Context
+
+
+@pytest.fixture
+def agent(sim: Sim, tmp_path: Path) -> Iterator[Agent]:
+    running = Agent(sim, tmp_path / "state").start()
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+def _checks(proc: subprocess.CompletedProcess[str]) -> dict[str, dict[str, str]]:
+    return {c["name"]: c for c in json.loads(proc.stdout)["items"]}
+
+
+def _line(text: str, name: str) -> tuple[str, str | None]:
+    """The check's line and, when it has one, its fix line."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.split()[1:2] == [name]:
+            fix = lines[i + 1] if i + 1 < len(lines) and lines[i + 1].lstrip().startswith("fix:") else None
+            return line, fix
+    raise AssertionError(f"no {name} line:\n{text}")
+
+
+def test_a_healthy_simulated_node(sim: Sim) -> None:
+    sim.runtime.mkdir(parents=True)
+    proc = sim.cli("doctor")
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "\x1b[" not in proc.stdout
+    names = [line.split()[1] for line in proc.stdout.splitlines() if line.split()[:1] in (["ok"], ["warn"])]
+    assert names == [
+        "nvml",
+        "driver",
+        "shim-built",
+        "shim-installed",
+        "shim-loads",
+        "runtime-dir",
+        "agent",
+        "ld-so-preload",
+        "clocksource",
+        "conflicts",
+    ]
+    for name in ("nvml", "driver", "shim-built", "shim-installed", "shim-loads", "runtime-dir"):
+        assert _line(proc.stdout, name)[0].startswith("ok "), proc.stdout
+    assert "simgpu/libnvidia-ml.so.1" in _line(proc.stdout, "nvml")[0]
+    assert "CUDA 1" in _line(proc.stdout, "driver")[0]
+    line, fix = _line(proc.stdout, "agent")  # no agent: a warning with the fix
+    assert line.startswith("warn")
+    assert fix is not None
+    assert "sharegpu agent" in fix
+    checks = _checks(sim.cli("doctor", "--json"))
+    assert checks["shim-loads"]["status"] == "ok"
+    assert checks["agent"]["status"] == "warn"
+
+
+def test_the_agent_check_passes_when_it_answers(agent: Agent, sim: Sim) -> None:
+    checks = _checks(sim.cli("doctor", "--json"))
+    assert checks["agent"]["status"] == "ok"
+    assert "answers on" in checks["agent"]["message"]
+
+
+def test_nvml_missing(sim: Sim) -> None:
+    sim.runtime.mkdir(parents=True)
+    proc = sim.cli("doctor", env=sim.env(LD_LIBRARY_PATH=""))
+    print(proc.stdout)
+    assert proc.returncode == 1
+    line, fix = _line(proc.stdout, "nvml")
+    assert line.startswith("FAIL")
+    assert fix is not None
+    assert "sharegpu simgpu env" in fix
+    assert _line(proc.stdout, "driver")[0].startswith("FAIL")  # no libcuda.so.1 either
+    assert "failed" in proc.stdout.splitlines()[-1]
+
+
+def test_runtime_dir_that_is_not_a_directory(sim: Sim) -> None:
+    sim.runtime.parent.mkdir(parents=True, exist_ok=True)
+    sim.runtime.write_text("oops")
+    proc = sim.cli("doctor", "--json")
+    assert proc.returncode == 1
+    check = _checks(proc)["runtime-dir"]
+    assert check["status"] == "fail"
+    assert "not a directory" in check["message"]
+    assert "SHAREGPU_RUNTIME_DIR" in check["fix"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
+def test_runtime_dir_unwritable(sim: Sim) -> None:
+    sim.runtime.mkdir(parents=True)
+    sim.runtime.chmod(0o500)
+    try:
+        check = doctor.check_runtime_dir(Context(runtime_dir=sim.runtime))
+    finally:
+        sim.runtime.chmod(0o755)
+    assert check.status == "fail"
+    assert "not writable" in check.message
+
+
+def test_runtime_dir_checks(tmp_path: Path) -> None:
+    missing = doctor.check_runtime_dir(Context(runtime_dir=tmp_path / "later"))
+    assert (missing.status, "does not exist yet" in missing.message) == ("warn", True)
+    (tmp_path / "open").mkdir()
+    (tmp_path / "open").chmod(0o777)
+    open_dir = doctor.check_runtime_dir(Context(runtime_dir=tmp_path / "open"))
+    assert open_dir.status == "warn"
+    assert open_dir.fix == f"chmod o-w {tmp_path / 'open'}"
+    (tmp_path / "fine").mkdir(mode=0o755)
+    assert doctor.check_runtime_dir(Context(runtime_dir=tmp_path / "fine")).status == "ok"
+
+
+def test_a_corrupt_installed_shim(sim: Sim) -> None:
+    shim = sim.runtime / "shim"
+    shim.mkdir(parents=True)
+    bad = shim / "libsharegpu-0.1.0-0123456789ab.so"
+    bad.write_bytes(b"\x7fELF" + b"\0" * 60 + b"not a library")
+    (shim / "libsharegpu.so").symlink_to(bad.name)
+    proc = sim.cli("doctor")
+    print(proc.stdout)
+    assert proc.returncode == 1
+    for name in ("shim-installed", "shim-loads"):
+        line, fix = _line(proc.stdout, name)
+        assert line.startswith("FAIL"), line
+        assert fix is not None
+        assert "sharegpu upgrade --shim" in fix
+    assert _line(proc.stdout, "shim-built")[0].startswith("ok")
+
+
+def test_a_dangling_installed_shim_link(sim: Sim) -> None:
+    shim = sim.runtime / "shim"
+    shim.mkdir(parents=True)
+    (shim / "libsharegpu.so").symlink_to("libsharegpu-gone-0123456789ab.so")
+    check = doctor.check_shim_installed(Context(runtime_dir=sim.runtime))
+    assert check.status == "fail"
+    assert "names nothing usable" in check.message
+
+
+def test_a_missing_package_shim(tmp_path: Path) -> None:
+    check = doctor.check_shim_built(Context(runtime_dir=tmp_path, package_shim=tmp_path / "libsharegpu.so"))
+    assert check.status == "fail"
+    assert check.fix is not None
+    assert "make -C native" in check.fix
+
+
+def test_a_stale_agent_socket_is_a_warning(sim: Sim) -> None:
+    sim.runtime.mkdir(parents=True)
+    (sim.runtime / "agent.sock").write_text("")
+    check = doctor.check_agent(Context(runtime_dir=sim.runtime))
+    assert check.status == "warn"
+    assert "nothing behind it" in check.message
+
+
+def test_ld_so_preload(tmp_path: Path) -> None:
+    preload = tmp_path / "ld.so.preload"
+    ctx = Context(runtime_dir=tmp_path, etc_preload=preload)
+    bare = doctor.check_preload(ctx)
+    assert bare.status == "warn"  # a bare host: not a failure, but explained
+    assert bare.fix is not None
+    assert "sharegpu run" in bare.fix
+    preload.write_text(f"{native.LIB_DIR / 'libsharegpu.so'}\n")
+    assert doctor.check_preload(ctx).status == "ok"
+    preload.write_text("/run/sharegpu/shim/libsharegpu.so-gone\n")
+    assert doctor.check_preload(ctx).status == "fail"
+
+
+def test_clock_source(tmp_path: Path) -> None:
+    (tmp_path / "current_clocksource").write_text("tsc\n")
+    ctx = Context(runtime_dir=tmp_path, clocksource=tmp_path)
+    assert doctor.check_clocksource(ctx).status == "ok"
+    (tmp_path / "current_clocksource").write_text("hpet\n")
+    (tmp_path / "available_clocksource").write_text("tsc hpet acpi_pm\n")
+    slow = doctor.check_clocksource(ctx)
+    assert slow.status == "warn"
+    assert slow.fix is not None
+    assert "echo tsc" in slow.fix
+
+
+def test_conflicting_gpu_sharing_software(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    (proc / "4242").mkdir(parents=True)
+    (proc / "modules").write_text("nvidia 100 0 - Live 0x0\n")
+    (proc / "4242" / "comm").write_text("bash\n")
+    ctx = Context(
+        runtime_dir=tmp_path, etc_preload=tmp_path / "preload", proc=proc, vgpu_dir=tmp_path / "vgpu"
+    )
+    assert doctor.check_conflicts(ctx).status == "ok"
+    (proc / "4242" / "comm").write_text("nvidia-cuda-mps-control\n")
+    mps = doctor.check_conflicts(ctx)
+    assert (mps.status, "nvidia-cuda-mps-control" in mps.message) == ("warn", True)
+    (tmp_path / "preload").write_text("/usr/local/vgpu/libvgpu.so\n")
+    (tmp_path / "vgpu").mkdir()
+    (proc / "modules").write_text("cgpu_km 200 0 - Live 0x0\nnvidia 100 0 - Live 0x0\n")
+    found = doctor.check_conflicts(ctx)
+    assert found.status == "fail"
+    for text in ("libvgpu.so", "cgpu_km", "HAMi-core installed", "nvidia-cuda-mps-control"):
+        assert text in found.message
+    assert found.fix is not None
+
+
+def test_a_crashing_check_is_a_failure_not_a_crash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(ctx: Context) -> doctor.Check:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(doctor, "CHECKS", [broken, doctor.check_clocksource])
+    results = doctor.run_checks(Context(runtime_dir=tmp_path))
+    assert (results[0].name, results[0].status) == ("broken", "fail")
+    assert "boom" in results[0].message
+    assert len(results) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# support-bundle
+
+
+def _bundle(sim: Sim, tmp_path: Path, env: dict[str, str]) -> dict[str, bytes]:
+    out = tmp_path / "bundle.tar.gz"
+    proc = sim.cli("support-bundle", "-o", str(out), env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert str(out) in proc.stdout
+    with tarfile.open(out) as tar:
+        files = {}
+        for member in tar.getmembers():
+            f = tar.extractfile(member)
+            assert f is not None
+            files[member.name.split("/", 1)[1]] = f.read()
+    return files
+
+
+def test_support_bundle_through_the_agent(agent: Agent, sim: Sim, tmp_path: Path) -> None:
+    with agent.http() as http:
+        assert http.post("/v1/tenants", json={"name": "web", "memory": "64MiB"}).status_code == 201
+    env = sim.env(
+        SHAREGPU_AGENT_LOG=str(agent.log),
+        SHAREGPU_API_TOKEN="hunter2",
+        OTHER_PASSWORD="swordfish",
+        SIMGPU_KERNEL_US="50",
+    )
+    files = _bundle(sim, tmp_path, env)
+    assert sorted(files) == [
+        "agent.log",
+        "config.json",
+        "devices.json",
+        "doctor.json",
+        "events.json",
+        "status.json",
+        "tenants.json",
+    ]
+    assert json.loads(files["tenants.json"])["items"][0]["id"] == "web"
+    assert json.loads(files["devices.json"])["kind"] == "DeviceList"
+    assert json.loads(files["status.json"])["items"][0]["agent"]["running"] is True
+    assert any(e["kind"] == "tenant.created" for e in json.loads(files["events.json"])["items"])
+    assert {c["name"] for c in json.loads(files["doctor.json"])["items"]} >= {"nvml", "shim-loads"}
+    config = json.loads(files["config.json"])
+    assert config["environment"]["SIMGPU_KERNEL_US"] == "50"
+    assert config["environment"]["SHAREGPU_API_TOKEN"] == "<redacted>"
+    assert "OTHER_PASSWORD" not in config["environment"]
+    assert config["versions"]["sharegpu"]
+    for name, content in files.items():
+        assert b"hunter2" not in content, name
+        assert b"swordfish" not in content, name
+
+
+def test_support_bundle_without_the_agent(sim: Sim, tmp_path: Path) -> None:
+    sim.runtime.mkdir(parents=True)
+    files = _bundle(sim, tmp_path, sim.env(SHAREGPU_NO_AGENT="1"))
+    assert sorted(files) == ["config.json", "devices.json", "doctor.json", "status.json", "tenants.json"]
+    assert json.loads(files["status.json"])["items"][0]["agent"]["running"] is False
