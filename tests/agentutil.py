@@ -41,10 +41,11 @@ ALLOCATOR = textwrap.dedent(
 class Agent:
     """`sharegpu agent` on `sim`, started and stopped by the test."""
 
-    def __init__(self, sim: Sim, state: Path, *args: str) -> None:
+    def __init__(self, sim: Sim, state: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.sim = sim
         self.state = state
         self.args = args
+        self.extra_env = env or {}
         self.log = state.parent / f"{state.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -72,7 +73,10 @@ class Agent:
         self.state.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
-                self.command(*self.args), env=self.sim.env(), stdout=log, stderr=subprocess.STDOUT
+                self.command(*self.args),
+                env=self.sim.env() | self.extra_env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

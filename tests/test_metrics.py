@@ -7,9 +7,11 @@ API's. Tolerances are meant to hold on a loaded 2-core machine.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +27,7 @@ from agentutil import Agent, promtool
 from conftest import Sim
 from sharegpu import __version__
 from sharegpu.agent import metrics
+from sharegpu.agent.config import AgentConfig
 from sharegpu.agent.events import Event
 from sharegpu.arbiter import ensure_arbiter
 from sharegpu.devices import Gpu
@@ -293,14 +296,18 @@ def test_a_taken_port_is_logged_and_the_agent_runs_on(sim: Sim, tmp_path: Path) 
 
 
 def test_the_cli_default_port_is_documented() -> None:
-    import inspect
-
-    from sharegpu import cli
-
     assert metrics.DEFAULT_PORT not in (9100, 9400, 9835)  # node_exporter, dcgm-exporter, nvidia_gpu_exporter
-    assert inspect.signature(cli.agent).parameters["metrics_port"].default == metrics.DEFAULT_PORT
-    address = inspect.signature(cli.agent).parameters["metrics_address"].default
-    assert address == metrics.DEFAULT_ADDRESS
+    defaults = AgentConfig.model_fields
+    assert defaults["metrics_port"].default == metrics.DEFAULT_PORT
+    assert defaults["metrics_address"].default == metrics.DEFAULT_ADDRESS
+    shown = subprocess.run(
+        [sys.executable, "-m", "sharegpu.cli", "agent", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
+    ).stdout
+    assert str(metrics.DEFAULT_PORT) in shown
     doc = (Path(__file__).parents[1] / "docs" / "metrics.md").read_text()
     assert str(metrics.DEFAULT_PORT) in doc
     for name in EXPECTED:

@@ -409,43 +409,61 @@ def agent(  # noqa: PLR0917 (typer maps parameters to options)
         typer.Option("--state-dir", help="Default: /var/lib/sharegpu as root, else ~/.local/state/sharegpu."),
     ] = None,
     enforce: Annotated[
-        Enforce, typer.Option("--enforce", help="On a process bypassing its caps: report it, or kill it too.")
-    ] = Enforce.report,
+        Enforce | None,
+        typer.Option("--enforce", help="On a process bypassing its caps: report it, or kill it too."),
+    ] = None,
     allow_overcommit: Annotated[
-        bool, typer.Option("--allow-overcommit", help="Admit memory caps that sum past a card's memory.")
-    ] = False,
-    log_level: Annotated[str, typer.Option("--log-level", help="debug | info | warning | error.")] = "info",
+        bool | None,
+        typer.Option("--allow-overcommit/--no-allow-overcommit", help="Admit caps past a card's memory."),
+    ] = None,
+    log_level: Annotated[str | None, typer.Option("--log-level", help="debug|info|warning|error.")] = None,
+    log_format: Annotated[str | None, typer.Option("--log-format", help="text | json (a line each).")] = None,
     metrics_port: Annotated[
-        int,
-        typer.Option(
-            "--metrics-port",
-            min=0,
-            max=65535,
-            help="Serve Prometheus metrics on this TCP port; 0: none. See docs/metrics.md.",
-        ),
-    ] = 9479,
+        int | None,
+        typer.Option("--metrics-port", help="Prometheus metrics on this TCP port (default 9479); 0: none."),
+    ] = None,
     metrics_address: Annotated[
-        str, typer.Option("--metrics-address", help="Address the metrics endpoint listens on.")
-    ] = "0.0.0.0",
+        str | None, typer.Option("--metrics-address", help="Address the metrics endpoint listens on.")
+    ] = None,
+    config_file: Annotated[
+        Path | None,
+        typer.Option("--config", help="Settings file (default /etc/sharegpu/config.yaml, $SHAREGPU_CONFIG)."),
+    ] = None,
+    print_config: Annotated[
+        bool, typer.Option("--print-config", help="Print every setting with where it came from, and exit.")
+    ] = False,
 ) -> None:
-    import logging
+    from sharegpu.agent.config import format_config, load_config
+    from sharegpu.agent.daemon import Settings, run_agent
+    from sharegpu.agent.logs import setup_logging
+    from sharegpu.tenant import RUNTIME_ENV
 
-    from sharegpu.agent.daemon import Settings, default_state_dir, run_agent
-    from sharegpu.tenant import RUNTIME_ENV, runtime_dir
-
-    level = getattr(logging, log_level.upper(), None)
-    if not isinstance(level, int):
-        raise typer.BadParameter(f"unknown log level {log_level!r}", param_hint="--log-level")
-    logging.basicConfig(level=level, format="%(asctime)s sharegpu agent %(levelname)s %(message)s")
-    root = (runtime_dir_opt or runtime_dir()).absolute()
+    flags = {
+        "runtime_dir": runtime_dir_opt,
+        "state_dir": state_dir,
+        "enforce": enforce.value if enforce else None,
+        "allow_overcommit": allow_overcommit,
+        "log_level": log_level.lower() if log_level else None,
+        "log_format": log_format,
+        "metrics_port": metrics_port,
+        "metrics_address": metrics_address,
+    }
+    loaded = load_config(flags, file=config_file)
+    if print_config:
+        print(format_config(loaded), end="")
+        raise typer.Exit(0)
+    cfg = loaded.config
+    setup_logging(cfg.log_format, cfg.log_level)
+    root = cfg.runtime_dir.absolute()
     os.environ[RUNTIME_ENV] = str(root)  # for anything that asks runtime_dir() in the agent
     settings = Settings(
         runtime_dir=root,
-        state_dir=(state_dir or default_state_dir()).absolute(),
-        enforce=enforce.value,
-        allow_overcommit=allow_overcommit,
-        metrics_port=metrics_port,
-        metrics_address=metrics_address,
+        state_dir=cfg.state_dir.absolute(),
+        enforce=cfg.enforce,
+        allow_overcommit=cfg.allow_overcommit,
+        metrics_port=cfg.metrics_port,
+        metrics_address=cfg.metrics_address,
+        qos_target_wait_ms=cfg.qos_target_wait_ms,
     )
     raise typer.Exit(run_agent(settings))
 

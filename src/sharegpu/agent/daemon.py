@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import errno
 import fcntl
-import importlib
 import logging
 import os
 import signal
@@ -37,6 +36,8 @@ from sharegpu import __version__
 from sharegpu.agent.api import build_app
 from sharegpu.agent.client import SOCKET_NAME
 from sharegpu.agent.events import Event, Loop
+from sharegpu.agent.loops import build_loops
+from sharegpu.agent.notify import Notifier
 from sharegpu.agent.service import LoopStats, TenantService
 from sharegpu.agent.store import Store
 from sharegpu.agent.upgrade import current_shim, ensure_installed
@@ -59,14 +60,7 @@ class Settings:
     sync_interval_s: float = 2.0
     metrics_port: int = 0  # 0: no metrics endpoint (the CLI's default is metrics.DEFAULT_PORT)
     metrics_address: str = "0.0.0.0"
-
-
-def default_state_dir() -> Path:
-    """/var/lib/sharegpu as root, else $XDG_STATE_HOME/sharegpu (~/.local/state/sharegpu)."""
-    if os.geteuid() == 0:
-        return Path("/var/lib/sharegpu")
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "sharegpu"
+    qos_target_wait_ms: float = 2.0
 
 
 def run_agent(settings: Settings) -> int:
@@ -150,15 +144,17 @@ def _bind(path: Path) -> socket.socket:
 # Loops.
 
 
-def _external_loops(root: Path, enforce: str, store: Store) -> list[Loop]:
-    """The loops of sharegpu.agent.loops (reaper, reconciler, audit, QoS), if it is there."""
+def _loops(settings: Settings, store: Store) -> list[Loop]:
+    """The reaper, reconciler, audit and QoS loops (sharegpu.agent.loops)."""
     try:
-        module: Any = importlib.import_module("sharegpu.agent.loops")
-    except ImportError as err:
-        log.warning("no periodic loops: %s", err)
-        return []
-    try:
-        return list(module.build_loops(root, enforce=enforce, store=store))
+        return list(
+            build_loops(
+                settings.runtime_dir,
+                enforce=settings.enforce,
+                store=store,
+                qos_target_wait_ms=settings.qos_target_wait_ms,
+            )
+        )
     except Exception as err:  # the API and recovery still work without the loops
         log.error("no periodic loops: building them failed: %s: %s", type(err).__name__, err)
         return []
@@ -257,6 +253,26 @@ def _start_metrics(
 
 
 # ---------------------------------------------------------------------------------------------
+# systemd (Type=notify): READY once serving, STATUS now and then, WATCHDOG from the event loop.
+
+
+def _status_line(service: TenantService) -> str:
+    gpus = len(service.known_gpus or [])
+    return f"{service.tenant_count()} tenant(s) on {gpus} GPU(s)"
+
+
+async def _keep_notifying(notifier: Notifier, service: TenantService, stop: asyncio.Event) -> None:
+    if not notifier.enabled:
+        return
+    # From the event loop itself, so a wedged loop stops the pings and systemd restarts the agent.
+    period = min(notifier.watchdog_s or 10.0, 10.0)
+    while not stop.is_set():
+        notifier.send(status=_status_line(service), **({"watchdog": 1} if notifier.watchdog_s else {}))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), period)
+
+
+# ---------------------------------------------------------------------------------------------
 # The server.
 
 
@@ -321,7 +337,7 @@ async def _serve(settings: Settings, store: Store, sock_path: Path) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
     stop = asyncio.Event()
-    loops = _external_loops(root, settings.enforce, store)
+    loops = _loops(settings, store)
     metrics_server, on_events = _start_metrics(settings, service, loops)
     tasks = _schedule(service, settings, loops, stop, on_events)
     gpus = service.known_gpus or []
@@ -351,9 +367,14 @@ async def _serve(settings: Settings, store: Store, sock_path: Path) -> int:
             )
         ]
     )
+    notifier = Notifier()
+    notifier.ready(_status_line(service))  # state recovered, socket bound and listening
+    tasks.append(asyncio.create_task(_keep_notifying(notifier, service, stop), name="sd-notify"))
     try:
         await server.serve(sockets=[sock])
     finally:
+        notifier.stopping(f"stopping ({signal.Signals(received[0]).name})" if received else "stopping")
+        notifier.close()
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         if metrics_server is not None:

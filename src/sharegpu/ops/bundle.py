@@ -76,7 +76,7 @@ def _config(runtime: Path, state: Path) -> dict[str, Any]:
 
 def collect(runtime: Path | None = None) -> tuple[dict[str, bytes], list[str]]:
     """The bundle's files (name -> content) and notes on what could not be collected."""
-    from sharegpu.agent.daemon import default_state_dir
+    from sharegpu.agent.config import default_state_dir
     from sharegpu.ops.doctor import Context, report_document, run_checks
     from sharegpu.ops.output import devices_items, document, status_item, tenants_items
     from sharegpu.ops.snapshot import take
