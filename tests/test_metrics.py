@@ -310,8 +310,10 @@ def test_the_cli_default_port_is_documented() -> None:
     assert str(metrics.DEFAULT_PORT) in shown
     doc = (Path(__file__).parents[1] / "docs" / "metrics.md").read_text()
     assert str(metrics.DEFAULT_PORT) in doc
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
     for name in EXPECTED:
         assert f"`{name}" in doc, f"{name} is not documented in docs/metrics.md"
+        assert f"`{name}" in readme, f"{name} is not documented in README.md"
 
 
 # ---------------------------------------------------------------------------------------------
