@@ -49,7 +49,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round((len(ordered) - 1) * q))]
 
 
-def start_agent(node: Node) -> tuple[subprocess.Popen[str], AgentClient]:
+def start_agent(node: Node, *extra: str) -> tuple[subprocess.Popen[str], AgentClient]:
     env = node.base_env | {"SHAREGPU_RUNTIME_DIR": str(node.root / "run")}
     exe = Path(sys.executable).with_name("sharegpu")
     cmd = [
@@ -59,6 +59,7 @@ def start_agent(node: Node) -> tuple[subprocess.Popen[str], AgentClient]:
         str(node.root / "run"),
         "--state-dir",
         str(node.root / "state"),
+        *extra,
     ]
     # Its log goes to a file: a pipe nobody reads would fill and block the agent.
     log = (node.root / "agent.log").open("w")
@@ -83,9 +84,9 @@ def timed(call: Callable[[], object]) -> float:
     return (time.perf_counter() - t0) * 1000
 
 
-def measure(tenants: int, gpus: int, seconds: float) -> dict[str, float]:
+def measure(tenants: int, gpus: int, seconds: float, *agent_args: str) -> dict[str, float]:
     with simulated_node(memory_mib=81920, gpus=gpus) as node:
-        agent, client = start_agent(node)
+        agent, client = start_agent(node, *agent_args)
         procs: list[subprocess.Popen[str]] = []
         latency: dict[str, list[float]] = {"create": [], "resize": [], "delete": [], "list": []}
         try:
@@ -166,12 +167,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     f = measure(args.tenants, args.gpus, args.seconds)
+    # The same node without the metrics endpoint (and its once-a-second online-wait sampler):
+    # what serving metrics costs, side by side.
+    bare = measure(args.tenants, args.gpus, args.seconds, "--metrics-port", "0")
+    f["cpu_core_pct_no_metrics"] = bare["cpu_core_pct"]
     if args.json:
         print(json.dumps(f, indent=2))
         return 0
     api_p99 = max(f[f"{op}_p99_ms"] for op in ("create", "resize", "delete"))
     rows = [
         ("agent CPU", f"{f['cpu_core_pct']:.2f}% of one core", "< 2%", f["cpu_core_pct"] < 2),
+        (
+            "  without metrics",
+            f"{bare['cpu_core_pct']:.2f}% of one core",
+            "< 2%",
+            bare["cpu_core_pct"] < 2,
+        ),
         ("agent resident memory", f"{f['rss_mib']:.1f} MiB", "< 100 MiB", f["rss_mib"] < 100),
         ("  of it private (anon)", f"{f['anon_mib']:.1f} MiB", "", None),
     ]

@@ -24,7 +24,6 @@ memory (``memory_totals``), memory caps on a GPU sum to at most the card's memor
 from __future__ import annotations
 
 import contextlib
-import copy
 import ctypes
 import ctypes.util
 import fcntl
@@ -647,7 +646,7 @@ def read_meta(path: Path) -> dict[str, Any]:
 
     The agent asks for every tenant's several times a second; a parsed copy is kept while the
     file keeps its inode, size and mtime (it is only ever replaced by rename).  Callers get their
-    own copy to change."""
+    own top-level copy: they may set keys, not change nested values in place."""
     name = str(path / "meta.json")
     try:
         st = os.stat(name)
@@ -657,7 +656,7 @@ def read_meta(path: Path) -> dict[str, Any]:
     ident = (st.st_ino, st.st_size, st.st_mtime_ns)
     hit = _meta_cache.get(name)
     if hit is not None and hit[0] == ident:
-        return copy.deepcopy(hit[1])
+        return dict(hit[1])
     with contextlib.suppress(OSError, ValueError):
         with open(name, encoding="utf-8") as f:
             meta = json.load(f)
@@ -665,7 +664,7 @@ def read_meta(path: Path) -> dict[str, Any]:
             if len(_meta_cache) > 4096:
                 _meta_cache.clear()
             _meta_cache[name] = (ident, meta)
-            return copy.deepcopy(meta)
+            return dict(meta)
     return {}
 
 

@@ -84,7 +84,7 @@ class Auditor:
         enforce: str = "report",
         tolerance_bytes: int = DEFAULT_TOLERANCE,
         *,
-        interval_s: float = 1.0,
+        interval_s: float = 2.0,
         nvml: NvmlSource | None = None,
         kill_untracked: bool = False,
     ) -> None:

@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,16 +56,23 @@ class Reaper:
 
     name = "reaper"
 
-    def __init__(self, root: Path, *, interval_s: float = 1.0) -> None:
+    def __init__(self, root: Path, *, interval_s: float = 1.0, tenant_interval_s: float = 5.0) -> None:
         self.root = root
         self.interval_s = interval_s
+        # Orphaned tenants hold nothing once their processes are reaped: looking for them every
+        # few seconds (and at once after a process was reaped) is soon enough, and cheaper.
+        self.tenant_interval_s = tenant_interval_s
+        self._tenants_at = float("-inf")
         self._broken: set[str] = set()  # regions already reported unreadable
 
     def tick(self) -> list[Event]:
         table = process_table()  # who is alive, read from /proc once per tick
         events = self._reap_usage(table)
         events += self._reap_arbiters(table)
-        events += self._reap_tenants(table)
+        now = time.monotonic()
+        if events or now - self._tenants_at >= self.tenant_interval_s:
+            self._tenants_at = now
+            events += self._reap_tenants(table)
         return events
 
     def _warn_once(self, key: str, message: str) -> None:
