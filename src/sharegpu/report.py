@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sharegpu import abi
 from sharegpu.arbiter import ArbiterStatus, arbiter_path, read_arbiter
-from sharegpu.errors import ConfigError
+from sharegpu.errors import ConfigError, SpecError
 from sharegpu.tenant import (
     ProcessUsage,
     is_stale,
@@ -66,12 +67,13 @@ class TenantReport:
         return sum(1 for p in self.processes if p.alive)
 
 
-def _arbiters(root: Path, uuids: set[str]) -> dict[str, ArbiterStatus]:
+def read_arbiters(root: Path, uuids: Iterable[str]) -> dict[str, ArbiterStatus]:
+    """The arbiter regions of `uuids` that exist and read cleanly."""
     found = {}
     for uuid in uuids:
-        path = arbiter_path(root, uuid)
-        if path.exists():
-            with contextlib.suppress(ConfigError):
+        with contextlib.suppress(ConfigError, SpecError):
+            path = arbiter_path(root, uuid)
+            if path.exists():
                 found[uuid] = read_arbiter(path)
     return found
 
@@ -81,7 +83,7 @@ def node_report(root: Path | None = None, only: str | None = None) -> list[Tenan
     root = root or runtime_dir()
     paths = iter_tenants(root) if only is None else [p for p in [tenants_dir(root) / only] if p.is_dir()]
     statuses = [tenant_status(p) for p in paths]
-    arbiters = _arbiters(root, {d.uuid for s in statuses for d in s.devices})
+    arbiters = read_arbiters(root, {d.uuid for s in statuses for d in s.devices})
     now = time.time()
     reports = []
     for status in statuses:

@@ -1,7 +1,7 @@
 """The agent's HTTP/JSON API (FastAPI), served on a Unix socket; OpenAPI at /openapi.json.
 
 Every error is ``{"error": {"code": "...", "message": "one line"}}``; each of our exception
-classes has one status and code (ERRORS), which the client maps back to the same class.
+classes has one status and code (models.ERROR_CODES), which the client maps back to the same class.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sharegpu import __version__, abi
 from sharegpu.agent.events import EventKind
 from sharegpu.agent.models import (
+    ERROR_CODES,
     ErrorBody,
     EventList,
     GpuList,
@@ -33,37 +34,13 @@ from sharegpu.agent.models import (
 )
 from sharegpu.agent.service import TenantService, validation_message
 from sharegpu.errors import (
-    AdmissionError,
-    AgentError,
-    ConfigError,
-    DeviceError,
     SharegpuError,
     SpecError,
-    TenantBusy,
-    TenantError,
-    TenantExists,
-    TenantNotFound,
-    UnknownGpu,
 )
 
 log = logging.getLogger("sharegpu.agent")
 
 API_VERSION = "v1"
-
-# Most specific first: the first class an error is an instance of gives its status and code.
-ERRORS: list[tuple[type[SharegpuError], int, str]] = [
-    (AdmissionError, 409, "admission_refused"),
-    (SpecError, 422, "invalid_request"),
-    (UnknownGpu, 422, "unknown_gpu"),
-    (DeviceError, 503, "gpu_unavailable"),
-    (TenantNotFound, 404, "tenant_not_found"),
-    (TenantExists, 409, "tenant_exists"),
-    (TenantBusy, 409, "tenant_busy"),
-    (ConfigError, 409, "tenant_unreadable"),
-    (TenantError, 500, "tenant_error"),
-    (AgentError, 500, "agent_error"),
-    (SharegpuError, 500, "error"),
-]
 
 _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": description}
@@ -84,7 +61,7 @@ def error_response(status: int, code: str, message: str) -> JSONResponse:
 
 
 def error_of(err: SharegpuError) -> tuple[int, str]:
-    for cls, status, code in ERRORS:
+    for cls, status, code in ERROR_CODES:
         if isinstance(err, cls):
             return status, code
     return 500, "error"

@@ -17,36 +17,20 @@ from urllib.parse import quote
 import httpx
 
 from sharegpu.agent.events import Event
-from sharegpu.agent.models import EventList, GpuList, GpuView, Health, TenantList, TenantView
+from sharegpu.agent.models import ERROR_CODES, EventList, GpuList, GpuView, Health, TenantList, TenantView
 from sharegpu.errors import (
-    AdmissionError,
     AgentError,
-    ConfigError,
-    DeviceError,
     SharegpuError,
     SpecError,
-    TenantBusy,
-    TenantError,
-    TenantExists,
-    TenantNotFound,
-    UnknownGpu,
 )
 
 SOCKET_NAME = "agent.sock"
 NO_AGENT_ENV = "SHAREGPU_NO_AGENT"  # set to 1: never talk to an agent (direct mode)
 
+# The server's codes back to its classes ("error", the catch-all, stays an AgentError here).
 _ERRORS: dict[str, type[SharegpuError]] = {
-    "admission_refused": AdmissionError,
-    "invalid_request": SpecError,
-    "bad_json": SpecError,
-    "unknown_gpu": UnknownGpu,
-    "gpu_unavailable": DeviceError,
-    "tenant_not_found": TenantNotFound,
-    "tenant_exists": TenantExists,
-    "tenant_busy": TenantBusy,
-    "tenant_unreadable": ConfigError,
-    "tenant_error": TenantError,
-}
+    code: cls for cls, _status, code in ERROR_CODES if cls is not SharegpuError
+} | {"bad_json": SpecError}
 
 
 def socket_path(runtime_dir: Path) -> Path:

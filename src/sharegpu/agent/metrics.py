@@ -37,12 +37,13 @@ from prometheus_client.registry import Collector
 
 from sharegpu import __version__, abi
 from sharegpu.agent.events import Event
-from sharegpu.agent.models import TenantView, gpu_views, read_arbiters
+from sharegpu.agent.models import TenantView, gpu_views
 from sharegpu.agent.service import LoopStats, views
 from sharegpu.agent.store import TenantRow
 from sharegpu.arbiter import iter_arbiters, read_arbiter
 from sharegpu.devices import Gpu
 from sharegpu.errors import AgentError, ConfigError, DeviceError
+from sharegpu.report import read_arbiters
 
 log = logging.getLogger("sharegpu.agent")
 

@@ -9,7 +9,6 @@ errors. Views are built from `sharegpu.report.node_report`, with or without the 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -17,6 +16,19 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from sharegpu.agent.events import Event
 from sharegpu.arbiter import ArbiterStatus
 from sharegpu.devices import Gpu
+from sharegpu.errors import (
+    AdmissionError,
+    AgentError,
+    ConfigError,
+    DeviceError,
+    SharegpuError,
+    SpecError,
+    TenantBusy,
+    TenantError,
+    TenantExists,
+    TenantNotFound,
+    UnknownGpu,
+)
 from sharegpu.report import TenantReport
 from sharegpu.spec import (
     MAX_WEIGHT,
@@ -331,6 +343,23 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+# Each error class's HTTP status and code: the server answers with them, the client raises the
+# class back. Most specific first: the first class an error is an instance of wins.
+ERROR_CODES: list[tuple[type[SharegpuError], int, str]] = [
+    (AdmissionError, 409, "admission_refused"),
+    (SpecError, 422, "invalid_request"),
+    (UnknownGpu, 422, "unknown_gpu"),
+    (DeviceError, 503, "gpu_unavailable"),
+    (TenantNotFound, 404, "tenant_not_found"),
+    (TenantExists, 409, "tenant_exists"),
+    (TenantBusy, 409, "tenant_busy"),
+    (ConfigError, 409, "tenant_unreadable"),
+    (TenantError, 500, "tenant_error"),
+    (AgentError, 500, "agent_error"),
+    (SharegpuError, 500, "error"),
+]
+
+
 class LoopHealth(BaseModel):
     interval_s: float
     ticks: int
@@ -445,23 +474,7 @@ def tenant_view(
 
 
 def arbiter_view(status: ArbiterStatus) -> ArbiterView:
-    return ArbiterView(
-        quantum_ns=status.quantum_ns,
-        offline_inflight_max=status.offline_inflight_max,
-        online_window_ns=status.online_window_ns,
-        holder_pid=status.holder_pid,
-        waiting=status.waiting,
-        grants=status.grants,
-        handovers=status.handovers,
-        mean_handover_idle_ns=status.mean_handover_idle_ns,
-        reclaims=status.reclaims,
-        recoveries=status.recoveries,
-        holdback_max_ns=status.holdback_max_ns,
-        online_period_ns=status.online_period_ns,
-        online_jitter_ns=status.online_jitter_ns,
-        holdbacks=status.holdbacks,
-        holdback_misses=status.holdback_misses,
-    )
+    return ArbiterView.model_validate(status, from_attributes=True)
 
 
 def gpu_views(
@@ -493,19 +506,3 @@ def gpu_views(
             )
         )
     return views
-
-
-def read_arbiters(root: Path, uuids: list[str]) -> dict[str, ArbiterStatus]:
-    """The arbiter regions of `uuids` that exist and read cleanly."""
-    from sharegpu.arbiter import arbiter_path, read_arbiter
-    from sharegpu.errors import ConfigError, SpecError
-
-    found = {}
-    for uuid in uuids:
-        try:
-            path = arbiter_path(root, uuid)
-            if path.exists():
-                found[uuid] = read_arbiter(path)
-        except (ConfigError, SpecError):
-            continue
-    return found

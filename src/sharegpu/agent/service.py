@@ -32,7 +32,6 @@ from sharegpu.agent.models import (
     TenantResize,
     TenantView,
     gpu_views,
-    read_arbiters,
     tenant_view,
 )
 from sharegpu.agent.plan import compute_of, memory_totals, plan_devices, resized
@@ -40,7 +39,7 @@ from sharegpu.agent.store import Store, TenantRow
 from sharegpu.arbiter import ensure_arbiter
 from sharegpu.devices import Gpu, list_gpus
 from sharegpu.errors import ConfigError, DeviceError, SpecError, TenantBusy, TenantNotFound
-from sharegpu.report import node_report
+from sharegpu.report import node_report, read_arbiters
 from sharegpu.spec import format_size
 from sharegpu.tenant import (
     DeviceLimit,

@@ -29,8 +29,9 @@ class Snapshot:
 
 
 def _direct_gpus(root: Path, tenants: list[TenantView]) -> list[GpuView]:
-    from sharegpu.agent.models import gpu_views, read_arbiters
+    from sharegpu.agent.models import gpu_views
     from sharegpu.devices import list_gpus
+    from sharegpu.report import read_arbiters
 
     found = list_gpus()
     return gpu_views(found, tenants, read_arbiters(root, [g.uuid for g in found]))
