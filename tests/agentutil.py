@@ -135,6 +135,14 @@ class Agent:
         self.proc = None
 
 
+def create(agent: Agent, **body: Any) -> dict[str, Any]:
+    with agent.http() as http:
+        response = http.post("/v1/tenants", json=body)
+    assert response.status_code == 201, response.text
+    view: dict[str, Any] = response.json()
+    return view
+
+
 def allocator(sim: Sim, tenant_dir: Path) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         [sys.executable, "-c", ALLOCATOR],

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from agentutil import Agent, allocator, step
+from agentutil import Agent, allocator, create, step
 from conftest import Sim, parse_kv
 from sharegpu import abi, native
 from sharegpu.spec import MIB
@@ -35,14 +35,6 @@ def agent(sim: Sim, tmp_path: Path) -> Iterator[Agent]:
         yield running
     finally:
         running.close()
-
-
-def create(agent: Agent, **body: Any) -> dict[str, Any]:
-    with agent.http() as http:
-        response = http.post("/v1/tenants", json=body)
-    assert response.status_code == 201, response.text
-    view: dict[str, Any] = response.json()
-    return view
 
 
 def patch(agent: Agent, tenant: str, **changes: Any) -> dict[str, Any]:

@@ -12,11 +12,10 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from agentutil import Agent
+from agentutil import Agent, create
 from conftest import Sim
 from sharegpu.spec import MIB
 
@@ -30,14 +29,6 @@ def agent(sim: Sim, tmp_path: Path) -> Iterator[Agent]:
         yield running
     finally:
         running.close()
-
-
-def create(agent: Agent, **body: Any) -> dict[str, Any]:
-    with agent.http() as http:
-        response = http.post("/v1/tenants", json=body)
-    assert response.status_code == 201, response.text
-    view: dict[str, Any] = response.json()
-    return view
 
 
 def ready(proc: subprocess.Popen[str]) -> subprocess.Popen[str]:
