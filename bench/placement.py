@@ -10,8 +10,8 @@ placed one at a time on the full 1,523-node cluster (openb_node_list_all_node.cs
   * the decision latency of each policy (p50, p99 over every decision of one run, on the full
     cluster, caches warmed as a scheduler warms them at start-up).
 
-The trace is read from <repo>/../shared/data/alibaba-gpu-v2023 (or --data); it is not part of
-the repository (public copy: https://github.com/alibaba/clusterdata, cluster-trace-gpu-v2023).
+The trace is read from <repo>/data/alibaba-gpu-v2023 (or --data), where the repository ships it
+(public copy: https://github.com/alibaba/clusterdata, cluster-trace-gpu-v2023).
 No GPU is involved: these are simulated placements.
 
   python bench/placement.py                                  # the full run (make bench)
@@ -37,7 +37,7 @@ from sharegpu.placement.policies import POLICIES, make_policy
 from sharegpu.sim import load_nodes, load_pods, simulate
 
 REPO = Path(__file__).resolve().parent.parent
-DATA = REPO.parent / "shared" / "data" / "alibaba-gpu-v2023"
+DATA = REPO / "data" / "alibaba-gpu-v2023"
 NODE_LIST = "openb_node_list_all_node.csv"
 PUBLISHED = {  # ATC'23 artifact, default trace, 100% arrived demand, mean of 10 seeds
     "random": 86.30,
@@ -117,7 +117,7 @@ def main() -> int:
     if not (args.data / NODE_LIST).is_file():
         print(
             f"bench/placement.py: the trace is missing: {args.data / NODE_LIST} not found "
-            "(expected a copy of shared/ beside the repository, or pass --data)",
+            "(it ships in the repository's data/ folder, or pass --data)",
             file=sys.stderr,
         )
         return 2

@@ -1,7 +1,7 @@
 """sharegpu.sim and `sharegpu simulate` on the real Alibaba trace and on small bad inputs.
 
-The trace is not in the repository: it is read from <repo>/../shared/data/alibaba-gpu-v2023 (a
-copy of shared/ sits beside the clone in CI). Without it these tests fail, they do not skip.
+The trace ships in the repository at data/alibaba-gpu-v2023 (see its README for source and
+citation). Without it these tests fail, they do not skip.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from sharegpu.placement import Node, Request
 from sharegpu.sim import load_nodes, load_pods, sample, simulate
 
 REPO = Path(__file__).resolve().parent.parent
-DATA = REPO.parent / "shared" / "data" / "alibaba-gpu-v2023"
+DATA = REPO / "data" / "alibaba-gpu-v2023"
 POD_LISTS = [
     "default",
     *(f"gpushare{n}" for n in (20, 40, 60, 80, 100)),
@@ -30,7 +30,7 @@ POD_LISTS = [
 def data() -> Path:
     if not (DATA / "openb_node_list_all_node.csv").is_file():
         pytest.fail(
-            f"the Alibaba GPU trace is missing: expected {DATA} (a copy of shared/data beside the repository)"
+            f"the Alibaba GPU trace is missing: expected {DATA} (it ships in the repository; restore data/ from git)"
         )
     return DATA
 
