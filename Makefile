@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NATIVE_STAMP := src/sharegpu/_lib/.built
-NATIVE_SRC := $(shell find native -name '*.c' -o -name '*.h' -o -name '*.map' -o -name '*.def' -o -name Makefile)
+NATIVE_SRC := $(shell find native -name '*.c' -o -name '*.h' -o -name '*.inc' -o -name '*.map' -o -name '*.def' -o -name Makefile)
 
 .PHONY: run test bench check native clean setup
 

@@ -10,7 +10,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -161,3 +161,19 @@ def sim_factory(tmp_path: Path):  # type: ignore[no-untyped-def]
         return Sim(tmp_path / f"node{count}", **kwargs)  # type: ignore[arg-type]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def built() -> Path:
+    subprocess.run(["make", "-s", "-C", str(REPO / "native")], check=True, capture_output=True)
+    return native.LIB_DIR
+
+
+@pytest.fixture
+def sim_env(sim_factory: Callable[..., Sim], built: Path) -> dict[str, str]:
+    """The environment of a node of the shared fixture with the driver's default device size
+    (2 GPUs of 80 GiB) and default kernel time and time slice, whatever the caller's environment."""
+    env = sim_factory(memory_mib=80 * 1024).env()
+    for var in ("SIMGPU_KERNEL_US", "SIMGPU_TIMESLICE_US"):
+        env.pop(var, None)
+    return env

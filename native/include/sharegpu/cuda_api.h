@@ -60,6 +60,7 @@ typedef enum cudaError_enum {
     CUDA_ERROR_NO_BINARY_FOR_GPU = 209,
     CUDA_ERROR_ALREADY_ACQUIRED = 210,
     CUDA_ERROR_NOT_MAPPED = 211,
+    CUDA_ERROR_UNSUPPORTED_LIMIT = 215,
     CUDA_ERROR_INVALID_PTX = 218,
     CUDA_ERROR_INVALID_SOURCE = 300,
     CUDA_ERROR_FILE_NOT_FOUND = 301,
@@ -326,7 +327,9 @@ SG_CUAPI cuCtxSetCurrent(CUcontext ctx);
 SG_CUAPI cuCtxPushCurrent_v2(CUcontext ctx);
 SG_CUAPI cuCtxPopCurrent_v2(CUcontext *pctx);
 SG_CUAPI cuCtxGetDevice(CUdevice *device);
+SG_CUAPI cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx); /* CUDA 13: NULL = current */
 SG_CUAPI cuCtxSynchronize(void);
+SG_CUAPI cuCtxSynchronize_v2(CUcontext ctx); /* CUDA 13: NULL = current */
 
 SG_CUAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
 SG_CUAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widthInBytes, size_t height,
@@ -448,6 +451,100 @@ CUresult cuMemsetD32_v2_ptds(CUdeviceptr dst, unsigned int value, size_t n);
 CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, CUstreamCaptureMode mode);
 CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph *graph);
 CUresult cuStreamIsCapturing_ptsz(CUstream stream, CUstreamCaptureStatus *status);
+
+/* ---- modelled by simgpu, not hooked by the shim -------------------------------------------- */
+typedef struct CUlib_st *CUlibrary;
+typedef struct CUgreenCtx_st *CUgreenCtx;
+typedef struct CUlinkState_st *CUlinkState;
+typedef void (*CUhostFn)(void *userData);
+typedef enum CUlimit_enum {
+    CU_LIMIT_STACK_SIZE = 0x00,
+    CU_LIMIT_PRINTF_FIFO_SIZE = 0x01,
+    CU_LIMIT_MALLOC_HEAP_SIZE = 0x02,
+    CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH = 0x03,
+    CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT = 0x04,
+    CU_LIMIT_MAX_L2_FETCH_GRANULARITY = 0x05,
+    CU_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06,
+    CU_LIMIT_SHMEM_SIZE = 0x07,
+    CU_LIMIT_CIG_ENABLED = 0x08,
+    CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED = 0x09,
+    CU_LIMIT_MAX
+} CUlimit;
+typedef int CUjit_option;
+typedef int CUjitInputType;
+typedef int CUlibraryOption;
+typedef int CUfunction_attribute;
+
+SG_CUAPI cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority);
+SG_CUAPI cuCtxGetFlags(unsigned int *flags);
+SG_CUAPI cuCtxGetApiVersion(CUcontext ctx, unsigned int *version);
+SG_CUAPI cuCtxGetId(CUcontext ctx, unsigned long long *ctxId);
+SG_CUAPI cuCtxSetLimit(CUlimit limit, size_t value);
+SG_CUAPI cuCtxGetLimit(size_t *pvalue, CUlimit limit);
+SG_CUAPI cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority);
+SG_CUAPI cuStreamGetPriority(CUstream hStream, int *priority);
+SG_CUAPI cuStreamGetFlags(CUstream hStream, unsigned int *flags);
+SG_CUAPI cuStreamGetId(CUstream hStream, unsigned long long *streamId);
+SG_CUAPI cuStreamGetCtx(CUstream hStream, CUcontext *pctx);
+SG_CUAPI cuStreamGetCtx_v2(CUstream hStream, CUcontext *pCtx, CUgreenCtx *pGreenCtx);
+SG_CUAPI cuStreamGetDevice(CUstream hStream, CUdevice *device);
+SG_CUAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags);
+SG_CUAPI cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData);
+SG_CUAPI cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags);
+CUresult cuStreamGetPriority_ptsz(CUstream hStream, int *priority);
+CUresult cuStreamGetFlags_ptsz(CUstream hStream, unsigned int *flags);
+CUresult cuStreamGetId_ptsz(CUstream hStream, unsigned long long *streamId);
+CUresult cuStreamGetCtx_ptsz(CUstream hStream, CUcontext *pctx);
+CUresult cuStreamGetCtx_v2_ptsz(CUstream hStream, CUcontext *pCtx, CUgreenCtx *pGreenCtx);
+CUresult cuStreamGetDevice_ptsz(CUstream hStream, CUdevice *device);
+CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags);
+CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void *userData);
+CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags);
+
+SG_CUAPI cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
+                           void **jitOptionsValues, unsigned int numJitOptions,
+                           CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                           unsigned int numLibraryOptions);
+SG_CUAPI cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions,
+                               void **jitOptionsValues, unsigned int numJitOptions,
+                               CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                               unsigned int numLibraryOptions);
+SG_CUAPI cuLibraryUnload(CUlibrary library);
+SG_CUAPI cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name);
+SG_CUAPI cuLibraryGetModule(CUmodule *pMod, CUlibrary library);
+SG_CUAPI cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name);
+SG_CUAPI cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel);
+SG_CUAPI cuKernelGetLibrary(CUlibrary *pLib, CUkernel kernel);
+SG_CUAPI cuKernelGetName(const char **name, CUkernel hfunc);
+SG_CUAPI cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev);
+SG_CUAPI cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel, CUdevice dev);
+SG_CUAPI cuModuleLoad(CUmodule *module, const char *fname);
+SG_CUAPI cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
+                            CUjit_option *options, void **optionValues);
+SG_CUAPI cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule hmod, const char *name);
+SG_CUAPI cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc);
+SG_CUAPI cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value);
+SG_CUAPI cuFuncGetName(const char **name, CUfunction hfunc);
+SG_CUAPI cuFuncGetModule(CUmodule *hmod, CUfunction hfunc);
+SG_CUAPI cuFuncSetCacheConfig(CUfunction hfunc, int config);
+SG_CUAPI cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func,
+                                                     int blockSize, size_t dynamicSMemSize);
+SG_CUAPI cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *numBlocks, CUfunction func,
+                                                              int blockSize,
+                                                              size_t dynamicSMemSize,
+                                                              unsigned int flags);
+SG_CUAPI cuOccupancyMaxPotentialBlockSize(int *minGridSize, int *blockSize, CUfunction func,
+                                          size_t (*blockSizeToDynamicSMemSize)(int),
+                                          size_t dynamicSMemSize, int blockSizeLimit);
+SG_CUAPI cuLinkCreate_v2(unsigned int numOptions, CUjit_option *options, void **optionValues,
+                         CUlinkState *stateOut);
+SG_CUAPI cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void *data, size_t size,
+                          const char *name, unsigned int numOptions, CUjit_option *options,
+                          void **optionValues);
+SG_CUAPI cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, const char *path,
+                          unsigned int numOptions, CUjit_option *options, void **optionValues);
+SG_CUAPI cuLinkComplete(CUlinkState state, void **cubinOut, size_t *sizeOut);
+SG_CUAPI cuLinkDestroy(CUlinkState state);
 
 #ifdef __cplusplus
 }

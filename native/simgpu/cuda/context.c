@@ -85,6 +85,7 @@ static void primary_deactivate(struct CUctx_st *c)
 {
     (void)cu_ctx_wait(c); /* only fails on an unusable state lock: nothing left to wait for */
     cu_mem_free_ctx(c);
+    cu_limits_release(c);
     c->active = 0;
     c->refcount = 0;
     note_live(c->phys, 0);
@@ -108,6 +109,7 @@ SIM_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
             pthread_mutex_unlock(&cu_g.mu);
             return r;
         }
+        cu_limits_init(c);
         c->active = 1;
         c->refcount = 0;
     }
@@ -240,6 +242,7 @@ static CUresult ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev)
     c->phys = phys;
     c->flags = flags;
     c->refcount = 1;
+    cu_limits_init(c);
     cu_stream_init(&c->defstream, c, 0);
     pthread_mutex_lock(&cu_g.mu);
     if (ncreated == capcreated) {
@@ -303,6 +306,7 @@ SIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
         }
     }
     cu_mem_free_ctx(c);
+    cu_limits_release(c);
     note_live(c->phys, 0);
     c->magic = 0;
     pthread_mutex_unlock(&cu_g.mu);
@@ -369,23 +373,88 @@ SIM_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuCtxGetDevice(CUdevice *device)
+/* The context a CUDA 13 call names, or the current one for NULL. */
+static CUresult ctx_or_current(CUcontext ctx, struct CUctx_st **out)
+{
+    if (!ctx)
+        return cu_ctx_current(out);
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    if (!cu_ctx_alive(ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *out = ctx;
+    return CUDA_SUCCESS;
+}
+
+static CUresult ctx_device(CUdevice *device, CUcontext ctx)
 {
     if (!device)
         return CUDA_ERROR_INVALID_VALUE;
     struct CUctx_st *c;
-    CUresult r = cu_ctx_current(&c);
+    CUresult r = ctx_or_current(ctx, &c);
     if (r)
         return r;
     *device = c->ordinal;
     return CUDA_SUCCESS;
 }
+SIM_EXPORT CUresult cuCtxGetDevice(CUdevice *device)
+{
+    return ctx_device(device, NULL);
+}
+SIM_EXPORT CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
+{
+    return ctx_device(device, ctx);
+}
 
-SIM_EXPORT CUresult cuCtxSynchronize(void)
+static CUresult ctx_sync(CUcontext ctx)
 {
     struct CUctx_st *c;
-    CUresult r = cu_ctx_current(&c);
+    CUresult r = ctx_or_current(ctx, &c);
     if (r)
         return r;
     return cu_ctx_wait(c);
+}
+SIM_EXPORT CUresult cuCtxSynchronize(void)
+{
+    return ctx_sync(NULL);
+}
+SIM_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+    return ctx_sync(ctx);
+}
+
+/* ---- context queries ----------------------------------------------------------------------- */
+
+SIM_EXPORT CUresult cuCtxGetFlags(unsigned int *flags)
+{
+    if (!flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c;
+    CUresult r = cu_ctx_current(&c);
+    if (!r)
+        *flags = c->flags;
+    return r;
+}
+
+SIM_EXPORT CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
+{
+    if (!version)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c;
+    CUresult r = ctx_or_current(ctx, &c);
+    if (!r)
+        *version = 3020; /* every context of the v2 API reports 3020 */
+    return r;
+}
+
+SIM_EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId)
+{
+    if (!ctxId)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c;
+    CUresult r = ctx_or_current(ctx, &c);
+    if (!r)
+        *ctxId = c->id;
+    return r;
 }

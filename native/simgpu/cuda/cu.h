@@ -28,10 +28,14 @@
 #define EXEC_MAGIC 0x45584531u
 #define ARRAY_MAGIC 0x41525231u
 #define POOL_MAGIC 0x504f4f31u
+#define LIB_MAGIC 0x4c494231u
+#define KERNEL_MAGIC 0x4b524e31u
 
 struct CUstream_st {
     uint32_t magic;
     unsigned flags;
+    int priority;          /* clamped to [CU_STREAM_PRIORITY_GREATEST, CU_STREAM_PRIORITY_LEAST] */
+    unsigned long long id; /* cuStreamGetId: unique in the process */
     struct CUctx_st *ctx;
     struct CUgraph_st *capture; /* non-NULL while capturing (owned by the stream until End) */
     struct sim_queue q;
@@ -45,6 +49,9 @@ struct CUctx_st {
     int active;            /* primary: retained at least once since the last reset */
     int refcount;          /* primary: retain count */
     unsigned flags;
+    unsigned long long id;  /* cuCtxGetId: unique in the process, never reused */
+    size_t limit[CU_LIMIT_MAX]; /* cuCtxSetLimit values (limits.c) */
+    uint64_t limit_charged; /* bytes charged for stack, printf FIFO and malloc heap above defaults */
     struct sim_ticket last; /* [state lock] its last submitted kernel, on any stream */
     struct CUstream_st defstream; /* stream 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD */
 };
@@ -60,17 +67,49 @@ struct CUevent_st {
 struct CUfunc_st {
     uint32_t magic;
     int spin;              /* name starts with "spin": duration from parameter 0 */
+    int max_dyn_smem;      /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (0: the default) */
+    int carveout;          /* CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT (0: default -1) */
     struct CUmod_st *mod;
     struct CUfunc_st *next;
     char name[];
 };
 
+/* A `.global` or `.const` variable of a PTX image: device memory of the module. */
+struct cu_var {
+    char name[96];
+    uint64_t offset, size;
+};
+
 struct CUmod_st {
     uint32_t magic;
     int ptx;               /* image was PTX text: only its .entry names exist */
-    struct CUctx_st *ctx;
+    struct CUctx_st *ctx;  /* NULL for a library's parsed prototype */
     char *entries;         /* PTX: NUL-separated entry names, then an empty string */
+    struct cu_var *vars;   /* PTX: its variables, laid out from `globals` */
+    size_t nvars;
+    uint64_t var_bytes;    /* charged to the process on ctx's GPU while the module lives */
+    CUdeviceptr globals;   /* their storage (0 when var_bytes is 0 or for a prototype) */
     struct CUfunc_st *funcs;
+    struct CUlib_st *lib;  /* the library this is the per-context instance of, or NULL */
+    struct CUmod_st *next_in_lib;
+};
+
+/* A library (cuLibraryLoadData): context-independent, instantiated as a module in each context
+ * at its first use there (library.c). */
+struct CUlib_st {
+    uint32_t magic;
+    struct CUmod_st proto;     /* parsed image; ctx NULL, no storage */
+    struct CUmod_st *per_ctx;  /* [cu_g.mu] instances */
+    struct CUkern_st *kernels; /* [cu_g.mu] */
+};
+
+struct CUkern_st {
+    uint32_t magic;            /* KERNEL_MAGIC: first, like CUfunc_st, so a cast can be told apart */
+    struct CUlib_st *lib;
+    struct CUctx_st *last_ctx; /* [cu_g.mu] cache of the last per-context function */
+    struct CUfunc_st *last_fn;
+    struct CUkern_st *next;
+    char name[];
 };
 
 struct CUarray_st {
@@ -133,14 +172,35 @@ SIM_HIDDEN int cu_ctx_alive(const struct CUctx_st *c);
 SIM_HIDDEN CUresult cu_ctx_wait(struct CUctx_st *c); /* until all its work is done */
 SIM_HIDDEN void cu_ctx_fork_child(void);
 
+/* A process-wide counter for context and stream ids (real ids are unique per process too). */
+SIM_HIDDEN unsigned long long cu_next_id(void);
+/* Stream priorities: H100 and H200 report [-5, 0] (lower is more urgent). */
+#define CU_STREAM_PRIORITY_LEAST 0
+#define CU_STREAM_PRIORITY_GREATEST (-5)
+/* limits.c: defaults and the reservation of a new context; release at its end. */
+SIM_HIDDEN void cu_limits_init(struct CUctx_st *c);
+SIM_HIDDEN void cu_limits_release(struct CUctx_st *c);
+
 /* ---- streams (stream.c) ------------------------------------------------------------------- */
 /* Resolves 0 / CU_STREAM_LEGACY / CU_STREAM_PER_THREAD to the current context's stream. */
 SIM_HIDDEN CUresult cu_stream(CUstream h, struct CUstream_st **out);
 SIM_HIDDEN void cu_stream_init(struct CUstream_st *s, struct CUctx_st *c, unsigned flags);
 SIM_HIDDEN CUresult cu_stream_wait(struct CUstream_st *s); /* until all its work is done */
 
-/* ---- kernels (launch.c, module.c, graph.c) ------------------------------------------------ */
-SIM_HIDDEN CUresult cu_func_check(CUfunction f);
+/* ---- kernels (launch.c, module.c, library.c, graph.c) -------------------------------------- */
+SIM_HIDDEN CUresult cu_func_check(CUfunction f); /* a CUfunction, or a CUkernel cast to one */
+/* Parses an image into m (ctx NULL): CUDA_ERROR_INVALID_IMAGE for what is no PTX/cubin/fatbin. */
+SIM_HIDDEN CUresult cu_module_parse(struct CUmod_st *m, const void *image);
+/* A live module of ctx from a parsed prototype: copies its names, places and charges its
+ * variables on ctx's GPU. */
+SIM_HIDDEN CUresult cu_module_instance(const struct CUmod_st *proto, struct CUctx_st *ctx,
+                                       struct CUmod_st **out);
+SIM_HIDDEN void cu_module_destroy(struct CUmod_st *m); /* frees storage, functions, the module */
+SIM_HIDDEN void cu_module_clear(struct CUmod_st *m);   /* a prototype's parsed data */
+SIM_HIDDEN CUresult cu_module_function(struct CUmod_st *m, const char *name,
+                                       struct CUfunc_st **out);
+/* The function a kernel (or a function) stands for in ctx. */
+SIM_HIDDEN CUresult cu_func_in(CUfunction f, struct CUctx_st *ctx, struct CUfunc_st **out);
 SIM_HIDDEN uint64_t cu_kernel_ns(const struct CUfunc_st *f, void **params, void **extra);
 /* Submits kernels of the given durations on s (or records them when s is capturing). */
 SIM_HIDDEN CUresult cu_submit(struct CUstream_st *s, const uint64_t *dur, size_t n,
@@ -154,6 +214,10 @@ SIM_HIDDEN void cu_graph_free(struct CUgraph_st *g);
 SIM_HIDDEN int cu_mem_range_ok(uintptr_t p, size_t len);
 SIM_HIDDEN int cu_vmm_range_ok(uintptr_t p, size_t len);
 SIM_HIDDEN void cu_mem_free_ctx(struct CUctx_st *c); /* the context died: free what it held */
+/* Device memory that no allocation call returns (module variables): placed and charged like
+ * cuMemAlloc, owned by ctx, freed with cu_mem_release. */
+SIM_HIDDEN CUresult cu_mem_reserve(struct CUctx_st *ctx, size_t size, CUdeviceptr *out);
+SIM_HIDDEN CUresult cu_mem_release(CUdeviceptr p);
 SIM_HIDDEN void cu_mem_fork_child(void);
 SIM_HIDDEN void cu_vmm_fork_child(void);
 

@@ -20,6 +20,7 @@
     X(CUDA_ERROR_NO_BINARY_FOR_GPU, "no kernel image is available for execution on the device")  \
     X(CUDA_ERROR_ALREADY_ACQUIRED, "resource already acquired")                                   \
     X(CUDA_ERROR_NOT_MAPPED, "resource not mapped")                                               \
+    X(CUDA_ERROR_UNSUPPORTED_LIMIT, "limit is not supported on this architecture")               \
     X(CUDA_ERROR_INVALID_PTX, "a PTX JIT compilation failed")                                     \
     X(CUDA_ERROR_INVALID_SOURCE, "device kernel image is invalid")                                \
     X(CUDA_ERROR_FILE_NOT_FOUND, "file not found")                                                \

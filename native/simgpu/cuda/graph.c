@@ -114,7 +114,14 @@ static CUresult add_kernel(CUgraphNode *node, CUgraph graph, const CUgraphNode *
     for (size_t i = 0; i < ndeps; i++)
         if (!deps[i] || deps[i]->magic != NODE_MAGIC || deps[i]->graph != graph)
             return CUDA_ERROR_INVALID_VALUE;
-    return add_node(graph, cu_kernel_ns(f, params, extra), node);
+    /* A CUkernel's duration comes from its name, which every context's function shares. */
+    uint64_t ns = f->magic == FUNC_MAGIC
+                      ? cu_kernel_ns(f, params, extra)
+                      : cu_kernel_ns(&(struct CUfunc_st){
+                                         .spin = strncmp(((struct CUkern_st *)(void *)f)->name,
+                                                         "spin", 4) == 0},
+                                     params, extra);
+    return add_node(graph, ns, node);
 }
 
 SIM_EXPORT CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,

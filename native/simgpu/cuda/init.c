@@ -9,6 +9,12 @@
 
 struct cu_global cu_g = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
+unsigned long long cu_next_id(void)
+{
+    static unsigned long long next;
+    return __atomic_add_fetch(&next, 1, __ATOMIC_RELAXED);
+}
+
 CUresult cu_result(const struct sim_err *e)
 {
     switch (e->code) {

@@ -59,10 +59,8 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
     CUresult r = cu_func_check(f);
     if (r)
         return r;
-    struct CUctx_st *cur;
-    r = cu_ctx_current(&cur);
-    if (r)
-        return r;
+    /* The stream names the context: a launch on a created stream needs no current context (a
+     * CUkernel of a library is launched that way); the NULL stream is the current context's. */
     if (!gx || !gy || !gz || !bx || !by || !bz || (params && extra))
         return CUDA_ERROR_INVALID_VALUE;
     if ((uint64_t)bx * by * bz > 1024 || bz > 64 || gy > 65535 || gz > 65535)
@@ -73,8 +71,12 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
         return r;
     if (cooperative && (uint64_t)gx * gy * gz > (uint64_t)cu_g.st->cfg.sm_count * 32u)
         return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
-    uint64_t dur = cu_kernel_ns(f, params, extra);
-    return cu_submit(s, &dur, 1, f);
+    struct CUfunc_st *fn;
+    r = cu_func_in(f, s->ctx, &fn); /* a CUkernel becomes its function in the stream's context */
+    if (r)
+        return r;
+    uint64_t dur = cu_kernel_ns(fn, params, extra);
+    return cu_submit(s, &dur, 1, fn);
 }
 
 SIM_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,

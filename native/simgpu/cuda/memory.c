@@ -193,6 +193,16 @@ int cu_mem_range_ok(uintptr_t p, size_t len)
     return ok ? 0 : cu_vmm_range_ok(p, len);
 }
 
+CUresult cu_mem_reserve(struct CUctx_st *ctx, size_t size, CUdeviceptr *out)
+{
+    return dev_alloc(ctx, ctx->phys, size, size, out);
+}
+
+CUresult cu_mem_release(CUdeviceptr p)
+{
+    return dev_free(p);
+}
+
 /* ---- allocation entry points -------------------------------------------------------------- */
 
 SIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)

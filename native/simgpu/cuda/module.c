@@ -1,16 +1,21 @@
 /*
- * Modules.  Nothing is compiled or run: a module is the list of its kernel names.  A PTX image
- * (text) exposes exactly its `.entry` names; a binary image (ELF cubin or fatbin) cannot be
- * parsed without the toolkit, so it accepts any name.
+ * Modules.  Nothing is compiled or run: a module is the list of its kernel names and its
+ * variables.  A PTX image (text) exposes exactly its `.entry` names and its `.global`/`.const`
+ * variables, which are device memory of the module: placed and charged to the process when the
+ * module is loaded, given back when it is unloaded (or its context dies).  A binary image (ELF
+ * cubin or fatbin) cannot be parsed without the toolkit, so it accepts any kernel name and has no
+ * variables.
  */
 #include "cu.h"
 
 #include <ctype.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define FATBIN_MAGIC 0xBA55ED50u
 #define FATBIN_WRAPPER_MAGIC 0x466243B1u
+#define MAX_IMAGE_FILE (1u << 30)
 
 static int is_binary(const unsigned char *p)
 {
@@ -51,6 +56,200 @@ static char *ptx_entries(const char *text)
     return out;
 }
 
+/* Bytes of a PTX fundamental type (`.u32`, `.f64`, `.b8`, ...), 0 if it is none. */
+static uint64_t type_bytes(const char *t, size_t len)
+{
+    if (len < 3 || t[0] != '.' || !strchr("ubsf", t[1]))
+        return 0;
+    unsigned bits = (unsigned)strtoul(t + 2, NULL, 10);
+    return (bits == 8 || bits == 16 || bits == 32 || bits == 64 || bits == 128) ? bits / 8 : 0;
+}
+
+/* One variable declaration `[.visible|.weak] (.global|.const) [.align N] .type name[dims] [= {...}];`
+ * starting at the state-space directive; 1 with name/size/align filled, 0 if it is none. */
+static int parse_var(const char *p, const char *end, struct cu_var *v, uint64_t *align)
+{
+    uint64_t elem = 0;
+    *align = 1;
+    p += strcspn(p, " \t\r\n"); /* past .global / .const */
+    while (p < end) {
+        while (p < end && isspace((unsigned char)*p))
+            p++;
+        if (*p != '.')
+            break;
+        size_t len = strcspn(p, " \t\r\n;[=");
+        if (len == 6 && strncmp(p, ".align", 6) == 0) {
+            *align = strtoull(p + 6, (char **)&p, 10);
+            continue;
+        }
+        uint64_t b = type_bytes(p, len);
+        if (b)
+            elem = b;
+        p += len;
+    }
+    size_t n = 0;
+    while (p + n < end && ident_char(p[n]))
+        n++;
+    if (!elem || n == 0 || n >= sizeof(v->name))
+        return 0;
+    memcpy(v->name, p, n);
+    v->name[n] = '\0';
+    p += n;
+    uint64_t count = 1;
+    while (p < end && *p == '[') {
+        char *q;
+        unsigned long long d = strtoull(p + 1, &q, 10);
+        if (q == p + 1) { /* `[]`: as many elements as the initializer lists */
+            const char *init = memchr(p, '{', (size_t)(end - p));
+            d = 1;
+            for (const char *c = init; c && c < end && *c != '}'; c++)
+                d += *c == ',';
+        }
+        count *= d ? d : 1;
+        p = strchr(q, ']');
+        if (!p || p >= end)
+            return 0;
+        p++;
+    }
+    v->size = count * elem;
+    if (*align < elem)
+        *align = elem;
+    return 1;
+}
+
+/* Every module-scope `.global`/`.const` variable (not `.extern`), laid out in order. */
+static int ptx_vars(const char *text, struct cu_var **out, size_t *nout, uint64_t *bytes)
+{
+    struct cu_var *vars = NULL;
+    size_t n = 0, cap = 0;
+    uint64_t off = 0;
+    for (const char *p = text; *p;) {
+        const char *g = strstr(p, ".global");
+        const char *c = strstr(p, ".const");
+        const char *d = !g ? c : !c ? g : (g < c ? g : c);
+        if (!d)
+            break;
+        const char *stmt = d;
+        while (stmt > text && stmt[-1] != ';' && stmt[-1] != '}' && stmt[-1] != '{' && stmt[-1] != '\n')
+            stmt--;
+        const char *end = strchr(d, ';');
+        if (!end)
+            break;
+        p = end + 1;
+        /* `ld.global` and friends have a letter right before the directive: not a declaration. */
+        if (d > text && !isspace((unsigned char)d[-1]))
+            continue;
+        if (memmem(stmt, (size_t)(end - stmt), ".extern", 7))
+            continue;
+        struct cu_var v;
+        uint64_t align;
+        if (!parse_var(d, end, &v, &align))
+            continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 8;
+            struct cu_var *nv = realloc(vars, cap * sizeof(*nv));
+            if (!nv) {
+                free(vars);
+                return -1;
+            }
+            vars = nv;
+        }
+        off = (off + align - 1) / align * align;
+        v.offset = off;
+        off += v.size;
+        vars[n++] = v;
+    }
+    *out = vars;
+    *nout = n;
+    *bytes = off;
+    return 0;
+}
+
+CUresult cu_module_parse(struct CUmod_st *m, const void *image)
+{
+    memset(m, 0, sizeof(*m));
+    if (is_binary(image))
+        return CUDA_SUCCESS;
+    const char *text = image;
+    if (!strstr(text, ".version") && !strstr(text, ".entry") && !strstr(text, ".target"))
+        return CUDA_ERROR_INVALID_IMAGE;
+    m->ptx = 1;
+    m->entries = ptx_entries(text);
+    if (!m->entries || ptx_vars(text, &m->vars, &m->nvars, &m->var_bytes) < 0) {
+        free(m->entries);
+        m->entries = NULL;
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return CUDA_SUCCESS;
+}
+
+void cu_module_clear(struct CUmod_st *m)
+{
+    free(m->entries);
+    free(m->vars);
+    m->entries = NULL;
+    m->vars = NULL;
+}
+
+CUresult cu_module_instance(const struct CUmod_st *proto, struct CUctx_st *ctx, struct CUmod_st **out)
+{
+    struct CUmod_st *m = calloc(1, sizeof(*m));
+    if (!m)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    m->ptx = proto->ptx;
+    m->ctx = ctx;
+    m->nvars = proto->nvars;
+    m->var_bytes = proto->var_bytes;
+    if (proto->entries) {
+        size_t len = 0;
+        for (const char *e = proto->entries; *e; e += strlen(e) + 1)
+            len += strlen(e) + 1;
+        m->entries = malloc(len + 1);
+        if (m->entries)
+            memcpy(m->entries, proto->entries, len + 1);
+    }
+    if (proto->nvars) {
+        m->vars = malloc(proto->nvars * sizeof(*m->vars));
+        if (m->vars)
+            memcpy(m->vars, proto->vars, proto->nvars * sizeof(*m->vars));
+    }
+    if ((proto->entries && !m->entries) || (proto->nvars && !m->vars)) {
+        cu_module_clear(m);
+        free(m);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (m->var_bytes) {
+        CUresult r = cu_mem_reserve(ctx, m->var_bytes, &m->globals);
+        if (r) {
+            cu_module_clear(m);
+            free(m);
+            return r;
+        }
+    }
+    m->magic = MODULE_MAGIC;
+    *out = m;
+    return CUDA_SUCCESS;
+}
+
+void cu_module_destroy(struct CUmod_st *m)
+{
+    pthread_mutex_lock(&cu_g.mu);
+    m->magic = 0;
+    struct CUfunc_st *f = m->funcs;
+    while (f) {
+        struct CUfunc_st *next = f->next;
+        f->magic = 0;
+        free(f);
+        f = next;
+    }
+    pthread_mutex_unlock(&cu_g.mu);
+    /* A dead context already gave its memory back (cu_mem_free_ctx). */
+    if (m->globals && cu_ctx_alive(m->ctx))
+        (void)cu_mem_release(m->globals);
+    cu_module_clear(m);
+    free(m);
+}
+
 static CUresult load(CUmodule *module, const void *image)
 {
     if (!module || !image)
@@ -59,26 +258,52 @@ static CUresult load(CUmodule *module, const void *image)
     CUresult r = cu_ctx_current(&c);
     if (r)
         return r;
-    struct CUmod_st *m = calloc(1, sizeof(*m));
-    if (!m)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    m->ctx = c;
-    if (!is_binary(image)) {
-        const char *text = image;
-        if (!strstr(text, ".version") && !strstr(text, ".entry") && !strstr(text, ".target")) {
-            free(m);
-            return CUDA_ERROR_INVALID_IMAGE;
-        }
-        m->ptx = 1;
-        m->entries = ptx_entries(text);
-        if (!m->entries) {
-            free(m);
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
+    struct CUmod_st proto;
+    r = cu_module_parse(&proto, image);
+    if (r)
+        return r;
+    r = cu_module_instance(&proto, c, module);
+    cu_module_clear(&proto);
+    return r;
+}
+
+/* The whole of a file, NUL-terminated (PTX is text); NULL with *r set. */
+SIM_HIDDEN void *cu_read_file(const char *path, CUresult *r);
+void *cu_read_file(const char *path, CUresult *r)
+{
+    FILE *f = path ? fopen(path, "rb") : NULL;
+    if (!f) {
+        *r = path ? CUDA_ERROR_FILE_NOT_FOUND : CUDA_ERROR_INVALID_VALUE;
+        return NULL;
     }
-    m->magic = MODULE_MAGIC;
-    *module = m;
-    return CUDA_SUCCESS;
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n + 4096 + 1 > cap) {
+            cap = cap ? cap * 2 : 65536;
+            char *nb = cap <= MAX_IMAGE_FILE ? realloc(buf, cap) : NULL;
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                *r = CUDA_ERROR_OUT_OF_MEMORY;
+                return NULL;
+            }
+            buf = nb;
+        }
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0)
+            break;
+    }
+    fclose(f);
+    if (n < 4) {
+        free(buf);
+        *r = CUDA_ERROR_INVALID_IMAGE;
+        return NULL;
+    }
+    buf[n] = '\0';
+    *r = CUDA_SUCCESS;
+    return buf;
 }
 
 SIM_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
@@ -86,9 +311,30 @@ SIM_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
     return load(module, image);
 }
 
+SIM_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
+                                       CUjit_option *options, void **optionValues)
+{
+    if (numOptions && (!options || !optionValues))
+        return CUDA_ERROR_INVALID_VALUE;
+    return load(module, image); /* JIT options (log buffers, optimisation level) are ignored */
+}
+
 SIM_EXPORT CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
 {
     return load(module, fatCubin);
+}
+
+SIM_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
+{
+    if (!module)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r;
+    void *image = cu_read_file(fname, &r);
+    if (!image)
+        return r;
+    r = load(module, image);
+    free(image);
+    return r;
 }
 
 static int has_entry(const struct CUmod_st *m, const char *name)
@@ -97,6 +343,33 @@ static int has_entry(const struct CUmod_st *m, const char *name)
         if (strcmp(e, name) == 0)
             return 1;
     return 0;
+}
+
+CUresult cu_module_function(struct CUmod_st *m, const char *name, struct CUfunc_st **out)
+{
+    if (m->ptx && !has_entry(m, name))
+        return CUDA_ERROR_NOT_FOUND;
+    pthread_mutex_lock(&cu_g.mu);
+    struct CUfunc_st *f = m->funcs;
+    while (f && strcmp(f->name, name) != 0)
+        f = f->next;
+    if (!f) {
+        size_t len = strlen(name);
+        f = calloc(1, sizeof(*f) + len + 1);
+        if (f) {
+            memcpy(f->name, name, len + 1);
+            f->spin = strncmp(name, "spin", 4) == 0;
+            f->mod = m;
+            f->next = m->funcs;
+            f->magic = FUNC_MAGIC;
+            m->funcs = f;
+        }
+    }
+    pthread_mutex_unlock(&cu_g.mu);
+    if (!f)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *out = f;
+    return CUDA_SUCCESS;
 }
 
 SIM_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
@@ -108,29 +381,29 @@ SIM_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const 
         return r;
     if (!hmod || hmod->magic != MODULE_MAGIC)
         return CUDA_ERROR_INVALID_HANDLE;
-    if (hmod->ptx && !has_entry(hmod, name))
-        return CUDA_ERROR_NOT_FOUND;
-    pthread_mutex_lock(&cu_g.mu);
-    struct CUfunc_st *f = hmod->funcs;
-    while (f && strcmp(f->name, name) != 0)
-        f = f->next;
-    if (!f) {
-        size_t len = strlen(name);
-        f = calloc(1, sizeof(*f) + len + 1);
-        if (f) {
-            memcpy(f->name, name, len + 1);
-            f->spin = strncmp(name, "spin", 4) == 0;
-            f->mod = hmod;
-            f->next = hmod->funcs;
-            f->magic = FUNC_MAGIC;
-            hmod->funcs = f;
+    return cu_module_function(hmod, name, hfunc);
+}
+
+SIM_EXPORT CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule hmod,
+                                         const char *name)
+{
+    if (!name)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    if (!hmod || hmod->magic != MODULE_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    for (size_t i = 0; i < hmod->nvars; i++) {
+        if (strcmp(hmod->vars[i].name, name) == 0) {
+            if (dptr)
+                *dptr = hmod->globals + hmod->vars[i].offset;
+            if (bytes)
+                *bytes = (size_t)hmod->vars[i].size;
+            return CUDA_SUCCESS;
         }
     }
-    pthread_mutex_unlock(&cu_g.mu);
-    if (!f)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    *hfunc = f;
-    return CUDA_SUCCESS;
+    return CUDA_ERROR_NOT_FOUND;
 }
 
 SIM_EXPORT CUresult cuModuleUnload(CUmodule hmod)
@@ -138,20 +411,9 @@ SIM_EXPORT CUresult cuModuleUnload(CUmodule hmod)
     CUresult r = cu_ready();
     if (r)
         return r;
-    if (!hmod || hmod->magic != MODULE_MAGIC)
-        return CUDA_ERROR_INVALID_HANDLE;
-    pthread_mutex_lock(&cu_g.mu);
-    hmod->magic = 0;
-    struct CUfunc_st *f = hmod->funcs;
-    while (f) {
-        struct CUfunc_st *next = f->next;
-        f->magic = 0;
-        free(f);
-        f = next;
-    }
-    pthread_mutex_unlock(&cu_g.mu);
-    free(hmod->entries);
-    free(hmod);
+    if (!hmod || hmod->magic != MODULE_MAGIC || hmod->lib)
+        return CUDA_ERROR_INVALID_HANDLE; /* a library's modules go with cuLibraryUnload */
+    cu_module_destroy(hmod);
     return CUDA_SUCCESS;
 }
 
@@ -160,5 +422,11 @@ CUresult cu_func_check(CUfunction f)
     CUresult r = cu_ready();
     if (r)
         return r;
-    return (f && f->magic == FUNC_MAGIC) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (f->magic == FUNC_MAGIC)
+        return CUDA_SUCCESS;
+    const struct CUkern_st *k = (const struct CUkern_st *)(void *)f;
+    return (k->magic == KERNEL_MAGIC && k->lib->magic == LIB_MAGIC) ? CUDA_SUCCESS
+                                                                   : CUDA_ERROR_INVALID_HANDLE;
 }

@@ -1,31 +1,25 @@
-/* cuGetProcAddress(_v2): resolves a base API name for a CUDA version from the table in procs.h. */
+/* cuGetProcAddress(_v2): resolves a base API name for a CUDA version from the generated table. */
 #include "cu.h"
-#include "procs.h"
+#include "api_table.h"
 
 #include <string.h>
 
-struct proc {
-    const char *name;
-    int version;
-    void *fn;
-    void *ptds; /* per-thread-default-stream variant, or NULL */
-};
+/* The rows of `symbol` are contiguous in the sorted table: binary search for the first one. */
+static size_t first_row(const char *symbol)
+{
+    size_t lo = 0, hi = sim_api_nrows;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (strcmp(sim_api_rows[mid].name, symbol) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
 
-/* Typed on the way in: a variant must have exactly its base function's type. */
-#define ROW_P(n, v, sym) {n, v, (void *)&sym, NULL},
-#define ROW_T(n, v, sym, pt) {n, v, (void *)&sym, (void *)&pt},
-static const struct proc procs[] = {SIMGPU_PROCS(ROW_P, ROW_T)};
-#undef ROW_P
-#undef ROW_T
-
-#define CHECK_P(n, v, sym)
-#define CHECK_T(n, v, sym, pt)                                                                     \
-    _Static_assert(__builtin_types_compatible_p(__typeof__(&sym), __typeof__(&pt)),               \
-                   #pt " must have the type of " #sym);
-SIMGPU_PROCS(CHECK_P, CHECK_T)
-#undef CHECK_P
-#undef CHECK_T
-
+/* The newest row at or below cudaVersion; a per-thread request prefers a per-thread row of the
+ * same or a newer version over a plain one (the per-thread variant of the ABI in force). */
 static CUresult lookup(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                        CUdriverProcAddressQueryResult *status)
 {
@@ -34,14 +28,16 @@ static CUresult lookup(const char *symbol, void **pfn, int cudaVersion, cuuint64
     if (flags & ~(CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM))
         return CUDA_ERROR_INVALID_VALUE;
     const int ptds = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
-    const struct proc *best = NULL;
+    const struct sim_api_row *best = NULL;
     int known = 0;
-    for (size_t i = 0; i < sizeof(procs) / sizeof(procs[0]); i++) {
-        if (strcmp(procs[i].name, symbol) != 0)
-            continue;
+    for (size_t i = first_row(symbol); i < sim_api_nrows && strcmp(sim_api_rows[i].name, symbol) == 0;
+         i++) {
+        const struct sim_api_row *r = &sim_api_rows[i];
         known = 1;
-        if (procs[i].version <= cudaVersion && (!best || procs[i].version > best->version))
-            best = &procs[i];
+        if (r->version > cudaVersion || (r->per_thread && !ptds))
+            continue;
+        if (!best || r->version > best->version || (r->version == best->version && r->per_thread))
+            best = r;
     }
     *pfn = NULL;
     if (!best) {
@@ -50,7 +46,7 @@ static CUresult lookup(const char *symbol, void **pfn, int cudaVersion, cuuint64
                             : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
         return CUDA_ERROR_NOT_FOUND;
     }
-    *pfn = (ptds && best->ptds) ? best->ptds : best->fn;
+    *pfn = best->fn;
     if (status)
         *status = CU_GET_PROC_ADDRESS_SUCCESS;
     return CUDA_SUCCESS;

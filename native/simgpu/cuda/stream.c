@@ -21,6 +21,7 @@ void cu_stream_init(struct CUstream_st *s, struct CUctx_st *c, unsigned flags)
     memset(s, 0, sizeof(*s));
     s->ctx = c;
     s->flags = flags;
+    s->id = cu_next_id();
     s->magic = STREAM_MAGIC;
 }
 
@@ -52,7 +53,9 @@ CUresult cu_stream_wait(struct CUstream_st *s)
                                                                         : CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned int flags)
+/* Priorities are kept and reported, not scheduled: kernels of one process run in launch order
+ * on its channel (see the top of this file), as they would on one hardware queue. */
+static CUresult stream_create(CUstream *stream, unsigned flags, int priority)
 {
     if (!stream || (flags & ~CU_STREAM_NON_BLOCKING))
         return CUDA_ERROR_INVALID_VALUE;
@@ -64,9 +67,107 @@ SIM_EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned int flags)
     if (!s)
         return CUDA_ERROR_OUT_OF_MEMORY;
     cu_stream_init(s, c, flags);
+    /* Out-of-range priorities are clamped, as the driver documents. */
+    s->priority = priority > CU_STREAM_PRIORITY_LEAST      ? CU_STREAM_PRIORITY_LEAST
+                  : priority < CU_STREAM_PRIORITY_GREATEST ? CU_STREAM_PRIORITY_GREATEST
+                                                           : priority;
     *stream = s;
     return CUDA_SUCCESS;
 }
+
+SIM_EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned int flags)
+{
+    return stream_create(stream, flags, CU_STREAM_PRIORITY_LEAST);
+}
+
+SIM_EXPORT CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)
+{
+    return stream_create(phStream, flags, priority);
+}
+
+SIM_EXPORT CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority)
+{
+    struct CUctx_st *c;
+    CUresult r = cu_ctx_current(&c);
+    if (r)
+        return r;
+    if (leastPriority)
+        *leastPriority = CU_STREAM_PRIORITY_LEAST;
+    if (greatestPriority)
+        *greatestPriority = CU_STREAM_PRIORITY_GREATEST;
+    return CUDA_SUCCESS;
+}
+
+/* ---- stream queries: every one has a _ptsz twin, so each is written once ---------------- */
+
+static CUresult stream_priority(CUstream h, int *priority)
+{
+    struct CUstream_st *s;
+    CUresult r = priority ? cu_stream(h, &s) : CUDA_ERROR_INVALID_VALUE;
+    if (!r)
+        *priority = s->priority;
+    return r;
+}
+
+static CUresult stream_flags(CUstream h, unsigned *flags)
+{
+    struct CUstream_st *s;
+    CUresult r = flags ? cu_stream(h, &s) : CUDA_ERROR_INVALID_VALUE;
+    if (!r)
+        *flags = s->flags;
+    return r;
+}
+
+static CUresult stream_id(CUstream h, unsigned long long *id)
+{
+    struct CUstream_st *s;
+    CUresult r = id ? cu_stream(h, &s) : CUDA_ERROR_INVALID_VALUE;
+    if (!r)
+        *id = s->id;
+    return r;
+}
+
+/* A stream's context needs no current context: the stream names it (CUDA 12 library launches
+ * and cuda.core rely on this). */
+static CUresult stream_ctx(CUstream h, CUcontext *pctx, CUgreenCtx *green)
+{
+    struct CUstream_st *s;
+    CUresult r = pctx ? cu_stream(h, &s) : CUDA_ERROR_INVALID_VALUE;
+    if (r)
+        return r;
+    *pctx = s->ctx;
+    if (green)
+        *green = NULL; /* green contexts are not modelled */
+    return CUDA_SUCCESS;
+}
+
+static CUresult stream_device(CUstream h, CUdevice *dev)
+{
+    struct CUstream_st *s;
+    CUresult r = dev ? cu_stream(h, &s) : CUDA_ERROR_INVALID_VALUE;
+    if (!r)
+        *dev = s->ctx->ordinal;
+    return r;
+}
+
+SIM_EXPORT CUresult cuStreamGetPriority(CUstream h, int *p) { return stream_priority(h, p); }
+SIM_EXPORT CUresult cuStreamGetPriority_ptsz(CUstream h, int *p) { return stream_priority(h, p); }
+SIM_EXPORT CUresult cuStreamGetFlags(CUstream h, unsigned int *f) { return stream_flags(h, f); }
+SIM_EXPORT CUresult cuStreamGetFlags_ptsz(CUstream h, unsigned int *f) { return stream_flags(h, f); }
+SIM_EXPORT CUresult cuStreamGetId(CUstream h, unsigned long long *id) { return stream_id(h, id); }
+SIM_EXPORT CUresult cuStreamGetId_ptsz(CUstream h, unsigned long long *id) { return stream_id(h, id); }
+SIM_EXPORT CUresult cuStreamGetCtx(CUstream h, CUcontext *c) { return stream_ctx(h, c, NULL); }
+SIM_EXPORT CUresult cuStreamGetCtx_ptsz(CUstream h, CUcontext *c) { return stream_ctx(h, c, NULL); }
+SIM_EXPORT CUresult cuStreamGetCtx_v2(CUstream h, CUcontext *c, CUgreenCtx *g)
+{
+    return stream_ctx(h, c, g);
+}
+SIM_EXPORT CUresult cuStreamGetCtx_v2_ptsz(CUstream h, CUcontext *c, CUgreenCtx *g)
+{
+    return stream_ctx(h, c, g);
+}
+SIM_EXPORT CUresult cuStreamGetDevice(CUstream h, CUdevice *d) { return stream_device(h, d); }
+SIM_EXPORT CUresult cuStreamGetDevice_ptsz(CUstream h, CUdevice *d) { return stream_device(h, d); }
 
 SIM_EXPORT CUresult cuStreamDestroy_v2(CUstream stream)
 {
@@ -186,6 +287,16 @@ SIM_EXPORT CUresult cuEventRecord_ptsz(CUevent event, CUstream stream)
     return event_record(event, stream);
 }
 
+SIM_EXPORT CUresult cuEventRecordWithFlags(CUevent event, CUstream stream, unsigned int flags)
+{
+    return (flags & ~1u) ? CUDA_ERROR_INVALID_VALUE : event_record(event, stream);
+}
+
+SIM_EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent event, CUstream stream, unsigned int flags)
+{
+    return (flags & ~1u) ? CUDA_ERROR_INVALID_VALUE : event_record(event, stream);
+}
+
 /* 1 when ev's work has completed (or it was never recorded), 0 if not, <0 with *r set. */
 static int event_done(CUevent ev, int wait, CUresult *r)
 {
@@ -260,4 +371,65 @@ SIM_EXPORT CUresult cuEventDestroy_v2(CUevent event)
     event->magic = 0;
     free(event);
     return CUDA_SUCCESS;
+}
+
+/* ---- ordering between streams -------------------------------------------------------------- */
+
+/* Kernels of one process on one GPU run in launch order on its channel, so work queued after
+ * the wait already follows the event's kernel there; an event of another GPU is waited for on
+ * the host before returning, which keeps the order (the caller blocks where a GPU would not). */
+static CUresult stream_wait_event(CUstream h, CUevent ev, unsigned flags)
+{
+    struct CUstream_st *s;
+    CUresult r = cu_stream(h, &s);
+    if (r)
+        return r;
+    if (!ev || ev->magic != EVENT_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (flags & ~1u) /* CU_EVENT_WAIT_DEFAULT 0, CU_EVENT_WAIT_EXTERNAL 1 */
+        return CUDA_ERROR_INVALID_VALUE;
+    if (ev->ctx && ev->ctx->phys == s->ctx->phys)
+        return CUDA_SUCCESS;
+    struct sim_err e = {0};
+    return sim_engine_watch(&e, cu_g.st, &ev->w, 1) < 0 ? cu_result(&e) : CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags)
+{
+    return stream_wait_event(h, ev, flags);
+}
+
+SIM_EXPORT CUresult cuStreamWaitEvent_ptsz(CUstream h, CUevent ev, unsigned int flags)
+{
+    return stream_wait_event(h, ev, flags);
+}
+
+/* The host function runs when the stream reaches it: here, on the calling thread once the
+ * stream's earlier work is done, so later work on the stream starts after it (the caller blocks
+ * where a driver would run it on its own thread). */
+static CUresult launch_host_func(CUstream h, CUhostFn fn, void *user)
+{
+    if (!fn)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *s;
+    CUresult r = cu_stream(h, &s);
+    if (r)
+        return r;
+    if (s->capture)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    r = cu_stream_wait(s);
+    if (r)
+        return r;
+    fn(user);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *userData)
+{
+    return launch_host_func(h, fn, userData);
+}
+
+SIM_EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream h, CUhostFn fn, void *userData)
+{
+    return launch_host_func(h, fn, userData);
 }

@@ -1,0 +1,86 @@
+"""Helpers for tests of the simulated GPU: paths, the probe, fresh interpreters."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+NATIVE = REPO / "native"
+LIB = REPO / "src" / "sharegpu" / "_lib"
+SIMLIB = LIB / "simgpu"
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+KINDS = ["plain", "pitch", "managed", "async", "pool", "vmm", "array"]
+PROBES = [pytest.param("sgprobe", id="linked"), pytest.param("sgprobe-dl", id="dlopen")]
+
+
+def small(env: dict[str, str], tmp_path: Path, mib: int = 256, **extra: object) -> dict[str, str]:
+    cfg = tmp_path / "simgpu.json"
+    cfg.write_text(json.dumps({"gpus": 2, "memory_mib": mib, **extra}))
+    return {**env, "SIMGPU_CONFIG": str(cfg)}
+
+
+def parse(out: str) -> dict[str, str]:
+    kv: dict[str, str] = {}
+    for line in out.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            kv[key] = value
+    return kv
+
+
+def probe(
+    env: dict[str, str], *args: str, exe: str = "sgprobe", rc: int = 0, timeout: float = 60
+) -> dict[str, str]:
+    p = subprocess.run(
+        [str(LIB / exe), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert p.returncode == rc, (p.returncode, p.stdout, p.stderr)
+    kv = parse(p.stdout)
+    kv["_stdout"], kv["_stderr"] = p.stdout, p.stderr
+    return kv
+
+
+def start_hold(env: dict[str, str], kind: str, size: str, seconds: int = 60) -> subprocess.Popen[str]:
+    p = subprocess.Popen(
+        [str(LIB / "sgprobe"), "hold", kind, size, str(seconds)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    assert p.stdout is not None
+    assert p.stdout.readline().strip() == "ready=1"
+    return p
+
+
+def stop(p: subprocess.Popen[str], sig: int = signal.SIGKILL) -> None:
+    p.send_signal(sig)
+    p.wait()
+    if p.stdout:
+        p.stdout.close()
+
+
+def run_py(env: dict[str, str], code: str, timeout: float = 120) -> dict[str, Any]:
+    """Runs code in a fresh interpreter; its last stdout line is JSON."""
+    p = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert p.returncode == 0, p.stderr
+    result: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
+    return result
+
+
+def needs(module: str) -> None:
+    if importlib.util.find_spec(module.split(".", maxsplit=1)[0]) is None:
+        pytest.skip(f"{module} is not installed in this interpreter")
