@@ -30,7 +30,8 @@ POD_LISTS = [
 def data() -> Path:
     if not (DATA / "openb_node_list_all_node.csv").is_file():
         pytest.fail(
-            f"the Alibaba GPU trace is missing: expected {DATA} (it ships in the repository; restore data/ from git)"
+            f"the Alibaba GPU trace is missing: expected {DATA} "
+            "(it ships in the repository; restore data/ from git)"
         )
     return DATA
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -182,3 +183,14 @@ def test_cuGetProcAddress_hands_out_the_drivers_own_functions_under_an_interpose
     assert Path(out["cuMemAlloc"]).name == "libcuda.so.1"
     assert Path(out["cuInit"]).name == "libcuda.so.1"
     assert out["cuInit()"] == 0  # the driver's cuInit ran, not the interposer's (999)
+
+
+def test_the_readme_table_adds_up_to_what_the_library_exports(built: Path) -> None:
+    exported = _exports(SIMLIB / "libcuda.so.1")
+    modelled = sum(1 for kind in exported.values() if kind == "T")
+    readme = (NATIVE / "simgpu" / "README.md").read_text()
+    rows = re.findall(r"^\|[^|\n]+\| (\d+) / (\d+) \|", readme, re.M)
+    assert rows, "the family table of native/simgpu/README.md is missing"
+    assert sum(int(m) for m, _ in rows) == modelled
+    assert sum(int(t) for _, t in rows) == len(exported)
+    assert f"counts the modelled ones: {modelled} of {len(exported)}" in readme.replace("\n", " ")

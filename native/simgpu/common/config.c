@@ -23,6 +23,8 @@ void sim_config_defaults(struct sim_config *c)
     c->cc_major = 9;
     c->cc_minor = 0;
     c->timeslice_us = SIM_TIMESLICE_US_DEFAULT;
+    /* Not the 512 bytes an interposer might assume: it must read the pitch the driver returns. */
+    c->pitch_alignment = 1024;
     strcpy(c->name, "sharegpu simulated H100");
     strcpy(c->driver_version, "580.65.06");
 }
@@ -87,10 +89,11 @@ static int parse_uint(struct parser *ps, const char *key, unsigned long long lo,
     return 0;
 }
 
-enum { K_GPUS, K_MEM, K_NAME, K_SM, K_DRV, K_CUDA, K_SLICE, K_CTXMEM, K_COUNT };
+enum { K_GPUS, K_MEM, K_NAME, K_SM, K_DRV, K_CUDA, K_SLICE, K_CTXMEM, K_PITCH, K_COUNT };
 static const char *const keys[K_COUNT] = {"gpus",           "memory_mib",   "name",
                                           "sm_count",       "driver_version", "cuda_version",
-                                          "timeslice_us",   "context_overhead_mib"};
+                                          "timeslice_us",   "context_overhead_mib",
+                                          "pitch_alignment"};
 
 static int parse_value(struct parser *ps, int k, struct sim_config *c)
 {
@@ -137,6 +140,13 @@ static int parse_value(struct parser *ps, int k, struct sim_config *c)
             return -1;
         c->context_overhead_bytes = v * 1024ull * 1024ull;
         return 0;
+    case K_PITCH:
+        if (parse_uint(ps, keys[k], 32, 4096, &v) < 0)
+            return -1;
+        if (v & (v - 1))
+            return sim_fail(ps->e, SIM_ECONFIG, "\"pitch_alignment\" must be a power of two, not %llu", v);
+        c->pitch_alignment = (uint32_t)v;
+        return 0;
     }
     return sim_fail(ps->e, SIM_ECONFIG, "internal: bad key index");
 }
@@ -165,7 +175,7 @@ int sim_config_parse(struct sim_err *e, const char *text, struct sim_config *c)
                 return sim_fail(e, SIM_ECONFIG,
                                 "unknown key \"%s\" (known: gpus, memory_mib, name, sm_count, "
                                 "driver_version, cuda_version, timeslice_us, "
-                                "context_overhead_mib)",
+                                "context_overhead_mib, pitch_alignment)",
                                 key);
             if (seen[k]++)
                 return sim_fail(e, SIM_ECONFIG, "duplicate key \"%s\"", key);

@@ -67,6 +67,10 @@ struct sim_config {
      * memory), charged to the process's slot like an allocation, freed with its last context
      * there: NVML shows it, a CUDA allocator never sees it.  0 by default (state version 3). */
     uint64_t context_overhead_bytes;
+    /* cuMemAllocPitch rounds a row up to this many bytes (a power of two, 32..4096; state
+     * version 4). */
+    uint32_t pitch_alignment;
+    uint32_t reserved0;
 };
 
 #define SIM_TIMESLICE_US_DEFAULT 2000u
@@ -104,7 +108,7 @@ SIM_HIDDEN unsigned sim_pci_bus(unsigned idx);
  * EOWNERDEAD repair rebuilds what a dead holder may have left half-written (engine.c).
  */
 #define SIM_STATE_MAGIC 0x314d495355504753ULL /* "SGPUSIM1" little-endian */
-#define SIM_STATE_VERSION 3u /* 3: cfg.context_overhead_bytes */
+#define SIM_STATE_VERSION 4u /* 3: cfg.context_overhead_bytes; 4: slot.proc_dev, cfg.pitch_alignment */
 #define SIM_MAX_SLOTS 512
 #define SIM_RING 16384 /* run segments kept per GPU (NVML history) */
 #define SIM_CHQ 4096   /* pending kernels per channel before a launch blocks */
@@ -149,6 +153,8 @@ struct sim_slot {          /* one process using the CUDA side; pid == 0 means fr
     int32_t pid;           /* [lock] W owner R reaper/NVML */
     uint32_t ctx_mask;     /* [lock] bit g: the process has a context on GPU g */
     uint64_t start_time;   /* [lock] /proc/<pid>/stat field 22, tells a reused pid apart */
+    uint64_t proc_dev;     /* [lock] which /proc `pid` is a pid of (slots.c): only a process
+                            * looking through the same /proc may judge the owner dead */
     uint64_t bytes[SIM_MAX_GPUS];   /* [lock] bytes charged on each GPU */
     uint64_t busy_ns[SIM_MAX_GPUS]; /* [lock] W advance: engine time its kernels ran on each GPU */
 };
@@ -198,6 +204,9 @@ SIM_HIDDEN void sim_reap_older_locked(struct sim_state *st, uint64_t max_age_ns)
 /* NVML queries see exits within this (a driver drops an exited process at once; reaping at every
  * query read /proc for every slot, milliseconds per query). */
 #define SIM_NVML_REAP_NS 10000000ull
+/* This process's pid as its /proc sees it, and which /proc that is (slots.c). */
+SIM_HIDDEN int sim_proc_pid(void);
+SIM_HIDDEN uint64_t sim_proc_dev(void);
 /* Start time (field 22) of pid from /proc, 0 if unknown.  *zombie set if it is a zombie. */
 SIM_HIDDEN uint64_t sim_proc_start_time(int pid, int *gone);
 /* Recomputes gpu[].used from the slots (EOWNERDEAD repair).  Call under lock. */

@@ -1,8 +1,14 @@
 /*
  * Process slots: which process holds how much memory on which GPU.  A slot is freed by its owner
  * at normal exit, or by any other process once the owner is dead (pid gone, a zombie, or the pid
- * reused by a process with another start time).  Liveness is judged by pid + start time, so it
- * requires all users of one state to share a pid namespace (documented in README.md).
+ * reused by a process with another start time).  Liveness is judged by pid + start time.
+ *
+ * Pid namespaces: a slot's pid is the process's pid as its /proc sees it (the first NSpid field
+ * of /proc/self/status), which is the host pid under `unshare --pid` with the host's /proc, and
+ * the slot also records which /proc that is (its device).  Only a process looking through the
+ * same /proc judges a slot; to any other the owner's pid means nothing, so it is never judged
+ * dead (and never kill()ed) from there: a driver knows every process by one pid, and so does
+ * this model wherever processes share a /proc.
  */
 #include "sim.h"
 
@@ -12,13 +18,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* This process's slot: written under the state lock, read lock-free (atomics, relaxed is enough:
  * the slot contents themselves are only touched under the lock).  own_pid guards against a
  * forked child using its parent's slot. */
 static int own_slot = -1;
-static int own_pid;
+static int own_getpid; /* getpid() when the slot was taken: tells a forked child apart */
+static int own_pid;    /* the pid the slot records (see the top of this file) */
 
 static int self_pid(void)
 {
@@ -28,13 +36,42 @@ static int self_pid(void)
 int sim_slot_self(void)
 {
     int s = __atomic_load_n(&own_slot, __ATOMIC_RELAXED);
-    return (s >= 0 && self_pid() == getpid()) ? s : -1;
+    return (s >= 0 && __atomic_load_n(&own_getpid, __ATOMIC_RELAXED) == getpid()) ? s : -1;
 }
 
 void sim_slot_forget(void)
 {
     __atomic_store_n(&own_slot, -1, __ATOMIC_RELAXED);
     __atomic_store_n(&own_pid, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&own_getpid, 0, __ATOMIC_RELAXED);
+}
+
+/* Which /proc this process sees: its device number (0 if /proc is not mounted). */
+uint64_t sim_proc_dev(void)
+{
+    struct stat sb;
+    return stat("/proc/self/stat", &sb) == 0 ? (uint64_t)sb.st_dev + 1 : 0;
+}
+
+/* This process's pid as its /proc sees it: the first NSpid field, getpid() without /proc. */
+int sim_proc_pid(void)
+{
+    char buf[4096];
+    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return getpid();
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return getpid();
+    buf[n] = '\0';
+    const char *p = strstr(buf, "\nNSpid:");
+    if (!p)
+        p = strstr(buf, "\nPid:");
+    if (!p)
+        return getpid();
+    long v = strtol(strchr(p, ':') + 1, NULL, 10);
+    return v > 0 ? (int)v : getpid();
 }
 
 uint64_t sim_proc_start_time(int pid, int *gone)
@@ -79,6 +116,11 @@ uint64_t sim_proc_start_time(int pid, int *gone)
 
 static int slot_dead(const struct sim_slot *s)
 {
+    static uint64_t mine;
+    if (!mine)
+        mine = sim_proc_dev();
+    if (s->proc_dev != mine)
+        return 0; /* another /proc's pid: not ours to judge (see the top of this file) */
     int gone;
     uint64_t start = sim_proc_start_time(s->pid, &gone);
     if (gone)
@@ -133,8 +175,9 @@ int sim_slot_acquire(struct sim_err *e, struct sim_state *st)
     int s = sim_slot_self();
     if (s >= 0)
         return s;
-    int pid = getpid(), gone;
-    uint64_t start = sim_proc_start_time(pid, &gone); /* before the lock: a file read */
+    int pid = sim_proc_pid(), gone; /* file reads, before the lock */
+    uint64_t proc_dev = sim_proc_dev();
+    uint64_t start = sim_proc_start_time(pid, &gone);
     if (sim_lock(e, st) < 0)
         return -1;
     s = sim_slot_self();
@@ -146,7 +189,9 @@ int sim_slot_acquire(struct sim_err *e, struct sim_state *st)
                 memset(&st->slot[i], 0, sizeof(st->slot[i]));
                 st->slot[i].pid = pid;
                 st->slot[i].start_time = start;
+                st->slot[i].proc_dev = proc_dev;
                 __atomic_store_n(&own_pid, pid, __ATOMIC_RELAXED);
+                __atomic_store_n(&own_getpid, getpid(), __ATOMIC_RELAXED);
                 __atomic_store_n(&own_slot, i, __ATOMIC_RELAXED);
                 s = i;
                 break;

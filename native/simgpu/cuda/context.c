@@ -53,6 +53,7 @@ static CUresult note_live(int phys, int on)
             return CUDA_ERROR_OUT_OF_MEMORY;
         live_per_gpu[phys]++;
     } else if (--live_per_gpu[phys] == 0) {
+        cu_pools_trim_device(phys); /* no context left on the GPU: the pools keep nothing */
         sim_set_ctx(NULL, cu_g.st, phys, 0);
     }
     return CUDA_SUCCESS;
@@ -289,14 +290,8 @@ SIM_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, u
     return ctx_create(pctx, flags, dev); /* params (CIG, affinity) accepted and ignored */
 }
 
-SIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+static CUresult ctx_destroy(struct CUctx_st *c)
 {
-    CUresult r = cu_ready();
-    if (r)
-        return r;
-    struct CUctx_st *c = ctx;
-    if (!c || c->magic != CTX_MAGIC || c->primary)
-        return CUDA_ERROR_INVALID_CONTEXT;
     (void)cu_ctx_wait(c);
     pthread_mutex_lock(&cu_g.mu);
     for (size_t i = 0; i < ncreated; i++) {
@@ -319,6 +314,48 @@ SIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     depth = w;
     free(c);
     return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    struct CUctx_st *c = ctx;
+    if (!c || c->magic != CTX_MAGIC || c->primary)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    return ctx_destroy(c);
+}
+
+/* The deprecated usage count of cuCtxAttach/cuCtxDetach (pycuda still detaches at exit): attach
+ * adds a use of the current context, detach drops one and destroys a created context at zero. */
+SIM_EXPORT CUresult cuCtxAttach(CUcontext *pctx, unsigned int flags)
+{
+    if (!pctx || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c;
+    CUresult r = cu_ctx_current(&c);
+    if (r)
+        return r;
+    pthread_mutex_lock(&cu_g.mu);
+    c->refcount++;
+    pthread_mutex_unlock(&cu_g.mu);
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxDetach(CUcontext ctx)
+{
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    struct CUctx_st *c = ctx;
+    if (!c || c->magic != CTX_MAGIC || c->primary)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&cu_g.mu);
+    int last = --c->refcount <= 0;
+    pthread_mutex_unlock(&cu_g.mu);
+    return last ? ctx_destroy(c) : CUDA_SUCCESS;
 }
 
 SIM_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
@@ -413,7 +450,10 @@ static CUresult ctx_sync(CUcontext ctx)
     CUresult r = ctx_or_current(ctx, &c);
     if (r)
         return r;
-    return cu_ctx_wait(c);
+    r = cu_ctx_wait(c);
+    if (!r)
+        cu_pools_sync();
+    return r;
 }
 SIM_EXPORT CUresult cuCtxSynchronize(void)
 {

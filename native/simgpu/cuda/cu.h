@@ -69,6 +69,9 @@ struct CUfunc_st {
     int spin;              /* name starts with "spin": duration from parameter 0 */
     int max_dyn_smem;      /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (0: the default) */
     int carveout;          /* CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT (0: default -1) */
+    unsigned block[3];     /* legacy launch API (legacy.c): cuFuncSetBlockShape */
+    unsigned param_size;   /* cuParamSetSize */
+    unsigned char *params; /* cuParamSet*: the argument buffer, CU_PARAM_MAX bytes once set */
     struct CUmod_st *mod;
     struct CUfunc_st *next;
     char name[];
@@ -115,12 +118,36 @@ struct CUkern_st {
 struct CUarray_st {
     uint32_t magic;
     int phys;
-    uint64_t charged;
+    uint64_t charged;      /* bytes charged for this array */
+    int charged_own;       /* 0 for a level of a mipmapped array: the whole is charged */
+    size_t width, height, depth;
+    int format;
+    unsigned channels, flags;
 };
 
+/* A mipmapped array (array.c): its levels are arrays charged as one. */
+struct CUmipmappedArray_st {
+    uint32_t magic;
+    int phys;
+    uint64_t charged;
+    unsigned nlevels;
+    struct CUarray_st *levels;
+};
+#define MIPMAP_MAGIC 0x4d495031u
+
+/* A memory pool (pool.c).  `reserved` is what the pool holds charged on its GPU: its live
+ * allocations (`used`) plus freed memory it keeps cached for reuse. */
 struct CUmemPoolHandle_st {
     uint32_t magic;
     int ordinal;
+    int phys;
+    int is_default;
+    int dead;                   /* destroyed while allocations were live: freed with the last */
+    int reuse[3];               /* CU_MEMPOOL_ATTR_REUSE_* (1..3), kept and reported */
+    uint64_t release_threshold; /* [pool_mu in pool.c, like the fields below] */
+    uint64_t reserved, used;    /* bytes */
+    uint64_t reserved_high, used_high;
+    struct CUmemPoolHandle_st *next; /* created pools */
 };
 
 /* ---- process-wide state (init.c) ---------------------------------------------------------- */
@@ -131,7 +158,8 @@ struct cu_global {
     int vis[SIM_MAX_GPUS];          /* ordinal -> physical index */
     uint64_t kernel_ns;             /* SIMGPU_KERNEL_US */
     struct CUctx_st primary[SIM_MAX_GPUS];
-    struct CUmemPoolHandle_st pool[SIM_MAX_GPUS];
+    struct CUmemPoolHandle_st pool[SIM_MAX_GPUS];   /* each device's default pool */
+    struct CUmemPoolHandle_st *current[SIM_MAX_GPUS]; /* cuDeviceSetMemPool (NULL: the default) */
     pthread_mutex_t mu;             /* process-local tables: contexts, modules, graphs */
 };
 extern struct cu_global cu_g SIM_HIDDEN;
@@ -202,6 +230,10 @@ SIM_HIDDEN CUresult cu_module_function(struct CUmod_st *m, const char *name,
 /* The function a kernel (or a function) stands for in ctx. */
 SIM_HIDDEN CUresult cu_func_in(CUfunction f, struct CUctx_st *ctx, struct CUfunc_st **out);
 SIM_HIDDEN uint64_t cu_kernel_ns(const struct CUfunc_st *f, void **params, void **extra);
+/* Every launch entry point ends here (launch.c); the stream names the context. */
+SIM_HIDDEN CUresult cu_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                              unsigned by, unsigned bz, CUstream h, void **params, void **extra,
+                              int cooperative);
 /* Submits kernels of the given durations on s (or records them when s is capturing). */
 SIM_HIDDEN CUresult cu_submit(struct CUstream_st *s, const uint64_t *dur, size_t n,
                               const struct CUfunc_st *f);
@@ -213,11 +245,40 @@ SIM_HIDDEN void cu_graph_free(struct CUgraph_st *g);
 /* 0 when [p, p+len) lies inside one live allocation or one accessible VMM mapping. */
 SIM_HIDDEN int cu_mem_range_ok(uintptr_t p, size_t len);
 SIM_HIDDEN int cu_vmm_range_ok(uintptr_t p, size_t len);
+/* 0 with the allocation (not VMM mapping) that contains p; -1 if none. */
+SIM_HIDDEN int cu_mem_range_of(uintptr_t p, uintptr_t *base, size_t *size);
 SIM_HIDDEN void cu_mem_free_ctx(struct CUctx_st *c); /* the context died: free what it held */
 /* Device memory that no allocation call returns (module variables): placed and charged like
  * cuMemAlloc, owned by ctx, freed with cu_mem_release. */
 SIM_HIDDEN CUresult cu_mem_reserve(struct CUctx_st *ctx, size_t size, CUdeviceptr *out);
 SIM_HIDDEN CUresult cu_mem_release(CUdeviceptr p);
+/* Places an allocation whose charge its pool already holds (pool.c). */
+SIM_HIDDEN CUresult cu_mem_place_pooled(struct CUctx_st *ctx, int phys, size_t size,
+                                        struct CUmemPoolHandle_st *pool, CUdeviceptr *out);
+/* 1 when p starts a live allocation: its pool (or NULL), bytes and GPU. */
+SIM_HIDDEN int cu_mem_lookup(CUdeviceptr p, struct CUmemPoolHandle_st **pool, uint64_t *bytes,
+                             int *phys);
+SIM_HIDDEN CUresult cu_mem_free(CUdeviceptr p); /* now: its charge, or its pool's, goes back */
+/* The address range of a graph memory node: placed, never charged (graph.c charges the graph
+ * pool at launch); cuMemFree of it frees the memory, not the range, which the graph keeps. */
+SIM_HIDDEN CUresult cu_mem_place_graph(struct CUctx_st *ctx, int phys, size_t size, CUdeviceptr *out);
+SIM_HIDDEN void cu_mem_unplace_graph(CUdeviceptr p);
+SIM_HIDDEN CUresult cu_graph_mem_free(CUdeviceptr p); /* graph.c: a live graph allocation ends */
+/* Stream capture of stream-ordered allocation (graph.c). */
+SIM_HIDDEN CUresult cu_graph_capture_alloc(struct CUgraph_st *g, struct CUctx_st *ctx, int phys,
+                                           size_t bytes, CUdeviceptr *out);
+SIM_HIDDEN CUresult cu_graph_capture_free(struct CUgraph_st *g, CUdeviceptr p);
+
+/* ---- memory pools (pool.c) ----------------------------------------------------------------- */
+SIM_HIDDEN void cu_pool_returned(struct CUmemPoolHandle_st *pool, uint64_t bytes); /* cached */
+/* A synchronisation point: applies the frees streams have reached, and every pool gives back
+ * what it caches beyond its release threshold (as a driver's pools do at a sync). */
+SIM_HIDDEN void cu_pools_sync(void);
+/* A context of phys ended: its pools keep nothing cached. */
+SIM_HIDDEN void cu_pools_trim_device(int phys);
+/* The allocation at ptr died with its context: a free queued for it must not run later. */
+SIM_HIDDEN void cu_pool_drop_pending(CUdeviceptr ptr);
+SIM_HIDDEN void cu_pool_fork_child(void);
 SIM_HIDDEN void cu_mem_fork_child(void);
 SIM_HIDDEN void cu_vmm_fork_child(void);
 

@@ -1,4 +1,4 @@
-/* Device queries: count, names, UUIDs, attributes, PCI ids, total memory, memory pools. */
+/* Device queries: count, names, UUIDs, attributes, PCI ids, total memory (pools: pool.c). */
 #include "cu.h"
 
 #include <stdio.h>
@@ -144,23 +144,3 @@ SIM_EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUd
     return CUDA_SUCCESS;
 }
 
-static CUresult get_pool(CUmemoryPool *pool, CUdevice dev)
-{
-    if (!pool)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = cu_ready_device(dev, NULL);
-    if (r)
-        return r;
-    *pool = &cu_g.pool[dev];
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
-{
-    return get_pool(pool, dev);
-}
-
-SIM_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
-{
-    return get_pool(pool, dev); /* the current pool is always the default one */
-}

@@ -122,6 +122,7 @@ static void atfork_child(void)
     cu_ctx_fork_child();
     cu_mem_fork_child();
     cu_vmm_fork_child();
+    cu_pool_fork_child();
 }
 
 static CUresult init_locked(void)
@@ -167,8 +168,15 @@ static CUresult init_locked(void)
             cu_stream_init(&c->defstream, c, 0);
             c->magic = CTX_MAGIC;
         }
-        cu_g.pool[i].magic = POOL_MAGIC;
-        cu_g.pool[i].ordinal = i;
+        if (cu_g.pool[i].magic != POOL_MAGIC) {
+            memset(&cu_g.pool[i], 0, sizeof(cu_g.pool[i]));
+            cu_g.pool[i].ordinal = i;
+            cu_g.pool[i].phys = vis[i];
+            cu_g.pool[i].is_default = 1;
+            for (int k = 0; k < 3; k++)
+                cu_g.pool[i].reuse[k] = 1;
+            cu_g.pool[i].magic = POOL_MAGIC;
+        }
     }
     __atomic_store_n(&cu_g.inited, 1, __ATOMIC_RELEASE);
     return CUDA_SUCCESS;

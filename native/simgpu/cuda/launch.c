@@ -52,9 +52,8 @@ CUresult cu_submit(struct CUstream_st *s, const uint64_t *dur, size_t n, const s
     return CUDA_SUCCESS;
 }
 
-static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                       unsigned by, unsigned bz, CUstream h, void **params, void **extra,
-                       int cooperative)
+CUresult cu_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                   unsigned bz, CUstream h, void **params, void **extra, int cooperative)
 {
     CUresult r = cu_func_check(f);
     if (r)
@@ -85,7 +84,7 @@ SIM_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned
                                    unsigned int sharedMemBytes, CUstream hStream,
                                    void **kernelParams, void **extra)
 {
-    return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream,
+    return cu_launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream,
                   kernelParams, extra, 0);
 }
 
@@ -95,7 +94,7 @@ SIM_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, uns
                                         unsigned int sharedMemBytes, CUstream hStream,
                                         void **kernelParams, void **extra)
 {
-    return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream,
+    return cu_launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream,
                   kernelParams, extra, 0);
 }
 
@@ -105,7 +104,7 @@ static CUresult launch_ex(const CUlaunchConfig *config, CUfunction f, void **par
         return CUDA_ERROR_INVALID_VALUE;
     if (config->numAttrs && !config->attrs)
         return CUDA_ERROR_INVALID_VALUE;
-    return launch(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX,
+    return cu_launch(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX,
                   config->blockDimY, config->blockDimZ, config->hStream, params, extra, 0);
 }
 
@@ -127,7 +126,7 @@ SIM_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDim
                                               unsigned int blockDimZ, unsigned int sharedMemBytes,
                                               CUstream hStream, void **kernelParams)
 {
-    return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream,
+    return cu_launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream,
                   kernelParams, NULL, 1);
 }
 
@@ -138,6 +137,38 @@ SIM_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gr
                                                    unsigned int sharedMemBytes, CUstream hStream,
                                                    void **kernelParams)
 {
-    return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream,
+    return cu_launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream,
                   kernelParams, NULL, 1);
+}
+
+/* Deprecated, still in cuda.h: one cooperative launch per device, each on its own stream, which
+ * must be of distinct devices.  The kernels of different GPUs run on different engines, so they
+ * overlap as on a GPU; the pre/post launch synchronisation flags are accepted (a stream already
+ * orders each launch after its earlier work here). */
+SIM_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list,
+                                                         unsigned int numDevices, unsigned int flags)
+{
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    if (!list || !numDevices || numDevices > (unsigned)cu_g.nvis || (flags & ~3u))
+        return CUDA_ERROR_INVALID_VALUE;
+    int seen[SIM_MAX_GPUS] = {0};
+    for (unsigned i = 0; i < numDevices; i++) { /* validate everything before launching anything */
+        struct CUstream_st *s;
+        if (!list[i].hStream || (r = cu_stream(list[i].hStream, &s)))
+            return r ? r : CUDA_ERROR_INVALID_VALUE; /* needs explicit streams */
+        if (seen[s->ctx->phys]++)
+            return CUDA_ERROR_INVALID_DEVICE; /* two launches on one device */
+        if ((r = cu_func_check(list[i].function)))
+            return r;
+    }
+    for (unsigned i = 0; i < numDevices; i++) {
+        const CUDA_LAUNCH_PARAMS *p = &list[i];
+        r = cu_launch(p->function, p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY,
+                      p->blockDimZ, p->hStream, p->kernelParams, NULL, 1);
+        if (r)
+            return r;
+    }
+    return CUDA_SUCCESS;
 }

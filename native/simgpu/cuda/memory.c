@@ -9,11 +9,9 @@
  * MADV_DONTNEED.  Live allocations are a sorted array (binary search for free and for the range
  * checks of copies).  Charged size = requested size (pitch*height for pitched allocations).
  *
- * Asynchronous allocation (cuMemAllocAsync, pools) is modelled as immediate allocation, and
- * cuMemFreeAsync as an immediate free: the simulated kernels never touch memory, so stream order
- * cannot be observed.  Copies and memsets are done on the calling thread: synchronous ones after
- * all work of the current context completes, asynchronous ones after their stream's work
- * completes (so they return when done; still stream-ordered).
+ * Stream-ordered allocation and memory pools are in pool.c: a pool allocation is placed here
+ * with its charge held by its pool (which keeps freed memory cached, as a driver's pool does);
+ * a graph memory node's range is placed here uncharged (graph.c).  Copies and memsets: copy.c.
  *
  * Locks: mem_mu (process-local) may be held while taking the state lock, never the reverse.
  */
@@ -31,9 +29,12 @@
 struct alloc {
     uintptr_t base;
     size_t size;       /* placed bytes (rounded) */
-    uint64_t charged;  /* bytes charged to the device */
+    uint64_t charged;  /* bytes charged to the device by this allocation (0: its pool's) */
     int phys;
     struct CUctx_st *ctx;
+    struct CUmemPoolHandle_st *pool; /* a stream-ordered allocation's pool, else NULL */
+    uint64_t pool_bytes;             /* its size as the pool counts it */
+    int graph;                       /* the address range of a graph memory node (graph.c) */
 };
 
 static pthread_mutex_t mem_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -93,15 +94,15 @@ static void release_pages(uintptr_t base, size_t size)
 }
 
 /* Places size bytes charged as `charge` on phys for ctx. */
-static CUresult dev_alloc(struct CUctx_st *ctx, int phys, size_t size, uint64_t charge,
-                          CUdeviceptr *out)
+static CUresult place(struct CUctx_st *ctx, int phys, size_t size, uint64_t charge,
+                      struct CUmemPoolHandle_st *pool, CUdeviceptr *out)
 {
     if (size == 0)
         return CUDA_ERROR_INVALID_VALUE;
     if (size > (1ull << 46))
         return CUDA_ERROR_OUT_OF_MEMORY;
     struct sim_err e = {0};
-    if (sim_charge(&e, cu_g.st, phys, charge) < 0)
+    if (charge && sim_charge(&e, cu_g.st, phys, charge) < 0)
         return cu_result(&e);
     size_t align = size >= CU_GRANULARITY ? CU_GRANULARITY : SMALL_ALIGN;
     size_t rounded = (size + SMALL_ALIGN - 1) & ~(size_t)(SMALL_ALIGN - 1);
@@ -121,8 +122,13 @@ static CUresult dev_alloc(struct CUctx_st *ctx, int phys, size_t size, uint64_t 
         if (nallocs < capallocs) {
             size_t i = find(p);
             memmove(&allocs[i + 1], &allocs[i], (nallocs - i) * sizeof(*allocs));
-            allocs[i] = (struct alloc){
-                .base = p, .size = rounded, .charged = charge, .phys = phys, .ctx = ctx};
+            allocs[i] = (struct alloc){.base = p,
+                                       .size = rounded,
+                                       .charged = pool ? 0 : charge,
+                                       .phys = phys,
+                                       .ctx = ctx,
+                                       .pool = pool,
+                                       .pool_bytes = pool ? size : 0};
             nallocs++;
             ok = 1;
         } else {
@@ -131,39 +137,79 @@ static CUresult dev_alloc(struct CUctx_st *ctx, int phys, size_t size, uint64_t 
     }
     pthread_mutex_unlock(&mem_mu);
     if (!ok) {
-        sim_uncharge(cu_g.st, phys, charge);
+        if (charge)
+            sim_uncharge(cu_g.st, phys, charge);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     *out = (CUdeviceptr)p;
     return CUDA_SUCCESS;
 }
 
-/* Under mem_mu: removes allocs[i], returns its pages and range. */
-static void drop_locked(size_t i, int *phys, uint64_t *charged)
+static CUresult dev_alloc(struct CUctx_st *ctx, int phys, size_t size, uint64_t charge,
+                          CUdeviceptr *out)
 {
-    struct alloc a = allocs[i];
+    return place(ctx, phys, size, charge, NULL, out);
+}
+
+/* Under mem_mu: removes allocs[i], returns its pages and range; *a is what it was. */
+static void drop_locked(size_t i, struct alloc *a)
+{
+    *a = allocs[i];
     memmove(&allocs[i], &allocs[i + 1], (nallocs - i - 1) * sizeof(*allocs));
     nallocs--;
-    release_pages(a.base, a.size);
-    arena_give(&va, a.base, a.size);
-    *phys = a.phys;
-    *charged = a.charged;
+    release_pages(a->base, a->size);
+    arena_give(&va, a->base, a->size);
+}
+
+/* An allocation's end: its own charge goes back; a pool allocation's goes to its pool. */
+static void ended(const struct alloc *a)
+{
+    if (a->pool)
+        cu_pool_returned(a->pool, a->pool_bytes);
+    else
+        sim_uncharge(cu_g.st, a->phys, a->charged);
 }
 
 static CUresult dev_free(CUdeviceptr dptr)
 {
-    int phys = -1;
-    uint64_t charged = 0;
+    struct alloc a;
     pthread_mutex_lock(&mem_mu);
     size_t i = find((uintptr_t)dptr);
     int found = i < nallocs && allocs[i].base == (uintptr_t)dptr;
-    if (found)
-        drop_locked(i, &phys, &charged);
+    int graph = found && allocs[i].graph;
+    if (found && !graph)
+        drop_locked(i, &a);
     pthread_mutex_unlock(&mem_mu);
     if (!found)
         return CUDA_ERROR_INVALID_VALUE;
-    sim_uncharge(cu_g.st, phys, charged);
+    if (graph) /* the range stays the graph's: only its memory goes back to the graph pool */
+        return cu_graph_mem_free(dptr);
+    ended(&a);
     return CUDA_SUCCESS;
+}
+
+CUresult cu_mem_place_graph(struct CUctx_st *ctx, int phys, size_t size, CUdeviceptr *out)
+{
+    if (size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = place(ctx, phys, size, 0, NULL, out);
+    if (!r) {
+        pthread_mutex_lock(&mem_mu);
+        size_t i = find((uintptr_t)*out);
+        allocs[i].graph = 1;
+        pthread_mutex_unlock(&mem_mu);
+    }
+    return r;
+}
+
+void cu_mem_unplace_graph(CUdeviceptr p)
+{
+    struct alloc a;
+    pthread_mutex_lock(&mem_mu);
+    size_t i = find((uintptr_t)p);
+    if (i < nallocs && allocs[i].base == (uintptr_t)p && allocs[i].graph)
+        drop_locked(i, &a);
+    pthread_mutex_unlock(&mem_mu);
 }
 
 void cu_mem_free_ctx(struct CUctx_st *c)
@@ -171,13 +217,57 @@ void cu_mem_free_ctx(struct CUctx_st *c)
     pthread_mutex_lock(&mem_mu);
     for (size_t i = nallocs; i-- > 0;) {
         if (allocs[i].ctx == c) {
-            int phys;
-            uint64_t charged;
-            drop_locked(i, &phys, &charged);
-            sim_uncharge(cu_g.st, phys, charged);
+            struct alloc a;
+            drop_locked(i, &a);
+            cu_pool_drop_pending((CUdeviceptr)a.base);
+            ended(&a);
         }
     }
     pthread_mutex_unlock(&mem_mu);
+}
+
+CUresult cu_mem_place_pooled(struct CUctx_st *ctx, int phys, size_t size,
+                             struct CUmemPoolHandle_st *pool, CUdeviceptr *out)
+{
+    if (size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return place(ctx, phys, size, 0, pool, out);
+}
+
+int cu_mem_lookup(CUdeviceptr p, struct CUmemPoolHandle_st **pool, uint64_t *bytes, int *phys)
+{
+    pthread_mutex_lock(&mem_mu);
+    size_t i = find((uintptr_t)p);
+    int found = i < nallocs && allocs[i].base == (uintptr_t)p;
+    if (found && allocs[i].graph) {
+        *pool = NULL;
+        *bytes = 0;
+        *phys = allocs[i].phys;
+    } else if (found) {
+        *pool = allocs[i].pool;
+        *bytes = allocs[i].pool ? allocs[i].pool_bytes : allocs[i].charged;
+        *phys = allocs[i].phys;
+    }
+    pthread_mutex_unlock(&mem_mu);
+    return found;
+}
+
+CUresult cu_mem_free(CUdeviceptr p)
+{
+    return dev_free(p);
+}
+
+int cu_mem_range_of(uintptr_t p, uintptr_t *base, size_t *size)
+{
+    pthread_mutex_lock(&mem_mu);
+    size_t i = find(p + 1); /* first base > p */
+    int ok = i > 0 && p < allocs[i - 1].base + allocs[i - 1].size;
+    if (ok) {
+        *base = allocs[i - 1].base;
+        *size = allocs[i - 1].size;
+    }
+    pthread_mutex_unlock(&mem_mu);
+    return ok ? 0 : -1;
 }
 
 int cu_mem_range_ok(uintptr_t p, size_t len)
@@ -226,7 +316,8 @@ SIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t 
     CUresult r = cu_ctx_current(&c);
     if (r)
         return r;
-    size_t p = (widthInBytes + 511) & ~(size_t)511;
+    const size_t align = cu_g.st->cfg.pitch_alignment;
+    size_t p = (widthInBytes + align - 1) & ~(align - 1);
     if (height > (1ull << 46) / p)
         return CUDA_ERROR_OUT_OF_MEMORY;
     r = dev_alloc(c, c->phys, p * height, p * height, dptr);
@@ -274,296 +365,5 @@ SIM_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
     sim_unlock(st);
     *total = (size_t)cap;
     *free_bytes = (size_t)(cap > used ? cap - used : 0);
-    return CUDA_SUCCESS;
-}
-
-static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream h)
-{
-    if (!dptr)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct CUstream_st *s;
-    CUresult r = cu_stream(h, &s);
-    if (r)
-        return r;
-    int phys = s->ctx->phys;
-    if (pool) {
-        if (pool->magic != POOL_MAGIC || cu_phys(pool->ordinal) < 0)
-            return CUDA_ERROR_INVALID_VALUE;
-        phys = cu_phys(pool->ordinal);
-    }
-    return dev_alloc(s->ctx, phys, bytesize, bytesize, dptr);
-}
-
-SIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
-{
-    return alloc_async(dptr, bytesize, NULL, stream);
-}
-
-SIM_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
-{
-    return alloc_async(dptr, bytesize, NULL, stream);
-}
-
-SIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                            CUstream stream)
-{
-    if (!pool)
-        return CUDA_ERROR_INVALID_VALUE;
-    return alloc_async(dptr, bytesize, pool, stream);
-}
-
-SIM_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
-                                                 CUmemoryPool pool, CUstream stream)
-{
-    if (!pool)
-        return CUDA_ERROR_INVALID_VALUE;
-    return alloc_async(dptr, bytesize, pool, stream);
-}
-
-static CUresult free_async(CUdeviceptr dptr, CUstream h)
-{
-    struct CUstream_st *s;
-    CUresult r = cu_stream(h, &s);
-    if (r)
-        return r;
-    return dev_free(dptr);
-}
-
-SIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
-{
-    return free_async(dptr, stream);
-}
-
-SIM_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
-{
-    return free_async(dptr, stream);
-}
-
-SIM_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
-{
-    CUresult r = cu_ready();
-    if (r)
-        return r;
-    if (!pool || pool->magic != POOL_MAGIC)
-        return CUDA_ERROR_INVALID_VALUE;
-    return CUDA_SUCCESS; /* the pool caches nothing: freed memory is returned at once */
-}
-
-/* ---- copies and memsets --------------------------------------------------------------------- */
-
-/* Waits for what a copy must follow: the stream's work, or (h == NULL: synchronous API) all
- * work of the current context. */
-static CUresult copy_prologue(CUstream h, int async)
-{
-    if (!async) {
-        struct CUctx_st *c;
-        CUresult r = cu_ctx_current(&c);
-        if (r)
-            return r;
-        return cu_ctx_wait(c);
-    }
-    struct CUstream_st *s;
-    CUresult r = cu_stream(h, &s);
-    if (r)
-        return r;
-    return cu_stream_wait(s); /* a capturing stream: its pre-capture work; copied now */
-}
-
-static CUresult htod(CUdeviceptr dst, const void *src, size_t n, CUstream h, int async)
-{
-    CUresult r = copy_prologue(h, async);
-    if (r)
-        return r;
-    if (n == 0)
-        return CUDA_SUCCESS;
-    if (!src || cu_mem_range_ok((uintptr_t)dst, n) < 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    memcpy((void *)(uintptr_t)dst, src, n);
-    return CUDA_SUCCESS;
-}
-
-static CUresult dtoh(void *dst, CUdeviceptr src, size_t n, CUstream h, int async)
-{
-    CUresult r = copy_prologue(h, async);
-    if (r)
-        return r;
-    if (n == 0)
-        return CUDA_SUCCESS;
-    if (!dst || cu_mem_range_ok((uintptr_t)src, n) < 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    memcpy(dst, (const void *)(uintptr_t)src, n);
-    return CUDA_SUCCESS;
-}
-
-static CUresult dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream h, int async)
-{
-    CUresult r = copy_prologue(h, async);
-    if (r)
-        return r;
-    if (n == 0)
-        return CUDA_SUCCESS;
-    if (cu_mem_range_ok((uintptr_t)dst, n) < 0 || cu_mem_range_ok((uintptr_t)src, n) < 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t bytes)
-{
-    return htod(dst, src, bytes, NULL, 0);
-}
-SIM_EXPORT CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t bytes)
-{
-    return htod(dst, src, bytes, NULL, 0);
-}
-SIM_EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes)
-{
-    return dtoh(dst, src, bytes, NULL, 0);
-}
-SIM_EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t bytes)
-{
-    return dtoh(dst, src, bytes, NULL, 0);
-}
-SIM_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes)
-{
-    return dtod(dst, src, bytes, NULL, 0);
-}
-SIM_EXPORT CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t bytes)
-{
-    return dtod(dst, src, bytes, NULL, 0);
-}
-SIM_EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t bytes,
-                                         CUstream stream)
-{
-    return htod(dst, src, bytes, stream, 1);
-}
-SIM_EXPORT CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void *src, size_t bytes,
-                                              CUstream stream)
-{
-    return htod(dst, src, bytes, stream, 1);
-}
-SIM_EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t bytes, CUstream stream)
-{
-    return dtoh(dst, src, bytes, stream, 1);
-}
-SIM_EXPORT CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dst, CUdeviceptr src, size_t bytes,
-                                              CUstream stream)
-{
-    return dtoh(dst, src, bytes, stream, 1);
-}
-SIM_EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes,
-                                         CUstream stream)
-{
-    return dtod(dst, src, bytes, stream, 1);
-}
-SIM_EXPORT CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t bytes,
-                                              CUstream stream)
-{
-    return dtod(dst, src, bytes, stream, 1);
-}
-
-static CUresult memset8(CUdeviceptr dst, unsigned char v, size_t n)
-{
-    CUresult r = copy_prologue(NULL, 0);
-    if (r)
-        return r;
-    if (n == 0)
-        return CUDA_SUCCESS;
-    if (cu_mem_range_ok((uintptr_t)dst, n) < 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    memset((void *)(uintptr_t)dst, v, n);
-    return CUDA_SUCCESS;
-}
-
-static CUresult memset32(CUdeviceptr dst, unsigned v, size_t n)
-{
-    CUresult r = copy_prologue(NULL, 0);
-    if (r)
-        return r;
-    if (n == 0)
-        return CUDA_SUCCESS;
-    if ((dst & 3u) || n > SIZE_MAX / 4 || cu_mem_range_ok((uintptr_t)dst, n * 4) < 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    uint32_t *p = (uint32_t *)(uintptr_t)dst;
-    for (size_t i = 0; i < n; i++)
-        p[i] = v;
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n)
-{
-    return memset8(dst, value, n);
-}
-SIM_EXPORT CUresult cuMemsetD8_v2_ptds(CUdeviceptr dst, unsigned char value, size_t n)
-{
-    return memset8(dst, value, n);
-}
-SIM_EXPORT CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned int value, size_t n)
-{
-    return memset32(dst, value, n);
-}
-SIM_EXPORT CUresult cuMemsetD32_v2_ptds(CUdeviceptr dst, unsigned int value, size_t n)
-{
-    return memset32(dst, value, n);
-}
-
-/* ---- CUDA arrays: charged, never addressable -------------------------------------------------- */
-
-static unsigned format_bytes(CUarray_format f)
-{
-    switch (f) {
-    case CU_AD_FORMAT_UNSIGNED_INT8:
-    case CU_AD_FORMAT_SIGNED_INT8: return 1;
-    case CU_AD_FORMAT_UNSIGNED_INT16:
-    case CU_AD_FORMAT_SIGNED_INT16:
-    case CU_AD_FORMAT_HALF: return 2;
-    case CU_AD_FORMAT_UNSIGNED_INT32:
-    case CU_AD_FORMAT_SIGNED_INT32:
-    case CU_AD_FORMAT_FLOAT: return 4;
-    }
-    return 0;
-}
-
-SIM_EXPORT CUresult cuArrayCreate_v2(CUarray *handle, const CUDA_ARRAY_DESCRIPTOR *desc)
-{
-    if (!handle || !desc || !desc->Width)
-        return CUDA_ERROR_INVALID_VALUE;
-    unsigned elem = format_bytes(desc->Format);
-    unsigned ch = desc->NumChannels;
-    if (!elem || (ch != 1 && ch != 2 && ch != 4))
-        return CUDA_ERROR_INVALID_VALUE;
-    struct CUctx_st *c;
-    CUresult r = cu_ctx_current(&c);
-    if (r)
-        return r;
-    size_t h = desc->Height ? desc->Height : 1;
-    if (desc->Width > (1ull << 40) / h)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    uint64_t bytes = (uint64_t)desc->Width * h * elem * ch;
-    struct CUarray_st *a = calloc(1, sizeof(*a));
-    if (!a)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    struct sim_err e = {0};
-    if (sim_charge(&e, cu_g.st, c->phys, bytes) < 0) {
-        free(a);
-        return cu_result(&e);
-    }
-    a->phys = c->phys;
-    a->charged = bytes;
-    a->magic = ARRAY_MAGIC;
-    *handle = a;
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuArrayDestroy(CUarray handle)
-{
-    CUresult r = cu_ready();
-    if (r)
-        return r;
-    if (!handle || handle->magic != ARRAY_MAGIC)
-        return CUDA_ERROR_INVALID_HANDLE;
-    handle->magic = 0;
-    sim_uncharge(cu_g.st, handle->phys, handle->charged);
-    free(handle);
     return CUDA_SUCCESS;
 }

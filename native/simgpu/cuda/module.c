@@ -239,6 +239,7 @@ void cu_module_destroy(struct CUmod_st *m)
     while (f) {
         struct CUfunc_st *next = f->next;
         f->magic = 0;
+        free(f->params);
         free(f);
         f = next;
     }

@@ -193,7 +193,10 @@ static CUresult stream_sync(CUstream h)
         return r;
     if (s->capture)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    return cu_stream_wait(s);
+    r = cu_stream_wait(s);
+    if (!r)
+        cu_pools_sync();
+    return r;
 }
 
 SIM_EXPORT CUresult cuStreamSynchronize(CUstream stream)
@@ -321,7 +324,10 @@ SIM_EXPORT CUresult cuEventSynchronize(CUevent event)
     CUresult r = event_check(event);
     if (r)
         return r;
-    return event_done(event, 1, &r) < 0 ? r : CUDA_SUCCESS;
+    if (event_done(event, 1, &r) < 0)
+        return r;
+    cu_pools_sync();
+    return CUDA_SUCCESS;
 }
 
 static CUresult elapsed(float *ms, CUevent start, CUevent end)

@@ -7,14 +7,24 @@
  * it MAP_SHARED|MAP_FIXED (still PROT_NONE) and cuMemSetAccess mprotects it, so two mappings of
  * one handle really share data.  A handle is charged at cuMemCreate and uncharged once it is both
  * released and unmapped everywhere, as the real driver frees it.
+ *
+ * Sharing between processes: a handle created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR gets
+ * a memfd of its own (named "simgpu-vmm:gpu<N>", sealed against resizing); exporting it gives a
+ * new file descriptor of that memfd, and importing one (received over a Unix socket, or through
+ * pidfd_getfd) makes a handle whose mappings share the exporter's pages.  The memory stays
+ * charged to the process that created it, as a driver attributes it, until that process has
+ * released and unmapped it (or exited); an importer's handle is never charged.  A descriptor that
+ * is not such a memfd is refused with CUDA_ERROR_INVALID_VALUE.
  */
 #include "cu.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define BACKING_BYTES (1ull << 44) /* sparse: costs nothing until written */
@@ -23,9 +33,13 @@ struct vmm_handle {
     int phys;
     int refs;         /* live mappings */
     int released;
+    int fd;           /* an exportable or imported handle's own memfd, else -1 (shared backing) */
+    int imported;     /* another process's memory: never charged here */
     uint64_t off;     /* in the memfd */
     size_t size;
 };
+
+#define EXPORT_NAME "simgpu-vmm:gpu"
 
 struct vmm_res {
     uintptr_t base;
@@ -111,9 +125,13 @@ static uint64_t handle_maybe_destroy(struct vmm_handle *h, int *phys)
     if (!handle_find((CUmemGenericAllocationHandle)(uintptr_t)h, &idx))
         return 0;
     handles[idx] = handles[--nhandles];
-    fallocate(memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)h->off, (off_t)h->size);
-    arena_give(&backing, h->off, h->size);
-    uint64_t b = h->size;
+    if (h->fd >= 0) {
+        close(h->fd); /* the pages live on while another process maps or holds them */
+    } else {
+        fallocate(memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)h->off, (off_t)h->size);
+        arena_give(&backing, h->off, h->size);
+    }
+    uint64_t b = h->imported ? 0 : h->size;
     *phys = h->phys;
     free(h);
     return b;
@@ -158,23 +176,43 @@ SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
     r = check_prop(prop, &phys);
     if (r)
         return r;
+    if (prop->requestedHandleTypes & ~(unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_NOT_SUPPORTED; /* Win32, fabric: not on this (Linux) model */
+    int own_fd = -1;
+    if (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+        char name[32];
+        snprintf(name, sizeof(name), EXPORT_NAME "%d", phys);
+        own_fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (own_fd < 0 || ftruncate(own_fd, (off_t)size) < 0 ||
+            fcntl(own_fd, F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) < 0) {
+            if (own_fd >= 0)
+                close(own_fd);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
     struct sim_err e = {0};
-    if (sim_charge(&e, cu_g.st, phys, size) < 0)
+    if (sim_charge(&e, cu_g.st, phys, size) < 0) {
+        if (own_fd >= 0)
+            close(own_fd);
         return cu_result(&e);
+    }
     struct vmm_handle *h = calloc(1, sizeof(*h));
-    uintptr_t off;
+    uintptr_t off = 0;
     pthread_mutex_lock(&vmm_mu);
-    int ok = h && backing_open() == 0 &&
-             grow_array((void **)&handles, &caphandles, nhandles, sizeof(*handles)) == 0 &&
-             arena_take(&backing, size, CU_GRANULARITY, &off) == 0;
+    int ok = h && grow_array((void **)&handles, &caphandles, nhandles, sizeof(*handles)) == 0 &&
+             (own_fd >= 0 ||
+              (backing_open() == 0 && arena_take(&backing, size, CU_GRANULARITY, &off) == 0));
     if (ok) {
         h->phys = phys;
+        h->fd = own_fd;
         h->off = off;
         h->size = size;
         handles[nhandles++] = h;
     }
     pthread_mutex_unlock(&vmm_mu);
     if (!ok) {
+        if (own_fd >= 0)
+            close(own_fd);
         free(h);
         sim_uncharge(cu_g.st, phys, size);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -319,8 +357,8 @@ SIM_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
         r = CUDA_ERROR_ALREADY_MAPPED;
     } else if (grow_array((void **)&maps, &capmaps, nmaps, sizeof(*maps)) < 0) {
         r = CUDA_ERROR_OUT_OF_MEMORY;
-    } else if (mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, memfd,
-                    (off_t)(h->off + offset)) == MAP_FAILED) {
+    } else if (mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED,
+                    h->fd >= 0 ? h->fd : memfd, (off_t)(h->off + offset)) == MAP_FAILED) {
         r = CUDA_ERROR_MAP_FAILED;
     } else {
         maps[nmaps++] = (struct vmm_map){.base = (uintptr_t)ptr, .size = size, .h = h};
@@ -431,4 +469,89 @@ int cu_vmm_range_ok(uintptr_t p, size_t len)
     int ok = covered(p, p + len, PROT_READ | PROT_WRITE);
     pthread_mutex_unlock(&vmm_mu);
     return ok ? 0 : -1;
+}
+
+/* ---- sharing between processes ------------------------------------------------------------ */
+
+SIM_EXPORT CUresult cuMemExportToShareableHandle(void *shareableHandle,
+                                                 CUmemGenericAllocationHandle handle,
+                                                 CUmemAllocationHandleType handleType,
+                                                 unsigned long long flags)
+{
+    if (!shareableHandle || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&vmm_mu);
+    struct vmm_handle *h = handle_find(handle, NULL);
+    int fd = -1;
+    if (!h || h->released || h->fd < 0)
+        r = CUDA_ERROR_INVALID_VALUE; /* not created with the POSIX descriptor handle type */
+    else if ((fd = dup(h->fd)) < 0)
+        r = CUDA_ERROR_OPERATING_SYSTEM;
+    pthread_mutex_unlock(&vmm_mu);
+    if (!r)
+        *(int *)shareableHandle = fd;
+    return r;
+}
+
+/* The GPU of a memfd exported by cuMemExportToShareableHandle, -1 if fd is no such memfd. */
+static int exported_gpu(int fd, size_t *size)
+{
+    char link[64], target[128];
+    snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, target, sizeof(target) - 1);
+    if (n <= 0)
+        return -1;
+    target[n] = '\0';
+    const char *want = "/memfd:" EXPORT_NAME;
+    if (strncmp(target, want, strlen(want)) != 0)
+        return -1;
+    int seals = fcntl(fd, F_GET_SEALS);
+    struct stat sb;
+    if (seals < 0 || !(seals & F_SEAL_SHRINK) || fstat(fd, &sb) < 0 || sb.st_size <= 0 ||
+        sb.st_size % CU_GRANULARITY)
+        return -1;
+    *size = (size_t)sb.st_size;
+    int phys = atoi(target + strlen(want));
+    return phys >= 0 && phys < SIM_MAX_GPUS ? phys : -1;
+}
+
+SIM_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+                                                   void *osHandle,
+                                                   CUmemAllocationHandleType shHandleType)
+{
+    if (!handle)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    int fd = (int)(intptr_t)osHandle; /* the driver takes the descriptor itself, cast */
+    size_t size;
+    int phys = exported_gpu(fd, &size);
+    if (phys < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    int own = fcntl(fd, F_DUPFD_CLOEXEC, 0); /* the caller keeps (and closes) its descriptor */
+    struct vmm_handle *h = calloc(1, sizeof(*h));
+    pthread_mutex_lock(&vmm_mu);
+    int ok = own >= 0 && h &&
+             grow_array((void **)&handles, &caphandles, nhandles, sizeof(*handles)) == 0;
+    if (ok) {
+        *h = (struct vmm_handle){.phys = phys, .fd = own, .imported = 1, .size = size};
+        handles[nhandles++] = h;
+    }
+    pthread_mutex_unlock(&vmm_mu);
+    if (!ok) {
+        if (own >= 0)
+            close(own);
+        free(h);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
+    return CUDA_SUCCESS;
 }
