@@ -1,13 +1,17 @@
 # The two commands a newcomer needs: `make run` (demo on the simulated GPU) and `make test`.
-# Both create .venv on first use, install sharegpu into it and build the C libraries.
+# Both create .venv on first use, install sharegpu into it and build the C libraries; `make test`
+# also installs the third-party CUDA clients the tests run (cuda-core, numba-cuda, pycuda) into
+# .venv-clients (`make clients`, once).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NATIVE_STAMP := src/sharegpu/_lib/.built
+CLIENTS_VENV := .venv-clients
+CLIENTS_STAMP := $(CLIENTS_VENV)/.installed
 NATIVE_SRC := $(shell find native -name '*.c' -o -name '*.h' -o -name '*.inc' -o -name '*.map' -o -name '*.def' -o -name Makefile)
 
-.PHONY: run test bench check native clean setup
+.PHONY: run test bench check native clients clean setup
 
 setup: $(STAMP) $(NATIVE_STAMP)
 
@@ -23,10 +27,18 @@ $(NATIVE_STAMP): $(NATIVE_SRC)
 
 native: $(NATIVE_STAMP)
 
+# pycuda is built against the simulator's libcuda.so (resolved again at run time, so a rebuilt
+# simulator does not need a rebuilt pycuda: order-only).
+$(CLIENTS_STAMP): tests/clients/install.sh | $(NATIVE_STAMP)
+	PYTHON=$(PYTHON) bash tests/clients/install.sh $(CLIENTS_VENV)
+	touch $@
+
+clients: $(CLIENTS_STAMP)
+
 run: setup
 	$(BIN)/sharegpu demo
 
-test: setup
+test: setup clients
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: setup
@@ -43,4 +55,4 @@ check: setup
 	$(MAKE) -s -C native OUT=$(CURDIR)/build/check all
 
 clean:
-	rm -rf $(VENV) build src/sharegpu/_lib .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(CLIENTS_VENV) build src/sharegpu/_lib .pytest_cache .mypy_cache .ruff_cache
