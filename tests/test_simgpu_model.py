@@ -776,3 +776,24 @@ def test_unified_copies_memsets_and_pinned_host_memory(sim_env: dict[str, str]) 
     assert res["past_end"] == "CUDA_ERROR_INVALID_VALUE"
     assert res["not_device"] == "CUDA_ERROR_NOT_FOUND"
     assert res["after"] == 0
+
+
+def test_vmm_memory_lives_until_released_and_unmapped(sim_env: dict[str, str]) -> None:
+    res = run(
+        sim_env,
+        r"""
+        exec(VMM_SRC)
+        base = used()
+        h = ck(d.cuMemCreate(4 * G, prop, 0))
+        va = mapped(h, 4 * G)
+        ck(d.cuMemRelease(h))  # the documented idiom: release right after mapping
+        out["released_mapped"] = used() - base
+        out["release_twice"] = rc(d.cuMemRelease(h))
+        ck(d.cuMemUnmap(va, 4 * G))
+        out["unmapped"] = used() - base
+        ck(d.cuMemAddressFree(va, 4 * G))
+        """,
+    )
+    assert res["released_mapped"] == 8 * MIB  # still mapped: still the process's memory
+    assert res["release_twice"] == "CUDA_ERROR_INVALID_VALUE"
+    assert res["unmapped"] == 0

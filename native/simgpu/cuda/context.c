@@ -316,15 +316,20 @@ static CUresult ctx_destroy(struct CUctx_st *c)
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+/* A live created (not primary) context. */
+static CUresult created_ctx(CUcontext ctx)
 {
     CUresult r = cu_ready();
     if (r)
         return r;
-    struct CUctx_st *c = ctx;
-    if (!c || c->magic != CTX_MAGIC || c->primary)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    return ctx_destroy(c);
+    return (ctx && ctx->magic == CTX_MAGIC && !ctx->primary) ? CUDA_SUCCESS
+                                                             : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+SIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    CUresult r = created_ctx(ctx);
+    return r ? r : ctx_destroy(ctx);
 }
 
 /* The deprecated usage count of cuCtxAttach/cuCtxDetach (pycuda still detaches at exit): attach
@@ -346,12 +351,10 @@ SIM_EXPORT CUresult cuCtxAttach(CUcontext *pctx, unsigned int flags)
 
 SIM_EXPORT CUresult cuCtxDetach(CUcontext ctx)
 {
-    CUresult r = cu_ready();
+    CUresult r = created_ctx(ctx);
     if (r)
         return r;
     struct CUctx_st *c = ctx;
-    if (!c || c->magic != CTX_MAGIC || c->primary)
-        return CUDA_ERROR_INVALID_CONTEXT;
     pthread_mutex_lock(&cu_g.mu);
     int last = --c->refcount <= 0;
     pthread_mutex_unlock(&cu_g.mu);

@@ -55,16 +55,23 @@ static int supported(CUlimit l)
     return (int)l >= 0 && l <= CU_LIMIT_PERSISTING_L2_CACHE_SIZE;
 }
 
-SIM_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
+/* The preamble of both calls: the current context, and a limit that exists here. */
+static CUresult limit_ctx(CUlimit limit, struct CUctx_st **c)
 {
-    struct CUctx_st *c;
-    CUresult r = cu_ctx_current(&c);
+    CUresult r = cu_ctx_current(c);
     if (r)
         return r;
     if ((int)limit < 0 || limit >= CU_LIMIT_MAX)
         return CUDA_ERROR_INVALID_VALUE;
-    if (!supported(limit))
-        return CUDA_ERROR_UNSUPPORTED_LIMIT;
+    return supported(limit) ? CUDA_SUCCESS : CUDA_ERROR_UNSUPPORTED_LIMIT;
+}
+
+SIM_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
+{
+    struct CUctx_st *c;
+    CUresult r = limit_ctx(limit, &c);
+    if (r)
+        return r;
     if (limit == CU_LIMIT_MAX_L2_FETCH_GRANULARITY && (value < 32 || value > 128))
         return CUDA_ERROR_INVALID_VALUE;
     size_t next[CU_LIMIT_MAX];
@@ -95,13 +102,9 @@ SIM_EXPORT CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit)
     if (!pvalue)
         return CUDA_ERROR_INVALID_VALUE;
     struct CUctx_st *c;
-    CUresult r = cu_ctx_current(&c);
+    CUresult r = limit_ctx(limit, &c);
     if (r)
         return r;
-    if ((int)limit < 0 || limit >= CU_LIMIT_MAX)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!supported(limit))
-        return CUDA_ERROR_UNSUPPORTED_LIMIT;
     *pvalue = c->limit[limit];
     return CUDA_SUCCESS;
 }

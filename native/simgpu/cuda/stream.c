@@ -100,10 +100,16 @@ SIM_EXPORT CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greates
 
 /* ---- stream queries: every one has a _ptsz twin, so each is written once ---------------- */
 
+/* The stream a query names, once its output pointer is known to be there. */
+static CUresult queried(CUstream h, const void *out, struct CUstream_st **s)
+{
+    return out ? cu_stream(h, s) : CUDA_ERROR_INVALID_VALUE;
+}
+
 static CUresult stream_priority(CUstream h, int *priority)
 {
     struct CUstream_st *s;
-    CUresult r = priority ? cu_stream(h, &s) : CUDA_ERROR_INVALID_VALUE;
+    CUresult r = queried(h, priority, &s);
     if (!r)
         *priority = s->priority;
     return r;
@@ -112,7 +118,7 @@ static CUresult stream_priority(CUstream h, int *priority)
 static CUresult stream_flags(CUstream h, unsigned *flags)
 {
     struct CUstream_st *s;
-    CUresult r = flags ? cu_stream(h, &s) : CUDA_ERROR_INVALID_VALUE;
+    CUresult r = queried(h, flags, &s);
     if (!r)
         *flags = s->flags;
     return r;
@@ -121,7 +127,7 @@ static CUresult stream_flags(CUstream h, unsigned *flags)
 static CUresult stream_id(CUstream h, unsigned long long *id)
 {
     struct CUstream_st *s;
-    CUresult r = id ? cu_stream(h, &s) : CUDA_ERROR_INVALID_VALUE;
+    CUresult r = queried(h, id, &s);
     if (!r)
         *id = s->id;
     return r;
@@ -132,7 +138,7 @@ static CUresult stream_id(CUstream h, unsigned long long *id)
 static CUresult stream_ctx(CUstream h, CUcontext *pctx, CUgreenCtx *green)
 {
     struct CUstream_st *s;
-    CUresult r = pctx ? cu_stream(h, &s) : CUDA_ERROR_INVALID_VALUE;
+    CUresult r = queried(h, pctx, &s);
     if (r)
         return r;
     *pctx = s->ctx;
@@ -144,7 +150,7 @@ static CUresult stream_ctx(CUstream h, CUcontext *pctx, CUgreenCtx *green)
 static CUresult stream_device(CUstream h, CUdevice *dev)
 {
     struct CUstream_st *s;
-    CUresult r = dev ? cu_stream(h, &s) : CUDA_ERROR_INVALID_VALUE;
+    CUresult r = queried(h, dev, &s);
     if (!r)
         *dev = s->ctx->ordinal;
     return r;
