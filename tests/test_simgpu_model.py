@@ -677,6 +677,27 @@ def test_graph_memory_nodes_charge_at_launch_and_stay_in_the_graph_pool(
         out["updated_ms"] = (time.monotonic() - t) * 1000
         out["set_on_free_node"] = rc(d.cuGraphExecKernelNodeSetParams(exe, free_node, kp))
         out["free_not_graph"] = rc(d.cuGraphAddMemFreeNode(g, None, 0, 12345))
+        # The generic node API: an allocation node and its free node through cuGraphAddNode.
+        ck(d.cuDeviceGraphMemTrim(dev))
+        g4 = ck(d.cuGraphCreate(0))
+        np_ = d.CUgraphNodeParams()
+        np_.type = d.CUgraphNodeType.CU_GRAPH_NODE_TYPE_MEM_ALLOC
+        np_.alloc.poolProps = p.poolProps
+        np_.alloc.bytesize = 2 << 20
+        a4 = ck(d.cuGraphAddNode(g4, None, None, 0, np_))
+        fp = d.CUgraphNodeParams()
+        fp.type = d.CUgraphNodeType.CU_GRAPH_NODE_TYPE_MEM_FREE
+        fp.free.dptr = np_.alloc.dptr
+        ck(d.cuGraphAddNode(g4, [a4], None, 1, fp))
+        hp = d.CUgraphNodeParams()
+        hp.type = d.CUgraphNodeType.CU_GRAPH_NODE_TYPE_HOST
+        out["host_node"] = rc(d.cuGraphAddNode(g4, None, None, 0, hp))
+        exe4 = ck(d.cuGraphInstantiate(g4, 0))
+        ck(d.cuGraphLaunch(exe4, stream))
+        ck(d.cuStreamSynchronize(stream))
+        out["generic_reserved"] = gattr(GA.CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)
+        ck(d.cuGraphExecDestroy(exe4))
+        ck(d.cuGraphDestroy(g4))
         p.bytesize = 1 << 50
         out["too_big"] = rc(d.cuGraphAddMemAllocNode(g, None, 0, p))
         for x in (exe, exe2, exe3):
@@ -701,6 +722,8 @@ def test_graph_memory_nodes_charge_at_launch_and_stay_in_the_graph_pool(
     assert res["updated_ms"] >= 40
     assert res["set_on_free_node"] == "CUDA_ERROR_INVALID_VALUE"
     assert res["free_not_graph"] == "CUDA_ERROR_INVALID_VALUE"
+    assert res["host_node"] == "CUDA_ERROR_NOT_SUPPORTED"
+    assert res["generic_reserved"] == 2 * MIB
     assert res["too_big"] == "CUDA_ERROR_OUT_OF_MEMORY"
     assert res["end"] == 0
 
