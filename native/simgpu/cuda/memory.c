@@ -216,7 +216,7 @@ void cu_mem_free_ctx(struct CUctx_st *c)
 {
     pthread_mutex_lock(&mem_mu);
     for (size_t i = nallocs; i-- > 0;) {
-        if (allocs[i].ctx == c) {
+        if (allocs[i].ctx == c && !allocs[i].graph) { /* a graph keeps its ranges (uncharged) */
             struct alloc a;
             drop_locked(i, &a);
             cu_pool_drop_pending((CUdeviceptr)a.base);
