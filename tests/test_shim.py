@@ -8,6 +8,7 @@ sharegpu.tenant, on a simulated GPU isolated per test (conftest.Sim).
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import mmap
 import os
 import re
@@ -175,6 +176,50 @@ def test_proc_table_covers_every_hooked_base(tmp_path: Path) -> None:
     assert values["cuGetProcAddress@11030"] == "cuGetProcAddress"
     assert values["cuLaunchKernel@12000"] == "cuLaunchKernel"  # gated by the arbiter (ABI 1.1)
     assert values["cuMemsetD8@12000"] == "UNHOOKED"
+
+
+def test_proc_table_answers_every_hooked_base_as_the_cuda_headers_do(tmp_path: Path) -> None:
+    """For every base the fallback table knows, at every version where the header's table
+    changes and in both stream modes: the hook of the very variant the header names (never an
+    older variant's hook for a newer ABI, as cuCtxSynchronize v1 for CUDA 13's
+    cuCtxSynchronize_v2), PASS for a variant we leave alone, NONE before the first."""
+    spec = importlib.util.spec_from_file_location(
+        "gen_api", REPO / "native" / "simgpu" / "tools" / "gen_api.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    sys.modules["gen_api"] = gen
+    spec.loader.exec_module(gen)
+    _, rows = gen.parse(gen.default_include())
+    table = (SHIM_DIR / "proctable.c").read_text()
+    bases = sorted(set(re.findall(r'\{"(cu\w+)", \d+,', table)))
+    hooked = set(re.findall(r"SG_HOOK\(CU, (\w+)\)", (SHIM_DIR / "hooks.def").read_text()))
+    queries, want = [], {}
+    for base in bases:
+        mine = [r for r in rows if r.name == base]
+        assert mine, f"{base}: not in cudaTypedefs.h"
+        for version in sorted({r.version for r in mine} | {r.version - 10 for r in mine} | {13000}):
+            for ptds in (0, 1):
+                ok = [r for r in mine if r.version <= version and (ptds or not r.per_thread)]
+                best = max(ok, key=lambda r: (r.version, r.per_thread), default=None)
+                expect = "NONE" if best is None else best.symbol if best.symbol in hooked else "PASS"
+                queries.append(f"{base} {version} {ptds}")
+                want[(base, version, ptds)] = expect
+    exe = gcc(
+        tmp_path,
+        "proctable_test",
+        str(SHIM_DIR / "tests" / "proctable_test.c"),
+        str(SHIM_DIR / "proctable.c"),
+    )
+    out = subprocess.run(
+        [str(exe), "--stdin"], input="\n".join(queries), capture_output=True, text=True, check=True
+    ).stdout
+    got = {(b, int(v), int(p)): t for b, v, p, t in (line.split() for line in out.splitlines())}
+    assert len(got) == len(want)
+    wrong = {k: (got[k], w) for k, w in want.items() if got[k] != w}
+    assert wrong == {}
+    assert want[("cuCtxSynchronize", 13000, 0)] == "cuCtxSynchronize_v2"
 
 
 def test_get_proc_address_falls_back_to_the_version_table(tmp_path: Path) -> None:
@@ -661,6 +706,26 @@ def test_cuda_python_goes_through_get_proc_address(sim: Sim) -> None:
     assert values["free"] == "0"
     assert values["async"] == "0,2"
     assert values["managed"] == "0"
+    assert proc.stderr == ""
+
+
+def test_a_cuda_13_caller_gets_the_hook_of_the_context_taking_synchronize(sim: Sim) -> None:
+    """cuda-bindings 13 resolves its cuCtxSynchronize_v2 as "cuCtxSynchronize" at 13000, where
+    the driver answers cuCtxSynchronize_v2(ctx): the shim must hand out that variant's hook,
+    not the v1 hook, which would drop the context and fail with no current one."""
+    tenant = sim.tenant("t", CAP, gpus=[0])
+    values, proc = python(
+        sim.tenant_env(tenant),
+        """
+        from cuda.bindings import driver as d
+        d.cuInit(0)
+        err, ctx = d.cuDevicePrimaryCtxRetain(0)
+        d.cuCtxSetCurrent(ctx)
+        d.cuCtxSetCurrent(None)  # no current context: only the named one can be synchronised
+        print("sync=%d" % d.cuCtxSynchronize_v2(ctx)[0])
+        """,
+    )
+    assert values["sync"] == "0"
     assert proc.stderr == ""
 
 

@@ -126,6 +126,14 @@ SG_EXPORT CUresult cuCtxSynchronize(void)
     BURST_END();
 }
 
+/* CUDA 13: the context to synchronise is named (NULL: the current one). */
+SG_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+    REAL(cuCtxSynchronize_v2);
+    FORWARD_IF_PASSIVE(ctx);
+    BURST_END(ctx);
+}
+
 #define STREAM_SYNC(name)                                                                          \
     SG_EXPORT CUresult name(CUstream stream)                                                       \
     {                                                                                              \

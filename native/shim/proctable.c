@@ -4,13 +4,13 @@
  * cuGetProcAddress returned is not one we can identify (real.c), so that an allocation path can
  * never escape the ledger, nor a launch the GPU arbiter, through an unrecognised pointer.
  *
- * Source: NVIDIA's public CUDA headers and Driver API reference, where cuda.h maps each base
- * name to a versioned symbol by __CUDA_API_VERSION (e.g. `#define cuMemAlloc cuMemAlloc_v2`
- * from 3.2 on), cudaTypedefs.h names the prototypes by the version that introduced them
- * (PFN_cuMemAlloc_v3020, PFN_cuMemAllocAsync_v11020, PFN_cuMemCreate_v10020,
- * PFN_cuGetProcAddress_v12000 ...), and CUDA_API_PER_THREAD_DEFAULT_STREAM selects the _ptsz
- * variants of the stream-ordered calls.  Rows of one base are ordered newest first; the first
- * row whose version is <= the requested one and whose stream mode matches wins.
+ * Source: NVIDIA's public CUDA headers, where cudaTypedefs.h names every variant by the version
+ * that introduced it (PFN_cuMemAlloc_v3020, PFN_cuCtxSynchronize_v13000, and
+ * PFN_cuLaunchKernel_v7000_ptsz for the per-thread-default-stream variants).  A base lists every
+ * variant the header has, so a newer variant is never answered with an older one's hook (the
+ * next row is each row's upper bound); tests/test_shim.py checks the table against the headers.
+ * Rows of one base are ordered newest first; the first row whose version is <= the requested one
+ * and whose stream mode matches wins.
  *
  * Pure function, no state: tests/test_shim.py compiles this file alone into a small program
  * and checks every hooked base against it.
@@ -80,7 +80,7 @@ static const struct proc_row rows[] = {
     {"cuDeviceTotalMem", 2000, ANY, H(cuDeviceTotalMem)},
 
     /* compute arbitration: launches (gated) and the sync calls that end a burst */
-    {"cuLaunchKernel", 4000, PTDS, H(cuLaunchKernel_ptsz)},
+    {"cuLaunchKernel", 7000, PTDS, H(cuLaunchKernel_ptsz)},
     {"cuLaunchKernel", 4000, ANY, H(cuLaunchKernel)},
     {"cuLaunchKernelEx", 11060, PTDS, H(cuLaunchKernelEx_ptsz)},
     {"cuLaunchKernelEx", 11060, ANY, H(cuLaunchKernelEx)},
@@ -91,17 +91,18 @@ static const struct proc_row rows[] = {
     {"cuLaunch", 2000, ANY, H(cuLaunch)},
     {"cuLaunchGrid", 2000, ANY, H(cuLaunchGrid)},
     {"cuLaunchGridAsync", 2000, ANY, H(cuLaunchGridAsync)},
+    {"cuCtxSynchronize", 13000, ANY, H(cuCtxSynchronize_v2)},
     {"cuCtxSynchronize", 2000, ANY, H(cuCtxSynchronize)},
-    {"cuStreamSynchronize", 2000, PTDS, H(cuStreamSynchronize_ptsz)},
+    {"cuStreamSynchronize", 7000, PTDS, H(cuStreamSynchronize_ptsz)},
     {"cuStreamSynchronize", 2000, ANY, H(cuStreamSynchronize)},
     {"cuEventSynchronize", 2000, ANY, H(cuEventSynchronize)},
-    {"cuMemcpyHtoD", 3020, PTDS, H(cuMemcpyHtoD_v2_ptds)},
+    {"cuMemcpyHtoD", 7000, PTDS, H(cuMemcpyHtoD_v2_ptds)},
     {"cuMemcpyHtoD", 3020, ANY, H(cuMemcpyHtoD_v2)},
     {"cuMemcpyHtoD", 2000, ANY, SG_PROC_PASS}, /* 32-bit pointers: a copy, never a launch */
-    {"cuMemcpyDtoH", 3020, PTDS, H(cuMemcpyDtoH_v2_ptds)},
+    {"cuMemcpyDtoH", 7000, PTDS, H(cuMemcpyDtoH_v2_ptds)},
     {"cuMemcpyDtoH", 3020, ANY, H(cuMemcpyDtoH_v2)},
     {"cuMemcpyDtoH", 2000, ANY, SG_PROC_PASS},
-    {"cuMemcpyDtoD", 3020, PTDS, H(cuMemcpyDtoD_v2_ptds)},
+    {"cuMemcpyDtoD", 7000, PTDS, H(cuMemcpyDtoD_v2_ptds)},
     {"cuMemcpyDtoD", 3020, ANY, H(cuMemcpyDtoD_v2)},
     {"cuMemcpyDtoD", 2000, ANY, SG_PROC_PASS},
 };

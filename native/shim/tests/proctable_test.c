@@ -32,8 +32,22 @@ static const char *target(int v)
     }
 }
 
-int main(void)
+/* With --stdin: answers "base version ptds" lines with "base version ptds target". */
+static int answer_stdin(void)
 {
+    char base[128];
+    int version, ptds;
+    while (scanf("%127s %d %d", base, &version, &ptds) == 3)
+        printf("%s %d %d %s\n", base, version, ptds,
+               target(sg_proc_table_lookup(base, version,
+                                           ptds ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0)));
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "--stdin") == 0)
+        return answer_stdin();
     /* Every hooked CUDA base resolves, for a current version and either stream mode, to a hook
      * of the same base: no allocation path can fall through the table. */
     int checked = 0;
