@@ -729,6 +729,42 @@ def test_a_cuda_13_caller_gets_the_hook_of_the_context_taking_synchronize(sim: S
     assert proc.stderr == ""
 
 
+def test_stream_ordered_allocations_are_charged_to_the_stream_or_pool_device(sim: Sim) -> None:
+    """The current context is on GPU 0 (1 GiB cap); the stream and the pool are GPU 1's (64 MiB
+    cap): their allocations take GPU 1's memory, so GPU 1's cap refuses them."""
+    tenant = sim.tenant("t", [1024, 64])
+    values, proc = python(
+        sim.tenant_env(tenant),
+        """
+        from cuda.bindings import driver as d
+        M = 1 << 20
+        d.cuInit(0)
+        c0 = d.cuDevicePrimaryCtxRetain(0)[1]
+        c1 = d.cuDevicePrimaryCtxRetain(1)[1]
+        d.cuCtxSetCurrent(c1)
+        s1 = d.cuStreamCreate(0)[1]
+        pool1 = d.cuDeviceGetDefaultMemPool(1)[1]
+        d.cuCtxSetCurrent(c0)
+        s0 = d.cuStreamCreate(0)[1]
+        print("async_over=%d" % d.cuMemAllocAsync(100 * M, s1)[0])
+        print("async_fit=%d" % d.cuMemAllocAsync(32 * M, s1)[0])
+        print("pool_over=%d" % d.cuMemAllocFromPoolAsync(48 * M, pool1, s0)[0])
+        print("pool_fit=%d" % d.cuMemAllocFromPoolAsync(16 * M, pool1, s0)[0])
+        print("gpu0_async=%d" % d.cuMemAllocAsync(512 * M, s0)[0])
+        d.cuCtxSetCurrent(c1)
+        err, free, total = d.cuMemGetInfo()
+        print("gpu1=%d,%d" % (free, total))
+        """,
+    )
+    assert values["async_over"] == str(CUDA_ERROR_OUT_OF_MEMORY)
+    assert values["async_fit"] == "0"
+    assert values["pool_over"] == str(CUDA_ERROR_OUT_OF_MEMORY)
+    assert values["pool_fit"] == "0"
+    assert values["gpu0_async"] == "0"  # GPU 0's own cap is untouched by GPU 1's allocations
+    assert values["gpu1"] == f"{16 * MIB},{64 * MIB}"
+    assert proc.stderr == ""
+
+
 def test_dlopen_probe(sim: Sim) -> None:
     tenant = sim.tenant("t", CAP, gpus=[0])
     for kind in ("plain", "pool", "array"):

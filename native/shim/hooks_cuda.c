@@ -168,7 +168,7 @@ SG_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigne
     return res;
 }
 
-/* Stream-ordered allocations are charged to the current context's device. */
+/* Stream-ordered allocations are charged to their stream's device (devof.c). */
 #define ALLOC_ASYNC(name)                                                                          \
     SG_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)                  \
     {                                                                                              \
@@ -178,7 +178,10 @@ SG_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigne
             return CUDA_ERROR_INVALID_VALUE;                                                       \
         sg_in_hook++;                                                                              \
         struct sg_charge c;                                                                        \
-        CUresult res = alloc_begin(false, 0, bytesize, &c);                                        \
+        CUdevice dev_;                                                                             \
+        CUresult res = (CUresult)sg_stream_ordinal(hStream, &dev_);                                \
+        if (res == CUDA_SUCCESS)                                                                   \
+            res = alloc_begin(true, dev_, bytesize, &c);                                           \
         if (res == CUDA_SUCCESS) {                                                                 \
             res = real_(dptr, bytesize, hStream);                                                  \
             res = alloc_end(res, SG_KIND_PTR, res == CUDA_SUCCESS ? *dptr : 0, &c);                \
@@ -199,7 +202,10 @@ ALLOC_ASYNC(cuMemAllocAsync_ptsz)
             return CUDA_ERROR_INVALID_VALUE;                                                       \
         sg_in_hook++;                                                                              \
         struct sg_charge c;                                                                        \
-        CUresult res = alloc_begin(false, 0, bytesize, &c);                                        \
+        CUdevice dev_;                                                                             \
+        CUresult res = (CUresult)sg_pool_ordinal(pool, hStream, &dev_);                            \
+        if (res == CUDA_SUCCESS)                                                                   \
+            res = alloc_begin(true, dev_, bytesize, &c);                                           \
         if (res == CUDA_SUCCESS) {                                                                 \
             res = real_(dptr, bytesize, pool, hStream);                                            \
             res = alloc_end(res, SG_KIND_PTR, res == CUDA_SUCCESS ? *dptr : 0, &c);                \

@@ -64,6 +64,9 @@ static const struct proc_row rows[] = {
     {"cuMemAllocFromPoolAsync", 11020, PTDS, H(cuMemAllocFromPoolAsync_ptsz)},
     {"cuMemAllocFromPoolAsync", 11020, ANY, H(cuMemAllocFromPoolAsync)},
     {"cuMemCreate", 10020, ANY, H(cuMemCreate)},
+    {"cuMemPoolCreate", 11020, ANY, H(cuMemPoolCreate)},
+    {"cuDeviceGetDefaultMemPool", 11020, ANY, H(cuDeviceGetDefaultMemPool)},
+    {"cuDeviceGetMemPool", 11020, ANY, H(cuDeviceGetMemPool)},
     {"cuArrayCreate", 3020, ANY, H(cuArrayCreate_v2)},
     {"cuArrayCreate", 2000, ANY, H(cuArrayCreate)},
 

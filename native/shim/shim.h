@@ -170,6 +170,10 @@ struct sg_charge {
  * The ordinal and current-context forms call the driver outside the usage lock. */
 int sg_ordinal_uuid(CUdevice dev, uint8_t uuid[16]);
 int sg_current_ordinal(CUdevice *dev);
+/* devof.c: the device of a stream's work, of a pool's memory (else its stream's device). */
+int sg_stream_ordinal(CUstream s, CUdevice *dev);
+int sg_pool_ordinal(CUmemoryPool pool, CUstream s, CUdevice *dev);
+void sg_pool_seen(CUmemoryPool pool, CUdevice dev);
 
 /* Reserve bytes on device ordinal `dev` (or uuid when dev < 0 and uuid != NULL) against the
  * cap, atomically across the tenant's processes.  Inert: returns 0 with c->active = false. */

@@ -1,0 +1,103 @@
+/*
+ * Which GPU an allocation lands on, when it is not the current context's: a stream-ordered
+ * allocation goes to its stream's device, a pool allocation to its pool's.  The ledger charges
+ * that device's cap (a tenant's caps are per GPU), so an allocation can never be charged to a
+ * GPU other than the one whose memory it takes.
+ *
+ * A pool's device is learned where the pool comes from (cuMemPoolCreate's location,
+ * cuDeviceGetDefaultMemPool / cuDeviceGetMemPool's device) in a small table; a pool the shim
+ * never saw is taken to be on its stream's device.
+ */
+#include "shim.h"
+
+#include <pthread.h>
+
+int sg_stream_ordinal(CUstream s, CUdevice *dev)
+{
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
+        return sg_current_ordinal(dev); /* the current context's default streams */
+    const struct sg_real *r = sg_real_cu();
+    if (r->cuStreamGetDevice && r->cuStreamGetDevice(s, dev) == CUDA_SUCCESS)
+        return CUDA_SUCCESS; /* CUDA 12.8 and later */
+    CUcontext ctx;
+    if (r->cuStreamGetCtx && r->cuStreamGetCtx(s, &ctx) == CUDA_SUCCESS && r->cuCtxPushCurrent_v2 &&
+        r->cuCtxPopCurrent_v2 && r->cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS) {
+        int res = sg_current_ordinal(dev);
+        CUcontext popped;
+        r->cuCtxPopCurrent_v2(&popped);
+        return res;
+    }
+    return sg_current_ordinal(dev);
+}
+
+#define POOLS 256
+
+static pthread_mutex_t pools_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    CUmemoryPool pool;
+    CUdevice dev;
+} pools[POOLS];   /* [pools_mu] most recent first wins on reuse of a handle */
+static int npools; /* [pools_mu] ring position once full */
+
+void sg_pool_seen(CUmemoryPool pool, CUdevice dev)
+{
+    if (!pool)
+        return;
+    pthread_mutex_lock(&pools_mu);
+    int i = 0;
+    while (i < POOLS && pools[i].pool && pools[i].pool != pool)
+        i++;
+    if (i == POOLS)
+        i = npools++ % POOLS; /* full: overwrite the oldest */
+    pools[i].pool = pool;
+    pools[i].dev = dev;
+    pthread_mutex_unlock(&pools_mu);
+}
+
+int sg_pool_ordinal(CUmemoryPool pool, CUstream s, CUdevice *dev)
+{
+    pthread_mutex_lock(&pools_mu);
+    int found = 0;
+    for (int i = 0; i < POOLS && pools[i].pool && !found; i++)
+        if (pools[i].pool == pool) {
+            *dev = pools[i].dev;
+            found = 1;
+        }
+    pthread_mutex_unlock(&pools_mu);
+    return found ? CUDA_SUCCESS : sg_stream_ordinal(s, dev);
+}
+
+/* ---- where pools come from ------------------------------------------------------------------ */
+
+SG_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+    const struct sg_real *r = sg_real_cu();
+    if (!r->cuMemPoolCreate)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult res = r->cuMemPoolCreate(pool, props);
+    if (res == CUDA_SUCCESS && pool && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        sg_pool_seen(*pool, props->location.id);
+    return res;
+}
+
+SG_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    const struct sg_real *r = sg_real_cu();
+    if (!r->cuDeviceGetDefaultMemPool)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult res = r->cuDeviceGetDefaultMemPool(pool, dev);
+    if (res == CUDA_SUCCESS && pool)
+        sg_pool_seen(*pool, dev);
+    return res;
+}
+
+SG_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    const struct sg_real *r = sg_real_cu();
+    if (!r->cuDeviceGetMemPool)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult res = r->cuDeviceGetMemPool(pool, dev);
+    if (res == CUDA_SUCCESS && pool)
+        sg_pool_seen(*pool, dev);
+    return res;
+}
