@@ -765,6 +765,45 @@ def test_stream_ordered_allocations_are_charged_to_the_stream_or_pool_device(sim
     assert proc.stderr == ""
 
 
+def test_vmm_memory_stays_charged_while_mapped_after_release(sim: Sim) -> None:
+    """Create, map, release at once (the documented idiom): the memory lives until unmapped,
+    so the cap must count it until then, not from the release."""
+    tenant = sim.tenant("t", 64, gpus=[0])
+    values, proc = python(
+        sim.tenant_env(tenant),
+        """
+        from cuda.bindings import driver as d
+        M = 1 << 20
+        d.cuInit(0)
+        ctx = d.cuDevicePrimaryCtxRetain(0)[1]
+        d.cuCtxSetCurrent(ctx)
+        prop = d.CUmemAllocationProp()
+        prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = 0
+        vas, results = [], []
+        for i in range(4):
+            err, h = d.cuMemCreate(32 * M, prop, 0)
+            results.append(int(err))
+            if err:
+                continue
+            va = d.cuMemAddressReserve(32 * M, 0, 0, 0)[1]
+            d.cuMemMap(va, 32 * M, 0, h, 0)
+            d.cuMemRelease(h)
+            vas.append(va)
+        print("creates=" + ",".join(map(str, results)))
+        print("free=%d" % d.cuMemGetInfo()[1])
+        d.cuMemUnmap(vas[0], 32 * M)  # the last mapping of a released handle: memory freed
+        print("after_unmap=%d" % d.cuMemCreate(32 * M, prop, 0)[0])
+        """,
+    )
+    oom = str(CUDA_ERROR_OUT_OF_MEMORY)
+    assert values["creates"] == f"0,0,{oom},{oom}"  # two mapped 32 MiB handles fill 64 MiB
+    assert values["free"] == "0"
+    assert values["after_unmap"] == "0"
+    assert proc.stderr == ""
+
+
 def test_dlopen_probe(sim: Sim) -> None:
     tenant = sim.tenant("t", CAP, gpus=[0])
     for kind in ("plain", "pool", "array"):

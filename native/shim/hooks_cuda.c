@@ -322,7 +322,11 @@ SG_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     sg_in_hook++;
     struct sg_charge c;
     bool tracked = sg_untrack(SG_KIND_VMM, handle, &c);
-    CUresult res = free_end(real_(handle), tracked, SG_KIND_VMM, handle, &c);
+    CUresult res = real_(handle);
+    /* Still mapped: the memory lives on until the last unmap (vmmlife.c), and so does the charge. */
+    if (res == CUDA_SUCCESS && tracked && sg_vmm_hold_if_mapped(handle, &c))
+        tracked = false;
+    res = free_end(res, tracked, SG_KIND_VMM, handle, &c);
     sg_in_hook--;
     return res;
 }

@@ -75,6 +75,8 @@ static const struct proc_row rows[] = {
     {"cuMemFreeAsync", 11020, PTDS, H(cuMemFreeAsync_ptsz)},
     {"cuMemFreeAsync", 11020, ANY, H(cuMemFreeAsync)},
     {"cuMemRelease", 10020, ANY, H(cuMemRelease)},
+    {"cuMemMap", 10020, ANY, H(cuMemMap)},
+    {"cuMemUnmap", 10020, ANY, H(cuMemUnmap)},
     {"cuArrayDestroy", 2000, ANY, H(cuArrayDestroy)},
 
     {"cuMemGetInfo", 3020, ANY, H(cuMemGetInfo_v2)},

@@ -174,6 +174,9 @@ int sg_current_ordinal(CUdevice *dev);
 int sg_stream_ordinal(CUstream s, CUdevice *dev);
 int sg_pool_ordinal(CUmemoryPool pool, CUstream s, CUdevice *dev);
 void sg_pool_seen(CUmemoryPool pool, CUdevice dev);
+/* vmmlife.c: a released handle that is still mapped keeps its charge until its last unmap;
+ * true when it was kept (the caller must not credit it). */
+bool sg_vmm_hold_if_mapped(CUmemGenericAllocationHandle handle, const struct sg_charge *c);
 
 /* Reserve bytes on device ordinal `dev` (or uuid when dev < 0 and uuid != NULL) against the
  * cap, atomically across the tenant's processes.  Inert: returns 0 with c->active = false. */
