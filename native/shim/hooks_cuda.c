@@ -28,7 +28,7 @@
 /* ---- allocation protocol ---------------------------------------------------------------- */
 
 /* Reserve bytes on device dev (the current context's device when !have_dev). */
-static CUresult alloc_begin(bool have_dev, CUdevice dev, uint64_t bytes, struct sg_charge *c)
+CUresult sg_alloc_begin(bool have_dev, CUdevice dev, uint64_t bytes, struct sg_charge *c)
 {
     c->active = false;
     if (sg_mode() != SG_MODE_ACTIVE)
@@ -51,10 +51,12 @@ static void undo_alloc(enum sg_kind kind, uint64_t key)
         r->cuMemRelease((CUmemGenericAllocationHandle)key);
     else if (kind == SG_KIND_ARRAY && r->cuArrayDestroy)
         r->cuArrayDestroy((CUarray)(uintptr_t)key);
+    else if (kind == SG_KIND_MIPMAP && r->cuMipmappedArrayDestroy)
+        r->cuMipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)key);
 }
 
 /* After the real call: record the allocation, or give the reservation back. */
-static CUresult alloc_end(CUresult res, enum sg_kind kind, uint64_t key, struct sg_charge *c)
+CUresult sg_alloc_end(CUresult res, enum sg_kind kind, uint64_t key, struct sg_charge *c)
 {
     if (res != CUDA_SUCCESS) {
         sg_unreserve(c);
@@ -71,8 +73,8 @@ static CUresult alloc_end(CUresult res, enum sg_kind kind, uint64_t key, struct 
 
 /* Remove before the real free (so a concurrent allocation that gets the same address back from
  * the driver cannot be confused with it), credit after it succeeded, restore if it failed. */
-static CUresult free_end(CUresult res, bool tracked, enum sg_kind kind, uint64_t key,
-                         const struct sg_charge *c)
+CUresult sg_free_end(CUresult res, bool tracked, enum sg_kind kind, uint64_t key,
+                     const struct sg_charge *c)
 {
     if (tracked) {
         if (res == CUDA_SUCCESS)
@@ -104,10 +106,10 @@ SG_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
         return CUDA_ERROR_INVALID_VALUE;
     sg_in_hook++;
     struct sg_charge c;
-    CUresult res = alloc_begin(false, 0, bytesize, &c);
+    CUresult res = sg_alloc_begin(false, 0, bytesize, &c);
     if (res == CUDA_SUCCESS) {
         res = real_(dptr, bytesize);
-        res = alloc_end(res, SG_KIND_PTR, res == CUDA_SUCCESS ? *dptr : 0, &c);
+        res = sg_alloc_end(res, SG_KIND_PTR, res == CUDA_SUCCESS ? *dptr : 0, &c);
     }
     sg_in_hook--;
     return res;
@@ -128,7 +130,7 @@ SG_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
         return CUDA_ERROR_INVALID_VALUE;
     sg_in_hook++;
     struct sg_charge c;
-    CUresult res = alloc_begin(false, 0, guess, &c);
+    CUresult res = sg_alloc_begin(false, 0, guess, &c);
     if (res == CUDA_SUCCESS) {
         res = real_(dptr, pitch, widthInBytes, height, elementSizeBytes);
         if (res == CUDA_SUCCESS) {
@@ -144,7 +146,7 @@ SG_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
                 return sg_cu_result(rc);
             }
         }
-        res = alloc_end(res, SG_KIND_PTR, res == CUDA_SUCCESS ? *dptr : 0, &c);
+        res = sg_alloc_end(res, SG_KIND_PTR, res == CUDA_SUCCESS ? *dptr : 0, &c);
     }
     sg_in_hook--;
     return res;
@@ -159,10 +161,10 @@ SG_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigne
         return CUDA_ERROR_INVALID_VALUE;
     sg_in_hook++;
     struct sg_charge c;
-    CUresult res = alloc_begin(false, 0, bytesize, &c);
+    CUresult res = sg_alloc_begin(false, 0, bytesize, &c);
     if (res == CUDA_SUCCESS) {
         res = real_(dptr, bytesize, flags);
-        res = alloc_end(res, SG_KIND_PTR, res == CUDA_SUCCESS ? *dptr : 0, &c);
+        res = sg_alloc_end(res, SG_KIND_PTR, res == CUDA_SUCCESS ? *dptr : 0, &c);
     }
     sg_in_hook--;
     return res;
@@ -181,10 +183,10 @@ SG_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigne
         CUdevice dev_;                                                                             \
         CUresult res = (CUresult)sg_stream_ordinal(hStream, &dev_);                                \
         if (res == CUDA_SUCCESS)                                                                   \
-            res = alloc_begin(true, dev_, bytesize, &c);                                           \
+            res = sg_alloc_begin(true, dev_, bytesize, &c);                                           \
         if (res == CUDA_SUCCESS) {                                                                 \
             res = real_(dptr, bytesize, hStream);                                                  \
-            res = alloc_end(res, SG_KIND_PTR, res == CUDA_SUCCESS ? *dptr : 0, &c);                \
+            res = sg_alloc_end(res, SG_KIND_PTR, res == CUDA_SUCCESS ? *dptr : 0, &c);                \
         }                                                                                          \
         sg_in_hook--;                                                                              \
         return res;                                                                                \
@@ -205,10 +207,10 @@ ALLOC_ASYNC(cuMemAllocAsync_ptsz)
         CUdevice dev_;                                                                             \
         CUresult res = (CUresult)sg_pool_ordinal(pool, hStream, &dev_);                            \
         if (res == CUDA_SUCCESS)                                                                   \
-            res = alloc_begin(true, dev_, bytesize, &c);                                           \
+            res = sg_alloc_begin(true, dev_, bytesize, &c);                                           \
         if (res == CUDA_SUCCESS) {                                                                 \
             res = real_(dptr, bytesize, pool, hStream);                                            \
-            res = alloc_end(res, SG_KIND_PTR, res == CUDA_SUCCESS ? *dptr : 0, &c);                \
+            res = sg_alloc_end(res, SG_KIND_PTR, res == CUDA_SUCCESS ? *dptr : 0, &c);                \
         }                                                                                          \
         sg_in_hook--;                                                                              \
         return res;                                                                                \
@@ -234,17 +236,17 @@ SG_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
     sg_in_hook++;
     struct sg_charge c;
     bool on_device = type == CU_MEM_LOCATION_TYPE_DEVICE;
-    CUresult res = alloc_begin(on_device, on_device ? prop->location.id : 0, size, &c);
+    CUresult res = sg_alloc_begin(on_device, on_device ? prop->location.id : 0, size, &c);
     if (res == CUDA_SUCCESS) {
         res = real_(handle, size, prop, flags);
-        res = alloc_end(res, SG_KIND_VMM, res == CUDA_SUCCESS ? *handle : 0, &c);
+        res = sg_alloc_end(res, SG_KIND_VMM, res == CUDA_SUCCESS ? *handle : 0, &c);
     }
     sg_in_hook--;
     return res;
 }
 
 /* Bytes per element of an array format; formats we do not know count 4 bytes per channel. */
-static uint64_t format_bytes(CUarray_format f)
+uint64_t sg_format_bytes(CUarray_format f)
 {
     switch (f) {
     case CU_AD_FORMAT_UNSIGNED_INT8:
@@ -270,15 +272,15 @@ SG_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTO
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t bytes, h = desc->Height ? desc->Height : 1;
     if (__builtin_mul_overflow((uint64_t)desc->Width, h, &bytes) ||
-        __builtin_mul_overflow(bytes, format_bytes(desc->Format), &bytes) ||
+        __builtin_mul_overflow(bytes, sg_format_bytes(desc->Format), &bytes) ||
         __builtin_mul_overflow(bytes, (uint64_t)desc->NumChannels, &bytes))
         return CUDA_ERROR_INVALID_VALUE;
     sg_in_hook++;
     struct sg_charge c;
-    CUresult res = alloc_begin(false, 0, bytes, &c);
+    CUresult res = sg_alloc_begin(false, 0, bytes, &c);
     if (res == CUDA_SUCCESS) {
         res = real_(pHandle, desc);
-        res = alloc_end(res, SG_KIND_ARRAY, res == CUDA_SUCCESS ? (uintptr_t)*pHandle : 0, &c);
+        res = sg_alloc_end(res, SG_KIND_ARRAY, res == CUDA_SUCCESS ? (uintptr_t)*pHandle : 0, &c);
     }
     sg_in_hook--;
     return res;
@@ -293,7 +295,7 @@ SG_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     sg_in_hook++;
     struct sg_charge c;
     bool tracked = sg_untrack(SG_KIND_PTR, dptr, &c);
-    CUresult res = free_end(real_(dptr), tracked, SG_KIND_PTR, dptr, &c);
+    CUresult res = sg_free_end(real_(dptr), tracked, SG_KIND_PTR, dptr, &c);
     sg_in_hook--;
     return res;
 }
@@ -308,7 +310,7 @@ SG_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
         sg_in_hook++;                                                                              \
         struct sg_charge c;                                                                        \
         bool tracked = sg_untrack(SG_KIND_PTR, dptr, &c);                                          \
-        CUresult res = free_end(real_(dptr, hStream), tracked, SG_KIND_PTR, dptr, &c);             \
+        CUresult res = sg_free_end(real_(dptr, hStream), tracked, SG_KIND_PTR, dptr, &c);             \
         sg_in_hook--;                                                                              \
         return res;                                                                                \
     }
@@ -326,7 +328,7 @@ SG_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     /* Still mapped: the memory lives on until the last unmap (vmmlife.c), and so does the charge. */
     if (res == CUDA_SUCCESS && tracked && sg_vmm_hold_if_mapped(handle, &c))
         tracked = false;
-    res = free_end(res, tracked, SG_KIND_VMM, handle, &c);
+    res = sg_free_end(res, tracked, SG_KIND_VMM, handle, &c);
     sg_in_hook--;
     return res;
 }
@@ -339,7 +341,7 @@ SG_EXPORT CUresult cuArrayDestroy(CUarray hArray)
     struct sg_charge c;
     uint64_t key = (uintptr_t)hArray;
     bool tracked = sg_untrack(SG_KIND_ARRAY, key, &c);
-    CUresult res = free_end(real_(hArray), tracked, SG_KIND_ARRAY, key, &c);
+    CUresult res = sg_free_end(real_(hArray), tracked, SG_KIND_ARRAY, key, &c);
     sg_in_hook--;
     return res;
 }

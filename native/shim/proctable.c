@@ -78,6 +78,10 @@ static const struct proc_row rows[] = {
     {"cuMemMap", 10020, ANY, H(cuMemMap)},
     {"cuMemUnmap", 10020, ANY, H(cuMemUnmap)},
     {"cuArrayDestroy", 2000, ANY, H(cuArrayDestroy)},
+    {"cuArray3DCreate", 3020, ANY, H(cuArray3DCreate_v2)},
+    {"cuArray3DCreate", 2000, ANY, SG_PROC_NONE}, /* 32-bit descriptor: an allocation we cannot account */
+    {"cuMipmappedArrayCreate", 5000, ANY, H(cuMipmappedArrayCreate)},
+    {"cuMipmappedArrayDestroy", 5000, ANY, H(cuMipmappedArrayDestroy)},
 
     {"cuMemGetInfo", 3020, ANY, H(cuMemGetInfo_v2)},
     {"cuMemGetInfo", 2000, ANY, H(cuMemGetInfo)},

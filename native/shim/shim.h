@@ -156,7 +156,7 @@ int sg_limits_read(const struct sg_limits *l, struct sg_limits_copy *out, struct
 
 /* ---- ledger (ledger.c) ------------------------------------------------------------------ */
 
-enum sg_kind { SG_KIND_NONE = 0, SG_KIND_PTR = 1, SG_KIND_VMM = 2, SG_KIND_ARRAY = 3 };
+enum sg_kind { SG_KIND_NONE = 0, SG_KIND_PTR = 1, SG_KIND_VMM = 2, SG_KIND_ARRAY = 3, SG_KIND_MIPMAP = 4 };
 
 /* A reservation made by sg_reserve: which limits index and how many bytes. */
 struct sg_charge {
@@ -174,6 +174,15 @@ int sg_current_ordinal(CUdevice *dev);
 int sg_stream_ordinal(CUstream s, CUdevice *dev);
 int sg_pool_ordinal(CUmemoryPool pool, CUstream s, CUdevice *dev);
 void sg_pool_seen(CUmemoryPool pool, CUdevice dev);
+/* The allocation protocol of hooks_cuda.c, shared with hooks_array.c: reserve on a device (the
+ * current context's when !have_dev), then record the allocation or give the reservation back;
+ * a free credits after the real free succeeded, or restores the entry if it failed. */
+CUresult sg_alloc_begin(bool have_dev, CUdevice dev, uint64_t bytes, struct sg_charge *c);
+CUresult sg_alloc_end(CUresult res, enum sg_kind kind, uint64_t key, struct sg_charge *c);
+CUresult sg_free_end(CUresult res, bool tracked, enum sg_kind kind, uint64_t key,
+                     const struct sg_charge *c);
+uint64_t sg_format_bytes(CUarray_format f); /* bytes per channel of an array element */
+
 /* vmmlife.c: a released handle that is still mapped keeps its charge until its last unmap;
  * true when it was kept (the caller must not credit it). */
 bool sg_vmm_hold_if_mapped(CUmemGenericAllocationHandle handle, const struct sg_charge *c);

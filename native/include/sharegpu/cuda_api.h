@@ -29,6 +29,7 @@ typedef struct CUkern_st *CUkernel;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 typedef struct CUarray_st *CUarray;
+typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphNode_st *CUgraphNode;
 typedef struct CUgraphExec_st *CUgraphExec;
@@ -158,6 +159,19 @@ typedef struct CUDA_ARRAY_DESCRIPTOR_st {
     CUarray_format Format;
     unsigned int NumChannels;
 } CUDA_ARRAY_DESCRIPTOR;
+
+typedef struct CUDA_ARRAY3D_DESCRIPTOR_st {
+    size_t Width;
+    size_t Height;
+    size_t Depth;
+    CUarray_format Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR;
+#define CUDA_ARRAY3D_LAYERED 0x01
+#define CUDA_ARRAY3D_CUBEMAP 0x04
+#define CUDA_ARRAY3D_SPARSE 0x40
+#define CUDA_ARRAY3D_DEFERRED_MAPPING 0x80
 
 /* Virtual memory management. */
 typedef enum CUmemAllocationType_enum {
@@ -367,6 +381,10 @@ SG_CUAPI cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocatio
 
 SG_CUAPI cuArrayCreate_v2(CUarray *handle, const CUDA_ARRAY_DESCRIPTOR *desc);
 SG_CUAPI cuArrayDestroy(CUarray handle);
+SG_CUAPI cuArray3DCreate_v2(CUarray *handle, const CUDA_ARRAY3D_DESCRIPTOR *desc);
+SG_CUAPI cuMipmappedArrayCreate(CUmipmappedArray *handle, const CUDA_ARRAY3D_DESCRIPTOR *desc,
+                                unsigned int numMipmapLevels);
+SG_CUAPI cuMipmappedArrayDestroy(CUmipmappedArray handle);
 
 SG_CUAPI cuModuleLoadData(CUmodule *module, const void *image);
 SG_CUAPI cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin);

@@ -11,21 +11,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define LAYERED 0x01u
-#define CUBEMAP 0x04u
-#define SPARSE 0x40u
-#define DEFERRED_MAPPING 0x80u
+#define LAYERED CUDA_ARRAY3D_LAYERED
+#define CUBEMAP CUDA_ARRAY3D_CUBEMAP
+#define SPARSE CUDA_ARRAY3D_SPARSE
+#define DEFERRED_MAPPING CUDA_ARRAY3D_DEFERRED_MAPPING
 #define FLAGS_VALID 0x1ffu
 /* Far beyond a real card's texture limits (131072 wide in 1D), which the model does not
  * enforce: tests size 1D arrays in bytes. */
 #define MAX_DIM (1ull << 40)
-
-typedef struct CUDA_ARRAY3D_DESCRIPTOR_st {
-    size_t Width, Height, Depth;
-    CUarray_format Format;
-    unsigned int NumChannels;
-    unsigned int Flags;
-} CUDA_ARRAY3D_DESCRIPTOR;
 
 static unsigned format_bytes(CUarray_format f)
 {
@@ -163,7 +156,7 @@ static size_t halve(size_t v, unsigned times)
     return v ? v : 1;
 }
 
-SIM_EXPORT CUresult cuMipmappedArrayCreate(struct CUmipmappedArray_st **handle,
+SIM_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *handle,
                                            const CUDA_ARRAY3D_DESCRIPTOR *desc,
                                            unsigned int numMipmapLevels)
 {
@@ -214,7 +207,7 @@ SIM_EXPORT CUresult cuMipmappedArrayCreate(struct CUmipmappedArray_st **handle,
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuMipmappedArrayGetLevel(CUarray *pLevelArray, struct CUmipmappedArray_st *m,
+SIM_EXPORT CUresult cuMipmappedArrayGetLevel(CUarray *pLevelArray, CUmipmappedArray m,
                                              unsigned int level)
 {
     if (!pLevelArray)
@@ -230,7 +223,7 @@ SIM_EXPORT CUresult cuMipmappedArrayGetLevel(CUarray *pLevelArray, struct CUmipm
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuMipmappedArrayDestroy(struct CUmipmappedArray_st *m)
+SIM_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray m)
 {
     CUresult r = cu_ready();
     if (r)
