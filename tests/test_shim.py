@@ -844,6 +844,36 @@ def test_3d_and_mipmapped_arrays_are_charged_against_the_cap(sim: Sim) -> None:
     assert proc.stderr == ""
 
 
+def test_an_async_free_gives_memory_back_when_its_stream_reaches_it(sim: Sim) -> None:
+    """cuMemFreeAsync behind a 300 ms kernel: the memory is in use until the kernel is done, so
+    the cap refuses a new allocation until then, and grants it after a sync."""
+    tenant = sim.tenant("t", 64, gpus=[0])
+    values, proc = python(
+        sim.tenant_env(tenant),
+        """
+        import ctypes
+        from cuda.bindings import driver as d
+        M = 1 << 20
+        d.cuInit(0)
+        d.cuCtxSetCurrent(d.cuDevicePrimaryCtxRetain(0)[1])
+        ptx = (b".version 8.0\\n.target sm_90\\n.address_size 64\\n"
+               b".visible .entry spin(.param .u64 us)\\n{\\nret;\\n}\\n\\0")
+        f = d.cuModuleGetFunction(d.cuModuleLoadData(ptx)[1], b"spin")[1]
+        s1, s2 = d.cuStreamCreate(0)[1], d.cuStreamCreate(0)[1]
+        p = d.cuMemAllocAsync(48 * M, s1)[1]
+        d.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s1, ((300000,), (ctypes.c_uint64,)), 0)
+        print("free=%d" % d.cuMemFreeAsync(p, s1)[0])
+        print("before=%d" % d.cuMemAllocAsync(48 * M, s2)[0])
+        d.cuStreamSynchronize(s1)
+        print("after=%d" % d.cuMemAllocAsync(48 * M, s2)[0])
+        """,
+    )
+    assert values["free"] == "0"
+    assert values["before"] == str(CUDA_ERROR_OUT_OF_MEMORY)  # the free is still behind the kernel
+    assert values["after"] == "0"
+    assert proc.stderr == ""
+
+
 def test_dlopen_probe(sim: Sim) -> None:
     tenant = sim.tenant("t", CAP, gpus=[0])
     for kind in ("plain", "pool", "array"):

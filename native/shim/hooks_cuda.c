@@ -33,6 +33,7 @@ CUresult sg_alloc_begin(bool have_dev, CUdevice dev, uint64_t bytes, struct sg_c
     c->active = false;
     if (sg_mode() != SG_MODE_ACTIVE)
         return CUDA_ERROR_NOT_PERMITTED;
+    sg_async_free_settle(); /* frees the streams have reached by now give their memory back */
     if (!have_dev) {
         CUresult res = (CUresult)sg_current_ordinal(&dev);
         if (res != CUDA_SUCCESS)
@@ -302,7 +303,8 @@ SG_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 
 /* Credited when the free is enqueued: the memory returns to the pool as the stream reaches
  * it, and a pool may keep it cached (the agent's NVML reconciliation counts what it keeps). */
-#define FREE_ASYNC(name)                                                                           \
+/* The charge goes back when the stream reaches the free (asyncfree.c), not when it is queued. */
+#define FREE_ASYNC(name, per_thread)                                                               \
     SG_EXPORT CUresult name(CUdeviceptr dptr, CUstream hStream)                                    \
     {                                                                                              \
         REAL(name);                                                                                \
@@ -310,12 +312,16 @@ SG_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
         sg_in_hook++;                                                                              \
         struct sg_charge c;                                                                        \
         bool tracked = sg_untrack(SG_KIND_PTR, dptr, &c);                                          \
-        CUresult res = sg_free_end(real_(dptr, hStream), tracked, SG_KIND_PTR, dptr, &c);             \
+        CUresult res = real_(dptr, hStream);                                                       \
+        if (tracked && res == CUDA_SUCCESS)                                                        \
+            sg_async_free_queue(hStream, per_thread, &c);                                          \
+        else                                                                                       \
+            res = sg_free_end(res, tracked, SG_KIND_PTR, dptr, &c);                                \
         sg_in_hook--;                                                                              \
         return res;                                                                                \
     }
-FREE_ASYNC(cuMemFreeAsync)
-FREE_ASYNC(cuMemFreeAsync_ptsz)
+FREE_ASYNC(cuMemFreeAsync, false)
+FREE_ASYNC(cuMemFreeAsync_ptsz, true)
 
 SG_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
@@ -383,6 +389,7 @@ SG_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
     if (!free || !total)
         return CUDA_ERROR_INVALID_VALUE;
     sg_in_hook++;
+    sg_async_free_settle();
     uint64_t f, t;
     CUresult res = mem_info(&f, &t);
     if (res == CUDA_SUCCESS) {
@@ -470,6 +477,7 @@ SG_EXPORT CUresult cuMemGetInfo(unsigned int *free, unsigned int *total)
     if (!free || !total)
         return CUDA_ERROR_INVALID_VALUE;
     sg_in_hook++;
+    sg_async_free_settle();
     uint64_t f, t;
     CUresult res = mem_info(&f, &t);
     if (res == CUDA_SUCCESS) {

@@ -117,6 +117,7 @@ SG_EXPORT CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_heig
     struct sg_gpu *g_ = sg_arb_sync_begin();                                                       \
     CUresult res_ = real_(__VA_ARGS__);                                                            \
     sg_arb_sync_end(g_);                                                                           \
+    sg_async_free_settle(); /* what the sync waited for includes queued frees */                  \
     return res_
 
 SG_EXPORT CUresult cuCtxSynchronize(void)

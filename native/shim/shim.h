@@ -183,6 +183,10 @@ CUresult sg_free_end(CUresult res, bool tracked, enum sg_kind kind, uint64_t key
                      const struct sg_charge *c);
 uint64_t sg_format_bytes(CUarray_format f); /* bytes per channel of an array element */
 
+/* asyncfree.c: a stream-ordered free's charge is credited once its stream has reached it. */
+void sg_async_free_queue(CUstream stream, bool per_thread, const struct sg_charge *c);
+void sg_async_free_settle(void);
+
 /* vmmlife.c: a released handle that is still mapped keeps its charge until its last unmap;
  * true when it was kept (the caller must not credit it). */
 bool sg_vmm_hold_if_mapped(CUmemGenericAllocationHandle handle, const struct sg_charge *c);
