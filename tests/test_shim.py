@@ -109,13 +109,13 @@ def wait_for_line(proc: subprocess.Popen[str], key: str, timeout: float = 60) ->
 # the library itself
 
 
-def test_exports_are_exactly_the_hooks_and_dlsym() -> None:
+def test_exports_are_exactly_the_hooks_dlsym_and_dlopen() -> None:
     nm = subprocess.run(
         ["nm", "-D", "--defined-only", str(native.shim_path())], capture_output=True, text=True, check=True
     ).stdout
     exported = {line.split()[-1].split("@")[0] for line in nm.splitlines() if line.strip()}
     mapped = set(re.findall(r"^\s+(\w+);", (SHIM_DIR / "exports.map").read_text(), flags=re.M))
-    listed = set(hook_names()) | {"dlsym"}
+    listed = set(hook_names()) | {"dlsym", "dlopen"}
     assert len(hook_names()) == len(set(hook_names())), "a hook is listed twice"
     assert exported == listed
     assert mapped == listed
@@ -872,6 +872,82 @@ def test_an_async_free_gives_memory_back_when_its_stream_reaches_it(sim: Sim) ->
     assert values["before"] == str(CUDA_ERROR_OUT_OF_MEMORY)  # the free is still behind the kernel
     assert values["after"] == "0"
     assert proc.stderr == ""
+
+
+DEEP_LIB = r"""
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+CUresult cuMemAlloc_v2(CUdeviceptr *p, unsigned long n);
+int deep_alloc(unsigned long n) { CUdeviceptr p; return cuMemAlloc_v2(&p, n); }
+"""
+
+
+def test_rtld_deepbind_cannot_bind_the_driver_past_the_shim(sim: Sim, tmp_path: Path) -> None:
+    """A library dlopen()ed with RTLD_DEEPBIND (here through ctypes, as sys.setdlopenflags
+    would) binds its own dependencies first: its cuMemAlloc_v2 must still meet the cap."""
+    src = tmp_path / "deep.c"
+    src.write_text(DEEP_LIB)
+    lib = tmp_path / "libdeep.so"
+    simlib = native.LIB_DIR / "simgpu"
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-o", str(lib), str(src), f"-L{simlib}", "-l:libcuda.so.1"], check=True
+    )
+    tenant = sim.tenant("t", 64, gpus=[0])
+    values, proc = python(
+        sim.tenant_env(tenant),
+        f"""
+        import ctypes, os
+        cu = ctypes.CDLL("libcuda.so.1")
+        cu.cuInit(0)
+        ctx = ctypes.c_void_p()
+        cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0)
+        cu.cuCtxSetCurrent(ctx)
+        deep = ctypes.CDLL("{lib}", mode=os.RTLD_NOW | os.RTLD_DEEPBIND)
+        print("over=%d" % deep.deep_alloc(ctypes.c_ulong(100 << 20)))
+        print("fit=%d" % deep.deep_alloc(ctypes.c_ulong(32 << 20)))
+        """,
+    )
+    assert values["over"] == str(CUDA_ERROR_OUT_OF_MEMORY)
+    assert values["fit"] == "0"
+    assert "RTLD_DEEPBIND ignored for" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_dlopen_still_resolves_the_callers_runpath(sim: Sim, tmp_path: Path) -> None:
+    """glibc resolves a bare name against the RUNPATH of dlopen's caller: the shim's dlopen must
+    hand the call on with the caller's return address (a tail call), or libraries that load
+    their own dependencies by name (as CUDA libraries do) would stop finding them."""
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / "b.c").write_text("int b_value(void) { return 42; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(sub / "libb.so"), str(sub / "b.c")], check=True)
+    (tmp_path / "a.c").write_text(
+        "#include <dlfcn.h>\n"
+        'int a_load(void) { void *h = dlopen("libb.so", RTLD_NOW | RTLD_DEEPBIND);\n'
+        '  if (!h) return -1; int (*f)(void) = (int (*)(void))dlsym(h, "b_value"); return f(); }\n'
+    )
+    subprocess.run(
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            "-o",
+            str(tmp_path / "liba.so"),
+            str(tmp_path / "a.c"),
+            "-Wl,--enable-new-dtags,-rpath,$ORIGIN/sub",
+            "-ldl",
+        ],
+        check=True,
+    )
+    tenant = sim.tenant("t", 64, gpus=[0])
+    values, _ = python(
+        sim.tenant_env(tenant),
+        f"""
+        import ctypes
+        print("b=%d" % ctypes.CDLL("{tmp_path / "liba.so"}").a_load())
+        """,
+    )
+    assert values["b"] == "42"
 
 
 def test_dlopen_probe(sim: Sim) -> None:

@@ -257,6 +257,48 @@ dlsym(void *__restrict handle, const char *__restrict name)
     return dlsym_impl(handle, name);
 }
 
+/* ---- dlopen: no RTLD_DEEPBIND past the shim ------------------------------------------------ */
+
+/*
+ * A library opened with RTLD_DEEPBIND (also Python's sys.setdlopenflags) binds its own
+ * dependencies first, so its cu* calls would reach the driver past the preloaded shim and its
+ * limits.  Under a tenant the flag is dropped (one line on stderr, once).  The real dlopen is
+ * reached by a sibling call, as dlsym above is, so glibc still sees the caller's return address
+ * and resolves the caller's RUNPATH and $ORIGIN as without us.
+ */
+typedef void *(*sg_dlopen_fn)(const char *, int);
+static sg_dlopen_fn real_dlopen_ptr;
+
+static sg_dlopen_fn real_dlopen(void)
+{
+    sg_dlopen_fn fn = __atomic_load_n(&real_dlopen_ptr, __ATOMIC_ACQUIRE);
+    if (fn)
+        return fn;
+    void *p = dlvsym(RTLD_NEXT, "dlopen", "GLIBC_2.34");
+    if (!p)
+        p = dlvsym(RTLD_NEXT, "dlopen", "GLIBC_2.2.5");
+    fn = (sg_dlopen_fn)p;
+    __atomic_store_n(&real_dlopen_ptr, fn, __ATOMIC_RELEASE);
+    return fn;
+}
+
+static int deepbind_logged;
+
+SG_EXPORT __attribute__((optimize("O2", "optimize-sibling-calls"))) void *
+dlopen(const char *file, int mode)
+{
+    sg_dlopen_fn real = real_dlopen();
+    if (!real)
+        return NULL;
+    if ((mode & RTLD_DEEPBIND) && sg_configured()) {
+        sg_log_once(&deepbind_logged, "RTLD_DEEPBIND ignored for %s: it would bind the CUDA driver "
+                                      "past this tenant's limits",
+                    file ? file : "the main program");
+        mode &= ~RTLD_DEEPBIND;
+    }
+    return real(file, mode); /* tail call */
+}
+
 /* ---- cuGetProcAddress --------------------------------------------------------------------- */
 
 /* The hook to hand out for the driver's answer p to a query for `symbol`, or p itself, or NULL
