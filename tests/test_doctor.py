@@ -283,3 +283,21 @@ def test_support_bundle_without_the_agent(sim: Sim, tmp_path: Path) -> None:
     files = _bundle(sim, tmp_path, sim.env(SHAREGPU_NO_AGENT="1"))
     assert sorted(files) == ["config.json", "devices.json", "doctor.json", "status.json", "tenants.json"]
     assert json.loads(files["status.json"])["items"][0]["agent"]["running"] is False
+
+
+def test_support_bundle_into_a_bad_path_is_one_line_and_exit_2(sim: Sim, tmp_path: Path) -> None:
+    env = sim.env(SHAREGPU_NO_AGENT="1")
+    (tmp_path / "a-file").write_text("x")
+    for output, says in (
+        (tmp_path / "missing" / "b.tar.gz", "does not exist"),
+        (tmp_path / "a-file" / "b.tar.gz", "is not a directory"),
+    ):
+        proc = sim.cli("support-bundle", "-o", str(output), env=env)
+        assert proc.returncode == 2
+        assert says in proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+    # A folder takes the bundle inside it, under the default name.
+    proc = sim.cli("support-bundle", "-o", str(tmp_path), env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert len(list(tmp_path.glob("sharegpu-support-*.tar.gz"))) == 1

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sharegpu import __version__
+from sharegpu.errors import SpecError
 
 ENV_PREFIXES = ("SHAREGPU_", "SIMGPU_")
 _SECRET = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|KEY|AUTH", re.IGNORECASE)
@@ -136,6 +137,13 @@ def write_bundle(output: Path | None = None, runtime: Path | None = None) -> tup
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = f"sharegpu-support-{stamp}"
     path = output or Path(f"{base}.tar.gz")
+    if path.is_dir():
+        path = path / f"{base}.tar.gz"  # a folder: the bundle goes inside it
+    folder = path.parent
+    if not folder.exists():
+        raise SpecError(f"support-bundle: {folder} does not exist (create it, or pick another --output)")
+    if not folder.is_dir():
+        raise SpecError(f"support-bundle: {folder} is not a directory (pick another --output)")
     files, notes = collect(runtime)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
@@ -147,6 +155,8 @@ def write_bundle(output: Path | None = None, runtime: Path | None = None) -> tup
                 info.mode = 0o644
                 tar.addfile(info, io.BytesIO(content))
         tmp.replace(path)
+    except OSError as err:
+        raise SpecError(f"support-bundle: cannot write {path}: {err.strerror or err}") from err
     finally:
         tmp.unlink(missing_ok=True)
     return path.absolute(), notes
