@@ -239,6 +239,16 @@ def test_simgpu_env_and_reset(sim: Sim) -> None:
     _one_line_error(sim.cli("simgpu", "env", "--gpus", "0"), 2, "invalid GPU count")
 
 
+def test_simgpu_env_says_when_an_existing_state_ignores_a_new_size(sim: Sim) -> None:
+    assert "warning" not in sim.cli("simgpu", "env", "--gpus", "3").stderr  # no state yet
+    sim.probe("info")  # creates the state with the node's configuration
+    proc = sim.cli("simgpu", "env", "--gpus", "3", "--memory", "8GiB")
+    assert proc.returncode == 0
+    assert "sharegpu simgpu reset" in proc.stderr
+    assert "warning" not in proc.stdout  # stdout stays eval-able
+    assert all(line.startswith("export ") for line in proc.stdout.splitlines())
+
+
 def test_guarantees_over_100_percent_are_refused(sim: Sim) -> None:
     holder = subprocess.Popen(
         [

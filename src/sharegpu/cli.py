@@ -510,6 +510,13 @@ def simgpu_env(
             memory_bytes=parse_memory_cap(memory) if memory else defaults.memory_bytes,
         )
         config = cfg.write(runtime_dir() / "simgpu.json")
+        state = simgpu.state_path()
+        if state.exists():  # the simulator reads its configuration only when it creates the state
+            print(
+                f"sharegpu: warning: {state} exists, so --gpus/--memory take effect only after "
+                "`sharegpu simgpu reset` (run it when no process uses the simulated GPU)",
+                file=sys.stderr,
+            )
     for key, value in simgpu.environment(config=config).items():
         print(f"export {key}={value}")
 
