@@ -361,6 +361,17 @@ def _one_line_error(proc: subprocess.CompletedProcess[str], code: int, text: str
     assert text in lines[0]
 
 
+def test_resize_with_a_bad_name_is_bad_input_through_the_agent(agent: Agent, sim: Sim) -> None:
+    """A name with a slash, an empty one or one with a space: exit 2 and the name rule, never
+    the HTTP framework's leftovers (`Not Found`, `the agent answered 307`)."""
+    for name in ("bad/name", "", "a b"):
+        proc = sim.cli("resize", name, "--memory", "1GiB")
+        _one_line_error(proc, 2, "invalid tenant name")
+        assert "answered" not in proc.stderr
+        assert "Not Found" not in proc.stderr
+    _one_line_error(sim.cli("resize", "nosuch", "--memory", "1GiB"), 1, "no tenant 'nosuch'")
+
+
 def test_cli_run_tenants_devices_resize_events_through_the_agent(agent: Agent, sim: Sim) -> None:
     probe = str(native.probe_path())
     proc = sim.cli(

@@ -312,8 +312,10 @@ def resize(  # noqa: PLR0917 (typer maps parameters to options)
     from sharegpu.agent.service import apply_resize, parse_model, views
     from sharegpu.devices import list_gpus
     from sharegpu.errors import TenantNotFound
+    from sharegpu.spec import validate_tenant_id
     from sharegpu.tenant import overcommit_allowed, runtime_dir
 
+    validate_tenant_id(tenant)  # bad input: exit 2 with the same line with and without the agent
     fields: dict[str, str | int | None] = {"memory": memory, "compute": compute, "ceiling": ceiling}
     fields |= {"priority": priority, "policy": policy, "weight": weight}
     changes = {k: v for k, v in fields.items() if v is not None}

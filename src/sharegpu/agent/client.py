@@ -89,7 +89,10 @@ class AgentClient:
             body = response.json()["error"]
             code, message = str(body["code"]), str(body["message"])
         except (ValueError, KeyError, TypeError):
-            code, message = "error", f"the agent answered {response.status_code}: {response.text[:200]}"
+            # Not one of our error bodies (a route that does not exist, a redirect): say what
+            # was asked, never the HTTP framework's leftovers alone.
+            code = "error"
+            message = f"the agent has no answer for {method} {path} (HTTP {response.status_code})"
         raise _ERRORS.get(code, AgentError)(message)
 
     # -- routes ----------------------------------------------------------------------------------
