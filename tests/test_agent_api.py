@@ -384,7 +384,7 @@ def test_cli_run_tenants_devices_resize_events_through_the_agent(agent: Agent, s
     assert kinds == ["tenant.created", "tenant.deleted"]  # it went through the agent
     # The same errors, with the same exit status, as without the agent.
     _one_line_error(sim.cli("run", "-m", "2GiB", "--", "true"), 2, "larger than GPU")
-    _one_line_error(sim.cli("run", "-m", "64MiB", "--gpu", "7", "--", "true"), 1, "unknown GPU 7")
+    _one_line_error(sim.cli("run", "-m", "64MiB", "--gpu", "7", "--", "true"), 2, "unknown GPU 7")
     _one_line_error(sim.cli("run", "-m", "64MiB", "--", "/nonexistent/cmd"), 127, "command not found")
     assert post(agent, {"name": "web", "memory": "800MiB", "gpus": ["0"]}).status_code == 201
     _one_line_error(sim.cli("run", "-m", "300MiB", "--gpu", "0", "--", "true"), 2, "memory caps on")

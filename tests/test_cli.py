@@ -37,13 +37,13 @@ def _one_line_error(proc: subprocess.CompletedProcess[str], code: int, text: str
         pytest.param(["run", "--memory", "-4GiB", "--", "true"], 2, "invalid size", id="negative-size"),
         pytest.param(
             ["run", "--memory", "1GiB", "--gpu", "7", "--", "true"],
-            1,
+            2,
             "unknown GPU 7",
             id="unknown-gpu-index",
         ),
         pytest.param(
             ["run", "--memory", "1GiB", "--gpu", "GPU-ffffffff", "--", "true"],
-            1,
+            2,
             "unknown GPU",
             id="unknown-gpu-uuid",
         ),

@@ -6,7 +6,7 @@
     │   └── AdmissionError        valid, but the node cannot honour it next to the other tenants
     ├── ConfigError               a file we read is missing, corrupt or of another ABI version
     ├── DeviceError               GPU discovery or NVML failed (wraps pynvml.NVMLError)
-    │   └── UnknownGpu            a GPU selector that matches no GPU of this node
+    │   └── UnknownGpu            a GPU selector that matches no GPU of this node (exit 2: bad input)
     ├── TenantError               a tenant operation that cannot be done
     │   ├── TenantNotFound        no such tenant
     │   ├── TenantExists          a tenant of that name exists already
@@ -56,7 +56,9 @@ class DeviceError(SharegpuError):
 
 
 class UnknownGpu(DeviceError):
-    """A GPU index or UUID that matches no GPU (or several) of this node."""
+    """A GPU index or UUID that matches no GPU (or several) of this node: bad input (exit 2)."""
+
+    exit_code = 2
 
 
 class TenantError(SharegpuError):
