@@ -80,24 +80,17 @@ SG_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *pro
     return res;
 }
 
-SG_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
-{
-    const struct sg_real *r = sg_real_cu();
-    if (!r->cuDeviceGetDefaultMemPool)
-        return CUDA_ERROR_NOT_FOUND;
-    CUresult res = r->cuDeviceGetDefaultMemPool(pool, dev);
-    if (res == CUDA_SUCCESS && pool)
-        sg_pool_seen(*pool, dev);
-    return res;
-}
-
-SG_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
-{
-    const struct sg_real *r = sg_real_cu();
-    if (!r->cuDeviceGetMemPool)
-        return CUDA_ERROR_NOT_FOUND;
-    CUresult res = r->cuDeviceGetMemPool(pool, dev);
-    if (res == CUDA_SUCCESS && pool)
-        sg_pool_seen(*pool, dev);
-    return res;
-}
+/* A device's pool (default or current) is that device's. */
+#define POOL_OF_DEVICE(name)                                                                       \
+    SG_EXPORT CUresult name(CUmemoryPool *pool, CUdevice dev)                                      \
+    {                                                                                              \
+        const struct sg_real *r = sg_real_cu();                                                    \
+        if (!r->name)                                                                              \
+            return CUDA_ERROR_NOT_FOUND;                                                           \
+        CUresult res = r->name(pool, dev);                                                         \
+        if (res == CUDA_SUCCESS && pool)                                                           \
+            sg_pool_seen(*pool, dev);                                                              \
+        return res;                                                                                \
+    }
+POOL_OF_DEVICE(cuDeviceGetDefaultMemPool)
+POOL_OF_DEVICE(cuDeviceGetMemPool)

@@ -138,6 +138,14 @@ void sg_log_once(int *once, const char *fmt, ...)
 
 /* ---- the real dlsym --------------------------------------------------------------------- */
 
+/* The next definition of a libdl function after ours, by glibc's symbol versions (2.34 moved
+ * libdl into libc; older glibc has only the 2.2.5 version). */
+static void *libc_next(const char *name)
+{
+    void *p = dlvsym(RTLD_NEXT, name, "GLIBC_2.34");
+    return p ? p : dlvsym(RTLD_NEXT, name, "GLIBC_2.2.5");
+}
+
 typedef void *(*sg_dlsym_fn)(void *, const char *);
 static sg_dlsym_fn real_dlsym_ptr;
 
@@ -148,10 +156,7 @@ static sg_dlsym_fn real_dlsym(void)
         return fn;
     /* dlvsym is not ours, so this cannot recurse.  Both look-ups give the same pointer to every
      * thread, so a race only repeats the work. */
-    void *p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-    if (!p)
-        p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-    fn = (sg_dlsym_fn)p;
+    fn = (sg_dlsym_fn)libc_next("dlsym");
     __atomic_store_n(&real_dlsym_ptr, fn, __ATOMIC_RELEASE);
     return fn;
 }
@@ -274,10 +279,7 @@ static sg_dlopen_fn real_dlopen(void)
     sg_dlopen_fn fn = __atomic_load_n(&real_dlopen_ptr, __ATOMIC_ACQUIRE);
     if (fn)
         return fn;
-    void *p = dlvsym(RTLD_NEXT, "dlopen", "GLIBC_2.34");
-    if (!p)
-        p = dlvsym(RTLD_NEXT, "dlopen", "GLIBC_2.2.5");
-    fn = (sg_dlopen_fn)p;
+    fn = (sg_dlopen_fn)libc_next("dlopen");
     __atomic_store_n(&real_dlopen_ptr, fn, __ATOMIC_RELEASE);
     return fn;
 }

@@ -249,9 +249,8 @@ SIM_HIDDEN int cu_vmm_range_ok(uintptr_t p, size_t len);
 SIM_HIDDEN int cu_mem_range_of(uintptr_t p, uintptr_t *base, size_t *size);
 SIM_HIDDEN void cu_mem_free_ctx(struct CUctx_st *c); /* the context died: free what it held */
 /* Device memory that no allocation call returns (module variables): placed and charged like
- * cuMemAlloc, owned by ctx, freed with cu_mem_release. */
+ * cuMemAlloc, owned by ctx, freed with cu_mem_free. */
 SIM_HIDDEN CUresult cu_mem_reserve(struct CUctx_st *ctx, size_t size, CUdeviceptr *out);
-SIM_HIDDEN CUresult cu_mem_release(CUdeviceptr p);
 /* Places an allocation whose charge its pool already holds (pool.c). */
 SIM_HIDDEN CUresult cu_mem_place_pooled(struct CUctx_st *ctx, int phys, size_t size,
                                         struct CUmemPoolHandle_st *pool, CUdeviceptr *out);

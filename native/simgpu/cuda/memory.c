@@ -288,11 +288,6 @@ CUresult cu_mem_reserve(struct CUctx_st *ctx, size_t size, CUdeviceptr *out)
     return dev_alloc(ctx, ctx->phys, size, size, out);
 }
 
-CUresult cu_mem_release(CUdeviceptr p)
-{
-    return dev_free(p);
-}
-
 /* ---- allocation entry points -------------------------------------------------------------- */
 
 SIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)

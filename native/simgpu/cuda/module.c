@@ -246,7 +246,7 @@ void cu_module_destroy(struct CUmod_st *m)
     pthread_mutex_unlock(&cu_g.mu);
     /* A dead context already gave its memory back (cu_mem_free_ctx). */
     if (m->globals && cu_ctx_alive(m->ctx))
-        (void)cu_mem_release(m->globals);
+        (void)cu_mem_free(m->globals);
     cu_module_clear(m);
     free(m);
 }
