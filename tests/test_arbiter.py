@@ -585,3 +585,150 @@ def test_a_tenant_recreated_under_the_same_name_gets_its_new_limits(sim: Sim) ->
     assert achieved(finish(spawn(sim, new, "saturate", 1, 500))) > 80
     (entry,) = [t for t in read_arbiter(arbiter_of(sim)).tenants if t.id == "reused"]
     assert (entry.policy, entry.share_permille) == ("share", 100)
+
+
+def two_gpu_tenant(sim: Sim, name: str, gpu1_cap_pct: int) -> Path:
+    """GPU 0 with the whole card (share 100%), GPU 1 capped at gpu1_cap_pct."""
+    u0, u1 = sim.uuids()[:2]
+    limits = [
+        DeviceLimit(
+            uuid=u0,
+            mem_cap_bytes=256 * MIB,
+            policy=abi.POLICY_SHARE,
+            priority=abi.PRIORITY_NORMAL,
+            share_permille=1000,
+            ceiling_permille=1000,
+        ),
+        DeviceLimit(
+            uuid=u1,
+            mem_cap_bytes=256 * MIB,
+            policy=abi.POLICY_CAP,
+            priority=abi.PRIORITY_NORMAL,
+            share_permille=gpu1_cap_pct * 10,
+            ceiling_permille=gpu1_cap_pct * 10,
+        ),
+    ]
+    tenant = create_tenant(name, limits, root=sim.runtime)
+    ensure_arbiter(sim.runtime, u0)
+    ensure_arbiter(sim.runtime, u1)
+    return tenant
+
+
+STREAM_DEVICE_SCRIPT = """
+    import ctypes, sys, time
+    from cuda.bindings import driver as d
+    OK = d.CUresult.CUDA_SUCCESS
+    PTX = (b".version 8.0\\n.target sm_90\\n.address_size 64\\n"
+           b".visible .entry spin(.param .u64 us)\\n{\\n ret;\\n}\\n")
+    how = sys.argv[1]
+    d.cuInit(0)
+    c0 = d.cuDevicePrimaryCtxRetain(0)[1]
+    c1 = d.cuDevicePrimaryCtxRetain(1)[1]
+    d.cuCtxSetCurrent(c1)
+    s1 = d.cuStreamCreate(0)[1]
+    if how == "kernel":  # a CUkernel takes its context from the stream
+        lib = d.cuLibraryLoadData(PTX, None, None, 0, None, None, 0)[1]
+        f = d.CUfunction(int(d.cuLibraryGetKernel(lib, b"spin")[1]))
+        d.cuCtxSetCurrent(None)
+    else:  # a function of GPU 1's context, launched while GPU 0's is current
+        f = d.cuModuleGetFunction(d.cuModuleLoadData(PTX)[1], b"spin")[1]
+        d.cuCtxSetCurrent(c0)
+    us = ctypes.c_uint64(1000)
+    params = (ctypes.c_void_p * 1)(ctypes.addressof(us))
+    t0 = time.monotonic(); n = 0
+    while time.monotonic() - t0 < 1.5:
+        for _ in range(4):
+            err, = d.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s1, ctypes.addressof(params), 0)
+            assert err == OK, err
+        assert d.cuStreamSynchronize(s1)[0] == OK
+        n += 4
+    print("achieved=%.4f" % (n * 1e-3 / (time.monotonic() - t0)))
+"""
+
+
+@pytest.mark.parametrize("how", ["other-current", "kernel"])
+def test_launches_are_gated_by_the_stream_device(sim: Sim, how: str) -> None:
+    """The work goes to the stream's GPU: that GPU's share holds, whatever context is current
+    (GPU 0's, or none for a CUkernel, which takes its context from the stream)."""
+    tenant = two_gpu_tenant(sim, "t", 20)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(STREAM_DEVICE_SCRIPT), how],
+        env=sim.tenant_env(tenant),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    x = float(parse_kv(proc.stdout)[0]["achieved"]) * 100
+    print(f"cap 20% on the stream's GPU, {how}: {x:.1f}%")
+    assert x <= 27
+    t = read_arbiter(arbiter_of(sim, 1)).tenant("t")
+    assert t is not None
+    assert t.gpu_time_ns > 0
+
+
+MULTI_DEVICE_SCRIPT = """
+    import ctypes, time
+    from cuda.bindings import driver as d
+    PTX = (b".version 8.0\\n.target sm_90\\n.address_size 64\\n"
+           b".visible .entry spin(.param .u64 us)\\n{\\n ret;\\n}\\n")
+
+    class Params(ctypes.Structure):  # CUDA_LAUNCH_PARAMS
+        _fields_ = [("function", ctypes.c_void_p)] + [
+            (n, ctypes.c_uint) for n in ("gx", "gy", "gz", "bx", "by", "bz", "shared")
+        ] + [("stream", ctypes.c_void_p), ("params", ctypes.c_void_p)]
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    d.cuInit(0)
+    us = ctypes.c_uint64(1000)
+    args = (ctypes.c_void_p * 1)(ctypes.addressof(us))
+    launch, streams = (Params * 2)(), []
+    for i in range(2):
+        d.cuCtxSetCurrent(d.cuDevicePrimaryCtxRetain(i)[1])
+        f = d.cuModuleGetFunction(d.cuModuleLoadData(PTX)[1], b"spin")[1]
+        s = d.cuStreamCreate(0)[1]
+        streams.append(s)
+        launch[i] = Params(int(f), 1, 1, 1, 1, 1, 1, 0, int(s), ctypes.addressof(args))
+    t0 = time.monotonic(); n = 0
+    while time.monotonic() - t0 < 1.5:
+        assert cuda.cuLaunchCooperativeKernelMultiDevice(launch, 2, 0) == 0
+        for s in streams:
+            d.cuStreamSynchronize(s)
+        n += 1
+    print("achieved=%.4f" % (n * 1e-3 / (time.monotonic() - t0)))
+"""
+
+
+def test_multi_device_cooperative_launches_are_gated_on_every_gpu(sim: Sim) -> None:
+    u0, u1 = sim.uuids()[:2]
+    limits = [
+        DeviceLimit(
+            uuid=u,
+            mem_cap_bytes=256 * MIB,
+            policy=abi.POLICY_CAP,
+            priority=abi.PRIORITY_NORMAL,
+            share_permille=200,
+            ceiling_permille=200,
+        )
+        for u in (u0, u1)
+    ]
+    tenant = create_tenant("t", limits, root=sim.runtime)
+    for u in (u0, u1):
+        ensure_arbiter(sim.runtime, u)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(MULTI_DEVICE_SCRIPT)],
+        env=sim.tenant_env(tenant),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    x = float(parse_kv(proc.stdout)[0]["achieved"]) * 100
+    print(f"cap 20% on both GPUs through cuLaunchCooperativeKernelMultiDevice: {x:.1f}%")
+    assert x <= 27
+    for gpu in (0, 1):
+        t = read_arbiter(arbiter_of(sim, gpu)).tenant("t")
+        assert t is not None
+        assert t.gpu_time_ns > 0

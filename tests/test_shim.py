@@ -811,6 +811,49 @@ def test_vmm_memory_stays_charged_while_mapped_after_release(sim: Sim) -> None:
     assert proc.stderr == ""
 
 
+def test_context_teardown_gives_its_memory_back(sim: Sim) -> None:
+    """The driver frees a context's memory with it (cuCtxDestroy, cudaDeviceReset's
+    cuDevicePrimaryCtxReset, the last cuDevicePrimaryCtxRelease): the cap is free again, and
+    what outlives contexts (a VMM handle) stays charged."""
+    tenant = sim.tenant("t", [CAP], gpus=[0])
+    values, proc = python(
+        sim.tenant_env(tenant),
+        """
+        from cuda.bindings import driver as d
+        M = 1 << 20
+        d.cuInit(0)
+        def free():
+            return d.cuMemGetInfo()[1] // M
+        ctx = d.cuCtxCreate(None, 0, 0)[1]
+        print("created=%d" % d.cuMemAlloc(48 * M)[0])
+        d.cuCtxDestroy(ctx)
+        for how in ("reset", "release"):
+            d.cuCtxSetCurrent(d.cuDevicePrimaryCtxRetain(0)[1])
+            print("%s_before=%d,%d" % (how, d.cuMemAlloc(48 * M)[0], free()))
+            if how == "reset":
+                d.cuDevicePrimaryCtxReset(0)
+            d.cuDevicePrimaryCtxRelease(0)
+        d.cuCtxSetCurrent(d.cuDevicePrimaryCtxRetain(0)[1])
+        print("after=%d" % free())
+        prop = d.CUmemAllocationProp()
+        prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = 0
+        err, handle = d.cuMemCreate(32 * M, prop, 0)
+        d.cuDevicePrimaryCtxReset(0)
+        d.cuCtxSetCurrent(d.cuDevicePrimaryCtxRetain(0)[1])
+        print("vmm=%d,%d" % (err, free()))
+        """,
+    )
+    assert values["created"] == "0"
+    # Each 48 MiB fits only because the previous context's 48 MiB were given back.
+    assert values["reset_before"] == f"0,{CAP - 48}"
+    assert values["release_before"] == f"0,{CAP - 48}"
+    assert values["after"] == str(CAP)
+    assert values["vmm"] == f"0,{CAP - 32}"  # a VMM handle outlives the context
+    assert proc.stderr == ""
+
+
 def test_3d_and_mipmapped_arrays_are_charged_against_the_cap(sim: Sim) -> None:
     tenant = sim.tenant("t", 64, gpus=[0])
     values, proc = python(

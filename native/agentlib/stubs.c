@@ -74,3 +74,10 @@ CUresult sg_cu_result(int code)
 {
     return code == 0 ? CUDA_SUCCESS : CUDA_ERROR_NOT_PERMITTED;
 }
+
+int sg_stream_ordinal(CUstream s, CUdevice *dev)
+{
+    (void)s;
+    (void)dev;
+    return CUDA_ERROR_NOT_SUPPORTED; /* the agent launches nothing */
+}

@@ -763,19 +763,24 @@ static void register_ctx(struct sg_gpu *g, CUcontext ctx)
         g->ctxs[g->nctx++] = ctx;
 }
 
+/* Wait for the work of one context, whichever is current on this thread. */
+static void sync_context(CUcontext ctx)
+{
+    const struct sg_real *r = sg_real_cu();
+    if (!r->cuCtxPushCurrent_v2 || !r->cuCtxPopCurrent_v2 || !r->cuCtxSynchronize)
+        return;
+    if (r->cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS)
+        return; /* destroyed: nothing of it is left to run */
+    r->cuCtxSynchronize();
+    CUcontext popped;
+    r->cuCtxPopCurrent_v2(&popped);
+}
+
 /* Wait for every context that launched during this hold to finish its work. */
 static void drain(struct sg_gpu *g)
 {
-    const struct sg_real *r = sg_real_cu();
-    for (int i = 0; i < g->nctx; i++) {
-        if (!r->cuCtxPushCurrent_v2 || !r->cuCtxPopCurrent_v2 || !r->cuCtxSynchronize)
-            break;
-        if (r->cuCtxPushCurrent_v2(g->ctxs[i]) != CUDA_SUCCESS)
-            continue; /* destroyed: nothing of it is left to run */
-        r->cuCtxSynchronize();
-        CUcontext dummy;
-        r->cuCtxPopCurrent_v2(&dummy);
-    }
+    for (int i = 0; i < g->nctx; i++)
+        sync_context(g->ctxs[i]);
 }
 
 /* Give the token up: stop new fast-path launches, wait for those under way, drain, charge,
@@ -986,21 +991,50 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
 
 /* ---- the slow path ------------------------------------------------------------------------- */
 
-CUresult sg_arb_enter_slow(struct sg_gate *gt)
+uint32_t sg_stream_epoch;
+
+void sg_stream_handles_died(void)
+{
+    __atomic_fetch_add(&sg_stream_epoch, 1, __ATOMIC_RELEASE);
+}
+
+/* The context and device the work of a launch on stream s goes to.  1: none (no current
+ * context for a default stream: the driver refuses the launch itself); <0: a CUresult negated,
+ * the stream is not one the driver knows. */
+static int work_target(CUstream s, CUcontext *ctx, CUdevice *dev)
+{
+    const struct sg_real *r = sg_real_cu();
+    *ctx = NULL;
+    if (sg_default_stream(s)) {
+        if (!r->cuCtxGetCurrent || r->cuCtxGetCurrent(ctx) != CUDA_SUCCESS || !*ctx ||
+            sg_current_ordinal(dev) != CUDA_SUCCESS)
+            return 1;
+        return 0;
+    }
+    CUresult res = r->cuStreamGetCtx ? r->cuStreamGetCtx(s, ctx) : CUDA_ERROR_NOT_FOUND;
+    if (res != CUDA_SUCCESS)
+        return -(int)res; /* fail closed: never launch ungated on a stream we cannot place */
+    res = (CUresult)sg_stream_ordinal(s, dev);
+    return res == CUDA_SUCCESS ? 0 : -(int)res;
+}
+
+CUresult sg_arb_enter_slow(struct sg_gate *gt, CUstream s)
 {
     gt->g = NULL;
     if (sg_mode() != SG_MODE_ACTIVE)
         return CUDA_ERROR_NOT_PERMITTED;
-    const struct sg_real *r = sg_real_cu();
-    CUcontext ctx = NULL;
+    uint32_t epoch = __atomic_load_n(&sg_stream_epoch, __ATOMIC_ACQUIRE);
+    CUcontext ctx;
     CUdevice dev;
-    if (!r->cuCtxGetCurrent || r->cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx ||
-        sg_current_ordinal(&dev) != CUDA_SUCCESS)
-        return CUDA_SUCCESS; /* no context: the driver refuses the launch itself */
+    sg_in_hook++;
+    int where = work_target(s, &ctx, &dev);
+    if (where != 0) {
+        sg_in_hook--;
+        return where > 0 ? CUDA_SUCCESS : (CUresult)-where;
+    }
     struct sg_err e = {0};
     struct sg_gpu *g;
     uint64_t gen;
-    sg_in_hook++;
     int rc = gpu_of_ordinal(dev, &g, &gen, &e);
     if (rc < 0 || !g) {
         sg_in_hook--;
@@ -1012,10 +1046,8 @@ CUresult sg_arb_enter_slow(struct sg_gate *gt)
         if (g->a && g->client >= 0 && holding(g))
             release(g, false); /* became native on a resize */
         pthread_mutex_unlock(&g->mu);
-        t->ctx = ctx;
-        t->g = g;
-        t->gen = gen;
-        t->token = 0;
+        *t = (struct sg_arb_tls){.ctx = ctx, .stream = sg_default_stream(s) ? NULL : s,
+                                 .epoch = epoch, .g = g, .gen = gen};
         sg_in_hook--;
         return CUDA_SUCCESS;
     }
@@ -1039,9 +1071,10 @@ CUresult sg_arb_enter_slow(struct sg_gate *gt)
     }
     if (rc == 0) {
         register_ctx(g, ctx);
-        t->ctx = ctx;
-        t->g = g;
-        t->token = __atomic_load_n(&g->token, __ATOMIC_RELAXED);
+        *t = (struct sg_arb_tls){.ctx = ctx, .stream = sg_default_stream(s) ? NULL : s,
+                                 .epoch = epoch, .g = g,
+                                 .token = __atomic_load_n(&g->token, __ATOMIC_RELAXED)};
+        gt->ctx = ctx;
         __atomic_store_n(&g->last_launch, sg_mono_ns(), __ATOMIC_RELAXED);
         __atomic_fetch_add(&g->launching, 1, __ATOMIC_SEQ_CST);
         gt->g = g;
@@ -1119,7 +1152,7 @@ static void hold_back(struct sg_gpu *g, uint64_t until)
 /* Offline and online tenants active: synchronise every offline_inflight_max launches so that
  * an online request waits about one offline kernel, and hold the next launch back when the
  * next online request is predicted before it would finish. */
-void sg_arb_offline_bound(struct sg_gpu *g)
+void sg_arb_offline_bound(struct sg_gpu *g, CUcontext ctx)
 {
     struct sg_arbiter *a = g->a;
     uint64_t start = sg_mono_ns();
@@ -1132,11 +1165,8 @@ void sg_arb_offline_bound(struct sg_gpu *g)
     if (__atomic_add_fetch(&g->since_sync, 1, __ATOMIC_RELAXED) < bound)
         return;
     __atomic_store_n(&g->since_sync, 0, __ATOMIC_RELAXED);
-    const struct sg_real *r = sg_real_cu();
-    if (!r->cuCtxSynchronize)
-        return;
     sg_in_hook++;
-    r->cuCtxSynchronize();
+    sync_context(ctx);
     sg_in_hook--;
     uint64_t now = sg_mono_ns();
     /* What we had queued ran from `start` to `now`: a decaying maximum of that is what the

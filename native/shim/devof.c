@@ -14,7 +14,7 @@
 
 int sg_stream_ordinal(CUstream s, CUdevice *dev)
 {
-    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
+    if (sg_default_stream(s))
         return sg_current_ordinal(dev); /* the current context's default streams */
     const struct sg_real *r = sg_real_cu();
     if (r->cuStreamGetDevice && r->cuStreamGetDevice(s, dev) == CUDA_SUCCESS)
@@ -28,6 +28,19 @@ int sg_stream_ordinal(CUstream s, CUdevice *dev)
         return res;
     }
     return sg_current_ordinal(dev);
+}
+
+CUcontext sg_stream_ctx(CUstream s)
+{
+    const struct sg_real *r = sg_real_cu();
+    CUcontext ctx = NULL;
+    if (sg_default_stream(s)) {
+        if (r->cuCtxGetCurrent)
+            r->cuCtxGetCurrent(&ctx);
+    } else if (!r->cuStreamGetCtx || r->cuStreamGetCtx(s, &ctx) != CUDA_SUCCESS) {
+        ctx = NULL;
+    }
+    return ctx;
 }
 
 #define POOLS 256

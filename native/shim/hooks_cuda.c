@@ -27,7 +27,8 @@
 
 /* ---- allocation protocol ---------------------------------------------------------------- */
 
-/* Reserve bytes on device dev (the current context's device when !have_dev). */
+/* Reserve bytes on device dev (the current context's device when !have_dev, and then the
+ * allocation belongs to the current context: its teardown frees it). */
 CUresult sg_alloc_begin(bool have_dev, CUdevice dev, uint64_t bytes, struct sg_charge *c)
 {
     c->active = false;
@@ -40,7 +41,11 @@ CUresult sg_alloc_begin(bool have_dev, CUdevice dev, uint64_t bytes, struct sg_c
             return res; /* no context: the driver would refuse the allocation the same way */
     }
     struct sg_err e = {0};
-    return sg_cu_result(sg_reserve(dev, bytes, c, &e));
+    CUresult res = sg_cu_result(sg_reserve(dev, bytes, c, &e));
+    const struct sg_real *r = sg_real_cu();
+    if (res == CUDA_SUCCESS && !have_dev && r->cuCtxGetCurrent)
+        r->cuCtxGetCurrent(&c->ctx);
+    return res;
 }
 
 static void undo_alloc(enum sg_kind kind, uint64_t key)
@@ -63,6 +68,8 @@ CUresult sg_alloc_end(CUresult res, enum sg_kind kind, uint64_t key, struct sg_c
         sg_unreserve(c);
         return res;
     }
+    if (kind != SG_KIND_PTR)
+        c->ctx = NULL; /* VMM handles outlive contexts; arrays stay charged until destroyed */
     struct sg_err e = {0};
     if (sg_track(kind, key, c, &e) < 0) {
         undo_alloc(kind, key);
@@ -184,10 +191,11 @@ SG_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigne
         CUdevice dev_;                                                                             \
         CUresult res = (CUresult)sg_stream_ordinal(hStream, &dev_);                                \
         if (res == CUDA_SUCCESS)                                                                   \
-            res = sg_alloc_begin(true, dev_, bytesize, &c);                                           \
+            res = sg_alloc_begin(true, dev_, bytesize, &c);                                        \
         if (res == CUDA_SUCCESS) {                                                                 \
+            c.ctx = sg_stream_ctx(hStream);                                                        \
             res = real_(dptr, bytesize, hStream);                                                  \
-            res = sg_alloc_end(res, SG_KIND_PTR, res == CUDA_SUCCESS ? *dptr : 0, &c);                \
+            res = sg_alloc_end(res, SG_KIND_PTR, res == CUDA_SUCCESS ? *dptr : 0, &c);             \
         }                                                                                          \
         sg_in_hook--;                                                                              \
         return res;                                                                                \
@@ -208,10 +216,11 @@ ALLOC_ASYNC(cuMemAllocAsync_ptsz)
         CUdevice dev_;                                                                             \
         CUresult res = (CUresult)sg_pool_ordinal(pool, hStream, &dev_);                            \
         if (res == CUDA_SUCCESS)                                                                   \
-            res = sg_alloc_begin(true, dev_, bytesize, &c);                                           \
+            res = sg_alloc_begin(true, dev_, bytesize, &c);                                        \
         if (res == CUDA_SUCCESS) {                                                                 \
+            c.ctx = sg_stream_ctx(hStream);                                                        \
             res = real_(dptr, bytesize, pool, hStream);                                            \
-            res = sg_alloc_end(res, SG_KIND_PTR, res == CUDA_SUCCESS ? *dptr : 0, &c);                \
+            res = sg_alloc_end(res, SG_KIND_PTR, res == CUDA_SUCCESS ? *dptr : 0, &c);             \
         }                                                                                          \
         sg_in_hook--;                                                                              \
         return res;                                                                                \

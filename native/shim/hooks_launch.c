@@ -28,9 +28,10 @@
     if (sg_in_hook || !sg_configured())                                                            \
     return real_(__VA_ARGS__)
 
-#define GATED(...)                                                                                 \
+/* The work goes to `stream`'s GPU (a default stream: the current context's). */
+#define GATED(stream, ...)                                                                         \
     struct sg_gate gt_;                                                                            \
-    CUresult res_ = sg_arb_enter(&gt_);                                                            \
+    CUresult res_ = sg_arb_enter(&gt_, stream);                                                    \
     if (res_ != CUDA_SUCCESS)                                                                      \
         return res_;                                                                               \
     res_ = real_(__VA_ARGS__);                                                                     \
@@ -47,8 +48,8 @@
         REAL(name);                                                                                \
         FORWARD_IF_PASSIVE(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,       \
                            sharedMemBytes, hStream, kernelParams, extra);                          \
-        GATED(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,    \
-              hStream, kernelParams, extra);                                                       \
+        GATED(hStream, f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,           \
+              sharedMemBytes, hStream, kernelParams, extra);                                       \
     }
 LAUNCH_KERNEL(cuLaunchKernel)
 LAUNCH_KERNEL(cuLaunchKernel_ptsz)
@@ -59,7 +60,7 @@ LAUNCH_KERNEL(cuLaunchKernel_ptsz)
     {                                                                                              \
         REAL(name);                                                                                \
         FORWARD_IF_PASSIVE(config, f, kernelParams, extra);                                        \
-        GATED(config, f, kernelParams, extra);                                                     \
+        GATED(config ? config->hStream : NULL, config, f, kernelParams, extra);                    \
     }
 LAUNCH_EX(cuLaunchKernelEx)
 LAUNCH_EX(cuLaunchKernelEx_ptsz)
@@ -73,18 +74,57 @@ LAUNCH_EX(cuLaunchKernelEx_ptsz)
         REAL(name);                                                                                \
         FORWARD_IF_PASSIVE(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,       \
                            sharedMemBytes, hStream, kernelParams);                                 \
-        GATED(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,    \
-              hStream, kernelParams);                                                              \
+        GATED(hStream, f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,           \
+              sharedMemBytes, hStream, kernelParams);                                              \
     }
 LAUNCH_COOP(cuLaunchCooperativeKernel)
 LAUNCH_COOP(cuLaunchCooperativeKernel_ptsz)
+
+/* Deprecated (CUDA 9-12): one cooperative launch per GPU, each on its own stream.  Every GPU's
+ * token is taken, in device order (two processes doing this never wait for each other in a
+ * cycle), before any kernel is launched. */
+SG_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list,
+                                                        unsigned int numDevices, unsigned int flags)
+{
+    REAL(cuLaunchCooperativeKernelMultiDevice);
+    FORWARD_IF_PASSIVE(list, numDevices, flags);
+    if (!list || numDevices == 0 || numDevices > SG_MAX_DEVICES)
+        return real_(list, numDevices, flags); /* the driver refuses these itself */
+    unsigned order[SG_MAX_DEVICES];
+    CUdevice dev[SG_MAX_DEVICES];
+    sg_in_hook++;
+    for (unsigned i = 0; i < numDevices; i++) {
+        order[i] = i;
+        if (sg_stream_ordinal(list[i].hStream, &dev[i]) != CUDA_SUCCESS)
+            dev[i] = -1;
+    }
+    sg_in_hook--;
+    for (unsigned i = 1; i < numDevices; i++) /* insertion sort by device */
+        for (unsigned j = i; j > 0 && dev[order[j]] < dev[order[j - 1]]; j--) {
+            unsigned k = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = k;
+        }
+    struct sg_gate gates[SG_MAX_DEVICES];
+    unsigned held = 0;
+    CUresult res = CUDA_SUCCESS;
+    while (held < numDevices && res == CUDA_SUCCESS) {
+        res = sg_arb_enter(&gates[held], list[order[held]].hStream);
+        held += res == CUDA_SUCCESS;
+    }
+    if (res == CUDA_SUCCESS)
+        res = real_(list, numDevices, flags);
+    while (held > 0)
+        sg_arb_exit(&gates[--held]);
+    return res;
+}
 
 #define GRAPH_LAUNCH(name)                                                                         \
     SG_EXPORT CUresult name(CUgraphExec exec, CUstream stream)                                     \
     {                                                                                              \
         REAL(name);                                                                                \
         FORWARD_IF_PASSIVE(exec, stream);                                                          \
-        GATED(exec, stream);                                                                       \
+        GATED(stream, exec, stream);                                                               \
     }
 GRAPH_LAUNCH(cuGraphLaunch)
 GRAPH_LAUNCH(cuGraphLaunch_ptsz)
@@ -94,21 +134,21 @@ SG_EXPORT CUresult cuLaunch(CUfunction f)
 {
     REAL(cuLaunch);
     FORWARD_IF_PASSIVE(f);
-    GATED(f);
+    GATED(NULL, f);
 }
 
 SG_EXPORT CUresult cuLaunchGrid(CUfunction f, int grid_width, int grid_height)
 {
     REAL(cuLaunchGrid);
     FORWARD_IF_PASSIVE(f, grid_width, grid_height);
-    GATED(f, grid_width, grid_height);
+    GATED(NULL, f, grid_width, grid_height);
 }
 
 SG_EXPORT CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_height, CUstream hStream)
 {
     REAL(cuLaunchGridAsync);
     FORWARD_IF_PASSIVE(f, grid_width, grid_height, hStream);
-    GATED(f, grid_width, grid_height, hStream);
+    GATED(hStream, f, grid_width, grid_height, hStream);
 }
 
 /* ---- sync calls: the end of a burst -------------------------------------------------------- */
@@ -117,7 +157,7 @@ SG_EXPORT CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_heig
     struct sg_gpu *g_ = sg_arb_sync_begin();                                                       \
     CUresult res_ = real_(__VA_ARGS__);                                                            \
     sg_arb_sync_end(g_);                                                                           \
-    sg_async_free_settle(); /* what the sync waited for includes queued frees */                  \
+    sg_async_free_settle(); /* what the sync waited for includes queued frees */                   \
     return res_
 
 SG_EXPORT CUresult cuCtxSynchronize(void)
@@ -167,7 +207,7 @@ COPY_HTOD(cuMemcpyHtoD_v2_ptds)
     {                                                                                              \
         REAL(name);                                                                                \
         FORWARD_IF_PASSIVE(dst, src, bytes);                                                       \
-        BURST_END(dst, src, bytes);                                                            \
+        BURST_END(dst, src, bytes);                                                                \
     }
 COPY_DTOH(cuMemcpyDtoH_v2)
 COPY_DTOH(cuMemcpyDtoH_v2_ptds)

@@ -365,6 +365,7 @@ int sg_reserve(CUdevice dev, uint64_t bytes, struct sg_charge *c, struct sg_err 
     c->active = false;
     c->idx = -1;
     c->bytes = 0;
+    c->ctx = NULL;
     if (!sg_configured())
         return 0;
     if (sg_mode() != SG_MODE_ACTIVE)
@@ -543,6 +544,7 @@ struct entry {
     uint32_t kind; /* enum sg_kind; SG_KIND_NONE = empty */
     int32_t idx;
     uint64_t bytes;
+    CUcontext ctx;
 };
 
 static pthread_mutex_t map_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -623,12 +625,14 @@ int sg_track(enum sg_kind kind, uint64_t key, const struct sg_charge *c, struct 
         stale = *en;
         en->idx = c->idx;
         en->bytes = c->bytes;
+        en->ctx = c->ctx;
     } else {
         if ((tab_count + 1) * 2 > (tab ? tab_mask + 1 : 0) && grow_locked() < 0) {
             pthread_mutex_unlock(&map_lock);
             return sg_fail(e, SG_E_NOMEM, "cannot grow the allocation table");
         }
-        struct entry fresh = {.key = key, .kind = kind, .idx = c->idx, .bytes = c->bytes};
+        struct entry fresh = {
+            .key = key, .kind = kind, .idx = c->idx, .bytes = c->bytes, .ctx = c->ctx};
         place_locked(&fresh);
         __atomic_store_n(&tab_count, tab_count + 1, __ATOMIC_RELAXED);
     }
@@ -653,6 +657,7 @@ bool sg_untrack(enum sg_kind kind, uint64_t key, struct sg_charge *out)
         out->active = true;
         out->idx = en->idx;
         out->bytes = en->bytes;
+        out->ctx = en->ctx;
         erase_locked(en);
     }
     pthread_mutex_unlock(&map_lock);
@@ -664,6 +669,27 @@ void sg_retrack(enum sg_kind kind, uint64_t key, const struct sg_charge *c)
     struct sg_err e;
     if (sg_track(kind, key, c, &e) < 0)
         sg_credit(c); /* cannot hold it: stop charging for it rather than leak */
+}
+
+void sg_credit_context(CUcontext ctx)
+{
+    if (!ctx || __atomic_load_n(&tab_count, __ATOMIC_RELAXED) == 0)
+        return;
+    /* Collect the context's entries first: erasing shifts entries while we scan. */
+    pthread_mutex_lock(&map_lock);
+    size_t n = 0, cap = tab_mask + 1;
+    struct entry *gone = malloc(tab_count * sizeof *gone);
+    for (size_t i = 0; gone && i < cap; i++)
+        if (tab[i].kind != SG_KIND_NONE && tab[i].ctx == ctx)
+            gone[n++] = tab[i];
+    for (size_t i = 0; i < n; i++)
+        erase_locked(find_locked(gone[i].kind, gone[i].key));
+    pthread_mutex_unlock(&map_lock);
+    for (size_t i = 0; i < n; i++) {
+        struct sg_charge c = {.active = true, .idx = gone[i].idx, .bytes = gone[i].bytes};
+        sg_credit(&c);
+    }
+    free(gone);
 }
 
 /* ---- fork and exit ---------------------------------------------------------------------- */

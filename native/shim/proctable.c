@@ -88,6 +88,16 @@ static const struct proc_row rows[] = {
     {"cuDeviceTotalMem", 3020, ANY, H(cuDeviceTotalMem_v2)},
     {"cuDeviceTotalMem", 2000, ANY, H(cuDeviceTotalMem)},
 
+    /* teardown: a context's memory is credited, cached stream lookups end */
+    {"cuCtxDestroy", 4000, ANY, H(cuCtxDestroy_v2)},
+    {"cuCtxDestroy", 2000, ANY, H(cuCtxDestroy)},
+    {"cuDevicePrimaryCtxRelease", 11000, ANY, H(cuDevicePrimaryCtxRelease_v2)},
+    {"cuDevicePrimaryCtxRelease", 7000, ANY, H(cuDevicePrimaryCtxRelease)},
+    {"cuDevicePrimaryCtxReset", 11000, ANY, H(cuDevicePrimaryCtxReset_v2)},
+    {"cuDevicePrimaryCtxReset", 7000, ANY, H(cuDevicePrimaryCtxReset)},
+    {"cuStreamDestroy", 4000, ANY, H(cuStreamDestroy_v2)},
+    {"cuStreamDestroy", 2000, ANY, H(cuStreamDestroy)},
+
     /* compute arbitration: launches (gated) and the sync calls that end a burst */
     {"cuLaunchKernel", 7000, PTDS, H(cuLaunchKernel_ptsz)},
     {"cuLaunchKernel", 4000, ANY, H(cuLaunchKernel)},
@@ -95,6 +105,7 @@ static const struct proc_row rows[] = {
     {"cuLaunchKernelEx", 11060, ANY, H(cuLaunchKernelEx)},
     {"cuLaunchCooperativeKernel", 9000, PTDS, H(cuLaunchCooperativeKernel_ptsz)},
     {"cuLaunchCooperativeKernel", 9000, ANY, H(cuLaunchCooperativeKernel)},
+    {"cuLaunchCooperativeKernelMultiDevice", 9000, ANY, H(cuLaunchCooperativeKernelMultiDevice)},
     {"cuGraphLaunch", 10000, PTDS, H(cuGraphLaunch_ptsz)},
     {"cuGraphLaunch", 10000, ANY, H(cuGraphLaunch)},
     {"cuLaunch", 2000, ANY, H(cuLaunch)},

@@ -163,6 +163,7 @@ struct sg_charge {
     bool active; /* false: inert, nothing charged */
     int idx;
     uint64_t bytes;
+    CUcontext ctx; /* the context whose teardown frees it; NULL: none (VMM, arrays) */
 };
 
 /* The limits index of the current context's device (via cuCtxGetDevice), of a device ordinal,
@@ -172,6 +173,7 @@ int sg_ordinal_uuid(CUdevice dev, uint8_t uuid[16]);
 int sg_current_ordinal(CUdevice *dev);
 /* devof.c: the device of a stream's work, of a pool's memory (else its stream's device). */
 int sg_stream_ordinal(CUstream s, CUdevice *dev);
+CUcontext sg_stream_ctx(CUstream s); /* NULL when unknown */
 int sg_pool_ordinal(CUmemoryPool pool, CUstream s, CUdevice *dev);
 void sg_pool_seen(CUmemoryPool pool, CUdevice dev);
 /* The allocation protocol of hooks_cuda.c, shared with hooks_array.c: reserve on a device (the
@@ -201,6 +203,8 @@ int sg_adjust(struct sg_charge *c, uint64_t new_bytes, struct sg_err *e);
 /* Record a successful allocation under (kind, key).  On failure (no memory for the table) the
  * caller frees the real allocation and unreserves. */
 int sg_track(enum sg_kind kind, uint64_t key, const struct sg_charge *c, struct sg_err *e);
+/* The context ctx was destroyed: credit every allocation the driver freed with it. */
+void sg_credit_context(CUcontext ctx);
 /* Remove (kind, key) from the table before the real free; returns true if it was tracked. */
 bool sg_untrack(enum sg_kind kind, uint64_t key, struct sg_charge *out);
 /* Put an entry back after the real free failed. */
@@ -264,22 +268,36 @@ struct sg_gpu {
 };
 extern struct sg_gpu sg_gpus[SG_MAX_DEVICES];
 
-/* Per thread: the context it last launched from, its GPU, and the token word it saw granted. */
+/* Per thread: where it last launched (the stream, or NULL for the current context's default
+ * streams), that stream's context and GPU, and the token word it saw granted. */
 struct sg_arb_tls {
-    CUcontext ctx;
+    CUcontext ctx;   /* the context the work went to */
+    CUstream stream; /* the explicit stream it went to; NULL: a default stream of ctx */
+    uint32_t epoch;  /* sg_stream_epoch when `stream` was looked up */
     struct sg_gpu *g;
     uint64_t token;
     uint64_t gen; /* limits generation when a native GPU was cached */
 };
 extern __thread struct sg_arb_tls sg_arb_tls __attribute__((tls_model("initial-exec")));
 
+/* Bumped whenever a stream or a context is destroyed: a cached stream -> GPU lookup is only
+ * trusted while no handle it names can have been reused for another GPU's stream. */
+extern uint32_t sg_stream_epoch;
+void sg_stream_handles_died(void);
+
 struct sg_gate {
     struct sg_gpu *g; /* gated: `launching` is held until sg_arb_exit */
+    CUcontext ctx;    /* the context the work goes to (the stream's) */
 };
 
+static inline bool sg_default_stream(CUstream s)
+{
+    return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
+}
+
 uint64_t sg_mono_ns(void);
-CUresult sg_arb_enter_slow(struct sg_gate *gt);
-void sg_arb_offline_bound(struct sg_gpu *g);
+CUresult sg_arb_enter_slow(struct sg_gate *gt, CUstream s);
+void sg_arb_offline_bound(struct sg_gpu *g, CUcontext ctx);
 void sg_arb_burst_end(void);
 
 /* Around a sync call: the holder is waiting for its own work, not idle. */
@@ -301,21 +319,31 @@ void sg_arb_setup(void);
 void sg_arb_start_watcher(void);
 
 /*
- * The launch fast path.  With the token held, the quantum not over and no yield request it is:
- * one driver call that reads the calling thread's current context (cuCtxGetCurrent, a TLS read
- * in the driver), one uncontended atomic increment and decrement of a process-private counter
- * (so that a release never overlaps a launch), one acquire load of the region's token word, two
- * relaxed loads (our yield flag, the quantum end) and a vDSO clock read: no system call, no
- * lock, no allocation.  Measured by tests/test_arbiter.py (sanity bound) and bench/.
+ * The launch fast path.  With the token held, the quantum not over and no yield request it is,
+ * for an explicit stream: a compare of the stream with the thread's cached one and one relaxed
+ * load of the stream epoch (the GPU of a launch is its stream's, not the current context's);
+ * for a default stream: one driver call that reads the current context (cuCtxGetCurrent, a TLS
+ * read in the driver).  Then one uncontended atomic increment and decrement of a
+ * process-private counter (so that a release never overlaps a launch), one acquire load of the
+ * region's token word, two relaxed loads (our yield flag, the quantum end) and a vDSO clock
+ * read: no system call, no lock, no allocation.  Measured by tests/test_arbiter.py (sanity
+ * bound) and bench/.
  */
-static inline CUresult sg_arb_enter(struct sg_gate *gt)
+static inline CUresult sg_arb_enter(struct sg_gate *gt, CUstream s)
 {
     gt->g = NULL;
     struct sg_arb_tls *t = &sg_arb_tls;
     struct sg_gpu *g = t->g;
-    CUcontext ctx;
-    if (g && sg_real.cuCtxGetCurrent && sg_real.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS &&
-        ctx == t->ctx) {
+    bool hit = false;
+    if (!g) {
+    } else if (!sg_default_stream(s)) {
+        hit = s == t->stream && t->epoch == __atomic_load_n(&sg_stream_epoch, __ATOMIC_ACQUIRE);
+    } else {
+        CUcontext ctx;
+        hit = !t->stream && sg_real.cuCtxGetCurrent &&
+              sg_real.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx == t->ctx;
+    }
+    if (hit) {
         if (__atomic_load_n(&g->state, __ATOMIC_ACQUIRE) == SG_GPU_NATIVE) {
             if (__atomic_load_n(&sg_limits_map->generation, __ATOMIC_ACQUIRE) == t->gen)
                 return CUDA_SUCCESS;
@@ -329,13 +357,14 @@ static inline CUresult sg_arb_enter(struct sg_gate *gt)
                 if (now < __atomic_load_n(&g->qend, __ATOMIC_RELAXED)) {
                     __atomic_store_n(&g->last_launch, now, __ATOMIC_RELAXED);
                     gt->g = g;
+                    gt->ctx = t->ctx;
                     return CUDA_SUCCESS;
                 }
             }
             __atomic_fetch_sub(&g->launching, 1, __ATOMIC_RELEASE);
         }
     }
-    return sg_arb_enter_slow(gt);
+    return sg_arb_enter_slow(gt, s);
 }
 
 /* After the real launch: let a release proceed; an offline client bounds its in-flight work. */
@@ -346,7 +375,7 @@ static inline void sg_arb_exit(struct sg_gate *gt)
         return;
     __atomic_fetch_sub(&g->launching, 1, __ATOMIC_RELEASE);
     if (__atomic_load_n(&g->offline, __ATOMIC_RELAXED))
-        sg_arb_offline_bound(g);
+        sg_arb_offline_bound(g, gt->ctx);
 }
 
 /* ---- re-entrancy --------------------------------------------------------------------------- */

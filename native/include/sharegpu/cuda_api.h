@@ -435,6 +435,8 @@ SG_CUAPI cuEventDestroy_v2(CUevent event);
  * names to the _ptsz/_ptds ones under CUDA_API_PER_THREAD_DEFAULT_STREAM, and cuGetProcAddress
  * returns them for CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM); same signatures as their base
  * functions.  Declared once here for both the simulated driver and the shim. */
+CUresult cuCtxDestroy(CUcontext ctx);
+CUresult cuStreamDestroy(CUstream stream);
 CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
 CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags);
 CUresult cuDevicePrimaryCtxReset(CUdevice dev);

@@ -1,0 +1,94 @@
+/*
+ * Context and stream teardown.
+ *
+ * The driver frees a context's memory with the context: at cuCtxDestroy, and for a primary
+ * context at cuDevicePrimaryCtxReset (cudaDeviceReset) or at the cuDevicePrimaryCtxRelease
+ * that drops its last reference.  The ledger credits the allocations made in it then, or the
+ * cap would stay charged for memory that no longer exists (a spurious out-of-memory after
+ * cudaDeviceReset).  Only device pointers are credited this way (see sg_alloc_end): VMM handles
+ * outlive contexts and arrays stay charged until destroyed.
+ *
+ * Any destroyed stream or context also ends the arbiter's cached stream -> GPU lookups: its
+ * handle may come back as another GPU's stream.  The epoch moves before and after the call, so
+ * a handle reused while the call runs is never matched either.
+ */
+#include "shim.h"
+
+#define REAL(name)                                                                                 \
+    const struct sg_real *r_ = sg_real_cu();                                                       \
+    if (!r_->name)                                                                                 \
+        return CUDA_ERROR_NOT_FOUND;                                                               \
+    __typeof__(&name) real_ = r_->name
+
+#define STREAM_DESTROY(name)                                                                       \
+    SG_EXPORT CUresult name(CUstream stream)                                                       \
+    {                                                                                              \
+        REAL(name);                                                                                \
+        sg_stream_handles_died();                                                                  \
+        CUresult res = real_(stream);                                                              \
+        sg_stream_handles_died();                                                                  \
+        return res;                                                                                \
+    }
+STREAM_DESTROY(cuStreamDestroy)
+STREAM_DESTROY(cuStreamDestroy_v2)
+
+#define CTX_DESTROY(name)                                                                          \
+    SG_EXPORT CUresult name(CUcontext ctx)                                                         \
+    {                                                                                              \
+        REAL(name);                                                                                \
+        sg_stream_handles_died();                                                                  \
+        CUresult res = real_(ctx);                                                                 \
+        sg_stream_handles_died();                                                                  \
+        if (res == CUDA_SUCCESS && !sg_in_hook && sg_configured())                                 \
+            sg_credit_context(ctx);                                                                \
+        return res;                                                                                \
+    }
+CTX_DESTROY(cuCtxDestroy)
+CTX_DESTROY(cuCtxDestroy_v2)
+
+/* The primary context of dev if it is active (looked up without changing its state), or NULL. */
+static CUcontext active_primary(CUdevice dev)
+{
+    const struct sg_real *r = sg_real_cu();
+    unsigned flags;
+    int active = 0;
+    CUcontext ctx = NULL;
+    if (!r->cuDevicePrimaryCtxGetState || !r->cuDevicePrimaryCtxRetain ||
+        !r->cuDevicePrimaryCtxRelease_v2 ||
+        r->cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || !active)
+        return NULL;
+    if (r->cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS)
+        return NULL;
+    r->cuDevicePrimaryCtxRelease_v2(dev); /* the reference we just took */
+    return ctx;
+}
+
+static bool primary_gone(CUdevice dev)
+{
+    const struct sg_real *r = sg_real_cu();
+    unsigned flags;
+    int active = 1;
+    return r->cuDevicePrimaryCtxGetState &&
+           r->cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active;
+}
+
+#define PRIMARY_END(name)                                                                          \
+    SG_EXPORT CUresult name(CUdevice dev)                                                          \
+    {                                                                                              \
+        REAL(name);                                                                                \
+        if (sg_in_hook || !sg_configured())                                                        \
+            return real_(dev);                                                                     \
+        sg_in_hook++;                                                                              \
+        CUcontext ctx = active_primary(dev);                                                       \
+        sg_stream_handles_died();                                                                  \
+        CUresult res = real_(dev);                                                                 \
+        sg_stream_handles_died();                                                                  \
+        if (res == CUDA_SUCCESS && ctx && primary_gone(dev))                                       \
+            sg_credit_context(ctx);                                                                \
+        sg_in_hook--;                                                                              \
+        return res;                                                                                \
+    }
+PRIMARY_END(cuDevicePrimaryCtxRelease)
+PRIMARY_END(cuDevicePrimaryCtxRelease_v2)
+PRIMARY_END(cuDevicePrimaryCtxReset)
+PRIMARY_END(cuDevicePrimaryCtxReset_v2)
