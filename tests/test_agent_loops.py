@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from agentutil import Agent
 from conftest import Sim, parse_kv
 from sharegpu import abi, native
 from sharegpu.agent.audit import Auditor
@@ -145,30 +146,32 @@ def test_build_loops_gives_the_four_loops(sim: Sim) -> None:
 # reaper
 
 
-def test_reaper_releases_a_killed_process_charge_within_two_seconds(sim: Sim) -> None:
+def test_reaper_releases_a_killed_process_charge_within_two_seconds(sim: Sim, tmp_path: Path) -> None:
+    """Through the running agent, not a hand-called tick: the survivors only sleep, so nothing
+    but the agent's reaper can give the charge back."""
     tenant = sim.tenant("a", 512, gpus=[0])
     keeper = sim.spawn_probe("hold", "plain", "50M", "60", env=sim.tenant_env(tenant))
     victim = sim.spawn_probe("hold", "plain", "100M", "60", env=sim.tenant_env(tenant))
+    agent = Agent(sim, tmp_path / "state").start()
     try:
         wait_line(keeper, "ready")
         wait_line(victim, "ready")
         assert used(tenant) == 150 * MIB
-        reaper = Reaper(sim.runtime)
-        assert reaper.tick() == []  # everyone alive: nothing to do
+        time.sleep(1.5)  # a reaper round or more with everyone alive
+        assert used(tenant) == 150 * MIB
+        assert agent.events(kind="process.reaped") == []
         victim.send_signal(signal.SIGKILL)  # a zombie until waited for: dead all the same
         killed = time.monotonic()
-        events: list[Event] = []
         while used(tenant) != 50 * MIB:
             assert time.monotonic() - killed < 2.0, "the charge outlived its process by 2 s"
-            events += reaper.tick()
-            time.sleep(reaper.interval_s)
-        (event,) = [e for e in events if e.kind == "process.reaped"]
-        assert event.pid == victim.pid
-        assert event.tenant == "a"
-        assert event.data["mem_bytes"] == {sim.uuids()[0]: 100 * MIB}
+            time.sleep(0.02)
+        (event,) = agent.events(kind="process.reaped")
+        assert event["pid"] == victim.pid
+        assert event["tenant"] == "a"
+        assert event["data"]["mem_bytes"] == {sim.uuids()[0]: 100 * MIB}
         assert keeper.poll() is None  # the live neighbour keeps its slot and bytes
-        assert reaper.tick() == []
     finally:
+        agent.close()
         stop(victim)
         stop(keeper)
 

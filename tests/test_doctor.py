@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import sys
 import tarfile
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -103,16 +106,35 @@ def test_runtime_dir_that_is_not_a_directory(sim: Sim) -> None:
     assert "SHAREGPU_RUNTIME_DIR" in check["fix"]
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
-def test_runtime_dir_unwritable(sim: Sim) -> None:
-    sim.runtime.mkdir(parents=True)
-    sim.runtime.chmod(0o500)
+UNWRITABLE_CHECK = """
+import sys
+from pathlib import Path
+from sharegpu.ops import doctor
+from sharegpu.ops.doctor import Context
+check = doctor.check_runtime_dir(Context(runtime_dir=Path(sys.argv[1])))
+print(check.status, check.message, sep="\\n")
+"""
+
+
+def test_runtime_dir_unwritable() -> None:
+    """Root writes anywhere, so as root (CI) the check runs as `nobody` (setpriv)."""
+    base = Path(tempfile.mkdtemp(prefix="sharegpu-doctor-"))
     try:
-        check = doctor.check_runtime_dir(Context(runtime_dir=sim.runtime))
+        base.chmod(0o755)
+        runtime = base / "run"
+        runtime.mkdir(mode=0o500)
+        cmd = [sys.executable, "-c", UNWRITABLE_CHECK, str(runtime)]
+        if os.geteuid() == 0:
+            cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
+        env = {**os.environ, "PYTHONPATH": str(Path(doctor.__file__).parents[2])}
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env, timeout=60)
+        assert done.returncode == 0, done.stderr
+        status, message = done.stdout.split("\n", 1)
+        assert status == "fail"
+        assert "not writable" in message
     finally:
-        sim.runtime.chmod(0o755)
-    assert check.status == "fail"
-    assert "not writable" in check.message
+        (base / "run").chmod(0o755)
+        shutil.rmtree(base)
 
 
 def test_runtime_dir_checks(tmp_path: Path) -> None:
