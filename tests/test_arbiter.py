@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import Sim, parse_kv
-from sharegpu import abi
+from sharegpu import abi, native
 from sharegpu.arbiter import arbiter_path, ensure_arbiter, read_arbiter, tune_arbiter
 from sharegpu.errors import ConfigError, SpecError
 from sharegpu.spec import MIB
@@ -572,19 +572,28 @@ def test_probe_help_lists_the_compute_commands(sim: Sim) -> None:
         assert f"  {name}" in out
 
 
-def test_a_tenant_recreated_under_the_same_name_gets_its_new_limits(sim: Sim) -> None:
-    """The arbiter keys tenants by name; a new tenant of an old name must not inherit old limits
-    (both start at limits generation 0)."""
+def test_a_tenant_recreated_under_the_same_name_inherits_nothing(sim: Sim) -> None:
+    """The arbiter keys tenants by name and incarnation: a new tenant of an old name gets its own
+    limits, and none of the old one's GPU time, virtual time or ceiling debt, so next to a
+    newcomer it gets its fair half (the review saw 13.9% / 87.8% when the entry was inherited)."""
     from sharegpu.tenant import remove_tenant
 
-    old = compute_tenant(sim, "reused", "cap", 20)
-    assert achieved(finish(spawn(sim, old, "saturate", 1, 500))) < 30
+    old = compute_tenant(sim, "reused", "share", 50)
+    assert achieved(finish(spawn(sim, old, "saturate", 1.5, 500))) > 80  # alone: virtual time grows
+    old_incarnation = read_limits(old).incarnation
     remove_tenant(old)
-    new = compute_tenant(sim, "reused", "share", 10)
-    # Alone, a 10% share is work-conserving: nearly the whole card, not the old 20% cap.
-    assert achieved(finish(spawn(sim, new, "saturate", 1, 500))) > 80
+    new = compute_tenant(sim, "reused", "share", 50)
+    other = compute_tenant(sim, "other", "share", 50)
+    # The newcomer runs first: a re-created tenant that kept the old virtual time would wait
+    # until the newcomer caught up with it (about 1.4 s of the card).
+    po = spawn(sim, other, "saturate", 2.5, 500)
+    time.sleep(0.5)
+    xn, xo = achieved(finish(spawn(sim, new, "saturate", 1.2, 500))), achieved(finish(po))
+    print(f"re-created tenant next to a newcomer: {xn:.1f}% (and the newcomer {xo:.1f}% of 2.5 s)")
+    assert 35 <= xn <= 65
     (entry,) = [t for t in read_arbiter(arbiter_of(sim)).tenants if t.id == "reused"]
-    assert (entry.policy, entry.share_permille) == ("share", 100)
+    assert (entry.policy, entry.share_permille) == ("share", 500)
+    assert read_limits(new).incarnation not in (0, old_incarnation)
 
 
 def two_gpu_tenant(sim: Sim, name: str, gpu1_cap_pct: int) -> Path:
@@ -732,3 +741,122 @@ def test_multi_device_cooperative_launches_are_gated_on_every_gpu(sim: Sim) -> N
         t = read_arbiter(arbiter_of(sim, gpu)).tenant("t")
         assert t is not None
         assert t.gpu_time_ns > 0
+
+
+def spawn_in_pid_namespace(sim: Sim, tenant: Path, *args: object, mount_proc: bool) -> subprocess.Popen[str]:
+    """A probe as pid 1 of a new pid namespace, with the host's /proc or its own."""
+    cmd = ["unshare", "--pid", "--fork", "--kill-child", *(["--mount-proc"] if mount_proc else [])]
+    cmd += [str(native.probe_path()), *(str(a) for a in args)]
+    return subprocess.Popen(
+        cmd, env=sim.tenant_env(tenant), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+@pytest.mark.parametrize("mount_proc", [False, True], ids=["host-proc", "own-proc"])
+def test_tenants_in_two_pid_namespaces_split_30_70_without_reclaims(sim: Sim, mount_proc: bool) -> None:
+    """Containers share a GPU from different pid namespaces: no holder may be judged dead by a
+    pid of another namespace (the review saw 21 reclaims from live holders)."""
+    from sharegpu.agent.regions import reap_arbiter
+
+    a = compute_tenant(sim, "a", "share", 30)
+    b = compute_tenant(sim, "b", "share", 70)
+    at = start_at(0.8)
+    pa = spawn_in_pid_namespace(sim, a, "saturate", 2, 500, "kernel", at, mount_proc=mount_proc)
+    pb = spawn(sim, b, "saturate", 2, 500, "kernel", at)
+    # The agent's reaper (host namespace) runs all the while, as on a node.
+    done, reaped = threading.Event(), []
+
+    def reap() -> None:
+        while not done.wait(0.02):
+            reaped.extend(reap_arbiter(arbiter_of(sim)).clients)
+
+    reaper = threading.Thread(target=reap)
+    reaper.start()
+    try:
+        xa, xb = achieved(finish(pa)), achieved(finish(pb))
+    finally:
+        done.set()
+        reaper.join()
+    assert reaped == []
+    status = read_arbiter(arbiter_of(sim))
+    print(f"share 30/70 across pid namespaces: {xa:.1f}% / {xb:.1f}%, {status.reclaims} reclaims")
+    assert status.reclaims == 0
+    assert abs(xa - 30) <= 5
+    assert abs(xb - 70) <= 5
+
+
+def test_a_killed_holder_of_another_pid_namespace_is_reclaimed(sim: Sim) -> None:
+    a = compute_tenant(sim, "a", "share", 50)
+    b = compute_tenant(sim, "b", "share", 50)
+    at = start_at(0.8)
+    victim = spawn_in_pid_namespace(sim, a, "saturate", 10, 500, "kernel", at, mount_proc=False)
+    survivor = spawn(sim, b, "saturate", 3, 500, "kernel", at)
+    path = arbiter_of(sim)
+    time.sleep(1.3)
+    deadline = time.monotonic() + 5
+    while read_arbiter(path).holder_pid != 1:  # the victim, pid 1 of its namespace
+        assert time.monotonic() < deadline, "the victim never held the token"
+        time.sleep(0.0005)
+    victim.send_signal(signal.SIGKILL)  # unshare --kill-child takes the probe with it
+    victim.communicate(timeout=10)
+    values = finish(survivor)
+    assert int(values["max_gap_us"]) < 1_000_000
+    status = read_arbiter(path)
+    assert status.reclaims >= 1
+    assert all(c.pid != 1 for c in status.clients)
+
+
+def test_a_stopped_token_holder_loses_the_token(sim: Sim) -> None:
+    """SIGSTOP (docker pause, a debugger) of the holder must not stall the GPU: after its quantum
+    and SG_ARB_STALL_NS the others take the token back."""
+    a = compute_tenant(sim, "a", "share", 50)
+    b = compute_tenant(sim, "b", "share", 50)
+    at = start_at()
+    frozen = spawn(sim, a, "saturate", 6, 500, "kernel", at)
+    other = spawn(sim, b, "saturate", 3.5, 500, "kernel", at)
+    path = arbiter_of(sim)
+    time.sleep(1.0)
+    deadline = time.monotonic() + 5
+    while read_arbiter(path).holder_pid != frozen.pid:
+        assert time.monotonic() < deadline, "the frozen tenant never held the token"
+        time.sleep(0.0005)
+    frozen.send_signal(signal.SIGSTOP)
+    time.sleep(2.5)
+    frozen.send_signal(signal.SIGCONT)
+    gap = int(finish(other)["max_gap_us"])
+    finish(frozen)
+    status = read_arbiter(path)
+    print(f"longest stall next to a stopped holder: {gap} us, {status.stall_reclaims} stall reclaims")
+    assert gap < 1_700_000  # the stall bound (1 s) plus a quantum and a poll, not the 2.5 s stop
+    assert status.stall_reclaims >= 1
+    assert status.reclaims == 0  # it was alive all along
+
+
+def test_one_tenant_with_many_processes_leaves_entries_to_the_others(sim: Sim) -> None:
+    """A tenant of 260 launching processes holds at most ARB_TENANT_MAX_CLIENTS entries; its
+    other processes wait for one, and another tenant's first launch is served at once (it failed
+    with CUDA_ERROR_NOT_PERMITTED when one tenant could take all 256)."""
+    crowd_tenant = compute_tenant(sim, "crowd", "share", 50)
+    b = compute_tenant(sim, "b", "share", 50)
+    path = arbiter_of(sim)
+    crowd = [spawn(sim, crowd_tenant, "forklaunch", 100, 30) for _ in range(130)]  # parent + child each
+    try:
+        deadline = time.monotonic() + 60
+        while (t := read_arbiter(path).tenant("crowd")) is None or t.clients < abi.ARB_TENANT_MAX_CLIENTS:
+            assert time.monotonic() < deadline, "the crowd never reached its entry limit"
+            time.sleep(0.05)
+        time.sleep(1.0)
+        status = read_arbiter(path)
+        crowd_entry = status.tenant("crowd")
+        assert crowd_entry is not None
+        assert crowd_entry.clients == abi.ARB_TENANT_MAX_CLIENTS
+        assert status.entry_waits >= 1
+        started = time.monotonic()
+        res = sim.probe("launch", "4", "100", env=sim.tenant_env(b), timeout=30)
+        assert res["launched"] == "1"
+        assert time.monotonic() - started < 10
+    finally:
+        for proc in crowd:
+            proc.kill()
+        for proc in crowd:
+            proc.communicate(timeout=30)

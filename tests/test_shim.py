@@ -24,7 +24,7 @@ import pytest
 from conftest import REPO, Sim, parse_kv
 from sharegpu import abi, native
 from sharegpu.spec import MIB
-from sharegpu.tenant import DeviceLimit, create_tenant
+from sharegpu.tenant import DeviceLimit, create_tenant, tenant_status
 
 SHIM_DIR = REPO / "native" / "shim"
 INCLUDE = REPO / "native" / "include"
@@ -601,6 +601,38 @@ def test_sigkill_releases_the_charge(sim: Sim) -> None:
     assert ff["freed"] == "1"
 
 
+def test_a_live_process_of_another_pid_namespace_keeps_its_charge(sim: Sim) -> None:
+    """Its pid means nothing here (it is 1 in its namespace): only its liveness lock tells that
+    it lives, and once it is killed, that it died."""
+    tenant = sim.tenant("t", CAP, gpus=[0])
+    cmd = [
+        "unshare",
+        "--pid",
+        "--fork",
+        "--kill-child",
+        str(native.probe_path()),
+        "hold",
+        "plain",
+        "48M",
+        "120",
+    ]
+    other = subprocess.Popen(
+        cmd, env=sim.tenant_env(tenant), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert wait_for_line(other, "ready") == "1"
+        _, usage = usage_view(tenant)
+        (slot,) = [p for p in usage.procs if p.pid]
+        assert slot.pid == 1  # its own namespace's pid
+        assert slot.flags & abi.ENTRY_LIVE_LOCK
+        # A refused allocation scans for dead slots: the other namespace's must survive it.
+        assert allocs(tenant_probe(sim, tenant, "alloc", "plain", "32M")) == ["CUDA_ERROR_OUT_OF_MEMORY"]
+        assert [p.alive for p in tenant_status(tenant).processes] == [True]
+    finally:
+        stop(other)
+    assert allocs(tenant_probe(sim, tenant, "alloc", "plain", "48M")) == ["OK"]
+
+
 def _plant_slot(tenant: Path, slot: int, pid: int, start: int, mib: int) -> None:
     view, usage = usage_view(tenant)
     try:
@@ -672,6 +704,42 @@ def test_owner_death_with_the_lock_held_is_recovered(sim: Sim) -> None:
     finally:
         del usage
         view.close()
+
+
+def test_a_stopped_lock_holder_delays_an_admission_by_a_bound_only(sim: Sim) -> None:
+    """A process of the tenant stopped inside the usage lock: an allocation is refused after the
+    bound (2 s) with one line, instead of hanging for as long as the process stays stopped;
+    once it runs and unlocks, allocations work again."""
+    tenant = sim.tenant("t", CAP, gpus=[0])
+    script = f"""
+        import ctypes, mmap, os, signal
+        from sharegpu import abi
+        fd = os.open({str(tenant / abi.USAGE_FILE)!r}, os.O_RDWR)
+        view = mmap.mmap(fd, ctypes.sizeof(abi.Usage))
+        usage = abi.Usage.from_buffer(view)
+        libc = ctypes.CDLL("libc.so.6")
+        lock = ctypes.c_void_p(ctypes.addressof(usage.lock))
+        assert libc.pthread_mutex_lock(lock) == 0
+        print("locked", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        libc.pthread_mutex_unlock(lock)
+    """
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script)], env=sim.env(), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "locked"
+        started = time.monotonic()
+        res = sim.probe("alloc", "plain", "1M", env=sim.tenant_env(tenant), timeout=20)
+        waited = time.monotonic() - started
+        assert allocs(res) == ["CUDA_ERROR_OUT_OF_MEMORY"]
+        assert 1.5 <= waited < 10
+        assert "the usage lock was held for 2000 ms" in res.stderr
+    finally:
+        holder.send_signal(signal.SIGCONT)
+        holder.communicate(timeout=30)
+    assert allocs(tenant_probe(sim, tenant, "alloc", "plain", "1M")) == ["OK"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
  * reaping a dead client and handing a token it held to the best waiter is the shim's own
  * reap_and_pick_locked (eligibility, ceiling buckets, virtual time, the futex wake of the
  * waiter), and the lock's EOWNERDEAD repair is its repair_locked.  The agent has no client
- * entry of its own (self_pid stays 0), so its exit hook returns at once.
+ * entry of its own, so its exit hook returns at once.
  */
 #include "../shim/arbiter.c"
 
@@ -31,6 +31,7 @@ int sga_arbiter_reap(const char *path, struct sga_arb_reaped *out, int cap,
                          a->tenant_slots, a->client_slots, SG_ARB_MAX_TENANTS, SG_ARB_MAX_CLIENTS);
     }
     pthread_mutex_lock(&agent_mu);
+    agent_live_fd = sg_live_open(path);
     static struct snap before[SG_ARB_MAX_CLIENTS]; /* [agent_mu] */
     uint64_t recoveries = a->recoveries;
     int n = 0;
@@ -68,6 +69,9 @@ int sga_arbiter_reap(const char *path, struct sga_arb_reaped *out, int cap,
         res->reaped = (uint32_t)n;
         arb_unlock(a);
     }
+    if (agent_live_fd >= 0)
+        close(agent_live_fd);
+    agent_live_fd = -1;
     pthread_mutex_unlock(&agent_mu);
     sga_unmap(m, sizeof *a);
     return n;

@@ -22,6 +22,7 @@ int sga_usage_reap(const char *path, struct sga_usage_reaped *out, int cap, int 
     struct sg_usage *u = m;
     pthread_mutex_lock(&agent_mu);
     sg_usage_map = u;
+    live_fd = sg_live_open(path);
     uint64_t before = u->recoveries;
     struct sg_err e = {0};
     int n = 0;
@@ -34,7 +35,8 @@ int sga_usage_reap(const char *path, struct sga_usage_reaped *out, int cap, int 
             if (p->pid == 0)
                 continue;
             int32_t host = __atomic_load_n(&p->host_pid, __ATOMIC_RELAXED);
-            if (slot_alive(host > 0 ? host : p->pid, p->start_time))
+            /* A host pid the agent learned is judged in the agent's (the host's) namespace. */
+            if (slot_alive(s, p, host > 0 ? host : p->pid, host > 0 ? 0 : p->pidns))
                 continue;
             if (n < cap) {
                 struct sga_usage_reaped *r = &out[n];
@@ -50,6 +52,9 @@ int sga_usage_reap(const char *path, struct sga_usage_reaped *out, int cap, int 
         usage_unlock();
     }
     sg_usage_map = NULL;
+    if (live_fd >= 0)
+        close(live_fd);
+    live_fd = -1;
     pthread_mutex_unlock(&agent_mu);
     sga_unmap(m, sizeof(struct sg_usage));
     return n;

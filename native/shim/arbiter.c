@@ -27,7 +27,8 @@
  *
  * Robustness: the region mutex is robust (EOWNERDEAD -> repair of the abi.h invariants); a
  * waiter never sleeps longer than LIVENESS_POLL_NS without checking that the holder is alive
- * (pid + start time) and takes the token back from a dead one; dead clients are reaped; a forked
+ * (its liveness lock, whatever its pid namespace: live.c) and takes the token back from a dead
+ * one; dead clients are reaped; a forked
  * child forgets its parent's token and entries; a normal exit releases and frees ours.
  */
 #include <errno.h>
@@ -69,12 +70,13 @@ static struct sg_limits_copy alim;
 static bool alim_valid;
 static int ord_idx[MAX_ORDINALS]; /* [setup_mu] limits index + 1; 0 unknown; -1 not ours */
 static char tenant_id[SG_TENANT_ID_LEN];
-static int32_t self_pid;
-static uint64_t self_start;
+static uint64_t tenant_incarnation; /* the limits' incarnation: a re-created tenant is another */
+static struct sg_identity self;
+static int agent_live_fd = -1; /* the region file for liveness tests when the agent reaps */
 static bool watcher_started;
 static uint32_t watcher_kick; /* [atomic] private futex word: a grant wakes the watcher */
 static uint64_t last_reap_ns;
-static int lock_logged;
+static int lock_logged, entry_logged;
 
 uint64_t sg_mono_ns(void)
 {
@@ -115,11 +117,27 @@ static uint64_t quantum(const struct sg_arbiter *a)
     return q;
 }
 
+static bool client_is_mine(const struct sg_arb_client *cl)
+{
+    return cl->pid != 0 && sg_identity_is(&self, cl->pidns, cl->pid, cl->start_time);
+}
+
+/* The region file's descriptor for liveness locks: the GPU's, or the agent's while it reaps. */
+static int live_fd_of(const struct sg_arbiter *a)
+{
+    for (int i = 0; i < SG_MAX_DEVICES; i++)
+        if (sg_gpus[i].a == a)
+            return sg_gpus[i].live_fd;
+    return agent_live_fd;
+}
+
 static void free_client_locked(struct sg_arbiter *a, int c)
 {
     struct sg_arb_client *cl = &a->clients[c];
     if (cl->pid == 0)
         return;
+    if (client_is_mine(cl))
+        sg_live_drop(live_fd_of(a), (uint32_t)c);
     if (SG_ARB_TOKEN_HOLDER(a->token) == c) {
         __atomic_store_n(&a->token, SG_ARB_TOKEN(SG_ARB_TOKEN_GEN(a->token), -1), __ATOMIC_RELEASE);
         a->last_release_ns = sg_mono_ns();
@@ -131,17 +149,23 @@ static void free_client_locked(struct sg_arbiter *a, int c)
     __atomic_store_n(&cl->state, SG_ARB_FREE, __ATOMIC_RELAXED);
     __atomic_store_n(&cl->yield, 0, __ATOMIC_RELAXED);
     cl->start_time = 0;
+    cl->flags = 0;
+    cl->pidns = 0;
     cl->pid = 0;
 }
 
 /* Free the entries of dead processes (the token of a dead holder goes back). */
 static void reap_locked(struct sg_arbiter *a)
 {
+    int fd = live_fd_of(a);
+    if (!self.pid)
+        sg_identity_read(&self);
     for (int c = 0; c < SG_ARB_MAX_CLIENTS; c++) {
         struct sg_arb_client *cl = &a->clients[c];
-        if (cl->pid == 0 || (cl->pid == self_pid && cl->start_time == self_start))
+        if (cl->pid == 0 || client_is_mine(cl))
             continue;
-        if (!sg_proc_alive(cl->pid, cl->start_time)) {
+        if (!sg_entry_alive(fd, (uint32_t)c, cl->flags, cl->pidns, cl->pid, cl->start_time,
+                            &self)) {
             if (SG_ARB_TOKEN_HOLDER(a->token) == c)
                 a->reclaims++;
             free_client_locked(a, c);
@@ -152,6 +176,24 @@ static void reap_locked(struct sg_arbiter *a)
 
 static int pick_locked(struct sg_arbiter *a, uint64_t now);
 static void grant_locked(struct sg_arbiter *a, int c, uint64_t now);
+static void charge_locked(struct sg_arbiter *a, struct sg_gpu *g, int c, uint64_t now);
+
+/* The holder kept the token SG_ARB_STALL_NS past its quantum: it is stopped (SIGSTOP, docker
+ * pause, a debugger) or stuck in one very long kernel.  Charge it what it held, take the token
+ * back and hand it on; when it runs again it finds the token gone and asks anew. */
+static void take_back_locked(struct sg_arbiter *a, int holder, uint64_t now)
+{
+    struct sg_arb_client *h = &a->clients[holder];
+    charge_locked(a, NULL, holder, now);
+    __atomic_store_n(&h->state, SG_ARB_IDLE, __ATOMIC_RELAXED);
+    __atomic_store_n(&h->yield, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&a->token, SG_ARB_TOKEN(SG_ARB_TOKEN_GEN(a->token), -1), __ATOMIC_RELEASE);
+    a->last_release_ns = now;
+    a->stall_reclaims++;
+    int best = pick_locked(a, now);
+    if (best >= 0)
+        grant_locked(a, best, now);
+}
 
 /* Reap, and hand a token freed by a dead holder to the best waiter. */
 static void reap_and_pick_locked(struct sg_arbiter *a)
@@ -552,6 +594,8 @@ static int open_region(struct sg_gpu *g, struct sg_err *e)
     if (fd < 0)
         return sg_fail(e, SG_E_CONFIG, "%s: cannot open the GPU arbiter: %s", path,
                        strerror(errno));
+    if (g->live_fd < 0)
+        g->live_fd = sg_live_open(path);
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
         (uint64_t)st.st_size < sizeof(struct sg_arbiter)) {
@@ -624,9 +668,12 @@ static void tenant_sync_locked(struct sg_arbiter *a, int ti, const struct sg_lim
             a->clients[c].priority = d->priority;
 }
 
+/* Our tenant's entry, made when missing.  An entry of our name and another incarnation is a
+ * deleted tenant's: nothing of it (GPU time, virtual time, ceiling debt) is ours, and once no
+ * process of it is left its slot is the one we take. */
 static int find_tenant_locked(struct sg_arbiter *a, uint64_t now)
 {
-    int fresh = -1, reuse = -1;
+    int fresh = -1, reuse = -1, stale = -1;
     for (int t = 0; t < SG_ARB_MAX_TENANTS; t++) {
         struct sg_arb_tenant *te = &a->tenants[t];
         if (te->tenant_id[0] == 0) {
@@ -634,22 +681,54 @@ static int find_tenant_locked(struct sg_arbiter *a, uint64_t now)
                 fresh = t;
             continue;
         }
-        if (strncmp(te->tenant_id, tenant_id, SG_TENANT_ID_LEN) == 0)
+        bool named = strncmp(te->tenant_id, tenant_id, SG_TENANT_ID_LEN) == 0;
+        if (named && te->incarnation == tenant_incarnation)
             return t;
-        if (te->clients == 0 &&
-            (reuse < 0 || te->last_active_ns < a->tenants[reuse].last_active_ns))
+        if (te->clients != 0)
+            continue;
+        if (named)
+            stale = t;
+        else if (reuse < 0 || te->last_active_ns < a->tenants[reuse].last_active_ns)
             reuse = t;
     }
-    int t = fresh >= 0 ? fresh : reuse;
+    int t = stale >= 0 ? stale : fresh >= 0 ? fresh : reuse;
     if (t < 0)
         return -1;
     struct sg_arb_tenant *te = &a->tenants[t];
     memset(te, 0, sizeof *te);
     memcpy(te->tenant_id, tenant_id, SG_TENANT_ID_LEN);
     te->tenant_id[SG_TENANT_ID_LEN - 1] = 0;
+    te->incarnation = tenant_incarnation;
     te->bucket_ns = min_grant_ns(a); /* one grant's credit to start, not a whole quantum */
     te->bucket_ts_ns = now;
     return t;
+}
+
+/* Under the region lock: a free entry for us (*c) and our tenant's entry (*t), or *c = -1 when
+ * there is none we may take: our tenant holds SG_ARB_TENANT_MAX_CLIENTS, or none is free even
+ * after reaping the dead. */
+static void claim_entry_locked(struct sg_gpu *g, int *c, int *t, uint64_t now)
+{
+    struct sg_arbiter *a = g->a;
+    for (int pass = 0; pass < 2 && *c < 0; pass++) {
+        for (int i = 0; i < SG_ARB_MAX_CLIENTS; i++) {
+            /* Our identity but not ours: what this process held before an exec. */
+            if (client_is_mine(&a->clients[i]))
+                free_client_locked(a, i);
+        }
+        *t = find_tenant_locked(a, now);
+        bool room = *t >= 0 && a->tenants[*t].clients < SG_ARB_TENANT_MAX_CLIENTS;
+        /* The liveness lock is taken before the entry is published; a byte still locked
+         * belongs to a live process that lost its entry by mistake: leave it. */
+        for (int i = 0; room && i < SG_ARB_MAX_CLIENTS; i++)
+            if (a->clients[i].pid == 0 &&
+                (sg_live_hold(g->live_fd, (uint32_t)i) || g->live_fd < 0)) {
+                *c = i;
+                break;
+            }
+        if (*c < 0)
+            reap_and_pick_locked(a);
+    }
 }
 
 /* Claim our client entry (and our tenant's), start the watcher.  Caller holds g->mu. */
@@ -662,50 +741,53 @@ static int ensure_client(struct sg_gpu *g, struct sg_err *e)
         return SG_E_CONFIG;
     }
     pthread_mutex_lock(&setup_mu);
-    if (!self_pid)
-        sg_self_identity(&self_pid, &self_start);
+    if (!self.pid)
+        sg_identity_read(&self);
     struct sg_limits_device d = alim.devices[g->idx];
     uint64_t gen = alim.generation;
     pthread_mutex_unlock(&setup_mu);
     int slot = sg_usage_slot();
     g->usage = slot >= 0 ? &sg_usage_map->procs[slot].dev[g->idx] : NULL;
     struct sg_arbiter *a = g->a;
-    if (arb_lock(a) < 0)
-        return sg_fail(e, SG_E_CONFIG, "cannot lock the GPU arbiter");
-    uint64_t now = sg_mono_ns();
-    int c = -1, t = -1;
-    for (int pass = 0; pass < 2 && c < 0; pass++) {
-        for (int i = 0; i < SG_ARB_MAX_CLIENTS; i++) {
-            /* Our pid and start time but not ours: what this process held before an exec. */
-            if (a->clients[i].pid == self_pid && a->clients[i].start_time == self_start)
-                free_client_locked(a, i);
-        }
-        t = find_tenant_locked(a, now);
-        for (int i = 0; t >= 0 && i < SG_ARB_MAX_CLIENTS; i++)
-            if (a->clients[i].pid == 0) {
-                c = i;
-                break;
-            }
-        if (c < 0)
-            reap_and_pick_locked(a);
+    int c, t;
+    bool waited = false;
+    for (;;) {
+        c = t = -1;
+        if (arb_lock(a) < 0)
+            return sg_fail(e, SG_E_CONFIG, "cannot lock the GPU arbiter");
+        claim_entry_locked(g, &c, &t, sg_mono_ns());
+        if (c >= 0)
+            break;
+        /* No entry we may take (our tenant holds its limit, or every entry is live): wait for
+         * one to be freed, as for the token, instead of failing the launch. */
+        if (!waited)
+            a->entry_waits++;
+        arb_unlock(a);
+        if (!waited)
+            sg_log_once(&entry_logged,
+                        "waiting for a GPU arbiter entry (a tenant may hold %d per GPU, %d in all)",
+                        SG_ARB_TENANT_MAX_CLIENTS, SG_ARB_MAX_CLIENTS);
+        waited = true;
+        struct timespec ts = {0, (long)LIVENESS_POLL_NS};
+        nanosleep(&ts, NULL);
+        if (g->usage)
+            __atomic_fetch_add(&g->usage->wait_ns, LIVENESS_POLL_NS, __ATOMIC_RELAXED);
     }
-    if (c >= 0) {
-        struct sg_arb_client *cl = &a->clients[c];
-        uint32_t wake = cl->wake, watch = cl->watch;
-        memset(cl, 0, sizeof *cl);
-        cl->wake = wake;
-        cl->watch = watch;
-        cl->pid = self_pid;
-        cl->start_time = self_start;
-        cl->tenant = (uint32_t)t;
-        cl->state = SG_ARB_IDLE;
-        a->tenants[t].clients++;
-        tenant_sync_locked(a, t, &d, gen);
-        cl->priority = a->tenants[t].priority;
-    }
+    struct sg_arb_client *cl = &a->clients[c];
+    uint32_t wake = cl->wake, watch = cl->watch;
+    memset(cl, 0, sizeof *cl);
+    cl->wake = wake;
+    cl->watch = watch;
+    cl->pid = self.pid;
+    cl->start_time = self.start;
+    cl->pidns = self.pidns;
+    cl->flags = g->live_fd >= 0 ? SG_ENTRY_LIVE_LOCK : 0;
+    cl->tenant = (uint32_t)t;
+    cl->state = SG_ARB_IDLE;
+    a->tenants[t].clients++;
+    tenant_sync_locked(a, t, &d, gen);
+    cl->priority = a->tenants[t].priority;
     arb_unlock(a);
-    if (c < 0)
-        return sg_fail(e, SG_E_NOSLOT, "the GPU arbiter has no free entry");
     g->client = c;
     g->tenant = t;
     pthread_mutex_lock(&setup_mu);
@@ -889,7 +971,7 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
     uint64_t now = sg_mono_ns();
     if (arb_lock(a) < 0)
         return sg_fail(e, SG_E_CONFIG, "cannot lock the GPU arbiter");
-    if (me->pid != self_pid || me->start_time != self_start) {
+    if (!client_is_mine(me)) {
         /* Our entry was reaped (judged dead by mistake or the region repaired): claim anew. */
         arb_unlock(a);
         g->client = -1;
@@ -945,6 +1027,11 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
                 reap_and_pick_locked(a); /* a dead holder's token comes back */
                 continue;
             }
+            uint64_t t_now = sg_mono_ns();
+            if (slept && t_now > a->quantum_end_ns + SG_ARB_STALL_NS) {
+                take_back_locked(a, holder, t_now); /* a stopped holder's token comes back */
+                continue;
+            }
             if (me->priority > h->priority && !__atomic_load_n(&h->yield, __ATOMIC_RELAXED)) {
                 __atomic_store_n(&h->yield, 1, __ATOMIC_RELAXED);
                 __atomic_fetch_add(&h->watch, 1, __ATOMIC_RELEASE);
@@ -970,7 +1057,7 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
         slept = true;
         if (arb_lock(a) < 0)
             return sg_fail(e, SG_E_CONFIG, "cannot lock the GPU arbiter");
-        if (me->pid != self_pid || me->state == SG_ARB_IDLE) {
+        if (!client_is_mine(me) || me->state == SG_ARB_IDLE) {
             /* Repaired or reaped while we slept: ask again from the top. */
             arb_unlock(a);
             return acquire(g, e);
@@ -1317,8 +1404,7 @@ static void atfork_child(void)
     /* The child holds no token, has no client entry and no watcher; it claims its own at its
      * first launch. */
     pthread_mutex_init(&setup_mu, NULL);
-    self_pid = 0;
-    self_start = 0;
+    memset(&self, 0, sizeof self);
     watcher_started = false;
     for (int i = 0; i < SG_MAX_DEVICES; i++) {
         struct sg_gpu *g = &sg_gpus[i];
@@ -1331,6 +1417,9 @@ static void atfork_child(void)
         g->since_sync = 0;
         g->nctx = 0;
         g->usage = NULL;
+        if (g->live_fd >= 0)
+            close(g->live_fd); /* the parent's liveness locks stay the parent's */
+        g->live_fd = -1;
     }
     memset(&sg_arb_tls, 0, sizeof sg_arb_tls);
 }
@@ -1343,9 +1432,11 @@ static void setup_once_fn(void)
         pthread_mutex_init(&sg_gpus[i].mu, NULL);
         sg_gpus[i].client = -1;
         sg_gpus[i].idx = i;
+        sg_gpus[i].live_fd = -1;
     }
     memcpy(tenant_id, sg_limits_map->tenant_id, SG_TENANT_ID_LEN);
     tenant_id[SG_TENANT_ID_LEN - 1] = 0;
+    tenant_incarnation = sg_limits_map->incarnation;
     pthread_atfork(NULL, NULL, atfork_child);
 }
 
@@ -1358,7 +1449,7 @@ void sg_arb_setup(void)
  * noticed.  The driver tears our contexts down, so there is nothing to drain. */
 __attribute__((destructor)) static void sg_arb_exit_hook(void)
 {
-    if (!self_pid || self_pid != (int32_t)getpid())
+    if (!self.pid || self.pid != (int32_t)getpid())
         return;
     for (int i = 0; i < SG_MAX_DEVICES; i++) {
         struct sg_gpu *g = &sg_gpus[i];
@@ -1367,7 +1458,7 @@ __attribute__((destructor)) static void sg_arb_exit_hook(void)
         struct sg_arbiter *a = g->a;
         if (g->client >= 0 && arb_lock(a) == 0) {
             struct sg_arb_client *cl = &a->clients[g->client];
-            if (cl->pid == self_pid && cl->start_time == self_start) {
+            if (client_is_mine(cl)) {
                 uint64_t now = sg_mono_ns();
                 bool held = SG_ARB_TOKEN_HOLDER(a->token) == g->client;
                 if (held)

@@ -18,13 +18,16 @@
  *     free:  an open-addressing delete under the private mutex and one robust lock/unlock.
  * Measured on the simulated GPU by bench/ and by test_alloc_free_overhead in tests/test_shim.py.
  *
- * Dead processes: a slot is live while kill(pid, 0) does not say ESRCH and /proc/<pid>/stat has
- * the recorded start time and is not a zombie.  Dead slots are reclaimed (their bytes taken off
+ * Dead processes: a slot is live while its owner holds the slot's liveness lock (live.c: an OFD
+ * lock on the usage file, dropped by the kernel at exit, in whatever pid namespace); a slot of an
+ * older shim without one is judged by pid + start time, and only from its own pid namespace.
+ * Dead slots are reclaimed (their bytes taken off
  * the device totals) under the mutex: whenever an allocation would otherwise be refused, and at
  * most every 100 ms otherwise, and at every EOWNERDEAD recovery.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -36,92 +39,35 @@
 #include "shim.h"
 
 #define SCAN_INTERVAL_NS 100000000ull /* 100 ms */
+#define ADMISSION_LOCK_WAIT_NS 2000000000ull /* an admission or a view waits this long for the lock; a
+                                               free waits as long as it takes (its credit must
+                                               not be lost) */
 #define MAX_ORDINALS 64
 
 /* ---- process identity ------------------------------------------------------------------- */
 
 /* All guarded by the usage mutex (ensure_identity runs right after each lock), reset in the
  * child after fork. */
-static int32_t self_pid;
-static uint64_t self_start;
+static struct sg_identity self;
 static int self_slot = -1;
+static int live_fd = -1; /* the usage file, for liveness locks (our slot's, and tests of others') */
 static uint64_t last_scan_ns;
-static int slot_logged, lock_logged;
-
-/* Parse /proc/<pid>/stat: state (field 3) and starttime (field 22).  -1: no such process,
- * 0: read, 1: could not tell (permission). */
-static int read_stat(int32_t pid, char *state, uint64_t *start)
-{
-    char path[64], buf[1024];
-    if (pid > 0)
-        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    else
-        snprintf(path, sizeof path, "/proc/self/stat");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return (errno == ENOENT || errno == ESRCH) ? -1 : 1;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return n == 0 ? -1 : 1;
-    buf[n] = '\0';
-    /* The command (field 2) may hold spaces and ')': the fields resume after the last ')'. */
-    char *p = strrchr(buf, ')');
-    if (!p || p[1] != ' ')
-        return 1;
-    p += 2;
-    *state = *p;
-    for (int field = 3; field < 22; field++) {
-        p = strchr(p, ' ');
-        if (!p)
-            return 1;
-        p++;
-    }
-    *start = strtoull(p, NULL, 10);
-    return 0;
-}
+static int slot_logged, lock_logged, busy_logged;
 
 static void ensure_identity(void)
 {
-    if (self_pid)
-        return;
-    char state;
-    uint64_t start = 0;
-    read_stat(0, &state, &start);
-    self_start = start;
-    self_pid = (int32_t)getpid();
+    if (!self.pid)
+        sg_identity_read(&self);
 }
 
-static bool slot_alive(int32_t pid, uint64_t start)
+static bool mine(const struct sg_usage_proc *p)
 {
-    if (pid <= 0)
-        return false;
-    if (kill(pid, 0) != 0 && errno == ESRCH)
-        return false;
-    char state = 0;
-    uint64_t t = 0;
-    int rc = read_stat(pid, &state, &t);
-    if (rc < 0)
-        return false;
-    if (rc > 0)
-        return true; /* cannot tell: keep it */
-    if (state == 'Z' || state == 'X')
-        return false; /* exited: the driver has released its memory */
-    return t == start;
+    return p->pid != 0 && sg_identity_is(&self, p->pidns, p->pid, p->start_time);
 }
 
-void sg_self_identity(int32_t *pid, uint64_t *start)
+static bool slot_alive(uint32_t s, const struct sg_usage_proc *p, int32_t pid, uint64_t pidns)
 {
-    char state;
-    uint64_t t = 0;
-    read_stat(0, &state, &t);
-    *pid = (int32_t)getpid();
-    *start = t;
-}
-
-bool sg_proc_alive(int32_t pid, uint64_t start)
-{
-    return slot_alive(pid, start);
+    return sg_entry_alive(live_fd, s, p->flags, pidns, pid, p->start_time, &self);
 }
 
 /* ---- the usage mutex -------------------------------------------------------------------- */
@@ -148,8 +94,12 @@ static void release_slot_locked(uint32_t s)
         p->dev[d].mem_bytes = 0;
         __atomic_store_n(&p->dev[d].alloc_count, 0, __ATOMIC_RELAXED);
     }
+    if (mine(p))
+        sg_live_drop(live_fd, s);
     p->start_time = 0;
     p->attached_ns = 0;
+    p->flags = 0;
+    p->pidns = 0;
     __atomic_store_n(&p->host_pid, 0, __ATOMIC_RELAXED);
     p->pid = 0;
 }
@@ -159,9 +109,9 @@ static void reap_locked(void)
     struct sg_usage *u = sg_usage_map;
     for (uint32_t s = 0; s < u->slot_count && s < SG_MAX_PROCS; s++) {
         struct sg_usage_proc *p = &u->procs[s];
-        if (p->pid == 0 || (p->pid == self_pid && p->start_time == self_start))
+        if (p->pid == 0 || mine(p))
             continue;
-        if (!slot_alive(p->pid, p->start_time))
+        if (!slot_alive(s, p, p->pid, p->pidns))
             release_slot_locked(s);
     }
 }
@@ -185,10 +135,29 @@ static void maybe_scan_locked(void)
         scan_locked();
 }
 
-static int usage_lock(struct sg_err *e)
+/* Lock the usage mutex; wait at most timeout_ns when nonzero (then SG_E_BUSY on expiry: a
+ * process of the tenant stopped inside the critical section must not hang the others'
+ * admissions for ever). */
+static int usage_lock_within(struct sg_err *e, uint64_t timeout_ns)
 {
     pthread_mutex_t *m = &sg_usage_map->lock.mutex;
-    int rc = pthread_mutex_lock(m);
+    int rc;
+    if (timeout_ns) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + timeout_ns;
+        ts.tv_sec += (time_t)(ns / 1000000000u);
+        ts.tv_nsec = (long)(ns % 1000000000u);
+        rc = pthread_mutex_timedlock(m, &ts);
+        if (rc == ETIMEDOUT)
+            return sg_fail(e, SG_E_BUSY,
+                           "%s/%s: the usage lock was held for %llu ms (a process of this tenant "
+                           "stopped inside it?)",
+                           sg_tenant_dir, SG_USAGE_FILE,
+                           (unsigned long long)(timeout_ns / 1000000u));
+    } else {
+        rc = pthread_mutex_lock(m);
+    }
     if (rc == 0 || rc == EOWNERDEAD)
         ensure_identity();
     if (rc == EOWNERDEAD) {
@@ -209,6 +178,11 @@ static int usage_lock(struct sg_err *e)
     return 0;
 }
 
+static int usage_lock(struct sg_err *e)
+{
+    return usage_lock_within(e, 0);
+}
+
 static void usage_unlock(void)
 {
     pthread_mutex_unlock(&sg_usage_map->lock.mutex);
@@ -219,27 +193,39 @@ static int ensure_slot_locked(void)
 {
     struct sg_usage *u = sg_usage_map;
     uint32_t n = u->slot_count < SG_MAX_PROCS ? u->slot_count : SG_MAX_PROCS;
-    if (self_slot >= 0 && (uint32_t)self_slot < n && u->procs[self_slot].pid == self_pid &&
-        u->procs[self_slot].start_time == self_start)
+    if (self_slot >= 0 && (uint32_t)self_slot < n && mine(&u->procs[self_slot]))
         return self_slot;
     self_slot = -1;
-    /* A slot with our pid and start time that is not ours is what this process held before
-     * an exec: the driver released that memory with the old address space. */
+    /* A slot with our identity that is not ours is what this process held before an exec:
+     * the driver released that memory with the old address space. */
     for (uint32_t s = 0; s < n; s++)
-        if (u->procs[s].pid == self_pid && u->procs[s].start_time == self_start)
+        if (mine(&u->procs[s]))
             release_slot_locked(s);
+    if (live_fd < 0) {
+        char path[PATH_MAX + 16];
+        snprintf(path, sizeof path, "%s/%s", sg_tenant_dir, SG_USAGE_FILE);
+        live_fd = sg_live_open(path);
+    }
     for (int pass = 0; pass < 2; pass++) {
         for (uint32_t s = 0; s < n; s++) {
             struct sg_usage_proc *p = &u->procs[s];
             if (p->pid != 0)
                 continue;
+            /* The lock is taken before the slot is published: nobody sees a slot whose lock
+             * is not held yet.  A byte still locked belongs to a live process that lost its
+             * slot by mistake: leave it. */
+            bool locked = sg_live_hold(live_fd, s);
+            if (!locked && live_fd >= 0)
+                continue;
             memset(p->dev, 0, sizeof p->dev);
-            p->start_time = self_start;
+            p->start_time = self.start;
+            p->pidns = self.pidns;
+            p->flags = locked ? SG_ENTRY_LIVE_LOCK : 0;
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             p->attached_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
             __atomic_store_n(&p->host_pid, 0, __ATOMIC_RELAXED);
-            p->pid = self_pid;
+            p->pid = self.pid;
             self_slot = (int)s;
             return self_slot;
         }
@@ -338,7 +324,7 @@ static void uncharge_locked(int idx, uint64_t bytes)
 {
     struct sg_usage *u = sg_usage_map;
     int s = self_slot;
-    if (s < 0 || u->procs[s].pid != self_pid || u->procs[s].start_time != self_start)
+    if (s < 0 || !mine(&u->procs[s]))
         return; /* our slot was released (exit hook ran): its bytes went with it */
     struct sg_usage_proc_dev *pd = &u->procs[s].dev[idx];
     uint64_t amt = bytes < pd->mem_bytes ? bytes : pd->mem_bytes;
@@ -372,7 +358,11 @@ int sg_reserve(CUdevice dev, uint64_t bytes, struct sg_charge *c, struct sg_err 
         return config_error(e);
     uint8_t uuid[16];
     bool have_uuid = sg_ordinal_uuid(dev, uuid) == 0;
-    int rc = usage_lock(e);
+    int rc = usage_lock_within(e, ADMISSION_LOCK_WAIT_NS);
+    if (rc == SG_E_BUSY) {
+        sg_log_once(&busy_logged, "%s; allocation refused", e->msg);
+        return rc; /* refused, not broken: the next allocation tries again */
+    }
     if (rc < 0) {
         sg_break("%s", e->msg);
         return rc;
@@ -421,7 +411,7 @@ static void give_back(int idx, uint64_t bytes, bool one_alloc)
     }
     uncharge_locked(idx, bytes);
     int s = self_slot;
-    if (one_alloc && s >= 0 && sg_usage_map->procs[s].pid == self_pid) {
+    if (one_alloc && s >= 0 && mine(&sg_usage_map->procs[s])) {
         uint64_t *cnt = &sg_usage_map->procs[s].dev[idx].alloc_count;
         if (__atomic_load_n(cnt, __ATOMIC_RELAXED) > 0)
             __atomic_fetch_sub(cnt, 1, __ATOMIC_RELAXED);
@@ -482,14 +472,23 @@ int sg_view_device(CUdevice dev, const uint8_t *uuid_in, struct sg_view *v, stru
     const uint8_t *uuid_p = uuid_in;
     if (!uuid_p && sg_ordinal_uuid(dev, uuid) == 0)
         uuid_p = uuid;
-    int rc = usage_lock(e);
+    int rc = usage_lock_within(e, ADMISSION_LOCK_WAIT_NS);
+    bool locked = rc == 0;
+    if (rc == SG_E_BUSY) {
+        /* Another process is stopped inside the lock (none of ours can be in there now): answer
+         * from the limits we have and the totals as they stand, a view, not a decision. */
+        sg_log_once(&busy_logged, "%s; memory views read without it", e->msg);
+        rc = sg_lim.device_count ? 0 : rc;
+    }
     if (rc < 0)
         return rc;
-    rc = sg_limits_refresh_locked(e);
+    if (locked)
+        rc = sg_limits_refresh_locked(e);
     if (rc == 0) {
         int idx = match_locked(uuid_p);
         if (idx >= 0) {
-            maybe_scan_locked();
+            if (locked)
+                maybe_scan_locked();
             const struct sg_usage_device *d = &sg_usage_map->devices[idx];
             uint64_t ovh = __atomic_load_n(&d->overhead_bytes, __ATOMIC_RELAXED);
             v->cap = sg_lim.devices[idx].mem_cap_bytes;
@@ -498,7 +497,8 @@ int sg_view_device(CUdevice dev, const uint8_t *uuid_in, struct sg_view *v, stru
                 v->used = UINT64_MAX;
         }
     }
-    usage_unlock();
+    if (locked)
+        usage_unlock();
     return rc;
 }
 
@@ -714,10 +714,12 @@ static void atfork_child(void)
     tab_count = 0;
     pthread_mutex_init(&map_lock, NULL);
     pthread_mutex_init(&ordinal_lock, NULL);
-    self_pid = 0;
-    self_start = 0;
+    memset(&self, 0, sizeof self);
     self_slot = -1;
     last_scan_ns = 0;
+    if (live_fd >= 0)
+        close(live_fd); /* the parent's liveness lock stays the parent's */
+    live_fd = -1;
 }
 
 void sg_ledger_setup(void)
@@ -728,14 +730,13 @@ void sg_ledger_setup(void)
 /* Normal exit: give the slot back (the driver frees the process's memory as it exits). */
 __attribute__((destructor)) static void sg_ledger_exit(void)
 {
-    if (!sg_usage_map || self_slot < 0 || self_pid != (int32_t)getpid())
+    if (!sg_usage_map || self_slot < 0 || self.pid != (int32_t)getpid())
         return;
     struct sg_err e;
     if (usage_lock(&e) < 0)
         return;
     int s = self_slot;
-    if (s >= 0 && sg_usage_map->procs[s].pid == self_pid &&
-        sg_usage_map->procs[s].start_time == self_start)
+    if (s >= 0 && mine(&sg_usage_map->procs[s]))
         release_slot_locked((uint32_t)s);
     self_slot = -1;
     usage_unlock();

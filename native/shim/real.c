@@ -86,6 +86,7 @@ CUresult sg_cu_result(int code)
     case SG_E_OVERCAP:
     case SG_E_NOSLOT:
     case SG_E_NOMEM:
+    case SG_E_BUSY:
         return CUDA_ERROR_OUT_OF_MEMORY;
     case SG_E_INVAL:
         return CUDA_ERROR_INVALID_VALUE;

@@ -107,7 +107,8 @@ enum sg_errc {
     SG_E_NOSLOT = -3,  /* no free process slot in the usage region */
     SG_E_NOMEM = -4,   /* the shim could not allocate its own bookkeeping */
     SG_E_INVAL = -5,   /* invalid argument (NULL output pointer, size overflow) */
-    SG_E_NOTFOUND = -6 /* the real function is missing */
+    SG_E_NOTFOUND = -6, /* the real function is missing */
+    SG_E_BUSY = -7      /* a lock stayed held past its bound (its holder is stopped) */
 };
 
 struct sg_err {
@@ -231,8 +232,21 @@ int sg_list_procs(const uint8_t uuid[16], struct sg_proc_info *out, unsigned cap
 void sg_ledger_setup(void);
 
 /* Liveness and identity (pid + start time, never pid alone), shared with the arbiter. */
-void sg_self_identity(int32_t *pid, uint64_t *start);
-bool sg_proc_alive(int32_t pid, uint64_t start);
+/* Process identity and liveness across pid namespaces (live.c). */
+struct sg_identity {
+    uint64_t pidns;     /* inode of /proc/self/ns/pid; 0 unknown */
+    int32_t pid;        /* getpid(): the pid in our own namespace */
+    uint64_t start;     /* start time, ticks after boot */
+    bool proc_is_ours;  /* /proc is our namespace's: pids of our namespace can be judged */
+};
+int sg_read_stat(int32_t pid, char *state, uint64_t *start);
+void sg_identity_read(struct sg_identity *id);
+bool sg_identity_is(const struct sg_identity *self, uint64_t pidns, int32_t pid, uint64_t start);
+int sg_live_open(const char *path);
+bool sg_live_hold(int fd, uint32_t index);
+void sg_live_drop(int fd, uint32_t index);
+bool sg_entry_alive(int fd, uint32_t index, uint32_t flags, uint64_t pidns, int32_t pid,
+                    uint64_t start, const struct sg_identity *self);
 /* This process's slot in the usage region (claimed if needed), or -1. */
 int sg_usage_slot(void);
 
@@ -262,6 +276,7 @@ struct sg_gpu {
     struct sg_usage_proc_dev *usage; /* [mu] our usage counters on this device, or NULL */
     pthread_mutex_t mu;
     int idx;             /* limits index */
+    int live_fd;         /* [mu] the region file, for our liveness lock and tests of others' */
     int tenant;          /* [mu] */
     int nctx;            /* [mu] contexts that launched during this hold (drained at release) */
     CUcontext ctxs[8];

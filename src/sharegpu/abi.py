@@ -11,11 +11,14 @@ import ctypes
 import uuid as uuidlib
 
 ABI_MAJOR = 1
-ABI_MINOR = 2
+ABI_MINOR = 3
 
 MAGIC_LIMITS = 0x4D4C4753  # "SGLM"
 MAGIC_USAGE = 0x53554753  # "SGUS"
 MAGIC_ARBITER = 0x52414753  # "SGAR"
+
+ENTRY_LIVE_LOCK = 1  # entry flag (1.3): the owner holds the entry's liveness lock (liveness.py)
+LIVE_LOCK_BASE = 1 << 40  # byte offset of entry 0's liveness lock in the region's file
 
 MAX_DEVICES = 16
 MAX_PROCS = 256
@@ -39,6 +42,8 @@ POLICY_NAMES = {
 }
 ARB_MAX_TENANTS = 64
 ARB_MAX_CLIENTS = 256
+ARB_TENANT_MAX_CLIENTS = 32  # client entries one tenant may hold on a GPU (1.3)
+ARB_STALL_NS = 1_000_000_000  # a holder this long past its quantum loses the token (1.3)
 ARB_DEFAULT_QUANTUM_NS = 10_000_000
 ARB_MIN_QUANTUM_NS = 500_000
 ARB_MAX_QUANTUM_NS = 1_000_000_000
@@ -98,7 +103,8 @@ class Limits(ctypes.Structure):
         ("tenant_id", ctypes.c_char * TENANT_ID_LEN),
         ("device_count", u32),
         ("flags", u32),
-        ("reserved", u8 * 48),
+        ("incarnation", u64),
+        ("reserved", u8 * 40),
         ("devices", LimitsDevice * MAX_DEVICES),
     )
 
@@ -122,7 +128,10 @@ class UsageProc(ctypes.Structure):
         ("host_pid", i32),
         ("start_time", u64),
         ("attached_ns", u64),
-        ("reserved", u8 * 40),
+        ("flags", u32),
+        ("pad", u32),
+        ("pidns", u64),
+        ("reserved", u8 * 24),
         ("dev", UsageProcDev * MAX_DEVICES),
     )
 
@@ -169,7 +178,8 @@ class ArbTenant(ctypes.Structure):
         ("throttled_ns", u64),
         ("preemptions", u64),
         ("grants", u64),
-        ("reserved", u8 * 24),
+        ("incarnation", u64),
+        ("reserved", u8 * 16),
     )
 
 
@@ -190,7 +200,8 @@ class ArbClient(ctypes.Structure):
         ("wait_ns", u64),
         ("throttled_ns", u64),
         ("preemptions", u64),
-        ("reserved", u8 * 40),
+        ("pidns", u64),
+        ("reserved", u8 * 32),
     )
 
 
@@ -227,7 +238,9 @@ class Arbiter(ctypes.Structure):
         ("holdback_misses", u64),
         ("misses_in_row", u32),
         ("pad0", u32),
-        ("reserved", u8 * 176),
+        ("stall_reclaims", u64),
+        ("entry_waits", u64),
+        ("reserved", u8 * 160),
         ("tenants", ArbTenant * ARB_MAX_TENANTS),
         ("clients", ArbClient * ARB_MAX_CLIENTS),
     )

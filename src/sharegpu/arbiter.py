@@ -266,8 +266,10 @@ class ArbiterStatus:
     grants: int
     handovers: int
     handover_idle_ns: int
-    reclaims: int
+    reclaims: int  # tokens taken back from dead holders
     recoveries: int
+    stall_reclaims: int = 0  # tokens taken back from holders stopped past their quantum (1.3)
+    entry_waits: int = 0  # processes that waited for a client entry instead of failing (1.3)
     tenants: list[ArbiterTenant] = field(default_factory=list)
     clients: list[ArbiterClient] = field(default_factory=list)
 
@@ -374,6 +376,8 @@ def read_arbiter(path: Path) -> ArbiterStatus:
         handover_idle_ns=region.handover_idle_ns,
         reclaims=region.reclaims,
         recoveries=region.recoveries,
+        stall_reclaims=region.stall_reclaims,
+        entry_waits=region.entry_waits,
         tenants=tenants,
         clients=clients,
     )

@@ -30,6 +30,7 @@ import fcntl
 import json
 import mmap
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -40,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from sharegpu import abi, regionmap
+from sharegpu import abi, liveness, regionmap
 from sharegpu.errors import AdmissionError, ConfigError, SpecError, TenantError, TenantExists, TenantNotFound
 from sharegpu.spec import format_size, validate_tenant_id
 
@@ -191,6 +192,7 @@ def limits_bytes(tenant_id: str, devices: Sequence[DeviceLimit], generation: int
     region.generation = generation
     region.tenant_id = tenant_id.encode()
     region.device_count = len(devices)
+    region.incarnation = secrets.randbits(64) | 1  # nonzero: a re-created tenant is another
     for slot, dev in zip(region.devices, devices, strict=False):
         slot.uuid[:] = abi.uuid_to_bytes(dev.uuid)
         slot.mem_cap_bytes = dev.mem_cap_bytes
@@ -623,19 +625,22 @@ def read_usage(path: Path) -> UsageSnapshot:
 
 def process_start_time(pid: int) -> int | None:
     """Field 22 of /proc/<pid>/stat (clock ticks after boot), or None if the pid is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[19])
+    return liveness.start_time(pid)
 
 
-def slot_alive(proc: abi.UsageProc) -> bool:
-    """Liveness is pid plus start time, never pid alone (pids are reused)."""
-    pid = int(proc.host_pid or proc.pid)
-    return pid > 0 and process_start_time(pid) == int(proc.start_time)
+def slot_alive(tenant: Path, index: int, proc: abi.UsageProc) -> bool:
+    """The shim's rule (liveness.py): the slot's liveness lock, else pid plus start time (never
+    pid alone: pids are reused), judged only from the writer's pid namespace."""
+    if proc.host_pid:  # learned by the agent: a pid of the host's namespace
+        return process_start_time(int(proc.host_pid)) == int(proc.start_time)
+    return liveness.entry_alive(
+        tenant / abi.USAGE_FILE,
+        index,
+        flags=int(proc.flags),
+        pidns=int(proc.pidns),
+        pid=int(proc.pid),
+        start=int(proc.start_time),
+    )
 
 
 _meta_cache: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
@@ -678,10 +683,10 @@ def tenant_status(path: Path) -> TenantStatus:
     uuids = [abi.bytes_to_uuid(bytes(d.uuid)) for d in limits.devices[: limits.device_count]]
     processes = []
     live_bytes = [0] * limits.device_count
-    for proc in usage.procs:
+    for index, proc in enumerate(usage.procs):
         if proc.pid == 0:
             continue
-        alive = slot_alive(proc)
+        alive = slot_alive(path, index, proc)
         per_dev = {
             uuids[i]: proc.dev[i].mem_bytes for i in range(limits.device_count) if proc.dev[i].mem_bytes
         }

@@ -24,12 +24,20 @@
 #include <stdint.h>
 
 #define SG_ABI_MAJOR 1
-#define SG_ABI_MINOR 2 /* 1.1: the GPU arbiter region and the compute counters;
-                          1.2: predicted online arrivals (offline hold-back) */
+#define SG_ABI_MINOR 3 /* 1.1: the GPU arbiter region and the compute counters;
+                          1.2: predicted online arrivals (offline hold-back);
+                          1.3: liveness locks and pid namespaces of entries, tenant
+                               incarnations */
 
 #define SG_MAGIC_LIMITS 0x4d4c4753u  /* "SGLM" little-endian */
 #define SG_MAGIC_USAGE 0x53554753u   /* "SGUS" */
 #define SG_MAGIC_ARBITER 0x52414753u /* "SGAR" (compute arbitration, ABI 1.1+) */
+
+/* Entry flags (ledger slots, arbiter clients), ABI 1.3. */
+#define SG_ENTRY_LIVE_LOCK 1u /* the owner holds an OFD write lock on byte SG_LIVE_LOCK_BASE +
+                                 the entry's index of the region's file while it lives: the
+                                 entry is alive iff that byte is locked (native/shim/live.c) */
+#define SG_LIVE_LOCK_BASE (1ull << 40) /* past any region's contents */
 
 #define SG_MAX_DEVICES 16
 #define SG_MAX_PROCS 256
@@ -119,13 +127,17 @@ struct sg_limits {
     char tenant_id[SG_TENANT_ID_LEN];   /* [seq] NUL-terminated */
     uint32_t device_count;              /* [seq] entries used in devices[] */
     uint32_t flags;                     /* [seq] reserved, 0 */
-    uint8_t reserved[48];
+    uint64_t incarnation;               /* [const] random, nonzero, fixed at creation (1.3):
+                                           a tenant re-created under the same name is another
+                                           tenant; 0: written before 1.3 */
+    uint8_t reserved[40];
     struct sg_limits_device devices[SG_MAX_DEVICES];
 };
 _Static_assert(offsetof(struct sg_limits, generation) == 64, "generation");
 _Static_assert(offsetof(struct sg_limits, tenant_id) == 72, "tenant_id");
 _Static_assert(offsetof(struct sg_limits, device_count) == 136, "device_count");
 _Static_assert(offsetof(struct sg_limits, flags) == 140, "limits flags");
+_Static_assert(offsetof(struct sg_limits, incarnation) == 144, "limits incarnation");
 _Static_assert(offsetof(struct sg_limits, devices) == 192, "devices");
 _Static_assert(sizeof(struct sg_limits) == 192 + 64 * SG_MAX_DEVICES, "limits size");
 
@@ -158,15 +170,20 @@ struct sg_usage_proc {
     int32_t pid;           /* [lock] pid in the tenant's pid namespace; 0 = free slot */
     int32_t host_pid;      /* [atomic relaxed] W: agent.  pid in the host namespace, 0 unknown */
     uint64_t start_time;   /* [lock] starttime of /proc/<pid>/stat (clock ticks after boot);
-                              liveness is pid AND start_time, never pid alone */
+                              with the pid namespace, the owner's identity */
     uint64_t attached_ns;  /* [lock] CLOCK_REALTIME when the slot was claimed */
-    uint8_t reserved[40];
+    uint32_t flags;        /* [lock] SG_ENTRY_* (1.3); 0: judged by pid + start time only */
+    uint32_t pad;
+    uint64_t pidns;        /* [lock] inode of the owner's pid namespace (1.3); 0 unknown */
+    uint8_t reserved[24];
     struct sg_usage_proc_dev dev[SG_MAX_DEVICES];
 };
 _Static_assert(offsetof(struct sg_usage_proc, pid) == 0, "proc pid");
 _Static_assert(offsetof(struct sg_usage_proc, host_pid) == 4, "proc host_pid");
 _Static_assert(offsetof(struct sg_usage_proc, start_time) == 8, "proc start_time");
 _Static_assert(offsetof(struct sg_usage_proc, attached_ns) == 16, "proc attached_ns");
+_Static_assert(offsetof(struct sg_usage_proc, flags) == 24, "proc flags");
+_Static_assert(offsetof(struct sg_usage_proc, pidns) == 32, "proc pidns");
 _Static_assert(offsetof(struct sg_usage_proc, dev) == 64, "proc dev");
 _Static_assert(sizeof(struct sg_usage_proc) == 64 + 64 * SG_MAX_DEVICES, "usage proc size");
 
@@ -237,6 +254,12 @@ _Static_assert(sizeof(struct sg_usage) ==
 
 #define SG_ARB_MAX_TENANTS 64
 #define SG_ARB_MAX_CLIENTS 256
+/* Client entries one tenant may hold on a GPU (1.3): a tenant with hundreds of processes never
+ * takes the entries of the others; its next process waits for one of its own to be freed. */
+#define SG_ARB_TENANT_MAX_CLIENTS 32
+/* A holder that keeps the token this long past its quantum end is stopped (SIGSTOP, docker
+ * pause, a debugger) or draining a kernel that long: a waiter takes the token back (1.3). */
+#define SG_ARB_STALL_NS 1000000000ull
 /* Default quantum, chosen by measurement (docs/design/arbitration.md). */
 #define SG_ARB_DEFAULT_QUANTUM_NS 10000000ull
 /* Accepted quantum range; a region outside it is corrupt (fail closed). */
@@ -285,7 +308,10 @@ struct sg_arb_tenant {
     uint64_t throttled_ns;            /* [atomic relaxed] waiting, held back by the ceiling */
     uint64_t preemptions;             /* [atomic relaxed] yields to a higher-class request */
     uint64_t grants;                  /* [atomic relaxed, written under lock] tokens granted */
-    uint8_t reserved[24];
+    uint64_t incarnation;             /* [lock] the tenant's limits incarnation (1.3): an entry
+                                         of the same name and another incarnation is another
+                                         (deleted) tenant's, and nothing of it is inherited */
+    uint8_t reserved[16];
 };
 _Static_assert(sizeof(struct sg_arb_tenant) == 192, "arb tenant size");
 _Static_assert(offsetof(struct sg_arb_tenant, tenant_id) == 0, "arb tenant_id");
@@ -305,13 +331,15 @@ _Static_assert(offsetof(struct sg_arb_tenant, wait_ns) == 136, "arb t wait_ns");
 _Static_assert(offsetof(struct sg_arb_tenant, throttled_ns) == 144, "arb t throttled_ns");
 _Static_assert(offsetof(struct sg_arb_tenant, preemptions) == 152, "arb t preemptions");
 _Static_assert(offsetof(struct sg_arb_tenant, grants) == 160, "arb t grants");
+_Static_assert(offsetof(struct sg_arb_tenant, incarnation) == 168, "arb t incarnation");
 
 /* One client: a process using this GPU (128 bytes).  Claimed at the process's first launch on
- * the GPU, freed at its exit, or by anyone who finds it dead (pid + start time). */
+ * the GPU, freed at its exit, or by anyone who finds it dead (its liveness lock, or pid + start
+ * time from the same pid namespace: native/shim/live.c). */
 struct sg_arb_client {
     int32_t pid;             /* [lock] 0 = free entry */
     uint32_t tenant;         /* [lock] index in tenants[] */
-    uint64_t start_time;     /* [lock] starttime of /proc/<pid>/stat: liveness is pid AND this */
+    uint64_t start_time;     /* [lock] starttime of /proc/<pid>/stat (the owner's identity) */
     uint32_t state;          /* [lock, atomic relaxed reads] enum sg_arb_state */
     uint32_t priority;       /* [lock] the tenant's class, copied for the pick */
     uint32_t wake;           /* [atomic release/acquire] futex word the client waits on: +1 at
@@ -321,16 +349,18 @@ struct sg_arb_client {
     uint32_t watch;          /* [atomic] futex word of the owner's watcher thread: +1 (then
                                 FUTEX_WAKE) with every yield request, so an idle holder yields
                                 at once */
-    uint32_t flags;          /* reserved, 0 */
+    uint32_t flags;          /* [lock] SG_ENTRY_* (1.3); 0: judged by pid + start time only */
     uint64_t wait_since_ns;  /* [lock] when it started waiting (FIFO among equals) */
     uint64_t grant_ns;       /* [lock] start of the current charge period while HOLDING */
     uint64_t gpu_time_ns;    /* [atomic relaxed] wall time held, this client */
     uint64_t wait_ns;        /* [atomic relaxed] */
     uint64_t throttled_ns;   /* [atomic relaxed] */
     uint64_t preemptions;    /* [atomic relaxed] */
-    uint8_t reserved[40];
+    uint64_t pidns;          /* [lock] inode of the owner's pid namespace (1.3); 0 unknown */
+    uint8_t reserved[32];
 };
 _Static_assert(sizeof(struct sg_arb_client) == 128, "arb client size");
+_Static_assert(offsetof(struct sg_arb_client, pidns) == 88, "arb c pidns");
 _Static_assert(offsetof(struct sg_arb_client, pid) == 0, "arb pid");
 _Static_assert(offsetof(struct sg_arb_client, tenant) == 4, "arb tenant");
 _Static_assert(offsetof(struct sg_arb_client, start_time) == 8, "arb start_time");
@@ -397,7 +427,13 @@ struct sg_arbiter {
     uint32_t misses_in_row;         /* [lock] since the last online grant; two in a row
                                        withdraw the prediction until it is learned again */
     uint32_t pad0;
-    uint8_t reserved[176];
+    /* ABI 1.3 */
+    uint64_t stall_reclaims;        /* [lock] tokens taken back from live holders that kept them
+                                       SG_ARB_STALL_NS past their quantum (stopped: SIGSTOP,
+                                       docker pause, a debugger) */
+    uint64_t entry_waits;           /* [lock] processes that found no client entry they may take
+                                       and waited for one (instead of failing) */
+    uint8_t reserved[160];
     struct sg_arb_tenant tenants[SG_ARB_MAX_TENANTS];
     struct sg_arb_client clients[SG_ARB_MAX_CLIENTS];
 };
