@@ -402,9 +402,12 @@ def test_tenants_shows_configured_and_used_compute(sim: Sim) -> None:
         (item,) = doc["items"]
         (dev,) = item["devices"]
         assert (dev["policy"], dev["priority"], dev["compute_share_ratio"]) == ("cap", "offline", 0.3)
-        assert dev["gpu_time_seconds"] > 0.1
-        # Held to its cap (with slack for start-up and a loaded machine), and throttled the rest.
-        assert 0.05 < dev["share_used_ratio"] < 0.4
+        # GPU time over the last second: held to its cap, and throttled the rest.
+        assert dev["busy_window_seconds"] == 1.0
+        assert 0.2 < dev["gpu_busy_ratio"] < 0.4
+        assert dev["gpu_time_seconds"] is None  # integrated only by a running agent
+        assert dev["held_seconds"] > 0.1  # token time, lifetime
+        assert 0.05 < dev["held_ratio"] < 0.45
         assert dev["throttled_seconds"] > 0.3
         table = sim.cli("tenants").stdout
         assert "cap 30%" in table

@@ -44,6 +44,7 @@ EXPECTED = {
     "sharegpu_tenant_compute_ceiling_ratio": "gauge",
     "sharegpu_tenant_compute_guaranteed_ratio": "gauge",
     "sharegpu_tenant_gpu_busy_seconds": "counter",
+    "sharegpu_tenant_gpu_held_seconds": "counter",
     "sharegpu_tenant_gpu_wait_seconds": "counter",
     "sharegpu_tenant_gpu_throttled_seconds": "counter",
     "sharegpu_tenant_preemptions": "counter",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -116,6 +117,36 @@ def processes_by_gpu() -> dict[str, list[GpuProcess]]:
                 GpuProcess(pid=int(p.pid), used_bytes=int(p.usedGpuMemory or 0))
                 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
             ]
+    return found
+
+
+# NVML keeps per-process utilization samples for a short while (the driver's buffer; the
+# simulated GPU: one second): GPU time is measured over at most this window.
+BUSY_WINDOW_S = 1.0
+
+
+def busy_by_pid(window_s: float = BUSY_WINDOW_S) -> dict[str, dict[int, float]]:
+    """Every GPU's processes with the share of the card (0-1) the GPU spent running their work
+    over the last `window_s` seconds (at most BUSY_WINDOW_S), from NVML's per-process utilization
+    samples: {uuid: {host pid: ratio}}.  A GPU that does not report them is left out; one with no
+    samples in the window maps to {}."""
+    since_us = int((time.time() - min(window_s, BUSY_WINDOW_S)) * 1e6)
+    found: dict[str, dict[int, float]] = {}
+    with nvml():
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+            try:
+                samples = pynvml.nvmlDeviceGetProcessUtilization(handle, since_us)
+            except pynvml.NVMLError_NotFound:
+                samples = []
+            except pynvml.NVMLError_NotSupported:
+                continue
+            # Several samples of one process (one per sampling period): their mean.
+            per_pid: dict[int, list[int]] = {}
+            for sample in samples:
+                per_pid.setdefault(int(sample.pid), []).append(int(sample.smUtil))
+            found[uuid] = {pid: min(sum(v) / len(v), 100.0) / 100 for pid, v in per_pid.items()}
     return found
 
 

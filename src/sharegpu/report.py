@@ -4,9 +4,16 @@ Joins the tenant directories (limits: the configuration; usage: memory per proce
 per-GPU arbiter regions (GPU time, waiting, throttling, preemptions per tenant), so the CLI's
 table and JSON, and later the agent's API and metrics, read the same figures.
 
-"Share used" is GPU time held divided by the tenant's age on this node: what it actually got,
-next to what it was configured for. A tenant that was idle for part of its life shows less than
-its share; that is the truth, not an error.
+Two figures of compute, not to be confused:
+
+- GPU time (``busy_ratio``): the share of the card the GPU spent running the tenant's work over
+  the last ``busy_window_s`` seconds, from NVML's per-process utilization (summed over the
+  tenant's processes; the tenants of one card scaled down together if NVML's samples add up to
+  more than the whole card). This is what the tenant got.
+- Token time (``held_ns``, ``held_ratio``): the wall time the tenant held the GPU's token (its
+  drain included) and that divided by the tenant's age. A tenant with short kernels or host work
+  between them holds the card much longer than the GPU runs for it: this is what the arbiter
+  charged, not GPU time.
 """
 
 from __future__ import annotations
@@ -19,7 +26,8 @@ from pathlib import Path
 
 from sharegpu import abi
 from sharegpu.arbiter import ArbiterStatus, arbiter_path, read_arbiter
-from sharegpu.errors import ConfigError, SpecError
+from sharegpu.devices import BUSY_WINDOW_S, busy_by_pid
+from sharegpu.errors import ConfigError, DeviceError, SpecError
 from sharegpu.tenant import (
     ProcessUsage,
     is_stale,
@@ -44,11 +52,12 @@ class DeviceReport:
     overhead_bytes: int
     mem_peak_bytes: int
     oom_events: int
-    gpu_time_ns: int = 0
+    held_ns: int = 0  # token time (not GPU time): wall time the tenant held the GPU's token
     wait_ns: int = 0
     throttled_ns: int = 0
     preemptions: int = 0
-    share_used: float | None = None  # GPU time / age; None for memory-only (native) tenants
+    held_ratio: float | None = None  # held / age; None for memory-only (native) tenants
+    busy_ratio: float | None = None  # GPU time share over the window (NVML); None: not measured
 
 
 @dataclass
@@ -59,6 +68,7 @@ class TenantReport:
     command: object
     age_s: float
     stale: bool
+    incarnation: int = 0
     devices: list[DeviceReport] = field(default_factory=list)
     processes: list[ProcessUsage] = field(default_factory=list)
 
@@ -78,8 +88,38 @@ def read_arbiters(root: Path, uuids: Iterable[str]) -> dict[str, ArbiterStatus]:
     return found
 
 
-def node_report(root: Path | None = None, only: str | None = None) -> list[TenantReport]:
-    """Every tenant of the node, or only tenant `only` (reading nothing of the others)."""
+def measure_busy(window_s: float) -> dict[str, dict[int, float]] | None:
+    """NVML's per-process GPU time over the window, or None when NVML does not answer."""
+    try:
+        return busy_by_pid(window_s)
+    except DeviceError:
+        return None
+
+
+def _attribute_busy(reports: list[TenantReport], busy: dict[str, dict[int, float]]) -> None:
+    """Each tenant's GPU time on each GPU: its live processes' shares (NVML names processes by
+    host pid), the tenants of one card scaled down together to at most the whole card."""
+    per_gpu: dict[str, list[DeviceReport]] = {}
+    for report in reports:
+        pids = {p.host_pid or p.pid for p in report.processes if p.alive}
+        for dev in report.devices:
+            shares = busy.get(dev.uuid)
+            if shares is None:
+                continue
+            dev.busy_ratio = sum(shares.get(pid, 0.0) for pid in pids)
+            per_gpu.setdefault(dev.uuid, []).append(dev)
+    for devs in per_gpu.values():
+        total = sum(d.busy_ratio or 0.0 for d in devs)
+        if total > 1.0:
+            for d in devs:
+                d.busy_ratio = (d.busy_ratio or 0.0) / total
+
+
+def node_report(
+    root: Path | None = None, only: str | None = None, *, busy_window_s: float | None = BUSY_WINDOW_S
+) -> list[TenantReport]:
+    """Every tenant of the node, or only tenant `only` (reading nothing of the others), with GPU
+    time measured over `busy_window_s` (None: not measured)."""
     root = root or runtime_dir()
     paths = iter_tenants(root) if only is None else [p for p in [tenants_dir(root) / only] if p.is_dir()]
     statuses = [tenant_status(p) for p in paths]
@@ -100,6 +140,7 @@ def node_report(root: Path | None = None, only: str | None = None) -> list[Tenan
         )
         if status.error is None:
             limits = read_limits(status.path)
+            report.incarnation = int(limits.incarnation)
             for i, dev in enumerate(status.devices):
                 lim = limits.devices[i]
                 entry = arbiters[dev.uuid].tenant(status.id) if dev.uuid in arbiters else None
@@ -117,14 +158,16 @@ def node_report(root: Path | None = None, only: str | None = None) -> list[Tenan
                         overhead_bytes=dev.overhead_bytes,
                         mem_peak_bytes=dev.mem_peak_bytes,
                         oom_events=dev.oom_events,
-                        gpu_time_ns=entry.gpu_time_ns if entry else 0,
+                        held_ns=entry.gpu_time_ns if entry else 0,
                         wait_ns=entry.wait_ns if entry else 0,
                         throttled_ns=entry.throttled_ns if entry else 0,
                         preemptions=entry.preemptions if entry else 0,
-                        share_used=(entry.gpu_time_ns / 1e9 / age if entry and age else 0.0)
+                        held_ratio=(entry.gpu_time_ns / 1e9 / age if entry and age else 0.0)
                         if controlled
                         else None,
                     )
                 )
         reports.append(report)
+    if busy_window_s is not None and (busy := measure_busy(busy_window_s)) is not None:
+        _attribute_busy(reports, busy)
     return reports

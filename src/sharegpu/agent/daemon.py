@@ -34,6 +34,7 @@ import uvicorn
 
 from sharegpu import __version__
 from sharegpu.agent.api import build_app
+from sharegpu.agent.busy import BusyMeter
 from sharegpu.agent.client import SOCKET_NAME
 from sharegpu.agent.events import Event, Loop
 from sharegpu.agent.loops import build_loops
@@ -239,6 +240,7 @@ def _start_metrics(
         counts=counts,
         sampler=sampler,
         driver=driver_version,
+        gpu_time=service.meter.snapshot if service.meter else None,
     )
     try:
         server = metrics.MetricsServer(
@@ -338,6 +340,8 @@ async def _serve(settings: Settings, store: Store, sock_path: Path) -> int:
         loop.add_signal_handler(signum, on_signal, signum)
     stop = asyncio.Event()
     loops = _loops(settings, store)
+    service.meter = BusyMeter(root)  # GPU time per tenant, integrated from NVML
+    loops.append(service.meter)
     metrics_server, on_events = _start_metrics(settings, service, loops)
     tasks = _schedule(service, settings, loops, stop, on_events)
     gpus = service.known_gpus or []

@@ -197,6 +197,7 @@ class SharegpuCollector(Collector):
         counts: EventCounts | None = None,
         sampler: OnlineWaitSampler | None = None,
         driver: Callable[[], str] | None = None,
+        gpu_time: Callable[[], Mapping[tuple[str, int, str], float]] | None = None,
     ) -> None:
         self.root = root
         self.rows = rows
@@ -204,6 +205,7 @@ class SharegpuCollector(Collector):
         self.loops = loops if loops is not None else {}
         self.counts = counts or EventCounts()
         self.sampler = sampler
+        self.gpu_time = gpu_time
         self._driver_source = driver
         self._driver: str | None = None
         self.started = time.time()
@@ -219,7 +221,7 @@ class SharegpuCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from self._agent()
-        tenants = views(self.root, self.rows())
+        tenants = views(self.root, self.rows(), gpu_time=self.gpu_time() if self.gpu_time else None)
         try:
             gpus = self.gpus()
             nvml_ok = 1.0
@@ -319,7 +321,13 @@ class SharegpuCollector(Collector):
             "Compute guaranteed to the tenant, 0-1 (its share under cap or burst, else 0)",
         )
         busy = counter(
-            "sharegpu_tenant_gpu_busy_seconds", "GPU time held by the tenant (rate: achieved share)"
+            "sharegpu_tenant_gpu_busy_seconds",
+            "GPU time: the GPU ran the tenant's work (NVML per-process utilization, integrated by the "
+            "agent every second since it started; rate: the achieved share of the card)",
+        )
+        held = counter(
+            "sharegpu_tenant_gpu_held_seconds",
+            "Token time, not GPU time: wall time the tenant held the GPU's token (drain included)",
         )
         wait = counter("sharegpu_tenant_gpu_wait_seconds", "Time the tenant's processes waited for the GPU")
         throttled = counter(
@@ -341,13 +349,14 @@ class SharegpuCollector(Collector):
                 share.add_metric(labels, d.compute_share_ratio)
                 ceiling.add_metric(labels, d.compute_ceiling_ratio)
                 guaranteed.add_metric(labels, d.compute_share_ratio if d.policy in ("cap", "burst") else 0.0)
-                busy.add_metric(labels, d.gpu_time_seconds)
+                busy.add_metric(labels, d.gpu_time_seconds or 0.0)
+                held.add_metric(labels, d.held_seconds)
                 wait.add_metric(labels, d.wait_seconds)
                 throttled.add_metric(labels, d.throttled_seconds)
                 preempt.add_metric(labels, float(d.preemptions))
                 oom.add_metric(labels, float(d.oom_events))
         yield from (processes, info, cap, used, overhead, peak, over, share, ceiling, guaranteed)
-        yield from (busy, wait, throttled, preempt, oom)
+        yield from (busy, held, wait, throttled, preempt, oom)
 
     def _waits(self, tenants: Mapping[str, TenantView]) -> Iterator[Metric]:
         fam = HistogramMetricFamily(

@@ -9,13 +9,14 @@ errors. Views are built from `sharegpu.report.node_report`, with or without the 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sharegpu.agent.events import Event
 from sharegpu.arbiter import ArbiterStatus
-from sharegpu.devices import Gpu
+from sharegpu.devices import BUSY_WINDOW_S, Gpu
 from sharegpu.errors import (
     AdmissionError,
     AgentError,
@@ -248,11 +249,24 @@ class DeviceView(BaseModel):
     compute_share_ratio: float
     compute_ceiling_ratio: float
     weight: int
-    gpu_time_seconds: float
+    gpu_busy_ratio: float | None = Field(
+        description="GPU time: the share of the card the GPU spent running the tenant's work over the "
+        "last busy_window_seconds (NVML per-process utilization; the tenants of a card never sum past 1); "
+        "null where NVML does not report it"
+    )
+    busy_window_seconds: float = Field(description="The window of gpu_busy_ratio")
+    gpu_time_seconds: float | None = Field(
+        default=None,
+        description="GPU time measured by the agent (gpu_busy_ratio integrated every second) since the "
+        "agent's start; null when no agent measured it",
+    )
+    held_seconds: float = Field(
+        description="Token time, not GPU time: wall time the tenant held the GPU's token, drain included"
+    )
+    held_ratio: float | None = Field(description="held_seconds / the tenant's age; null for native tenants")
     wait_seconds: float
     throttled_seconds: float
     preemptions: int
-    share_used_ratio: float | None = Field(description="GPU time / age; null for native tenants")
 
 
 class ProcessView(BaseModel):
@@ -325,7 +339,9 @@ class GpuView(BaseModel):
     memory_tenants_used_bytes: int = Field(description="Sum of the tenants' usage and overhead")
     memory_overcommitted: bool
     compute_guaranteed_ratio: float = Field(description="Sum of cap/burst guarantees")
-    compute_used_ratio: float = Field(description="Sum of the tenants' GPU time / age")
+    compute_used_ratio: float = Field(
+        description="Sum of the tenants' GPU time over the busy window (at most 1)"
+    )
     tenants: list[str]
     arbiter: ArbiterView | None = None
 
@@ -405,8 +421,11 @@ def tenant_view(
     *,
     generation: int | None = None,
     managed: bool = False,
+    gpu_time: Mapping[str, float] | None = None,
+    busy_window_s: float = BUSY_WINDOW_S,
 ) -> TenantView:
-    """The API's and the CLI's view of one tenant (`meta`: its meta.json or the agent's record)."""
+    """The API's and the CLI's view of one tenant (`meta`: its meta.json or the agent's record;
+    `gpu_time`: the agent's measured GPU seconds per GPU uuid)."""
     meta = meta or {}
     devices = []
     notes = []
@@ -432,11 +451,14 @@ def tenant_view(
                 compute_share_ratio=d.share_permille / 1000,
                 compute_ceiling_ratio=d.ceiling_permille / 1000,
                 weight=d.weight,
-                gpu_time_seconds=d.gpu_time_ns / 1e9,
+                gpu_busy_ratio=None if d.busy_ratio is None else round(d.busy_ratio, 4),
+                busy_window_seconds=busy_window_s,
+                gpu_time_seconds=None if gpu_time is None else round(gpu_time.get(d.uuid, 0.0), 4),
+                held_seconds=d.held_ns / 1e9,
+                held_ratio=d.held_ratio,
                 wait_seconds=d.wait_ns / 1e9,
                 throttled_seconds=d.throttled_ns / 1e9,
                 preemptions=d.preemptions,
-                share_used_ratio=d.share_used,
             )
         )
     supervisor = meta.get("supervisor")
@@ -500,7 +522,7 @@ def gpu_views(
                 compute_guaranteed_ratio=sum(
                     d.compute_share_ratio for _, d in on if d.policy in ("cap", "burst")
                 ),
-                compute_used_ratio=round(sum(d.share_used_ratio or 0.0 for _, d in on), 4),
+                compute_used_ratio=round(min(sum(d.gpu_busy_ratio or 0.0 for _, d in on), 1.0), 4),
                 tenants=[t.id for t, _ in on],
                 arbiter=arbiter_view(arbiter) if arbiter else None,
             )

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from sharegpu import abi
+from sharegpu.agent.busy import BusyMeter
 from sharegpu.agent.events import Event
 from sharegpu.agent.models import (
     GpuView,
@@ -116,9 +117,13 @@ def apply_resize(
 
 
 def views(
-    root: Path, rows: Mapping[str, TenantRow] | None = None, only: str | None = None
+    root: Path,
+    rows: Mapping[str, TenantRow] | None = None,
+    only: str | None = None,
+    gpu_time: Mapping[tuple[str, int, str], float] | None = None,
 ) -> list[TenantView]:
-    """Every tenant (or `only` that one) as the API shows it."""
+    """Every tenant (or `only` that one) as the API shows it (`gpu_time`: the agent's measured
+    GPU seconds per (tenant, incarnation, GPU uuid), see sharegpu.agent.busy)."""
     if only is not None and ("/" in only or only in (".", "..")):
         return []  # never a path: a tenant id names one directory under tenants/
     reports = node_report(root, only)
@@ -133,7 +138,16 @@ def views(
                 generation = int(read_limits(report.path).generation)
         row = (rows or {}).get(name)
         meta = read_meta(report.path) or (row.spec.get("meta", {}) if row else {})
-        found.append(tenant_view(report, meta, generation=generation, managed=row is not None))
+        measured = None
+        if gpu_time is not None:
+            measured = {
+                uuid: seconds
+                for (tenant, incarnation, uuid), seconds in gpu_time.items()
+                if tenant == report.id and incarnation == report.incarnation
+            }
+        found.append(
+            tenant_view(report, meta, generation=generation, managed=row is not None, gpu_time=measured)
+        )
     return found
 
 
@@ -157,6 +171,7 @@ class TenantService:
         self.started = time.time()
         self.loops: dict[str, LoopStats] = {}
         self.known_gpus: list[Gpu] | None = None  # as of the last scan (scan_gpus)
+        self.meter: BusyMeter | None = None  # the daemon's GPU-time loop, when it runs
         self._lock = asyncio.Lock()
         self._wakeup = asyncio.Event()
         self._closing = False
@@ -164,7 +179,8 @@ class TenantService:
     # -- reading -------------------------------------------------------------------------------
 
     def _views(self, only: str | None = None) -> list[TenantView]:
-        return views(self.root, self.store.tenants(), only)
+        gpu_time = self.meter.snapshot() if self.meter else None
+        return views(self.root, self.store.tenants(), only, gpu_time)
 
     def _view(self, tenant_id: str) -> TenantView:
         found = self._views(tenant_id)

@@ -67,7 +67,7 @@ def devices_items(gpus: list[GpuView]) -> list[dict[str, Any]]:
 def devices_table(gpus: list[GpuView], *, wide: bool = False) -> Table:
     columns = ["INDEX", "UUID", "NAME", "MEMORY USED / TOTAL", "UTIL", "CAPS", "GUARANTEED", "TENANTS"]
     if wide:
-        columns += ["TENANTS USE", "COMPUTE USED", "HOLDER", "WAITING", "HANDOVERS", "TENANT NAMES"]
+        columns += ["TENANTS USE", "GPU TIME (1s)", "HOLDER", "WAITING", "HANDOVERS", "TENANT NAMES"]
     table = Table(*columns, box=None)
     for g in gpus:
         caps = size(g.memory_allocated_bytes) + (" [overcommitted]" if g.memory_overcommitted else "")
@@ -105,16 +105,28 @@ def tenants_items(tenants: list[TenantView]) -> list[dict[str, Any]]:
 def tenants_renderable(items: list[TenantView], *, wide: bool = False) -> RenderableType:
     if not items:
         return Text("no tenants")
-    columns = ["TENANT", "GPU", "PRIORITY", "COMPUTE", "USED", "WAIT", "THROTTLED", "MEMORY USED / CAP"]
-    columns += ["OOM", "PROCS"]
+    # GPU TIME is what the GPU ran for the tenant over the last window (NVML); HELD, in the wide
+    # table, is the lifetime share of token time (what the arbiter charged), not GPU time.
+    window = f"{items[0].devices[0].busy_window_seconds:g}s" if items[0].devices else "1s"
+    columns = ["TENANT", "GPU", "PRIORITY", "COMPUTE", f"GPU TIME ({window})", "WAIT", "THROTTLED"]
+    columns += ["MEMORY USED / CAP", "OOM", "PROCS"]
     if wide:
-        columns += ["STATE", "OVERHEAD", "PEAK", "WEIGHT", "PREEMPTIONS", "GENERATION", "LABELS"]
+        columns += [
+            "STATE",
+            "HELD (LIFE)",
+            "OVERHEAD",
+            "PEAK",
+            "WEIGHT",
+            "PREEMPTIONS",
+            "GENERATION",
+            "LABELS",
+        ]
     table = Table(*columns, box=None)
     for t in items:
         name = f"{t.id} (stale)" if t.stale else t.id
         if t.error:
             row = [name, "-", "", "", "", "", "", f"[red]unreadable: {t.error}[/red]", "", ""]
-            table.add_row(*row, *([t.state, "", "", "", "", "", ""] if wide else []))
+            table.add_row(*row, *([t.state, "", "", "", "", "", "", ""] if wide else []))
             continue
         age = t.age_seconds or 1.0
         live = sum(1 for p in t.processes if p.alive)
@@ -125,7 +137,7 @@ def tenants_renderable(items: list[TenantView], *, wide: bool = False) -> Render
                 d.uuid,
                 d.priority,
                 configured(d),
-                "-" if d.share_used_ratio is None else f"{d.share_used_ratio * 100:.1f}%",
+                "-" if d.gpu_busy_ratio is None else f"{d.gpu_busy_ratio * 100:.1f}%",
                 f"{d.wait_seconds / age * 100:.1f}%",
                 f"{d.throttled_seconds / age * 100:.1f}%",
                 memory + (" [yellow]over cap[/yellow]" if d.over_cap else ""),
@@ -136,6 +148,7 @@ def tenants_renderable(items: list[TenantView], *, wide: bool = False) -> Render
                 labels = ",".join(f"{k}={v}" for k, v in sorted(t.labels.items()))
                 row += [
                     t.state if i == 0 else "",
+                    "-" if d.held_ratio is None else f"{d.held_ratio * 100:.1f}%",
                     size(d.memory_overhead_bytes),
                     size(d.memory_peak_bytes),
                     str(d.weight),

@@ -1,10 +1,12 @@
 """`sharegpu top`: one screen for the node: a bar per GPU and a row per tenant on each GPU.
 
-Rates (compute achieved, wait, throttled) are the change of the tenant's GPU-time, wait and
-throttled seconds between two readings divided by the wall time between them: on the live
-screen, between two refreshes; with `--once`, over a sampling interval (1 s by default). With a
-sampling interval of 0, or for a tenant the first reading did not have, they are taken over the
-tenant's lifetime instead (GPU time / age), and the header says so.
+Compute achieved is GPU time: the share of the card the GPU spent running the tenant's work over
+NVML's last window (1 s), the same figure as `sharegpu tenants`, the API and the metrics; the
+tenants of a card never add up to more than the card. Wait and throttled are the change of the
+tenant's wait and throttled seconds between two readings divided by the wall time between them:
+on the live screen, between two refreshes; with `--once`, over a sampling interval (1 s by
+default). With a sampling interval of 0, or for a tenant the first reading did not have, they
+are taken over the tenant's lifetime instead, and the header says so.
 """
 
 from __future__ import annotations
@@ -69,12 +71,13 @@ def rows(prev: Snapshot | None, cur: Snapshot) -> tuple[list[Row], bool]:
         age = t.age_seconds or 1.0
         for d in t.devices:
             old = before.get((t.id, d.uuid)) if interval else None
+            # GPU time is NVML's over its last window (as fresh as top's refresh); waits are
+            # measured between refreshes, or over the tenant's lifetime for the first screen.
+            compute = d.gpu_busy_ratio or 0.0
             if old is not None:
-                compute = max(d.gpu_time_seconds - old.gpu_time_seconds, 0.0) / dt
                 wait = max(d.wait_seconds - old.wait_seconds, 0.0) / dt
                 throttled = max(d.throttled_seconds - old.throttled_seconds, 0.0) / dt
             else:
-                compute = d.share_used_ratio or 0.0
                 wait, throttled = d.wait_seconds / age, d.throttled_seconds / age
             found.append(
                 Row(
@@ -86,7 +89,7 @@ def rows(prev: Snapshot | None, cur: Snapshot) -> tuple[list[Row], bool]:
                     memory_used=d.memory_used_bytes + d.memory_overhead_bytes,
                     memory_cap=d.memory_cap_bytes,
                     overhead=d.memory_overhead_bytes,
-                    compute=None if d.policy == "native" else min(compute, 1.0),
+                    compute=None if d.gpu_busy_ratio is None else min(compute, 1.0),
                     wait=min(wait, 1.0),
                     throttled=min(throttled, 1.0),
                     preemptions=d.preemptions,
