@@ -58,12 +58,13 @@ def test_a_healthy_simulated_node(sim: Sim) -> None:
         "shim-installed",
         "shim-loads",
         "runtime-dir",
+        "arbiters",
         "agent",
         "ld-so-preload",
         "clocksource",
         "conflicts",
     ]
-    for name in ("nvml", "driver", "shim-built", "shim-installed", "shim-loads", "runtime-dir"):
+    for name in ("nvml", "driver", "shim-built", "shim-installed", "shim-loads", "runtime-dir", "arbiters"):
         assert _line(proc.stdout, name)[0].startswith("ok "), proc.stdout
     assert "simgpu/libnvidia-ml.so.1" in _line(proc.stdout, "nvml")[0]
     assert "CUDA 1" in _line(proc.stdout, "driver")[0]

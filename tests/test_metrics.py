@@ -59,6 +59,7 @@ EXPECTED = {
     "sharegpu_audit_events": "counter",
     "sharegpu_qos_decisions": "counter",
     "sharegpu_reaped_processes": "counter",
+    "sharegpu_arbiter_rebuilds": "counter",
     "sharegpu_arbiter_handovers": "counter",
     "sharegpu_arbiter_holdbacks": "counter",
     "sharegpu_arbiter_holdback_misses": "counter",

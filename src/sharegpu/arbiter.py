@@ -112,6 +112,66 @@ def _validate(path: Path, uuid: str) -> None:
         raise ConfigError(f"{path}: the region belongs to {abi.bytes_to_uuid(bytes(region.uuid))}")
 
 
+# glibc's pthread_mutex_t: __kind (int) at byte 16; PTHREAD_MUTEX_ROBUST_NORMAL_NP (16) and
+# PTHREAD_MUTEX_PSHARED_BIT (128) set by pthread_mutex_init for a robust, process-shared mutex.
+_MUTEX_KIND_AT = 16
+_MUTEX_ROBUST_PSHARED = 16 | 128
+
+
+def arbiter_damage(path: Path, uuid: str) -> str | None:
+    """Why the shim would refuse this region (its own checks, open_region in
+    native/shim/arbiter.c), or None when it is usable or missing.  A region of another ABI major
+    is not damage (a newer sharegpu wrote it): None."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        return f"{path}: {err.strerror}"
+    size = ctypes.sizeof(abi.Arbiter)
+    if len(data) < ctypes.sizeof(abi.RegionHeader):
+        return f"{path}: truncated ({len(data)} bytes)"
+    hdr = abi.RegionHeader.from_buffer_copy(data)
+    if hdr.magic != abi.MAGIC_ARBITER:
+        return f"{path}: bad magic {hdr.magic:#x} (not a sharegpu arbiter region)"
+    if hdr.abi_major != abi.ABI_MAJOR:
+        return None
+    if len(data) < size or hdr.total_size < size:
+        return f"{path}: truncated ({len(data)} of {size} bytes)"
+    region = abi.Arbiter.from_buffer_copy(data[:size])
+    if (region.tenant_slots, region.client_slots) != (abi.ARB_MAX_TENANTS, abi.ARB_MAX_CLIENTS):
+        return f"{path}: {region.tenant_slots} tenant / {region.client_slots} client slots"
+    if bytes(region.uuid) != abi.uuid_to_bytes(uuid):
+        return f"{path}: the region belongs to {abi.bytes_to_uuid(bytes(region.uuid))}"
+    if not abi.ARB_MIN_QUANTUM_NS <= region.quantum_ns <= abi.ARB_MAX_QUANTUM_NS:
+        return f"{path}: quantum {region.quantum_ns} ns out of range"
+    at = abi.Arbiter.lock.offset + _MUTEX_KIND_AT
+    kind = int.from_bytes(data[at : at + 4], "little")
+    if kind & _MUTEX_ROBUST_PSHARED != _MUTEX_ROBUST_PSHARED:
+        return f"{path}: the arbiter mutex is not initialised as robust and process-shared"
+    return None
+
+
+def rebuild_arbiter(root: Path, uuid: str) -> tuple[str, Path] | None:
+    """Replace a damaged region by a fresh one: (what was wrong, where the damaged file was
+    moved), or None when it was not damaged.  Processes that mapped the old file keep it until
+    they restart; every process from now on arbitrates on the new one."""
+    uuid = _canonical_uuid(uuid)
+    gpus = root / abi.GPUS_DIR
+    path = gpus / uuid / abi.ARBITER_FILE
+    with _gpus_lock(gpus):
+        damage = arbiter_damage(path, uuid)
+        if damage is None:
+            return None
+        moved = path.with_name(f"{abi.ARBITER_FILE}.damaged-{time.time_ns()}")
+        try:
+            os.rename(path, moved)
+        except OSError as err:
+            raise TenantError(f"cannot move the damaged {path} aside: {err.strerror}") from err
+        _create(path, uuid, abi.ARB_DEFAULT_QUANTUM_NS)
+    return damage, moved
+
+
 def ensure_arbiter(root: Path, uuid: str, quantum_ns: int | None = None) -> Path:
     """Create ``<root>/gpus/<uuid>/arbiter`` if it does not exist; return its path.
 
@@ -135,25 +195,31 @@ def ensure_arbiter(root: Path, uuid: str, quantum_ns: int | None = None) -> Path
             directory.mkdir(exist_ok=True, mode=0o755)
         except OSError as err:
             raise TenantError(f"cannot create {directory}: {err.strerror}") from err
-        size = ctypes.sizeof(abi.Arbiter)
-        fd, tmp = _mkstemp(directory)
-        try:
-            os.ftruncate(fd, size)
-            with mmap.mmap(fd, size) as view:
-                _init_region(view, uuid, quantum)
-                view.flush()
-            os.fchmod(fd, 0o666)  # every tenant on the GPU writes it
-            os.fsync(fd)
-            os.close(fd)
-            fd = -1
-            os.rename(tmp, path)
-        except BaseException:
-            if fd >= 0:
-                os.close(fd)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        _create(path, uuid, quantum)
     return path
+
+
+def _create(path: Path, uuid: str, quantum_ns: int) -> None:
+    """Write a fresh region at `path` atomically (a temporary file renamed into place).  Caller
+    holds the gpus lock."""
+    size = ctypes.sizeof(abi.Arbiter)
+    fd, tmp = _mkstemp(path.parent)
+    try:
+        os.ftruncate(fd, size)
+        with mmap.mmap(fd, size) as view:
+            _init_region(view, uuid, quantum_ns)
+            view.flush()
+        os.fchmod(fd, 0o666)  # every tenant on the GPU writes it
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        os.rename(tmp, path)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def _mkstemp(directory: Path) -> tuple[int, str]:

@@ -86,6 +86,7 @@ class EventCounts:
         self.qos = dict.fromkeys(QOS_ACTIONS, 0)
         self.reaped_processes = dict.fromkeys(REAP_REGIONS, 0)
         self.reaped_tenants = 0
+        self.arbiter_rebuilds: dict[str, int] = {}
 
     def observe(self, events: Iterable[Event]) -> None:
         with self._lock:
@@ -104,6 +105,12 @@ class EventCounts:
                         self.reaped_processes[region] += 1
                 elif event.kind == "tenant.reaped":
                     self.reaped_tenants += 1
+                elif event.kind == "gpu.arbiter_rebuilt" and event.gpu:
+                    self.arbiter_rebuilds[event.gpu] = self.arbiter_rebuilds.get(event.gpu, 0) + 1
+
+    def rebuilds(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.arbiter_rebuilds)
 
     def snapshot(self) -> tuple[dict[str, int], dict[str, int], dict[str, int], int]:
         with self._lock:
@@ -278,6 +285,15 @@ class SharegpuCollector(Collector):
         )
         for region, n in reaped.items():
             fam.add_metric([region], float(n))
+        yield fam
+        fam = CounterMetricFamily(
+            "sharegpu_arbiter_rebuilds",
+            "Damaged arbiter regions the agent moved aside and made anew (every launch on the GPU "
+            "failed until then)",
+            labels=["gpu"],
+        )
+        for gpu, n in self.counts.rebuilds().items():
+            fam.add_metric([gpu], float(n))
         yield fam
         fam = CounterMetricFamily(
             "sharegpu_reaped_tenants", "Tenants removed because their owner (supervisor, pod) was gone"

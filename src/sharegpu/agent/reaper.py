@@ -25,8 +25,8 @@ from sharegpu import abi
 from sharegpu.agent import regions
 from sharegpu.agent.events import Event
 from sharegpu.agent.procs import ProcessTable, alive_in, live_slots, mib, owner_gone, process_table
-from sharegpu.arbiter import iter_arbiters, read_arbiter
-from sharegpu.errors import ConfigError
+from sharegpu.arbiter import iter_arbiters, read_arbiter, rebuild_arbiter
+from sharegpu.errors import ConfigError, SharegpuError
 from sharegpu.tenant import (
     iter_tenants,
     read_limits,
@@ -128,6 +128,27 @@ class Reaper:
                 )
         return events
 
+    def _rebuild(self, path: Path, uuid: str) -> Event | None:
+        """A damaged region (the shim refuses it: every launch on the GPU fails) is moved aside
+        and made anew; other GPUs' regions are untouched."""
+        try:
+            rebuilt = rebuild_arbiter(self.root, uuid)
+        except (SharegpuError, OSError) as err:
+            self._warn_once(str(path), f"reaper: cannot rebuild {path}: {err}")
+            return None
+        if rebuilt is None:
+            return None
+        damage, moved = rebuilt
+        log.warning("rebuilt the damaged arbiter region of %s: %s (kept at %s)", uuid, damage, moved)
+        return Event(
+            kind="gpu.arbiter_rebuilt",
+            severity="warning",
+            gpu=uuid,
+            message=f"the GPU's arbiter region was damaged ({damage}); made anew, the damaged one "
+            f"kept at {moved}. Processes that had it open keep using it until they restart",
+            data={"damage": damage, "moved_to": str(moved)},
+        )
+
     def _reap_arbiters(self, table: ProcessTable) -> list[Event]:
         events = []
         for path in iter_arbiters(self.root):
@@ -137,7 +158,11 @@ class Reaper:
                     continue
                 reap = regions.reap_arbiter(path)
             except ConfigError as err:
-                self._warn_once(str(path), f"reaper: {err}")
+                rebuilt = self._rebuild(path, uuid)
+                if rebuilt is None:
+                    self._warn_once(str(path), f"reaper: {err}")
+                else:
+                    events.append(rebuilt)
                 continue
             self._broken.discard(str(path))
             for client in reap.clients:

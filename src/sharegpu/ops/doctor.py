@@ -242,6 +242,26 @@ def check_runtime_dir(ctx: Context) -> Check:
     return Check("runtime-dir", "ok", f"{root} (mode {mode:o}, owner uid {st.st_uid})")
 
 
+def check_arbiters(ctx: Context) -> Check:
+    """Every GPU's arbiter region is one the shim accepts: a damaged one makes every launch of
+    every tenant on that GPU fail."""
+    from sharegpu.arbiter import arbiter_damage, iter_arbiters
+
+    paths = list(iter_arbiters(ctx.runtime_dir)) if ctx.runtime_dir.is_dir() else []
+    damaged = [(p, d) for p in paths if (d := arbiter_damage(p, p.parent.name)) is not None]
+    if damaged:
+        path, damage = damaged[0]
+        more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
+        return Check(
+            "arbiters",
+            "fail",
+            f"{damage}{more}: every launch of the tenants on that GPU fails",
+            f"start the agent, which rebuilds a damaged region within a second, or move it aside "
+            f"(mv {path} {path}.damaged) and restart the GPU's tenant processes",
+        )
+    return Check("arbiters", "ok", f"{len(paths)} GPU arbiter region(s), all usable")
+
+
 def check_agent(ctx: Context) -> Check:
     from sharegpu.agent.client import AgentClient, socket_path
 
@@ -357,6 +377,7 @@ CHECKS: list[Callable[[Context], Check]] = [
     check_shim_installed,
     check_shim_loads,
     check_runtime_dir,
+    check_arbiters,
     check_agent,
     check_preload,
     check_clocksource,

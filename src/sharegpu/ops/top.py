@@ -55,6 +55,7 @@ class Row:
     preemptions: int
     oom: int
     over_cap: bool
+    error: str | None = None  # the tenant's files cannot be read: shown, never hidden
 
 
 def rows(prev: Snapshot | None, cur: Snapshot) -> tuple[list[Row], bool]:
@@ -68,6 +69,11 @@ def rows(prev: Snapshot | None, cur: Snapshot) -> tuple[list[Row], bool]:
     interval = prev is not None and dt > 0
     found = []
     for t in cur.tenants:
+        if t.error:
+            found.append(
+                Row(t.id, "-", "unreadable", "", "", 0, 0, 0, None, 0.0, 0.0, 0, 0, False, error=t.error)
+            )
+            continue
         age = t.age_seconds or 1.0
         for d in t.devices:
             old = before.get((t.id, d.uuid)) if interval else None
@@ -171,7 +177,9 @@ def render(prev: Snapshot | None, cur: Snapshot, sort: Sort, *, live: bool = Fal
     )
     for r in sort_rows(found, sort):
         memory = Text(f"{size(r.memory_used)} / {size(r.memory_cap)}")
-        if r.over_cap:
+        if r.error:
+            memory = Text(f"unreadable: {r.error}", "red")
+        elif r.over_cap:
             memory.stylize("red")
             memory.append(" over cap", "red")
         table.add_row(
