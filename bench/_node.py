@@ -41,9 +41,11 @@ class Node:
             raise RuntimeError(f"probe {list(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
         return parse(proc.stdout)
 
-    def spawn(self, args: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    def spawn(
+        self, args: Sequence[str], env: dict[str, str] | None = None, prefix: Sequence[str] = ()
+    ) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [str(probe_path()), *args],
+            [*prefix, str(probe_path()), *args],
             env=env or self.base_env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -148,7 +148,7 @@ def test_ensure_arbiter_is_idempotent_and_race_free(sim: Sim) -> None:
     assert region.hdr.total_size == ctypes.sizeof(abi.Arbiter)
     kind = int.from_bytes(bytes(region.lock)[16:20], "little")  # glibc __kind
     assert kind & (16 | 128) == 16 | 128, "robust + process-shared"
-    assert path.stat().st_mode & 0o777 == 0o666
+    assert path.stat().st_mode & 0o777 == 0o600  # its creator; tenant owners get ACL entries
 
 
 def test_ensure_arbiter_default_quantum_and_bad_input(sim: Sim) -> None:

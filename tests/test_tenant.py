@@ -143,3 +143,66 @@ def test_start_time_identifies_processes() -> None:
         later.wait()
     assert process_start_time(later.pid) is None
     assert process_start_time(2**22 + 12345) is None
+
+
+def test_region_files_are_for_the_tenant_owner_and_the_agent_only() -> None:
+    """The usage region is its owner's (0600), the GPU's arbiter its creator's plus an ACL entry
+    per tenant owner: the owner's processes run; any other user's fail closed."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from conftest import Sim
+    from sharegpu import access, native
+    from sharegpu.arbiter import arbiter_path, ensure_arbiter, grant_arbiter
+
+    if os.geteuid() != 0:
+        pytest.fail("this test gives files to other users: run it as root (CI does)")
+    # Everything the tenant's processes load, where any user can read it (a checkout under
+    # /root is not).
+    public = Path(tempfile.mkdtemp(prefix="sharegpu-access-"))
+    try:
+        public.chmod(0o755)
+        lib = public / "lib"
+        shutil.copytree(native.LIB_DIR, lib)
+        sim = Sim(public / "node")
+        uuid = sim.uuids()[0]
+        sim.state.chmod(0o666)  # the simulated GPU's device node, as /dev/nvidia* is
+        sim.root.chmod(0o755)
+        owner, stranger = 65534, 65533
+        ensure_arbiter(sim.runtime, uuid)
+        tenant = create_tenant(
+            "t",
+            [DeviceLimit(uuid=uuid, mem_cap_bytes=64 * MIB, policy=abi.POLICY_SHARE)],
+            root=sim.runtime,
+            owner=owner,
+        )
+        assert grant_arbiter(sim.runtime, uuid, owner)
+        usage, arbiter = os.stat(tenant / abi.USAGE_FILE), arbiter_path(sim.runtime, uuid)
+        assert (usage.st_uid, usage.st_mode & 0o777) == (owner, 0o600)
+        assert os.stat(arbiter).st_mode & 0o007 == 0
+        assert access.acl_users(arbiter) == {owner}
+
+        def run_as(uid: int, *args: str) -> subprocess.CompletedProcess[str]:
+            env = sim.env(
+                LD_PRELOAD=str(lib / "libsharegpu.so"),
+                LD_LIBRARY_PATH=str(lib / "simgpu"),
+                SHAREGPU_TENANT=str(tenant),
+            )
+            cmd = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", str(lib / "sgprobe")]
+            cmd += args
+            return subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=60)
+
+        mine = run_as(owner, "alloc", "plain", "1M")
+        assert mine.returncode == 0, mine.stderr
+        assert "alloc=OK" in mine.stdout
+        launched = run_as(owner, "launch", "2", "100")  # through the GPU's arbiter (its ACL)
+        assert launched.returncode == 0, launched.stderr
+        assert access.acl_users(arbiter) == {owner}
+        theirs = run_as(stranger, "alloc", "plain", "1M")
+        assert theirs.returncode != 0
+        (line,) = [x for x in theirs.stderr.splitlines() if x.strip()]
+        assert line.startswith("sharegpu: ")
+        assert "Permission denied" in line
+    finally:
+        shutil.rmtree(public, ignore_errors=True)

@@ -310,9 +310,8 @@ SG_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     return res;
 }
 
-/* Credited when the free is enqueued: the memory returns to the pool as the stream reaches
- * it, and a pool may keep it cached (the agent's NVML reconciliation counts what it keeps). */
-/* The charge goes back when the stream reaches the free (asyncfree.c), not when it is queued. */
+/* The charge goes back when the stream reaches the free (asyncfree.c), not when it is queued;
+ * a pool may keep the memory cached (the agent's NVML reconciliation counts what it keeps). */
 #define FREE_ASYNC(name, per_thread)                                                               \
     SG_EXPORT CUresult name(CUdeviceptr dptr, CUstream hStream)                                    \
     {                                                                                              \

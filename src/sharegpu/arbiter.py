@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sharegpu import abi, regionmap
+from sharegpu import abi, access, regionmap
 from sharegpu.errors import ConfigError, SpecError, TenantError
 from sharegpu.tenant import init_robust_mutex
 
@@ -172,6 +172,17 @@ def rebuild_arbiter(root: Path, uuid: str) -> tuple[str, Path] | None:
     return damage, moved
 
 
+def grant_arbiter(root: Path, uuid: str, uid: int) -> bool:
+    """Let the processes of user `uid` (a tenant's owner) use the GPU's arbiter region: a POSIX
+    ACL entry (sharegpu.access).  False when the filesystem has no ACLs (the region is then made
+    world-writable, which doctor reports)."""
+    path = arbiter_path(root, uuid)
+    try:
+        return access.grant(path, uid)
+    except OSError as err:
+        raise TenantError(f"cannot let uid {uid} use {path}: {err.strerror}") from err
+
+
 def ensure_arbiter(root: Path, uuid: str, quantum_ns: int | None = None) -> Path:
     """Create ``<root>/gpus/<uuid>/arbiter`` if it does not exist; return its path.
 
@@ -209,7 +220,7 @@ def _create(path: Path, uuid: str, quantum_ns: int) -> None:
         with mmap.mmap(fd, size) as view:
             _init_region(view, uuid, quantum_ns)
             view.flush()
-        os.fchmod(fd, 0o666)  # every tenant on the GPU writes it
+        os.fchmod(fd, 0o600)  # its creator; each tenant owner is granted by ACL (grant_arbiter)
         os.fsync(fd)
         os.close(fd)
         fd = -1

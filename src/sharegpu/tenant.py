@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from sharegpu import abi, liveness, regionmap
+from sharegpu import abi, access, liveness, regionmap
 from sharegpu.errors import AdmissionError, ConfigError, SpecError, TenantError, TenantExists, TenantNotFound
 from sharegpu.spec import format_size, validate_tenant_id
 
@@ -325,8 +325,12 @@ def create_tenant(
     root: Path | None = None,
     meta: dict[str, object] | None = None,
     memory_totals: Mapping[str, int] | None = None,
+    owner: int | None = None,
 ) -> Path:
     """Create a tenant directory with its limits, usage and meta files; returns the directory.
+
+    `owner` is the user whose processes run the tenant (default: the caller): its usage region
+    is mode 0600 and theirs (only root creates a tenant for another user).
 
     Under the node lock: tenants left behind by dead supervisors are collected first, then the
     compute guarantees (cap and burst) on each GPU must still sum to at most 100%, and, with
@@ -342,7 +346,14 @@ def create_tenant(
         if (base / tenant_id).exists():
             raise TenantExists(f"tenant {tenant_id!r} already exists ({base / tenant_id})")
         _admit(base, devices, memory_totals=memory_totals)
-        return _create_locked(base, tenant_id, devices, meta)
+        path = _create_locked(base, tenant_id, devices, meta)
+    if owner is not None and owner != os.geteuid():
+        try:
+            access.give_to(path / abi.USAGE_FILE, owner)
+        except OSError as err:
+            remove_tenant(path)
+            raise TenantError(f"cannot give tenant {tenant_id!r} to uid {owner}: {err.strerror}") from err
+    return path
 
 
 def _create_locked(
@@ -363,7 +374,8 @@ def _create_locked(
             ctypes.sizeof(abi.Limits),
             0o444,
         )
-        _publish(path, abi.USAGE_FILE, None, ctypes.sizeof(abi.Usage), 0o666, fill=_usage_init)
+        # The tenant's processes keep their ledger here: their owner's alone (and root's).
+        _publish(path, abi.USAGE_FILE, None, ctypes.sizeof(abi.Usage), 0o600, fill=_usage_init)
         (path / GPUS_DIR).symlink_to(base.parent / GPUS_DIR)
         info = {"id": tenant_id, "created": time.time(), **(meta or {})}
         (path / "meta.json").write_text(json.dumps(info, indent=2) + "\n")
@@ -621,6 +633,17 @@ def read_usage(path: Path) -> UsageSnapshot:
         procs=[p for p in procs if p.pid != 0],  # a slot freed between the two reads
         slots=[i for i, p in zip(slots, procs, strict=True) if p.pid != 0],
     )
+
+
+def process_uid(pid: int) -> int | None:
+    """The real uid of process `pid` (/proc/<pid>/status), or None if it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def process_start_time(pid: int) -> int | None:

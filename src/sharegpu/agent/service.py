@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -37,7 +38,7 @@ from sharegpu.agent.models import (
 )
 from sharegpu.agent.plan import compute_of, memory_totals, plan_devices, resized
 from sharegpu.agent.store import Store, TenantRow
-from sharegpu.arbiter import ensure_arbiter
+from sharegpu.arbiter import ensure_arbiter, grant_arbiter
 from sharegpu.devices import Gpu, list_gpus
 from sharegpu.errors import ConfigError, DeviceError, SpecError, TenantBusy, TenantNotFound
 from sharegpu.report import node_report, read_arbiters
@@ -48,6 +49,7 @@ from sharegpu.tenant import (
     iter_tenants,
     node_lock,
     process_start_time,
+    process_uid,
     read_device_limits,
     read_limits,
     read_meta,
@@ -224,6 +226,8 @@ class TenantService:
             meta["supervisor"] = {"pid": req.supervisor_pid, "start_time": start}
         if req.pgid is not None:
             meta["pgid"] = req.pgid
+        # The tenant is its supervisor's user's (`sharegpu run` as that user), else the agent's.
+        owner = process_uid(req.supervisor_pid) if req.supervisor_pid is not None else None
         if compute.policy != "native":
             for dev in limits:
                 ensure_arbiter(self.root, dev.uuid)
@@ -233,7 +237,11 @@ class TenantService:
             root=self.root,
             meta=meta,
             memory_totals=memory_totals(gpus, self.allow_overcommit),
+            owner=owner,
         )
+        if compute.policy != "native":
+            for dev in limits:
+                grant_arbiter(self.root, dev.uuid, os.geteuid() if owner is None else owner)
         spec = {
             "request": req.model_dump(),
             "devices": [dataclasses.asdict(d) for d in limits],

@@ -259,7 +259,19 @@ def check_arbiters(ctx: Context) -> Check:
             f"start the agent, which rebuilds a damaged region within a second, or move it aside "
             f"(mv {path} {path}.damaged) and restart the GPU's tenant processes",
         )
-    return Check("arbiters", "ok", f"{len(paths)} GPU arbiter region(s), all usable")
+    from sharegpu.access import world_writable
+
+    open_to_all = [p for p in paths if world_writable(p)]
+    if open_to_all:
+        return Check(
+            "arbiters",
+            "warn",
+            f"{open_to_all[0]} is writable by every local user (the filesystem has no POSIX ACLs): "
+            "anyone can disturb the GPU's arbitration",
+            f"put the runtime directory on a filesystem with POSIX ACLs (tmpfs has them), or chmod 600 "
+            f"{open_to_all[0]} and run the GPU's tenants as its owner",
+        )
+    return Check("arbiters", "ok", f"{len(paths)} GPU arbiter region(s), all usable, not world-writable")
 
 
 def check_agent(ctx: Context) -> Check:

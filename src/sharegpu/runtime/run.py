@@ -27,7 +27,7 @@ from sharegpu import abi
 from sharegpu.agent.client import AgentClient
 from sharegpu.agent.plan import device_limit, memory_totals, plan_devices
 from sharegpu.agent.upgrade import current_shim, stable_path
-from sharegpu.arbiter import ensure_arbiter
+from sharegpu.arbiter import ensure_arbiter, grant_arbiter
 from sharegpu.devices import list_gpus
 from sharegpu.errors import AgentError, CommandNotFound, SpecError, TenantNotFound
 from sharegpu.native import shim_path
@@ -91,6 +91,7 @@ def _run_direct(request: RunRequest, name: str) -> int:
     if request.compute.policy != "native":
         for dev in limits:
             ensure_arbiter(runtime_dir(), dev.uuid)
+            grant_arbiter(runtime_dir(), dev.uuid, os.geteuid())
     tenant_dir = create_tenant(
         name,
         limits,
