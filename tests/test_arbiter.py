@@ -104,6 +104,28 @@ def usage_totals(tenant: Path) -> dict[str, int]:
     return {k: sum(getattr(p.dev[0], k) for p in usage.procs) for k in keys}
 
 
+def wait_until_holder(path: Path, pid: int, what: str) -> None:
+    """Until process `pid` holds the GPU's token (seen in the region)."""
+    deadline = time.monotonic() + 5
+    while read_arbiter(path).holder_pid != pid:
+        assert time.monotonic() < deadline, f"{what} never held the token"
+        time.sleep(0.0005)
+
+
+def achieved_by_script(sim: Sim, tenant: Path, script: str, *args: str) -> float:
+    """Run a cuda-python `script` as a process of `tenant`; the achieved share it prints, in %."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        env=sim.tenant_env(tenant),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return float(parse_kv(proc.stdout)[0]["achieved"]) * 100
+
+
 # ---------------------------------------------------------------------------------------------
 # the region
 
@@ -393,10 +415,7 @@ def test_sigkill_of_the_token_holder(sim: Sim) -> None:
     survivor = spawn(sim, b, "saturate", 2.5, 500, "kernel", at)
     path = arbiter_of(sim)
     time.sleep(1.0)
-    deadline = time.monotonic() + 5
-    while read_arbiter(path).holder_pid != victim.pid:
-        assert time.monotonic() < deadline, "the victim never held the token"
-        time.sleep(0.0005)
+    wait_until_holder(path, victim.pid, "the victim")
     victim.send_signal(signal.SIGKILL)
     victim.communicate(timeout=10)
     values = finish(survivor)
@@ -552,16 +571,7 @@ def test_launch_hooks_reach_cuda_python(sim: Sim) -> None:
             d.cuCtxSynchronize(); n += 1
         print("achieved=%.4f" % (n * 1e-3 / (time.monotonic() - t0)))
     """
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env=sim.tenant_env(c),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    x = float(parse_kv(proc.stdout)[0]["achieved"]) * 100
+    x = achieved_by_script(sim, c, code)
     print(f"cap 20% through cuda-python: {x:.1f}%")
     assert x <= 25
 
@@ -660,16 +670,7 @@ def test_launches_are_gated_by_the_stream_device(sim: Sim, how: str) -> None:
     """The work goes to the stream's GPU: that GPU's share holds, whatever context is current
     (GPU 0's, or none for a CUkernel, which takes its context from the stream)."""
     tenant = two_gpu_tenant(sim, "t", 20)
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(STREAM_DEVICE_SCRIPT), how],
-        env=sim.tenant_env(tenant),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    x = float(parse_kv(proc.stdout)[0]["achieved"]) * 100
+    x = achieved_by_script(sim, tenant, STREAM_DEVICE_SCRIPT, how)
     print(f"cap 20% on the stream's GPU, {how}: {x:.1f}%")
     assert x <= 27
     t = read_arbiter(arbiter_of(sim, 1)).tenant("t")
@@ -725,16 +726,7 @@ def test_multi_device_cooperative_launches_are_gated_on_every_gpu(sim: Sim) -> N
     tenant = create_tenant("t", limits, root=sim.runtime)
     for u in (u0, u1):
         ensure_arbiter(sim.runtime, u)
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(MULTI_DEVICE_SCRIPT)],
-        env=sim.tenant_env(tenant),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    x = float(parse_kv(proc.stdout)[0]["achieved"]) * 100
+    x = achieved_by_script(sim, tenant, MULTI_DEVICE_SCRIPT)
     print(f"cap 20% on both GPUs through cuLaunchCooperativeKernelMultiDevice: {x:.1f}%")
     assert x <= 27
     for gpu in (0, 1):
@@ -793,10 +785,7 @@ def test_a_killed_holder_of_another_pid_namespace_is_reclaimed(sim: Sim) -> None
     survivor = spawn(sim, b, "saturate", 3, 500, "kernel", at)
     path = arbiter_of(sim)
     time.sleep(1.3)
-    deadline = time.monotonic() + 5
-    while read_arbiter(path).holder_pid != 1:  # the victim, pid 1 of its namespace
-        assert time.monotonic() < deadline, "the victim never held the token"
-        time.sleep(0.0005)
+    wait_until_holder(path, 1, "the victim")  # pid 1 of its namespace
     victim.send_signal(signal.SIGKILL)  # unshare --kill-child takes the probe with it
     victim.communicate(timeout=10)
     values = finish(survivor)
@@ -816,10 +805,7 @@ def test_a_stopped_token_holder_loses_the_token(sim: Sim) -> None:
     other = spawn(sim, b, "saturate", 3.5, 500, "kernel", at)
     path = arbiter_of(sim)
     time.sleep(1.0)
-    deadline = time.monotonic() + 5
-    while read_arbiter(path).holder_pid != frozen.pid:
-        assert time.monotonic() < deadline, "the frozen tenant never held the token"
-        time.sleep(0.0005)
+    wait_until_holder(path, frozen.pid, "the frozen tenant")
     frozen.send_signal(signal.SIGSTOP)
     time.sleep(2.5)
     frozen.send_signal(signal.SIGCONT)

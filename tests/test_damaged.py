@@ -17,6 +17,7 @@ import pytest
 from conftest import Sim, parse_kv
 from sharegpu import abi
 from sharegpu.arbiter import arbiter_damage, arbiter_path, ensure_arbiter, read_arbiter
+from test_arbiter import _patch
 from test_metrics import api, families, free_port, running_agent, scrape_text, value
 
 DAMAGE = [
@@ -26,12 +27,6 @@ DAMAGE = [
         lambda p: _patch(p, abi.Arbiter.quantum_ns.offset, (1).to_bytes(8, "little")), "quantum", id="quantum"
     ),
 ]
-
-
-def _patch(path: Path, offset: int, data: bytes) -> None:
-    with path.open("r+b") as f:
-        f.seek(offset)
-        f.write(data)
 
 
 @pytest.mark.parametrize(("breakage", "message"), DAMAGE)

@@ -680,20 +680,27 @@ def test_a_live_process_keeps_its_charge(sim: Sim) -> None:
     assert allocs(res) == ["CUDA_ERROR_OUT_OF_MEMORY", "OK"]
 
 
-def test_owner_death_with_the_lock_held_is_recovered(sim: Sim) -> None:
-    tenant = sim.tenant("t", CAP, gpus=[0])
-    # A process takes the usage mutex, corrupts a total, and dies without unlocking.
-    script = f"""
-        import ctypes, mmap, os
+def holding_the_usage_lock(tenant: Path, then: str) -> str:
+    """A Python program that takes the tenant's usage mutex (`lock`, in `usage`), then runs `then`."""
+    prelude = textwrap.dedent(
+        f"""
+        import ctypes, mmap, os, signal
         from sharegpu import abi
         fd = os.open({str(tenant / abi.USAGE_FILE)!r}, os.O_RDWR)
         view = mmap.mmap(fd, ctypes.sizeof(abi.Usage))
         usage = abi.Usage.from_buffer(view)
         libc = ctypes.CDLL("libc.so.6")
-        assert libc.pthread_mutex_lock(ctypes.c_void_p(ctypes.addressof(usage.lock))) == 0
-        usage.devices[0].mem_used_bytes = 1 << 40
-        os._exit(0)
-    """
+        lock = ctypes.c_void_p(ctypes.addressof(usage.lock))
+        assert libc.pthread_mutex_lock(lock) == 0
+        """
+    )
+    return prelude + then + "\n"
+
+
+def test_owner_death_with_the_lock_held_is_recovered(sim: Sim) -> None:
+    tenant = sim.tenant("t", CAP, gpus=[0])
+    # A process takes the usage mutex, corrupts a total, and dies without unlocking.
+    script = holding_the_usage_lock(tenant, "usage.devices[0].mem_used_bytes = 1 << 40\nos._exit(0)")
     python(sim.env(), script)
     res = tenant_probe(sim, tenant, "alloc", "plain", f"{CAP}M", "1")
     assert allocs(res) == ["OK", "CUDA_ERROR_OUT_OF_MEMORY"]
@@ -711,19 +718,10 @@ def test_a_stopped_lock_holder_delays_an_admission_by_a_bound_only(sim: Sim) -> 
     bound (2 s) with one line, instead of hanging for as long as the process stays stopped;
     once it runs and unlocks, allocations work again."""
     tenant = sim.tenant("t", CAP, gpus=[0])
-    script = f"""
-        import ctypes, mmap, os, signal
-        from sharegpu import abi
-        fd = os.open({str(tenant / abi.USAGE_FILE)!r}, os.O_RDWR)
-        view = mmap.mmap(fd, ctypes.sizeof(abi.Usage))
-        usage = abi.Usage.from_buffer(view)
-        libc = ctypes.CDLL("libc.so.6")
-        lock = ctypes.c_void_p(ctypes.addressof(usage.lock))
-        assert libc.pthread_mutex_lock(lock) == 0
-        print("locked", flush=True)
-        os.kill(os.getpid(), signal.SIGSTOP)
-        libc.pthread_mutex_unlock(lock)
-    """
+    script = holding_the_usage_lock(
+        tenant,
+        'print("locked", flush=True)\nos.kill(os.getpid(), signal.SIGSTOP)\nlibc.pthread_mutex_unlock(lock)',
+    )
     holder = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(script)], env=sim.env(), stdout=subprocess.PIPE, text=True
     )

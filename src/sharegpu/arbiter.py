@@ -24,7 +24,6 @@ import ctypes
 import fcntl
 import mmap
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ import numpy as np
 
 from sharegpu import abi, access, regionmap
 from sharegpu.errors import ConfigError, SpecError, TenantError
-from sharegpu.tenant import init_robust_mutex
+from sharegpu.tenant import init_robust_mutex, publish_region
 
 LOCK_FILE = ".lock"
 
@@ -211,30 +210,12 @@ def ensure_arbiter(root: Path, uuid: str, quantum_ns: int | None = None) -> Path
 
 
 def _create(path: Path, uuid: str, quantum_ns: int) -> None:
-    """Write a fresh region at `path` atomically (a temporary file renamed into place).  Caller
-    holds the gpus lock."""
+    """Write a fresh region at `path` atomically, mode 0600 (its creator; each tenant owner is
+    granted by ACL, grant_arbiter).  Caller holds the gpus lock."""
     size = ctypes.sizeof(abi.Arbiter)
-    fd, tmp = _mkstemp(path.parent)
-    try:
-        os.ftruncate(fd, size)
-        with mmap.mmap(fd, size) as view:
-            _init_region(view, uuid, quantum_ns)
-            view.flush()
-        os.fchmod(fd, 0o600)  # its creator; each tenant owner is granted by ACL (grant_arbiter)
-        os.fsync(fd)
-        os.close(fd)
-        fd = -1
-        os.rename(tmp, path)
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def _mkstemp(directory: Path) -> tuple[int, str]:
-    return tempfile.mkstemp(prefix=f".{abi.ARBITER_FILE}.", dir=directory)
+    publish_region(
+        path.parent, path.name, None, size, 0o600, fill=lambda view: _init_region(view, uuid, quantum_ns)
+    )
 
 
 def tune_arbiter(

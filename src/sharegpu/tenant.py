@@ -156,7 +156,7 @@ def _header(magic: int, size: int) -> abi.RegionHeader:
     )
 
 
-def _publish(
+def publish_region(
     directory: Path, name: str, data: bytes | None, size: int, mode: int, *, fill: object = None
 ) -> None:
     """Write `name` in `directory` atomically: temp file, optional in-place init, rename."""
@@ -367,7 +367,7 @@ def _create_locked(
     except OSError as err:
         raise TenantError(f"cannot create {path}: {err.strerror}") from err
     try:
-        _publish(
+        publish_region(
             path,
             abi.LIMITS_FILE,
             limits_bytes(tenant_id, devices),
@@ -375,7 +375,7 @@ def _create_locked(
             0o444,
         )
         # The tenant's processes keep their ledger here: their owner's alone (and root's).
-        _publish(path, abi.USAGE_FILE, None, ctypes.sizeof(abi.Usage), 0o600, fill=_usage_init)
+        publish_region(path, abi.USAGE_FILE, None, ctypes.sizeof(abi.Usage), 0o600, fill=_usage_init)
         (path / GPUS_DIR).symlink_to(base.parent / GPUS_DIR)
         info = {"id": tenant_id, "created": time.time(), **(meta or {})}
         (path / "meta.json").write_text(json.dumps(info, indent=2) + "\n")
