@@ -1213,7 +1213,7 @@ CUresult sg_arb_enter_slow(struct sg_gate *gt, CUstream s)
     }
     pthread_mutex_unlock(&g->mu);
     sg_in_hook--;
-    return rc < 0 ? sg_cu_result(rc == SG_E_NOSLOT ? SG_E_CONFIG : rc) : CUDA_SUCCESS;
+    return rc < 0 ? sg_cu_result(rc) : CUDA_SUCCESS;
 }
 
 /* The next online request the learned period predicts, or 0 when the prediction is not

@@ -62,15 +62,7 @@ void sg_async_free_queue(CUstream stream, bool per_thread, const struct sg_charg
     pthread_once(&once, setup);
     pthread_mutex_lock(&mu);
     bool kept = false;
-    if (npend == cappend) {
-        size_t cap2 = cappend ? cappend * 2 : 64;
-        struct pending *p = realloc(pend, cap2 * sizeof(*p));
-        if (p) {
-            pend = p;
-            cappend = cap2;
-        }
-    }
-    if (npend < cappend) {
+    if (sg_grow((void **)&pend, &cappend, npend, sizeof *pend) == 0) {
         pend[npend++] = (struct pending){.ev = ev, .charge = *c};
         __atomic_store_n(&npend_hint, npend, __ATOMIC_RELAXED);
         kept = true;

@@ -20,31 +20,30 @@
         return CUDA_ERROR_NOT_FOUND;                                                               \
     __typeof__(&name) real_ = r_->name
 
-#define STREAM_DESTROY(name)                                                                       \
-    SG_EXPORT CUresult name(CUstream stream)                                                       \
+/* A stream or a context goes: the epoch moves around the real call; `then` runs when it
+ * succeeded (a context's memory goes with it). */
+#define DESTROY(name, type, then)                                                                  \
+    SG_EXPORT CUresult name(type handle)                                                           \
     {                                                                                              \
         REAL(name);                                                                                \
         sg_stream_handles_died();                                                                  \
-        CUresult res = real_(stream);                                                              \
+        CUresult res = real_(handle);                                                              \
         sg_stream_handles_died();                                                                  \
+        if (res == CUDA_SUCCESS)                                                                   \
+            then;                                                                                  \
         return res;                                                                                \
     }
-STREAM_DESTROY(cuStreamDestroy)
-STREAM_DESTROY(cuStreamDestroy_v2)
 
-#define CTX_DESTROY(name)                                                                          \
-    SG_EXPORT CUresult name(CUcontext ctx)                                                         \
-    {                                                                                              \
-        REAL(name);                                                                                \
-        sg_stream_handles_died();                                                                  \
-        CUresult res = real_(ctx);                                                                 \
-        sg_stream_handles_died();                                                                  \
-        if (res == CUDA_SUCCESS && !sg_in_hook && sg_configured())                                 \
-            sg_credit_context(ctx);                                                                \
-        return res;                                                                                \
-    }
-CTX_DESTROY(cuCtxDestroy)
-CTX_DESTROY(cuCtxDestroy_v2)
+static void context_gone(CUcontext ctx)
+{
+    if (!sg_in_hook && sg_configured())
+        sg_credit_context(ctx);
+}
+
+DESTROY(cuStreamDestroy, CUstream, (void)handle)
+DESTROY(cuStreamDestroy_v2, CUstream, (void)handle)
+DESTROY(cuCtxDestroy, CUcontext, context_gone(handle))
+DESTROY(cuCtxDestroy_v2, CUcontext, context_gone(handle))
 
 /* The primary context of dev if it is active (looked up without changing its state), or NULL. */
 static CUcontext active_primary(CUdevice dev)

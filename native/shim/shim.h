@@ -175,6 +175,9 @@ int sg_current_ordinal(CUdevice *dev);
 /* devof.c: the device of a stream's work, of a pool's memory (else its stream's device). */
 int sg_stream_ordinal(CUstream s, CUdevice *dev);
 CUcontext sg_stream_ctx(CUstream s); /* NULL when unknown */
+/* Room for n + 1 elements of `elem` bytes in *arr (capacity *cap, doubled as needed): 0, or -1
+ * when memory ran out (the array is unchanged). */
+int sg_grow(void **arr, size_t *cap, size_t n, size_t elem);
 int sg_pool_ordinal(CUmemoryPool pool, CUstream s, CUdevice *dev);
 void sg_pool_seen(CUmemoryPool pool, CUdevice dev);
 /* The allocation protocol of hooks_cuda.c, shared with hooks_array.c: reserve on a device (the

@@ -46,7 +46,7 @@ static void setup(void)
     pthread_atfork(NULL, NULL, atfork_child);
 }
 
-static int grow(void **arr, size_t *cap, size_t n, size_t elem)
+int sg_grow(void **arr, size_t *cap, size_t n, size_t elem)
 {
     if (n < *cap)
         return 0;
@@ -78,7 +78,7 @@ SG_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
         return res;
     pthread_once(&once, setup);
     pthread_mutex_lock(&mu);
-    if (grow((void **)&maps, &capmaps, nmaps, sizeof(*maps)) == 0)
+    if (sg_grow((void **)&maps, &capmaps, nmaps, sizeof(*maps)) == 0)
         maps[nmaps++] = (struct mapping){.va = ptr, .size = size, .handle = handle};
     /* Out of host memory: the mapping goes unrecorded, and a later release credits at once
      * (the old behaviour), which the agent's audit still bounds. */
@@ -125,7 +125,7 @@ bool sg_vmm_hold_if_mapped(CUmemGenericAllocationHandle handle, const struct sg_
     bool kept = false;
     pthread_once(&once, setup);
     pthread_mutex_lock(&mu);
-    if (maps_of_locked(handle) > 0 && grow((void **)&helds, &caphelds, nhelds, sizeof(*helds)) == 0) {
+    if (maps_of_locked(handle) > 0 && sg_grow((void **)&helds, &caphelds, nhelds, sizeof(*helds)) == 0) {
         helds[nhelds++] = (struct held){.handle = handle, .charge = *c};
         kept = true;
     }

@@ -91,30 +91,49 @@ def _init_region(view: mmap.mmap, uuid: str, quantum_ns: int) -> None:
     del region  # release the buffer export before the mmap closes
 
 
+# glibc's pthread_mutex_t: __kind (int) at byte 16; PTHREAD_MUTEX_ROBUST_NORMAL_NP (16) and
+# PTHREAD_MUTEX_PSHARED_BIT (128) set by pthread_mutex_init for a robust, process-shared mutex.
+_MUTEX_KIND_AT = 16
+_MUTEX_ROBUST_PSHARED = 16 | 128
+
+
+def _problem(data: bytes, path: Path, uuid: str, *, shim_checks: bool) -> tuple[str, bool] | None:
+    """What is wrong with region bytes `data`: (message, damaged), or None.  `damaged` is False
+    for a region of another ABI major (a newer sharegpu wrote it, not damage).  With
+    `shim_checks`, everything open_region in native/shim/arbiter.c refuses; without, the header
+    and the GPU only (what creation checks of an existing region)."""
+    size = ctypes.sizeof(abi.Arbiter)
+    if len(data) < ctypes.sizeof(abi.RegionHeader):
+        return f"{path}: truncated ({len(data)} bytes)", True
+    hdr = abi.RegionHeader.from_buffer_copy(data)
+    if hdr.magic != abi.MAGIC_ARBITER:
+        return f"{path}: not a sharegpu arbiter region (bad magic {hdr.magic:#x})", True
+    if hdr.abi_major != abi.ABI_MAJOR:
+        return f"{path}: ABI {hdr.abi_major}.{hdr.abi_minor}, this is {abi.ABI_MAJOR}.x", False
+    if len(data) < size or hdr.total_size < size:
+        return f"{path}: truncated ({len(data)} of {size} bytes)", True
+    region = abi.Arbiter.from_buffer_copy(data[:size])
+    if bytes(region.uuid) != abi.uuid_to_bytes(uuid):
+        return f"{path}: the region belongs to {abi.bytes_to_uuid(bytes(region.uuid))}", True
+    if not shim_checks:
+        return None
+    if (region.tenant_slots, region.client_slots) != (abi.ARB_MAX_TENANTS, abi.ARB_MAX_CLIENTS):
+        return f"{path}: {region.tenant_slots} tenant / {region.client_slots} client slots", True
+    if not abi.ARB_MIN_QUANTUM_NS <= region.quantum_ns <= abi.ARB_MAX_QUANTUM_NS:
+        return f"{path}: quantum {region.quantum_ns} ns out of range", True
+    at = abi.Arbiter.lock.offset + _MUTEX_KIND_AT
+    if int.from_bytes(data[at : at + 4], "little") & _MUTEX_ROBUST_PSHARED != _MUTEX_ROBUST_PSHARED:
+        return f"{path}: the arbiter mutex is not initialised as robust and process-shared", True
+    return None
+
+
 def _validate(path: Path, uuid: str) -> None:
     try:
         data = path.read_bytes()
     except OSError as err:
         raise ConfigError(f"{path}: {err.strerror}") from err
-    size = ctypes.sizeof(abi.Arbiter)
-    if len(data) < size:
-        raise ConfigError(f"{path}: truncated ({len(data)} of {size} bytes)")
-    region = abi.Arbiter.from_buffer_copy(data[:size])
-    hdr = region.hdr
-    if hdr.magic != abi.MAGIC_ARBITER:
-        raise ConfigError(f"{path}: not a sharegpu arbiter region (bad magic {hdr.magic:#x})")
-    if hdr.abi_major != abi.ABI_MAJOR:
-        raise ConfigError(f"{path}: ABI {hdr.abi_major}.{hdr.abi_minor}, this is {abi.ABI_MAJOR}.x")
-    if hdr.total_size < size:
-        raise ConfigError(f"{path}: region is {hdr.total_size} bytes, need {size}")
-    if bytes(region.uuid) != abi.uuid_to_bytes(uuid):
-        raise ConfigError(f"{path}: the region belongs to {abi.bytes_to_uuid(bytes(region.uuid))}")
-
-
-# glibc's pthread_mutex_t: __kind (int) at byte 16; PTHREAD_MUTEX_ROBUST_NORMAL_NP (16) and
-# PTHREAD_MUTEX_PSHARED_BIT (128) set by pthread_mutex_init for a robust, process-shared mutex.
-_MUTEX_KIND_AT = 16
-_MUTEX_ROBUST_PSHARED = 16 | 128
+    if (problem := _problem(data, path, uuid, shim_checks=False)) is not None:
+        raise ConfigError(problem[0])
 
 
 def arbiter_damage(path: Path, uuid: str) -> str | None:
@@ -127,28 +146,8 @@ def arbiter_damage(path: Path, uuid: str) -> str | None:
         return None
     except OSError as err:
         return f"{path}: {err.strerror}"
-    size = ctypes.sizeof(abi.Arbiter)
-    if len(data) < ctypes.sizeof(abi.RegionHeader):
-        return f"{path}: truncated ({len(data)} bytes)"
-    hdr = abi.RegionHeader.from_buffer_copy(data)
-    if hdr.magic != abi.MAGIC_ARBITER:
-        return f"{path}: bad magic {hdr.magic:#x} (not a sharegpu arbiter region)"
-    if hdr.abi_major != abi.ABI_MAJOR:
-        return None
-    if len(data) < size or hdr.total_size < size:
-        return f"{path}: truncated ({len(data)} of {size} bytes)"
-    region = abi.Arbiter.from_buffer_copy(data[:size])
-    if (region.tenant_slots, region.client_slots) != (abi.ARB_MAX_TENANTS, abi.ARB_MAX_CLIENTS):
-        return f"{path}: {region.tenant_slots} tenant / {region.client_slots} client slots"
-    if bytes(region.uuid) != abi.uuid_to_bytes(uuid):
-        return f"{path}: the region belongs to {abi.bytes_to_uuid(bytes(region.uuid))}"
-    if not abi.ARB_MIN_QUANTUM_NS <= region.quantum_ns <= abi.ARB_MAX_QUANTUM_NS:
-        return f"{path}: quantum {region.quantum_ns} ns out of range"
-    at = abi.Arbiter.lock.offset + _MUTEX_KIND_AT
-    kind = int.from_bytes(data[at : at + 4], "little")
-    if kind & _MUTEX_ROBUST_PSHARED != _MUTEX_ROBUST_PSHARED:
-        return f"{path}: the arbiter mutex is not initialised as robust and process-shared"
-    return None
+    problem = _problem(data, path, uuid, shim_checks=True)
+    return problem[0] if problem is not None and problem[1] else None
 
 
 def rebuild_arbiter(root: Path, uuid: str) -> tuple[str, Path] | None:

@@ -10,6 +10,7 @@ without one are judged by pid and start time, and only from the writer's own nam
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import struct
 from dataclasses import dataclass
@@ -31,7 +32,12 @@ class Identity:
 
 
 def identity() -> Identity:
-    pid = os.getpid()
+    """This process's identity, read once per process (a forked child reads its own)."""
+    return _identity(os.getpid())
+
+
+@functools.cache
+def _identity(pid: int) -> Identity:
     try:
         pidns = os.stat("/proc/self/ns/pid").st_ino
     except OSError:
