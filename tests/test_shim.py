@@ -81,6 +81,18 @@ def python(env: dict[str, str], code: str, timeout: float = 120):  # type: ignor
     return values, proc
 
 
+def spawn_python(env: dict[str, str], code: str) -> subprocess.Popen[str]:
+    """A Python program the test talks to through its stdin and stdout."""
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def usage_view(tenant: Path) -> tuple[mmap.mmap, abi.Usage]:
     fd = os.open(tenant / abi.USAGE_FILE, os.O_RDWR)
     try:
@@ -458,17 +470,7 @@ def test_held_memory_summed_over_processes_equals_the_cap(sim: Sim) -> None:
     they hold at the same moment is exactly the cap."""
     tenant = sim.tenant("t", CAP, gpus=[0])
     env = sim.tenant_env(tenant)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(BARRIER_SCRIPT)],
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(3)
-    ]
+    procs = [spawn_python(env, BARRIER_SCRIPT) for _ in range(3)]
     try:
         held = [int(wait_for_line(p, "held", timeout=120)) for p in procs]
         assert sum(held) == CAP
@@ -477,6 +479,74 @@ def test_held_memory_summed_over_processes_equals_the_cap(sim: Sim) -> None:
             p.communicate(input="\n", timeout=60)
     for p in procs:
         assert p.returncode == 0
+
+
+def spare_bytes(tenant: Path) -> int:
+    view, usage = usage_view(tenant)
+    try:
+        return sum(p.dev[0].spare_bytes for p in usage.procs if p.pid)
+    finally:
+        del usage
+        view.close()
+
+
+def test_a_spare_never_keeps_memory_from_another_process(sim: Sim) -> None:
+    """A process that allocated and freed keeps a few bytes spare (the ledger's lock-free path,
+    ledger.c): they are nobody's use, every view counts them free, and another process of the
+    tenant still gets the whole cap (the spare is taken back before a refusal)."""
+    tenant = sim.tenant("t", CAP, gpus=[0])
+    cycler = sim.spawn_probe("cycle", "plain", "1M", "1000", "120", env=sim.tenant_env(tenant))
+    try:
+        assert wait_for_line(cycler, "ready") == "1"
+        assert 0 < spare_bytes(tenant) <= CAP * MIB // 16
+        assert tenant_status(tenant).devices[0].mem_used_bytes == 0
+        assert tenant_probe(sim, tenant, "meminfo").int("free") == CAP * MIB
+        res = tenant_probe(sim, tenant, "alloc", "plain", f"{CAP}M", "1")
+        assert allocs(res) == ["OK", "CUDA_ERROR_OUT_OF_MEMORY"]
+        assert spare_bytes(tenant) == 0  # taken back for the whole-cap allocation
+    finally:
+        stop(cycler)
+
+
+SPARE_RESIZE_SCRIPT = """
+    import sys
+    from cuda.bindings import driver as d
+    assert d.cuInit(0)[0] == 0
+    err, dev = d.cuDeviceGet(0)
+    err, ctx = d.cuDevicePrimaryCtxRetain(dev)
+    d.cuCtxSetCurrent(ctx)
+    err, p = d.cuMemAlloc(1 << 20)
+    assert err == d.CUresult.CUDA_SUCCESS, err
+    assert d.cuMemFree(p)[0] == d.CUresult.CUDA_SUCCESS
+    print("ready=1", flush=True)
+    sys.stdin.readline()  # the test shrinks the cap now
+    held = []
+    for _ in range(4):
+        err, p = d.cuMemAlloc(1 << 20)
+        print(f"alloc={err.name}", flush=True)
+        if err == d.CUresult.CUDA_SUCCESS:
+            held.append(p)
+"""
+
+
+def test_a_spare_is_not_spent_past_a_shrunk_cap(sim: Sim) -> None:
+    """The spare was charged under the old cap: after a shrink the process follows the new
+    limits before it allocates again, so it gets exactly the new cap, not the new cap plus
+    what it kept."""
+    tenant = sim.tenant("t", CAP, gpus=[0])
+    proc = spawn_python(sim.tenant_env(tenant), SPARE_RESIZE_SCRIPT)
+    try:
+        assert wait_for_line(proc, "ready") == "1"
+        assert spare_bytes(tenant) >= 2 * MIB  # more than the new cap below leaves room for
+        write_limits(tenant, [2])
+        out, err = proc.communicate(input="\n", timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    values = [line.split("=", 1)[1] for line in out.splitlines() if line.startswith("alloc=")]
+    assert values == ["CUDA_SUCCESS", "CUDA_SUCCESS", "CUDA_ERROR_OUT_OF_MEMORY", "CUDA_ERROR_OUT_OF_MEMORY"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -920,6 +990,55 @@ def test_context_teardown_gives_its_memory_back(sim: Sim) -> None:
     assert proc.stderr == ""
 
 
+def test_context_limits_that_reserve_memory_are_charged(sim: Sim) -> None:
+    """The device malloc heap, the printf FIFO and the per-thread stack are device memory the
+    driver reserves at cuCtxSetLimit (the simulated driver charges them as a real one does):
+    raised past the cap they are refused, raised within it they take its room, lowered or torn
+    down with the context they give it back."""
+    tenant = sim.tenant("t", [CAP], gpus=[0])
+    values, proc = python(
+        sim.tenant_env(tenant),
+        """
+        from cuda.bindings import driver as d
+        M = 1 << 20
+        L = d.CUlimit
+        d.cuInit(0)
+        d.cuCtxSetCurrent(d.cuDevicePrimaryCtxRetain(0)[1])
+        def free():
+            return d.cuMemGetInfo()[1] // M
+        def get(limit):
+            return d.cuCtxGetLimit(limit)[1]
+        heap = get(L.CU_LIMIT_MALLOC_HEAP_SIZE)
+        print("heap_over=%s" % d.cuCtxSetLimit(L.CU_LIMIT_MALLOC_HEAP_SIZE, heap + 100 * M)[0].name)
+        print("heap_kept=%d" % (get(L.CU_LIMIT_MALLOC_HEAP_SIZE) == heap))
+        print("heap_up=%s,%d" % (d.cuCtxSetLimit(L.CU_LIMIT_MALLOC_HEAP_SIZE, heap + 32 * M)[0].name, free()))
+        print("alloc_over=%s" % d.cuMemAlloc(40 * M)[0].name)
+        print("heap_down=%s,%d" % (d.cuCtxSetLimit(L.CU_LIMIT_MALLOC_HEAP_SIZE, heap)[0].name, free()))
+        fifo = get(L.CU_LIMIT_PRINTF_FIFO_SIZE)
+        print("fifo_up=%s,%d" % (d.cuCtxSetLimit(L.CU_LIMIT_PRINTF_FIFO_SIZE, fifo + 16 * M)[0].name, free()))
+        stack = get(L.CU_LIMIT_STACK_SIZE)
+        # every resident thread gets the stack: 4 KiB more each is far past a 64 MiB cap
+        print("stack_over=%s" % d.cuCtxSetLimit(L.CU_LIMIT_STACK_SIZE, stack + 4096)[0].name)
+        ctx = d.cuCtxCreate(None, 0, 0)[1]
+        res = d.cuCtxSetLimit(L.CU_LIMIT_MALLOC_HEAP_SIZE, heap + 24 * M)[0]
+        print("other_ctx=%s,%d" % (res.name, free()))
+        d.cuCtxDestroy(ctx)
+        d.cuCtxSetCurrent(d.cuDevicePrimaryCtxRetain(0)[1])
+        print("after_destroy=%d" % free())
+        """,
+    )
+    assert values["heap_over"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert values["heap_kept"] == "1"
+    assert values["heap_up"] == f"CUDA_SUCCESS,{CAP - 32}"
+    assert values["alloc_over"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert values["heap_down"] == f"CUDA_SUCCESS,{CAP}"
+    assert values["fifo_up"] == f"CUDA_SUCCESS,{CAP - 16}"
+    assert values["stack_over"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert values["other_ctx"] == f"CUDA_SUCCESS,{CAP - 16 - 24}"
+    assert values["after_destroy"] == str(CAP - 16)  # the destroyed context's heap came back
+    assert proc.stderr == ""
+
+
 def test_3d_and_mipmapped_arrays_are_charged_against_the_cap(sim: Sim) -> None:
     tenant = sim.tenant("t", 64, gpus=[0])
     values, proc = python(
@@ -1132,14 +1251,7 @@ RESIZE_SCRIPT = """
 
 def test_a_live_resize_is_followed(sim: Sim) -> None:
     tenant = sim.tenant("t", CAP, gpus=[0])
-    proc = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(RESIZE_SCRIPT)],
-        env=sim.tenant_env(tenant),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = spawn_python(sim.tenant_env(tenant), RESIZE_SCRIPT)
     assert proc.stdin
     assert proc.stdout
 

@@ -44,7 +44,7 @@ int sga_usage_reap(const char *path, struct sga_usage_reaped *out, int cap, int 
                 r->host_pid = host;
                 r->start_time = p->start_time;
                 for (int d = 0; d < SG_MAX_DEVICES; d++)
-                    r->mem_bytes[d] = p->dev[d].mem_bytes;
+                    r->mem_bytes[d] = p->dev[d].mem_bytes - p->dev[d].spare_bytes;
             }
             release_slot_locked(s);
             n++;

@@ -570,8 +570,10 @@ static int cmd_cycle(int argc, char **argv)
 {
     size_t b;
     long n;
-    if (argc != 3 || parse_size(argv[1], &b) < 0 || parse_count(argv[2], &n) < 0 || n == 0)
-        return usage("cycle KIND BYTES N");
+    double hold = 0;
+    if ((argc != 3 && argc != 4) || parse_size(argv[1], &b) < 0 || parse_count(argv[2], &n) < 0 ||
+        n == 0 || (argc == 4 && parse_seconds(argv[3], &hold) < 0))
+        return usage("cycle KIND BYTES N [HOLD_SECONDS]");
     int kind = parse_kind(argv[0]);
     if (kind < 0)
         return usage("unknown allocation kind");
@@ -586,6 +588,10 @@ static int cmd_cycle(int argc, char **argv)
     uint64_t t1 = now_ns();
     out("pairs=%ld", n);
     out("ns_per_pair=%" PRIu64, (t1 - t0) / (uint64_t)n);
+    if (hold > 0) {
+        out("ready=1"); /* still alive, holding nothing (what the ledger kept spare is its) */
+        sleep_s(hold);
+    }
     return 0;
 }
 
@@ -1109,7 +1115,8 @@ static const struct command {
     {"killself", cmd_killself, "KIND BYTES: allocate, ready=1, then SIGKILL itself"},
     {"forkfree", cmd_forkfree, "KIND BYTES: run `killself` in a child, then freed=1 when its "
                                "memory came back (free_before= free_after= child=)"},
-    {"cycle", cmd_cycle, "KIND BYTES N: N alloc+free pairs, ns_per_pair="},
+    {"cycle", cmd_cycle, "KIND BYTES N [HOLD_SECONDS]: N alloc+free pairs, ns_per_pair=; then "
+                         "ready=1 and stay alive HOLD_SECONDS"},
     {"threads", cmd_threads, "T KIND CHUNK: T threads allocate until refused: count= bytes="},
     {"launch", cmd_launch, "N US [kernel|ex|coop|graph|capture [START_NS]]: from CLOCK_MONOTONIC "
                            "START_NS if given, N spin kernels of US µs (launched=1 once queued), then "

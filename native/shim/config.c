@@ -65,9 +65,18 @@ static void locate(void)
     configured = true;
 }
 
+static int located; /* [atomic acquire/release] locate ran: every call skips pthread_once */
+
+static void locate_once_fn(void)
+{
+    locate();
+    __atomic_store_n(&located, 1, __ATOMIC_RELEASE);
+}
+
 bool sg_configured(void)
 {
-    pthread_once(&locate_once, locate);
+    if (!__atomic_load_n(&located, __ATOMIC_ACQUIRE))
+        pthread_once(&locate_once, locate_once_fn);
     return configured;
 }
 
@@ -280,8 +289,17 @@ static void open_once_fn(void)
     __atomic_store_n(&mode, SG_MODE_ACTIVE, __ATOMIC_RELEASE);
 }
 
+static int opened; /* [atomic acquire/release] open_once_fn ran */
+
+static void open_once_done(void)
+{
+    open_once_fn();
+    __atomic_store_n(&opened, 1, __ATOMIC_RELEASE);
+}
+
 enum sg_mode sg_mode(void)
 {
-    pthread_once(&open_once, open_once_fn);
+    if (!__atomic_load_n(&opened, __ATOMIC_ACQUIRE))
+        pthread_once(&open_once, open_once_done);
     return (enum sg_mode)__atomic_load_n(&mode, __ATOMIC_ACQUIRE);
 }

@@ -35,16 +35,17 @@ CUresult sg_alloc_begin(bool have_dev, CUdevice dev, uint64_t bytes, struct sg_c
     if (sg_mode() != SG_MODE_ACTIVE)
         return CUDA_ERROR_NOT_PERMITTED;
     sg_async_free_settle(); /* frees the streams have reached by now give their memory back */
+    CUcontext ctx = NULL;
     if (!have_dev) {
-        CUresult res = (CUresult)sg_current_ordinal(&dev);
+        CUresult res = (CUresult)sg_current_place(&ctx, &dev);
         if (res != CUDA_SUCCESS)
             return res; /* no context: the driver would refuse the allocation the same way */
     }
-    struct sg_err e = {0};
+    struct sg_err e;
+    sg_err_clear(&e);
     CUresult res = sg_cu_result(sg_reserve(dev, bytes, c, &e));
-    const struct sg_real *r = sg_real_cu();
-    if (res == CUDA_SUCCESS && !have_dev && r->cuCtxGetCurrent)
-        r->cuCtxGetCurrent(&c->ctx);
+    if (res == CUDA_SUCCESS)
+        c->ctx = ctx;
     return res;
 }
 
@@ -70,7 +71,8 @@ CUresult sg_alloc_end(CUresult res, enum sg_kind kind, uint64_t key, struct sg_c
     }
     if (kind != SG_KIND_PTR)
         c->ctx = NULL; /* VMM handles outlive contexts; arrays stay charged until destroyed */
-    struct sg_err e = {0};
+    struct sg_err e;
+    sg_err_clear(&e);
     if (sg_track(kind, key, c, &e) < 0) {
         undo_alloc(kind, key);
         sg_unreserve(c);

@@ -97,6 +97,7 @@ static const struct proc_row rows[] = {
     {"cuDevicePrimaryCtxReset", 7000, ANY, H(cuDevicePrimaryCtxReset)},
     {"cuStreamDestroy", 4000, ANY, H(cuStreamDestroy_v2)},
     {"cuStreamDestroy", 2000, ANY, H(cuStreamDestroy)},
+    {"cuCtxSetLimit", 3010, ANY, H(cuCtxSetLimit)},
 
     /* compute arbitration: launches (gated) and the sync calls that end a burst */
     {"cuLaunchKernel", 7000, PTDS, H(cuLaunchKernel_ptsz)},

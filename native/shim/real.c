@@ -185,9 +185,12 @@ static void resolve_lib(enum sg_lib which, const char *soname, void **handle_out
 #undef SG_HELPER
 }
 
+static int cu_ready; /* [atomic acquire/release] resolve_cu ran: every call skips pthread_once */
+
 static void resolve_cu(void)
 {
     resolve_lib(SG_LIB_CU, "libcuda.so.1", &cu_handle);
+    __atomic_store_n(&cu_ready, 1, __ATOMIC_RELEASE);
 }
 
 static void resolve_nvml(void)
@@ -197,7 +200,8 @@ static void resolve_nvml(void)
 
 const struct sg_real *sg_real_cu(void)
 {
-    pthread_once(&cu_once, resolve_cu);
+    if (!__atomic_load_n(&cu_ready, __ATOMIC_ACQUIRE))
+        pthread_once(&cu_once, resolve_cu);
     return &sg_real;
 }
 

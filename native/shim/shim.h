@@ -116,6 +116,12 @@ struct sg_err {
     char msg[256];
 };
 
+/* An empty error without zeroing its whole buffer: hot paths make one per call. */
+static inline void sg_err_clear(struct sg_err *e)
+{
+    e->code = 0;
+    e->msg[0] = '\0';
+}
 int sg_fail(struct sg_err *e, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 CUresult sg_cu_result(int code);
 nvmlReturn_t sg_nvml_result(int code);
@@ -157,7 +163,14 @@ int sg_limits_read(const struct sg_limits *l, struct sg_limits_copy *out, struct
 
 /* ---- ledger (ledger.c) ------------------------------------------------------------------ */
 
-enum sg_kind { SG_KIND_NONE = 0, SG_KIND_PTR = 1, SG_KIND_VMM = 2, SG_KIND_ARRAY = 3, SG_KIND_MIPMAP = 4 };
+enum sg_kind {
+    SG_KIND_NONE = 0,
+    SG_KIND_PTR = 1,
+    SG_KIND_VMM = 2,
+    SG_KIND_ARRAY = 3,
+    SG_KIND_MIPMAP = 4,
+    SG_KIND_LIMIT = 5, /* a context limit's reservation (hooks_limits.c), credited with the context */
+};
 
 /* A reservation made by sg_reserve: which limits index and how many bytes. */
 struct sg_charge {
@@ -172,6 +185,8 @@ struct sg_charge {
  * The ordinal and current-context forms call the driver outside the usage lock. */
 int sg_ordinal_uuid(CUdevice dev, uint8_t uuid[16]);
 int sg_current_ordinal(CUdevice *dev);
+/* The current context and its device (cached per thread); ctx NULL when there is none. */
+int sg_current_place(CUcontext *ctx, CUdevice *dev);
 /* devof.c: the device of a stream's work, of a pool's memory (else its stream's device). */
 int sg_stream_ordinal(CUstream s, CUdevice *dev);
 CUcontext sg_stream_ctx(CUstream s); /* NULL when unknown */
@@ -288,6 +303,42 @@ extern struct sg_gpu sg_gpus[SG_MAX_DEVICES];
 
 /* Per thread: where it last launched (the stream, or NULL for the current context's default
  * streams), that stream's context and GPU, and the token word it saw granted. */
+uint64_t sg_mono_ns(void);
+
+/* The launch clock (arbiter.c): CLOCK_MONOTONIC read through the CPU's counter from a
+ * per-thread anchor; the system clock wherever the counter cannot be trusted. */
+struct sg_clock_anchor {
+    uint64_t ns; /* CLOCK_MONOTONIC when taken; 0: no anchor (read the system clock) */
+    uint64_t ticks;
+    uint64_t fresh; /* ticks for which it is trusted (SG_ANCHOR_FRESH_NS); 0: rate unknown */
+};
+extern uint64_t sg_tick_mult;
+/* Take a fresh anchor; returns CLOCK_MONOTONIC. */
+uint64_t sg_clock_anchor(struct sg_clock_anchor *a);
+
+static inline uint64_t sg_ticks(void)
+{
+#if defined(__x86_64__)
+    return __builtin_ia32_rdtsc();
+#elif defined(__aarch64__)
+    uint64_t v;
+    __asm__ __volatile__("mrs %0, cntvct_el0" : "=r"(v));
+    return v;
+#else
+    return 0;
+#endif
+}
+
+static inline uint64_t sg_fast_ns(struct sg_clock_anchor *a)
+{
+    uint64_t d = sg_ticks() - a->ticks;
+    if (d < a->fresh) {
+        uint64_t mult = __atomic_load_n(&sg_tick_mult, __ATOMIC_RELAXED);
+        return a->ns + (uint64_t)(((unsigned __int128)d * mult) >> 32);
+    }
+    return a->ns ? sg_clock_anchor(a) : sg_mono_ns(); /* stale: anchor anew */
+}
+
 struct sg_arb_tls {
     CUcontext ctx;   /* the context the work went to */
     CUstream stream; /* the explicit stream it went to; NULL: a default stream of ctx */
@@ -295,6 +346,7 @@ struct sg_arb_tls {
     struct sg_gpu *g;
     uint64_t token;
     uint64_t gen; /* limits generation when a native GPU was cached */
+    struct sg_clock_anchor clk; /* the launch clock's anchor, taken on the slow path */
 };
 extern __thread struct sg_arb_tls sg_arb_tls __attribute__((tls_model("initial-exec")));
 
@@ -313,7 +365,6 @@ static inline bool sg_default_stream(CUstream s)
     return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
 }
 
-uint64_t sg_mono_ns(void);
 CUresult sg_arb_enter_slow(struct sg_gate *gt, CUstream s);
 void sg_arb_offline_bound(struct sg_gpu *g, CUcontext ctx);
 void sg_arb_burst_end(void);
@@ -343,8 +394,8 @@ void sg_arb_start_watcher(void);
  * for a default stream: one driver call that reads the current context (cuCtxGetCurrent, a TLS
  * read in the driver).  Then one uncontended atomic increment and decrement of a
  * process-private counter (so that a release never overlaps a launch), one acquire load of the
- * region's token word, two relaxed loads (our yield flag, the quantum end) and a vDSO clock
- * read: no system call, no lock, no allocation.  Measured by tests/test_arbiter.py (sanity
+ * region's token word, two relaxed loads (our yield flag, the quantum end) and the launch
+ * clock (a CPU counter read): no system call, no lock, no allocation.  Measured by tests/test_arbiter.py (sanity
  * bound) and bench/.
  */
 static inline CUresult sg_arb_enter(struct sg_gate *gt, CUstream s)
@@ -371,7 +422,7 @@ static inline CUresult sg_arb_enter(struct sg_gate *gt, CUstream s)
             if (tok && !__atomic_load_n(&g->revoked, __ATOMIC_SEQ_CST) &&
                 __atomic_load_n(&g->a->token, __ATOMIC_ACQUIRE) == tok &&
                 !__atomic_load_n(&g->a->clients[g->client].yield, __ATOMIC_RELAXED)) {
-                uint64_t now = sg_mono_ns();
+                uint64_t now = sg_fast_ns(&t->clk);
                 if (now < __atomic_load_n(&g->qend, __ATOMIC_RELAXED)) {
                     __atomic_store_n(&g->last_launch, now, __ATOMIC_RELAXED);
                     gt->g = g;

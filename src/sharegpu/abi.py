@@ -11,7 +11,7 @@ import ctypes
 import uuid as uuidlib
 
 ABI_MAJOR = 1
-ABI_MINOR = 3
+ABI_MINOR = 4
 
 MAGIC_LIMITS = 0x4D4C4753  # "SGLM"
 MAGIC_USAGE = 0x53554753  # "SGUS"
@@ -118,7 +118,7 @@ class UsageProcDev(ctypes.Structure):
         ("preemptions", u64),
         ("oom_events", u64),
         ("alloc_count", u64),
-        ("reserved", u64),
+        ("spare_bytes", u64),  # 1.4: part of mem_bytes charged but not allocated
     )
 
 

@@ -710,12 +710,14 @@ def tenant_status(path: Path) -> TenantStatus:
         if proc.pid == 0:
             continue
         alive = slot_alive(path, index, proc)
-        per_dev = {
-            uuids[i]: proc.dev[i].mem_bytes for i in range(limits.device_count) if proc.dev[i].mem_bytes
-        }
+        # A process's spare (charged, not allocated: ledger.c) is free memory, not its use.
+        allocated = [
+            max(0, proc.dev[i].mem_bytes - proc.dev[i].spare_bytes) for i in range(limits.device_count)
+        ]
+        per_dev = {uuids[i]: allocated[i] for i in range(limits.device_count) if allocated[i]}
         if alive:
             for i in range(limits.device_count):
-                live_bytes[i] += proc.dev[i].mem_bytes
+                live_bytes[i] += allocated[i]
         processes.append(
             ProcessUsage(
                 pid=proc.pid,

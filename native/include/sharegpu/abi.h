@@ -24,10 +24,11 @@
 #include <stdint.h>
 
 #define SG_ABI_MAJOR 1
-#define SG_ABI_MINOR 3 /* 1.1: the GPU arbiter region and the compute counters;
+#define SG_ABI_MINOR 4 /* 1.1: the GPU arbiter region and the compute counters;
                           1.2: predicted online arrivals (offline hold-back);
                           1.3: liveness locks and pid namespaces of entries, tenant
-                               incarnations */
+                               incarnations;
+                          1.4: a process's spare bytes (charged, not allocated) */
 
 #define SG_MAGIC_LIMITS 0x4d4c4753u  /* "SGLM" little-endian */
 #define SG_MAGIC_USAGE 0x53554753u   /* "SGUS" */
@@ -150,7 +151,13 @@ _Static_assert(sizeof(struct sg_limits) == 192 + 64 * SG_MAX_DEVICES, "limits si
  * Invariant, whenever `lock` is free:
  *     devices[d].mem_used_bytes == sum over slots with pid != 0 of procs[p].dev[d].mem_bytes
  * An owner that dies holding `lock` may break it; the next locker gets EOWNERDEAD and recomputes
- * the totals from the slots before marking the mutex consistent. */
+ * the totals from the slots before marking the mutex consistent.
+ *
+ * Of a slot's mem_bytes, spare_bytes (1.4) are charged but back no allocation: the process
+ * keeps them to allocate again without the lock (native/shim/ledger.c, "the spare").  What a
+ * process has allocated is mem_bytes - spare_bytes; any shim takes spares back (under the
+ * lock) before it refuses an allocation, and views count them as free.  A 1.3 shim never has
+ * a spare (the field was reserved, zero). */
 
 /* Per process and device counters (64 bytes). */
 struct sg_usage_proc_dev {
@@ -161,7 +168,8 @@ struct sg_usage_proc_dev {
     uint64_t preemptions;   /* [atomic relaxed] yields to an online request (ABI 1.1) */
     uint64_t oom_events;    /* [atomic relaxed] allocations refused by the cap */
     uint64_t alloc_count;   /* [atomic relaxed] live allocations */
-    uint64_t reserved;
+    uint64_t spare_bytes;   /* [atomic relaxed] W: own shim (spends, refills), any shim under
+                               the lock (takes back).  Part of mem_bytes not allocated (1.4) */
 };
 _Static_assert(sizeof(struct sg_usage_proc_dev) == 64, "usage proc dev size");
 

@@ -14,6 +14,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,11 +23,18 @@
 #include <unistd.h>
 
 /* This process's slot: written under the state lock, read lock-free (atomics, relaxed is enough:
- * the slot contents themselves are only touched under the lock).  own_pid guards against a
- * forked child using its parent's slot. */
+ * the slot contents themselves are only touched under the lock).  A forked child forgets it
+ * (an atfork handler, registered with the first slot), as a real driver's child has no
+ * context; so an API call makes no getpid() system call, as a real driver's makes none. */
 static int own_slot = -1;
-static int own_getpid; /* getpid() when the slot was taken: tells a forked child apart */
 static int own_pid;    /* the pid the slot records (see the top of this file) */
+
+static pthread_once_t forget_once = PTHREAD_ONCE_INIT;
+
+static void forget_in_children(void)
+{
+    pthread_atfork(NULL, NULL, sim_slot_forget);
+}
 
 static int self_pid(void)
 {
@@ -35,15 +43,13 @@ static int self_pid(void)
 
 int sim_slot_self(void)
 {
-    int s = __atomic_load_n(&own_slot, __ATOMIC_RELAXED);
-    return (s >= 0 && __atomic_load_n(&own_getpid, __ATOMIC_RELAXED) == getpid()) ? s : -1;
+    return __atomic_load_n(&own_slot, __ATOMIC_RELAXED);
 }
 
 void sim_slot_forget(void)
 {
     __atomic_store_n(&own_slot, -1, __ATOMIC_RELAXED);
     __atomic_store_n(&own_pid, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&own_getpid, 0, __ATOMIC_RELAXED);
 }
 
 /* Which /proc this process sees: its device number (0 if /proc is not mounted). */
@@ -191,7 +197,7 @@ int sim_slot_acquire(struct sim_err *e, struct sim_state *st)
                 st->slot[i].start_time = start;
                 st->slot[i].proc_dev = proc_dev;
                 __atomic_store_n(&own_pid, pid, __ATOMIC_RELAXED);
-                __atomic_store_n(&own_getpid, getpid(), __ATOMIC_RELAXED);
+                pthread_once(&forget_once, forget_in_children);
                 __atomic_store_n(&own_slot, i, __ATOMIC_RELAXED);
                 s = i;
                 break;

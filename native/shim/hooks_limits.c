@@ -1,0 +1,112 @@
+/*
+ * Context limits that take device memory: cuCtxSetLimit.
+ *
+ * The driver backs three limits with memory of the context that no allocation call returns:
+ * the device malloc heap (CU_LIMIT_MALLOC_HEAP_SIZE, what in-kernel malloc() draws on), the
+ * printf FIFO, and the per-thread stack, reserved for every thread the GPU can hold resident
+ * (CUDA Programming Guide, "Stack size"; multiprocessors x max threads per multiprocessor).
+ * Unhooked, a raised heap limit is device memory past the cap (in-kernel malloc of any size).
+ *
+ * Raising a limit is charged like an allocation, before the real call (refused:
+ * CUDA_ERROR_OUT_OF_MEMORY, one of cuCtxSetLimit's documented errors); what the context already
+ * had when the shim first saw a limit is its own overhead (the agent's NVML reconciliation
+ * measures that), so the charge is the growth above it, per (context, limit).  Lowering gives
+ * back down to zero; the context's teardown credits what is left (hooks_ctx.c), as for its
+ * allocations.  The value the driver really set (it rounds the stack) is read back after.
+ */
+#include "shim.h"
+
+/* The charge of (ctx, limit) lives in the allocation table under this key. */
+static uint64_t limit_key(CUcontext ctx, CUlimit limit)
+{
+    return (uint64_t)(uintptr_t)ctx * 4u + (uint64_t)limit;
+}
+
+/* Bytes of device memory one unit of the limit costs on dev; 0: the limit takes none. */
+static uint64_t unit_bytes(CUlimit limit, CUdevice dev)
+{
+    if (limit == CU_LIMIT_MALLOC_HEAP_SIZE || limit == CU_LIMIT_PRINTF_FIFO_SIZE)
+        return 1;
+    if (limit != CU_LIMIT_STACK_SIZE)
+        return 0;
+    const struct sg_real *r = sg_real_cu();
+    int sms = 0, threads = 0;
+    if (!r->cuDeviceGetAttribute ||
+        r->cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) !=
+            CUDA_SUCCESS ||
+        r->cuDeviceGetAttribute(&threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR,
+                                dev) != CUDA_SUCCESS ||
+        sms <= 0 || threads <= 0)
+        return UINT64_MAX; /* cannot size it: any growth is refused rather than let through */
+    return (uint64_t)sms * (uint64_t)threads;
+}
+
+/* (to - from) x unit, saturating; 0 when not a growth. */
+static uint64_t growth(size_t from, size_t to, uint64_t unit)
+{
+    uint64_t bytes;
+    if (to <= from)
+        return 0;
+    return __builtin_mul_overflow((uint64_t)(to - from), unit, &bytes) ? UINT64_MAX : bytes;
+}
+
+SG_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
+{
+    const struct sg_real *r = sg_real_cu();
+    if (!r->cuCtxSetLimit)
+        return CUDA_ERROR_NOT_FOUND;
+    if (sg_in_hook || !sg_configured() || !r->cuCtxGetLimit)
+        return r->cuCtxSetLimit(limit, value);
+    CUcontext ctx;
+    CUdevice dev;
+    size_t before;
+    uint64_t unit = 0;
+    if (sg_current_place(&ctx, &dev) != CUDA_SUCCESS || !ctx ||
+        r->cuCtxGetLimit(&before, limit) != CUDA_SUCCESS ||
+        (unit = unit_bytes(limit, dev)) == 0)
+        return r->cuCtxSetLimit(limit, value); /* no context, not a limit, or no memory */
+    if (sg_mode() != SG_MODE_ACTIVE)
+        return CUDA_ERROR_NOT_PERMITTED;
+    sg_in_hook++;
+    uint64_t key = limit_key(ctx, limit);
+    struct sg_charge held, more = {0};
+    sg_untrack(SG_KIND_LIMIT, key, &held); /* what this context's limit is charged now */
+    uint64_t was = held.active ? held.bytes : 0, grow = growth(before, value, unit);
+    struct sg_err e;
+    sg_err_clear(&e);
+    CUresult res = grow ? sg_cu_result(sg_reserve(dev, grow, &more, &e)) : CUDA_SUCCESS;
+    if (res == CUDA_SUCCESS) {
+        res = r->cuCtxSetLimit(limit, value);
+        if (res != CUDA_SUCCESS)
+            sg_unreserve(&more);
+    }
+    if (res != CUDA_SUCCESS) {
+        if (held.active)
+            sg_retrack(SG_KIND_LIMIT, key, &held);
+        sg_in_hook--;
+        return res;
+    }
+    /* From now on one charge for the pair: the old one plus the reservation, set to what the
+     * value the driver really set costs above the first value seen (never below zero). */
+    size_t after = value;
+    r->cuCtxGetLimit(&after, limit);
+    struct sg_charge total = held.active ? held : more;
+    if (held.active && more.active) {
+        total.bytes += more.bytes;
+        struct sg_charge counted = {.active = true, .idx = more.idx, .bytes = 0};
+        sg_credit(&counted); /* two reservations became one entry: count it once */
+    }
+    uint64_t shrink = growth(after, before, unit), want = was + growth(before, after, unit);
+    if (want < was)
+        want = UINT64_MAX;
+    if (after < before)
+        want = was > shrink ? was - shrink : 0;
+    if (total.active) {
+        sg_adjust(&total, want, &e); /* a driver that rounded past the cap keeps the reservation */
+        total.ctx = ctx;
+        if (total.bytes == 0 || sg_track(SG_KIND_LIMIT, key, &total, &e) < 0)
+            sg_credit(&total);
+    }
+    sg_in_hook--;
+    return CUDA_SUCCESS;
+}
