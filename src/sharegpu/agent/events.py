@@ -25,6 +25,7 @@ EventKind = Literal[
     "tenant.recovered",
     "tenant.reaped",  # its supervisor / process group / container is gone
     "process.reaped",  # a dead process's charges and arbiter entries were released
+    "process.lock_holder_killed",  # stopped while holding a region's lock: killed (stalls.py)
     "gpu.arbiter_rebuilt",  # a GPU's arbiter region was damaged: moved aside, made anew
     "reconcile.overhead",  # the overhead written for a tenant changed noticeably
     "audit.untracked",  # a GPU process that belongs to no tenant

@@ -13,6 +13,7 @@ from sharegpu.agent.events import Loop
 from sharegpu.agent.qos import QosLoop
 from sharegpu.agent.reaper import Reaper
 from sharegpu.agent.reconcile import Reconciler
+from sharegpu.agent.stalls import StallBreaker
 
 
 def build_loops(
@@ -23,7 +24,8 @@ def build_loops(
     qos_target_wait_ms: float = 2.0,
     audit_tolerance_bytes: int = DEFAULT_TOLERANCE,
 ) -> list[Loop]:
-    """The loops the daemon runs: reaper (every 0.5 s), reconciler, audit and QoS (every 1 s).
+    """The loops the daemon runs: reaper (every 1 s), stall breaker (0.5 s), reconciler (1 s),
+    audit (2 s) and QoS (1 s).
 
     `enforce` is the audit's action on a bypass: "report" (events only) or "kill" (SIGKILL the
     offending processes too); anything else is a ValueError. `store` is accepted for the
@@ -32,6 +34,7 @@ def build_loops(
     del store
     return [
         Reaper(root),
+        StallBreaker(root),
         Reconciler(root),
         Auditor(root, enforce, audit_tolerance_bytes),
         QosLoop(root, qos_target_wait_ms),

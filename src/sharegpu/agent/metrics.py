@@ -87,6 +87,7 @@ class EventCounts:
         self.reaped_processes = dict.fromkeys(REAP_REGIONS, 0)
         self.reaped_tenants = 0
         self.arbiter_rebuilds: dict[str, int] = {}
+        self.lock_holder_kills = dict.fromkeys(REAP_REGIONS, 0)
 
     def observe(self, events: Iterable[Event]) -> None:
         with self._lock:
@@ -107,10 +108,18 @@ class EventCounts:
                     self.reaped_tenants += 1
                 elif event.kind == "gpu.arbiter_rebuilt" and event.gpu:
                     self.arbiter_rebuilds[event.gpu] = self.arbiter_rebuilds.get(event.gpu, 0) + 1
+                elif event.kind == "process.lock_holder_killed":
+                    region = str(event.data.get("region", ""))
+                    if region in self.lock_holder_kills:
+                        self.lock_holder_kills[region] += 1
 
     def rebuilds(self) -> dict[str, int]:
         with self._lock:
             return dict(self.arbiter_rebuilds)
+
+    def kills(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.lock_holder_kills)
 
     def snapshot(self) -> tuple[dict[str, int], dict[str, int], dict[str, int], int]:
         with self._lock:
@@ -294,6 +303,15 @@ class SharegpuCollector(Collector):
         )
         for gpu, n in self.counts.rebuilds().items():
             fam.add_metric([gpu], float(n))
+        yield fam
+        fam = CounterMetricFamily(
+            "sharegpu_lock_holder_kills",
+            "Processes killed because they stayed stopped holding a usage or arbiter region's lock "
+            "(every process needing that lock waited)",
+            labels=["region"],
+        )
+        for region, n in self.counts.kills().items():
+            fam.add_metric([region], float(n))
         yield fam
         fam = CounterMetricFamily(
             "sharegpu_reaped_tenants", "Tenants removed because their owner (supervisor, pod) was gone"

@@ -1,0 +1,211 @@
+"""The stall breaker: a process stopped inside a shared region's critical section is killed.
+
+Each tenant's usage region and each GPU's arbiter region is guarded by a robust process-shared
+mutex whose critical sections last microseconds. A process stopped inside one (SIGSTOP, a
+debugger, a frozen cgroup: `docker pause`) keeps it for as long as it stays stopped, and every
+process that needs it waits: the tenant's allocations (refused after 2 s), every launch on that
+GPU that takes the arbiter's slow path, whichever tenant it belongs to. The kernel gives a
+robust mutex back only when its owner dies, so the agent ends such a stall the one way that
+leaves the region consistent: it kills the stopped owner (SIGKILL); the next locker gets
+EOWNERDEAD and repairs the region, exactly as after a crash.
+
+A lock is judged stalled only when, at every look over at least ``stall_s``, the same thread
+holds it and is not running: stopped (state T or t in /proc), asleep (S, D: no critical section
+sleeps; a tenant that takes the lock and waits is attacking its neighbours) or in a frozen
+cgroup. A process that is merely busy (running at a look), or stopped anywhere but inside a
+critical section (the usual `docker pause`), is never touched; nor is the agent itself.
+
+The owner is found from the mutex's futex word: glibc keeps the owner's thread id there, as the
+owner's own pid namespace numbers it. Among the processes that have the region file mapped (by
+device and inode, whatever path their mount namespace shows it at), the owner is the thread
+whose innermost NSpid is that id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sharegpu import abi
+from sharegpu.agent.events import Event
+from sharegpu.arbiter import iter_arbiters
+from sharegpu.tenant import iter_tenants
+
+log = logging.getLogger(__name__)
+
+FUTEX_TID_MASK = 0x3FFFFFFF  # the owner's thread id in a robust futex word (linux/futex.h)
+STALL_S = 2.0  # how long a stopped owner may hold a region lock
+
+
+@dataclass(frozen=True)
+class Holder:
+    pid: int  # host pid of the owning process
+    tid: int  # host thread id of the owning thread
+
+
+@dataclass
+class _Suspect:
+    holder: Holder
+    tid: int  # the owner as the futex word names it (its waiters bit may come and go)
+    since: float
+
+
+def lock_word(path: Path, offset: int) -> int:
+    """The futex word of the region's mutex (0: free)."""
+    with path.open("rb") as f:
+        f.seek(offset)
+        return int.from_bytes(f.read(4), "little")
+
+
+def _mapping_pids(dev: int, inode: int) -> list[int]:
+    """Processes that have the file (device, inode) mapped."""
+    want = f"{os.major(dev):02x}:{os.minor(dev):02x} {inode} "
+    pids = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/maps", encoding="ascii", errors="replace") as f:
+                    if any(want in line for line in f):
+                        pids.append(int(entry.name))
+            except OSError:
+                continue  # gone, or not ours to read
+    return pids
+
+
+def _innermost_tid(pid: int, tid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def find_holder(path: Path, owner_tid: int) -> Holder | None:
+    """The thread, among the processes mapping `path`, whose own namespace calls it owner_tid."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    for pid in _mapping_pids(st.st_dev, st.st_ino):
+        with contextlib.suppress(OSError):
+            for task in os.scandir(f"/proc/{pid}/task"):
+                if task.name.isdigit() and _innermost_tid(pid, int(task.name)) == owner_tid:
+                    return Holder(pid=pid, tid=int(task.name))
+    return None
+
+
+def _frozen(pid: int) -> bool:
+    """The process's cgroup (v2) is frozen: `docker pause`, `podman pause`, the kubelet."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="ascii", errors="replace") as f:
+            unified = next((line.split(":", 2)[2].strip() for line in f if line.startswith("0::")), None)
+        if unified is None:
+            return False
+        events = Path("/sys/fs/cgroup") / unified.lstrip("/") / "cgroup.events"
+        return "frozen 1" in events.read_text()
+    except (OSError, IndexError):
+        return False
+
+
+def stalled(holder: Holder) -> bool:
+    """The owning thread is not running: stopped by a signal (T) or a tracer (t), asleep (S, D),
+    or in a frozen cgroup."""
+    try:
+        stat = Path(f"/proc/{holder.pid}/task/{holder.tid}/stat").read_text()
+    except OSError:
+        return False
+    state = stat[stat.rfind(")") + 2 : stat.rfind(")") + 3]
+    return state in ("T", "t", "S", "D") or _frozen(holder.pid)
+
+
+class StallBreaker:
+    """Kills a process that stays stopped (or asleep) while it holds a region's lock."""
+
+    name = "stalls"
+
+    def __init__(self, root: Path, *, interval_s: float = 0.5, stall_s: float = STALL_S) -> None:
+        self.root = root
+        self.interval_s = interval_s
+        self.stall_s = stall_s
+        self._suspects: dict[Path, _Suspect] = {}
+
+    def _regions(self) -> list[tuple[Path, int, str | None, str | None]]:
+        """(file, mutex offset, tenant, gpu) of every region with a lock."""
+        found: list[tuple[Path, int, str | None, str | None]] = [
+            (tenant / abi.USAGE_FILE, abi.Usage.lock.offset, tenant.name, None)
+            for tenant in iter_tenants(self.root)
+        ]
+        found += [
+            (path, abi.Arbiter.lock.offset, None, path.parent.name) for path in iter_arbiters(self.root)
+        ]
+        return found
+
+    def tick(self) -> list[Event]:
+        events = []
+        now = time.monotonic()
+        seen = set()
+        for path, offset, tenant, gpu in self._regions():
+            seen.add(path)
+            try:
+                word = lock_word(path, offset)
+            except OSError:
+                continue
+            tid = word & FUTEX_TID_MASK
+            suspect = self._suspects.get(path)
+            if not tid:
+                self._suspects.pop(path, None)
+                continue
+            if suspect is None or suspect.tid != tid:
+                holder = find_holder(path, tid)
+                if holder is None or holder.pid == os.getpid() or not stalled(holder):
+                    self._suspects.pop(path, None)
+                    continue
+                self._suspects[path] = _Suspect(holder=holder, tid=tid, since=now)
+                continue
+            if not stalled(suspect.holder):
+                del self._suspects[path]  # it runs: the lock will be given back
+                continue
+            if now - suspect.since < self.stall_s:
+                continue
+            events.append(self._kill(path, suspect, now, tenant, gpu))
+            del self._suspects[path]
+        for gone in set(self._suspects) - seen:
+            del self._suspects[gone]
+        return events
+
+    def _kill(self, path: Path, suspect: _Suspect, now: float, tenant: str | None, gpu: str | None) -> Event:
+        pid = suspect.holder.pid
+        region = "usage" if tenant else "arbiter"
+        held_s = round(now - suspect.since, 1)
+        try:
+            os.kill(pid, signal.SIGKILL)
+            outcome = "killed it"
+        except ProcessLookupError:
+            outcome = "it was already gone"
+        except PermissionError as err:
+            outcome = f"could not kill it ({err})"
+        where = f"tenant {tenant}'s usage region" if tenant else f"GPU {gpu}'s arbiter region"
+        message = (
+            f"process {pid} held the lock of {where} for {held_s} s without running, blocking "
+            f"every process that needs it: {outcome}"
+        )
+        log.warning("%s", message)
+        return Event(
+            kind="process.lock_holder_killed",
+            severity="warning",
+            tenant=tenant,
+            gpu=gpu,
+            pid=pid,
+            message=message,
+            data={"region": region, "path": str(path), "tid": suspect.holder.tid, "stopped_s": held_s},
+        )
