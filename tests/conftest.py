@@ -112,10 +112,19 @@ class Sim:
             )
         return result
 
-    def spawn_probe(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    def spawn_probe(
+        self, *args: str, env: dict[str, str] | None = None, new_session: bool = False
+    ) -> subprocess.Popen[str]:
+        """The probe in the background; `new_session`: in a process group of its own, so that
+        os.killpg(proc.pid, ...) also ends the children it forks."""
         cmd = [str(native.probe_path()), *args]
         return subprocess.Popen(
-            cmd, env=env or self.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            cmd,
+            env=env or self.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=new_session,
         )
 
     def uuids(self) -> list[str]:

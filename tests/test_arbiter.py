@@ -9,6 +9,7 @@ workloads are ``sgprobe saturate`` (back-to-back spin kernels, achieved fraction
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
@@ -825,7 +826,12 @@ def test_one_tenant_with_many_processes_leaves_entries_to_the_others(sim: Sim) -
     crowd_tenant = compute_tenant(sim, "crowd", "share", 50)
     b = compute_tenant(sim, "b", "share", 50)
     path = arbiter_of(sim)
-    crowd = [spawn(sim, crowd_tenant, "forklaunch", 100, 30) for _ in range(130)]  # parent + child each
+    # A parent and a child each, in a process group of their own: a killed parent's child (asleep
+    # for 30 s, holding the parent's stdout) goes with it.
+    crowd = [
+        sim.spawn_probe("forklaunch", "100", "30", env=sim.tenant_env(crowd_tenant), new_session=True)
+        for _ in range(130)
+    ]
     try:
         deadline = time.monotonic() + 60
         while (t := read_arbiter(path).tenant("crowd")) is None or t.clients < abi.ARB_TENANT_MAX_CLIENTS:
@@ -843,6 +849,7 @@ def test_one_tenant_with_many_processes_leaves_entries_to_the_others(sim: Sim) -
         assert time.monotonic() - started < 10
     finally:
         for proc in crowd:
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
         for proc in crowd:
             proc.communicate(timeout=30)

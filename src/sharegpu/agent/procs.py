@@ -159,7 +159,7 @@ class SlotProc:
 
     pid: int  # in the agent's namespace (host_pid when known)
     start_time: int
-    mem_bytes: tuple[int, ...]  # per limits index
+    mem_bytes: tuple[int, ...]  # per limits index: what the ledger charges it (its spare included)
 
 
 def live_slots(tenant: Path | UsageSnapshot, table: ProcessTable | None = None) -> list[SlotProc]:

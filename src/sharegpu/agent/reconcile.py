@@ -113,6 +113,9 @@ class Reconciler:
             for pid, views in slots.items():
                 if pid not in seen:
                     continue
+                # What the ledger charges the process, spare included (ledger.c): the spare is in
+                # the totals the cap is checked against, so the overhead is NVML's figure above it
+                # (admission then counts exactly what NVML sees).
                 ledger = max(v.mem_bytes[i] for v in views)
                 extra = min(max(seen[pid] - ledger, 0), self.max_process_overhead_bytes)
                 if extra:
