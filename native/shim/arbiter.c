@@ -1036,9 +1036,17 @@ static enum decision decide(struct sg_gpu *g, uint64_t now, bool burst_end)
     if (burst_end && !__atomic_load_n(&a->waiting, __ATOMIC_RELAXED))
         return KEEP;
     pthread_mutex_lock(&setup_mu);
+    /* Follow a resize here too: a holder whose launches all take the fast path (the watcher
+     * renews its quantum) would otherwise keep its old share, policy and ceiling. */
+    struct sg_err le;
+    sg_err_clear(&le);
+    limits_refresh_setup_locked(&le);
     struct sg_limits_device lim = alim.devices[g->idx];
     uint64_t gen = alim.generation;
+    bool native = __atomic_load_n(&g->state, __ATOMIC_ACQUIRE) == SG_GPU_NATIVE;
     pthread_mutex_unlock(&setup_mu);
+    if (native)
+        return RELEASE; /* resized to native: the card is no longer arbitrated for us */
     if (arb_lock(a) < 0)
         return KEEP;
     enum decision d = KEEP;
