@@ -305,7 +305,7 @@ extern struct sg_gpu sg_gpus[SG_MAX_DEVICES];
  * streams), that stream's context and GPU, and the token word it saw granted. */
 uint64_t sg_mono_ns(void);
 
-/* The launch clock (arbiter.c): CLOCK_MONOTONIC read through the CPU's counter from a
+/* The launch clock (clock.c): CLOCK_MONOTONIC read through the CPU's counter from a
  * per-thread anchor; the system clock wherever the counter cannot be trusted. */
 struct sg_clock_anchor {
     uint64_t ns; /* CLOCK_MONOTONIC when taken; 0: no anchor (read the system clock) */
@@ -315,6 +315,7 @@ struct sg_clock_anchor {
 extern uint64_t sg_tick_mult;
 /* Take a fresh anchor; returns CLOCK_MONOTONIC. */
 uint64_t sg_clock_anchor(struct sg_clock_anchor *a);
+void sg_clock_fork_child(void);
 
 static inline uint64_t sg_ticks(void)
 {
