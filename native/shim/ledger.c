@@ -25,7 +25,7 @@
  * Cost per alloc+free pair (goal: < 200 ns added, bench/overhead.py): with the spare, two
  * relaxed loads and one CAS on our own slot, a thread-local context -> device cache in front
  * of cuCtxGetDevice, and the process-local allocation table (an open-addressing insert and
- * delete under a private mutex).  Without it (the first allocation, a big one, near the cap):
+ * delete under a private futex lock).  Without it (the first allocation, a big one, near the cap):
  * one uncontended robust-mutex lock/unlock, a 16-device UUID compare, a vDSO clock read.
  *
  * Dead processes: a slot is live while its owner holds the slot's liveness lock (live.c: an OFD
@@ -396,7 +396,7 @@ static uint64_t spare_limit[SG_MAX_DEVICES]; /* [atomic relaxed] per limits inde
 static uint64_t spare_gen = UINT64_MAX;      /* [usage mutex] the generation spare_limit is of */
 #define GEN_BITS(g) ((g) & (UINT64_MAX >> 8))
 
-/* Move up to `bytes` of slot s's spare on device idx back to the free headroom. */
+/* Give slot s's spare on device idx above `keep` back to the free headroom; the bytes given. */
 static uint64_t take_spare_locked(uint32_t s, int idx, uint64_t keep)
 {
     struct sg_usage *u = sg_usage_map;
@@ -476,8 +476,9 @@ static uint64_t headroom_locked(int idx, uint64_t bytes)
     return used < cap && cap - used > bytes ? cap - used - bytes : 0;
 }
 
-/* The spare bytes of every live process on idx (a view counts them as free). */
-static uint64_t spares_locked(int idx)
+/* The spare bytes of every live process on idx (a view counts them as free); atomic loads, so
+ * a view that could not take the lock reads them too. */
+static uint64_t spares_of(int idx)
 {
     uint64_t sum = 0;
     for (uint32_t s = 0; s < sg_usage_map->slot_count && s < SG_MAX_PROCS; s++)
@@ -673,7 +674,7 @@ int sg_view_device(CUdevice dev, const uint8_t *uuid_in, struct sg_view *v, stru
                 maybe_scan_locked();
             const struct sg_usage_device *d = &sg_usage_map->devices[idx];
             uint64_t ovh = __atomic_load_n(&d->overhead_bytes, __ATOMIC_RELAXED);
-            uint64_t spares = spares_locked(idx), used = d->mem_used_bytes;
+            uint64_t spares = spares_of(idx), used = d->mem_used_bytes;
             used = used > spares ? used - spares : 0; /* spares are free to whoever needs them */
             v->cap = sg_lim.devices[idx].mem_cap_bytes;
             v->used = used + ovh;
