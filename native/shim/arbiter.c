@@ -1207,9 +1207,8 @@ CUresult sg_arb_enter_slow(struct sg_gate *gt, CUstream s)
         *t = (struct sg_arb_tls){.ctx = ctx, .stream = sg_default_stream(s) ? NULL : s,
                                  .epoch = epoch, .g = g,
                                  .token = __atomic_load_n(&g->token, __ATOMIC_RELAXED)};
-        sg_clock_anchor(&t->clk);
         gt->ctx = ctx;
-        __atomic_store_n(&g->last_launch, t->clk.ns ? t->clk.ns : sg_mono_ns(), __ATOMIC_RELAXED);
+        __atomic_store_n(&g->last_launch, sg_clock_anchor(&t->clk), __ATOMIC_RELAXED);
         __atomic_fetch_add(&g->launching, 1, __ATOMIC_SEQ_CST);
         gt->g = g;
     }

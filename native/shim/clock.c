@@ -28,7 +28,8 @@ uint64_t sg_mono_ns(void)
 
 /* ---- the launch clock ------------------------------------------------------------------------ */
 
-#define SG_ANCHOR_FRESH_NS 5000000ull
+#define SG_ANCHOR_FRESH_NS 5000000ull /* how long an anchor is trusted */
+#define SG_CAL_MIN_NS 10000000ull     /* the shortest baseline the rate is measured over */
 uint64_t sg_tick_mult; /* [atomic relaxed] ns per tick << 32; 0: read clock_gettime */
 static struct sg_clock_anchor cal;  /* [cal_mu] the first anchor, and the rate's baseline */
 static uint64_t cal_span_ns;        /* [cal_mu] the span the rate was last measured over */
@@ -74,7 +75,7 @@ uint64_t sg_clock_anchor(struct sg_clock_anchor *a)
         a->ns = 0;
     } else if (!cal.ns) {
         cal = *a;
-    } else if (a->ns - cal.ns >= 10000000u && a->ns - cal.ns >= 2 * cal_span_ns &&
+    } else if (a->ns - cal.ns >= SG_CAL_MIN_NS && a->ns - cal.ns >= 2 * cal_span_ns &&
                a->ticks > cal.ticks) {
         /* Re-measured each time the baseline doubles (from 10 ms: a pair's jitter, ~5 us at
          * worst, is 0.05% of it, 2.5 us of a fresh anchor's 5 ms; at 1 s, 5 ppm). */
@@ -87,6 +88,19 @@ uint64_t sg_clock_anchor(struct sg_clock_anchor *a)
         a->fresh = (uint64_t)(((unsigned __int128)SG_ANCHOR_FRESH_NS << 32) / mult);
     pthread_mutex_unlock(&cal_mu);
     return now;
+}
+
+/* Anchor anew once the rate is known (at most once per SG_ANCHOR_FRESH_NS a thread), or every
+ * SG_CAL_MIN_NS until it is (each anchor may measure it); otherwise only read the clock, so a
+ * launch before the rate is known costs one clock_gettime, not a lock and two clock reads. */
+uint64_t sg_clock_stale(struct sg_clock_anchor *a)
+{
+    if (!a->ns)
+        return sg_mono_ns(); /* no anchor: the counter is not trusted here */
+    if (a->fresh)
+        return sg_clock_anchor(a);
+    uint64_t now = sg_mono_ns();
+    return now - a->ns >= SG_CAL_MIN_NS ? sg_clock_anchor(a) : now;
 }
 
 /* A forked child keeps the rate (same machine, same counter); the lock may have been held. */

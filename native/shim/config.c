@@ -38,8 +38,6 @@ struct sg_usage *sg_usage_map;
 char sg_tenant_dir[PATH_MAX];
 struct sg_limits_copy sg_lim;
 
-static pthread_once_t locate_once = PTHREAD_ONCE_INIT;
-static pthread_once_t open_once = PTHREAD_ONCE_INIT;
 static bool configured;
 static int mode = SG_MODE_INERT; /* [atomic acquire/release] after open_once */
 static int broken_logged;
@@ -65,18 +63,11 @@ static void locate(void)
     configured = true;
 }
 
-static int located; /* [atomic acquire/release] locate ran: every call skips pthread_once */
-
-static void locate_once_fn(void)
-{
-    locate();
-    __atomic_store_n(&located, 1, __ATOMIC_RELEASE);
-}
+SG_FAST_ONCE(locate_once, locate)
 
 bool sg_configured(void)
 {
-    if (!__atomic_load_n(&located, __ATOMIC_ACQUIRE))
-        pthread_once(&locate_once, locate_once_fn);
+    locate_once();
     return configured;
 }
 
@@ -289,17 +280,10 @@ static void open_once_fn(void)
     __atomic_store_n(&mode, SG_MODE_ACTIVE, __ATOMIC_RELEASE);
 }
 
-static int opened; /* [atomic acquire/release] open_once_fn ran */
-
-static void open_once_done(void)
-{
-    open_once_fn();
-    __atomic_store_n(&opened, 1, __ATOMIC_RELEASE);
-}
+SG_FAST_ONCE(open_once, open_once_fn)
 
 enum sg_mode sg_mode(void)
 {
-    if (!__atomic_load_n(&opened, __ATOMIC_ACQUIRE))
-        pthread_once(&open_once, open_once_done);
+    open_once();
     return (enum sg_mode)__atomic_load_n(&mode, __ATOMIC_ACQUIRE);
 }

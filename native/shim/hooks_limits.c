@@ -96,11 +96,15 @@ SG_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
         struct sg_charge counted = {.active = true, .idx = more.idx, .bytes = 0};
         sg_credit(&counted); /* two reservations became one entry: count it once */
     }
-    uint64_t shrink = growth(after, before, unit), want = was + growth(before, after, unit);
-    if (want < was)
-        want = UINT64_MAX;
-    if (after < before)
+    uint64_t want;
+    if (after >= before) {
+        want = was + growth(before, after, unit);
+        if (want < was)
+            want = UINT64_MAX;
+    } else {
+        uint64_t shrink = growth(after, before, unit);
         want = was > shrink ? was - shrink : 0;
+    }
     if (total.active) {
         sg_adjust(&total, want, &e); /* a driver that rounded past the cap keeps the reservation */
         total.ctx = ctx;

@@ -164,7 +164,6 @@ static sg_dlsym_fn real_dlsym(void)
 
 /* ---- resolving the real libraries (once each) ------------------------------------------ */
 
-static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
 static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
 static void *cu_handle;
 
@@ -185,13 +184,11 @@ static void resolve_lib(enum sg_lib which, const char *soname, void **handle_out
 #undef SG_HELPER
 }
 
-static int cu_ready; /* [atomic acquire/release] resolve_cu ran: every call skips pthread_once */
-
 static void resolve_cu(void)
 {
     resolve_lib(SG_LIB_CU, "libcuda.so.1", &cu_handle);
-    __atomic_store_n(&cu_ready, 1, __ATOMIC_RELEASE);
 }
+SG_FAST_ONCE(resolve_cu_once, resolve_cu)
 
 static void resolve_nvml(void)
 {
@@ -200,8 +197,7 @@ static void resolve_nvml(void)
 
 const struct sg_real *sg_real_cu(void)
 {
-    if (!__atomic_load_n(&cu_ready, __ATOMIC_ACQUIRE))
-        pthread_once(&cu_once, resolve_cu);
+    resolve_cu_once();
     return &sg_real;
 }
 

@@ -116,6 +116,22 @@ struct sg_err {
     char msg[256];
 };
 
+/* `name()` runs fn once, as pthread_once does; once it has run, a call costs one acquire load
+ * instead of a call into libc (the hooks ask on every call). */
+#define SG_FAST_ONCE(name, fn)                                                                     \
+    static pthread_once_t name##_once_ = PTHREAD_ONCE_INIT;                                        \
+    static int name##_done_; /* [atomic acquire/release] */                                        \
+    static void name##_run_(void)                                                                  \
+    {                                                                                              \
+        fn();                                                                                      \
+        __atomic_store_n(&name##_done_, 1, __ATOMIC_RELEASE);                                      \
+    }                                                                                              \
+    static inline void name(void)                                                                  \
+    {                                                                                              \
+        if (!__atomic_load_n(&name##_done_, __ATOMIC_ACQUIRE))                                     \
+            pthread_once(&name##_once_, name##_run_);                                              \
+    }
+
 /* An empty error without zeroing its whole buffer: hot paths make one per call. */
 static inline void sg_err_clear(struct sg_err *e)
 {
@@ -315,6 +331,8 @@ struct sg_clock_anchor {
 extern uint64_t sg_tick_mult;
 /* Take a fresh anchor; returns CLOCK_MONOTONIC. */
 uint64_t sg_clock_anchor(struct sg_clock_anchor *a);
+/* CLOCK_MONOTONIC for an anchor past its freshness (sg_fast_ns's slow side). */
+uint64_t sg_clock_stale(struct sg_clock_anchor *a);
 void sg_clock_fork_child(void);
 
 static inline uint64_t sg_ticks(void)
@@ -337,7 +355,7 @@ static inline uint64_t sg_fast_ns(struct sg_clock_anchor *a)
         uint64_t mult = __atomic_load_n(&sg_tick_mult, __ATOMIC_RELAXED);
         return a->ns + (uint64_t)(((unsigned __int128)d * mult) >> 32);
     }
-    return a->ns ? sg_clock_anchor(a) : sg_mono_ns(); /* stale: anchor anew */
+    return sg_clock_stale(a);
 }
 
 struct sg_arb_tls {
