@@ -50,9 +50,9 @@ class Holder:
 
 @dataclass
 class _Suspect:
-    holder: Holder
     tid: int  # the owner as the futex word names it (its waiters bit may come and go)
-    since: float
+    holder: Holder | None = None  # found (a pass over /proc) from the second look on
+    since: float = 0.0  # when the holder was first seen stalled
 
 
 def lock_word(path: Path, offset: int) -> int:
@@ -166,27 +166,34 @@ class StallBreaker:
                 self._suspects.pop(path, None)
                 continue
             if suspect is None or suspect.tid != tid:
+                # A lock held at one look is usually a busy one: only a thread seen holding it
+                # at two looks in a row is worth the pass over /proc that finds it.
+                self._suspects[path] = _Suspect(tid=tid)
+                continue
+            if suspect.holder is None:
                 holder = find_holder(path, tid)
                 if holder is None or holder.pid == os.getpid() or not stalled(holder):
-                    self._suspects.pop(path, None)
+                    del self._suspects[path]
                     continue
-                self._suspects[path] = _Suspect(holder=holder, tid=tid, since=now)
+                suspect.holder, suspect.since = holder, now
                 continue
             if not stalled(suspect.holder):
                 del self._suspects[path]  # it runs: the lock will be given back
                 continue
             if now - suspect.since < self.stall_s:
                 continue
-            events.append(self._kill(path, suspect, now, tenant, gpu))
+            events.append(self._kill(path, suspect.holder, now - suspect.since, tenant, gpu))
             del self._suspects[path]
         for gone in set(self._suspects) - seen:
             del self._suspects[gone]
         return events
 
-    def _kill(self, path: Path, suspect: _Suspect, now: float, tenant: str | None, gpu: str | None) -> Event:
-        pid = suspect.holder.pid
+    def _kill(
+        self, path: Path, holder: Holder, stalled_s: float, tenant: str | None, gpu: str | None
+    ) -> Event:
+        pid = holder.pid
         region = "usage" if tenant else "arbiter"
-        held_s = round(now - suspect.since, 1)
+        held_s = round(stalled_s, 1)
         try:
             os.kill(pid, signal.SIGKILL)
             outcome = "killed it"
@@ -207,5 +214,5 @@ class StallBreaker:
             gpu=gpu,
             pid=pid,
             message=message,
-            data={"region": region, "path": str(path), "tid": suspect.holder.tid, "stopped_s": held_s},
+            data={"region": region, "path": str(path), "tid": holder.tid, "stopped_s": held_s},
         )
