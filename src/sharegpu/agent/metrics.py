@@ -67,6 +67,14 @@ TENANT_STATES = ("running", "idle", "stale", "error")
 _NS = 1e9
 
 
+def _by_label(name: str, doc: str, label: str, counts: dict[str, int]) -> CounterMetricFamily:
+    """A counter with one label, a sample per key of `counts`."""
+    fam = CounterMetricFamily(name, doc, labels=[label])
+    for key, n in counts.items():
+        fam.add_metric([key], float(n))
+    return fam
+
+
 def _k8s(view: TenantView | None) -> list[str]:
     labels = view.labels if view is not None else {}
     return [labels.get(k, "") for k in K8S_LABELS]
@@ -275,44 +283,32 @@ class SharegpuCollector(Collector):
         yield ticks
         yield errors
         audit, qos, reaped, reaped_tenants = self.counts.snapshot()
-        fam = CounterMetricFamily(
-            "sharegpu_audit_events", "Audit findings by kind (untracked, bypass, killed)", labels=["kind"]
+        yield _by_label(
+            "sharegpu_audit_events", "Audit findings by kind (untracked, bypass, killed)", "kind", audit
         )
-        for kind, n in audit.items():
-            fam.add_metric([kind], float(n))
-        yield fam
-        fam = CounterMetricFamily(
-            "sharegpu_qos_decisions", "QoS loop decisions by action (raise, lower, hold)", labels=["action"]
+        yield _by_label(
+            "sharegpu_qos_decisions", "QoS loop decisions by action (raise, lower, hold)", "action", qos
         )
-        for action, n in qos.items():
-            fam.add_metric([action], float(n))
-        yield fam
-        fam = CounterMetricFamily(
+        yield _by_label(
             "sharegpu_reaped_processes",
             "Dead processes whose charges (usage) or arbiter entries were released",
-            labels=["region"],
+            "region",
+            reaped,
         )
-        for region, n in reaped.items():
-            fam.add_metric([region], float(n))
-        yield fam
-        fam = CounterMetricFamily(
+        yield _by_label(
             "sharegpu_arbiter_rebuilds",
             "Damaged arbiter regions the agent moved aside and made anew (every launch on the GPU "
             "failed until then)",
-            labels=["gpu"],
+            "gpu",
+            self.counts.rebuilds(),
         )
-        for gpu, n in self.counts.rebuilds().items():
-            fam.add_metric([gpu], float(n))
-        yield fam
-        fam = CounterMetricFamily(
+        yield _by_label(
             "sharegpu_lock_holder_kills",
             "Processes killed because they stayed stopped holding a usage or arbiter region's lock "
             "(every process needing that lock waited)",
-            labels=["region"],
+            "region",
+            self.counts.kills(),
         )
-        for region, n in self.counts.kills().items():
-            fam.add_metric([region], float(n))
-        yield fam
         fam = CounterMetricFamily(
             "sharegpu_reaped_tenants", "Tenants removed because their owner (supervisor, pod) was gone"
         )
