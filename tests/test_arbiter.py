@@ -113,6 +113,22 @@ def wait_until_holder(path: Path, pid: int, what: str) -> None:
         time.sleep(0.0005)
 
 
+def kill_while_holding(path: Path, region_pid: int, host_pid: int, what: str) -> None:
+    """SIGKILL process `host_pid` at a moment it holds the GPU's token (`region_pid` in the
+    region): frozen first and checked, let run and tried again otherwise, so the token cannot
+    change hands between the look and the kill."""
+    deadline = time.monotonic() + 10
+    while True:
+        assert time.monotonic() < deadline, f"{what} never held the token when looked at"
+        os.kill(host_pid, signal.SIGSTOP)
+        time.sleep(0.005)
+        if read_arbiter(path).holder_pid == region_pid:
+            os.kill(host_pid, signal.SIGKILL)
+            return
+        os.kill(host_pid, signal.SIGCONT)
+        time.sleep(0.01)
+
+
 def achieved_by_script(sim: Sim, tenant: Path, script: str, *args: str) -> float:
     """Run a cuda-python `script` as a process of `tenant`; the achieved share it prints, in %."""
     proc = subprocess.run(
@@ -416,8 +432,7 @@ def test_sigkill_of_the_token_holder(sim: Sim) -> None:
     survivor = spawn(sim, b, "saturate", 2.5, 500, "kernel", at)
     path = arbiter_of(sim)
     time.sleep(1.0)
-    wait_until_holder(path, victim.pid, "the victim")
-    victim.send_signal(signal.SIGKILL)
+    kill_while_holding(path, victim.pid, victim.pid, "the victim")
     victim.communicate(timeout=10)
     values = finish(survivor)
     gap = int(values["max_gap_us"])
@@ -786,9 +801,9 @@ def test_a_killed_holder_of_another_pid_namespace_is_reclaimed(sim: Sim) -> None
     survivor = spawn(sim, b, "saturate", 3, 500, "kernel", at)
     path = arbiter_of(sim)
     time.sleep(1.3)
-    wait_until_holder(path, 1, "the victim")  # pid 1 of its namespace
-    victim.send_signal(signal.SIGKILL)  # unshare --kill-child takes the probe with it
-    victim.communicate(timeout=10)
+    probe = int(Path(f"/proc/{victim.pid}/task/{victim.pid}/children").read_text().split()[0])
+    kill_while_holding(path, 1, probe, "the victim")  # pid 1 of its namespace
+    victim.communicate(timeout=10)  # unshare --kill-child follows its child
     values = finish(survivor)
     assert int(values["max_gap_us"]) < 1_000_000
     status = read_arbiter(path)
