@@ -452,6 +452,7 @@ CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, uns
                                         unsigned int sharedMemBytes, CUstream hStream,
                                         void **kernelParams);
 CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
+CUresult cuGraphUpload_ptsz(CUgraphExec exec, CUstream stream);
 CUresult cuStreamSynchronize_ptsz(CUstream stream);
 CUresult cuStreamQuery_ptsz(CUstream stream);
 CUresult cuEventRecord_ptsz(CUevent event, CUstream stream);
@@ -598,6 +599,7 @@ SG_CUAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void
 
 typedef enum CUgraphNodeType_enum {
     CU_GRAPH_NODE_TYPE_KERNEL = 0,
+    CU_GRAPH_NODE_TYPE_GRAPH = 4,
     CU_GRAPH_NODE_TYPE_EMPTY = 5,
     CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10,
     CU_GRAPH_NODE_TYPE_MEM_FREE = 11
@@ -633,6 +635,24 @@ typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st {
     CUgraphNode hErrNode_out;
     CUgraphInstantiateResult result_out;
 } CUDA_GRAPH_INSTANTIATE_PARAMS;
+#define CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD 2ull
+typedef enum CUgraphMem_attribute_enum {
+    CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0,
+    CU_GRAPH_MEM_ATTR_USED_MEM_HIGH = 1,
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2,
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH = 3
+} CUgraphMem_attribute;
+SG_CUAPI cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *numNodes);
+SG_CUAPI cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType *type);
+SG_CUAPI cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *graph);
+SG_CUAPI cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS *params);
+SG_CUAPI cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph,
+                                      CUDA_GRAPH_INSTANTIATE_PARAMS *params);
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph,
+                                           CUDA_GRAPH_INSTANTIATE_PARAMS *params);
+SG_CUAPI cuGraphUpload(CUgraphExec exec, CUstream stream);
+SG_CUAPI cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void *value);
+SG_CUAPI cuDeviceGraphMemTrim(CUdevice device);
 #ifndef __cplusplus
 _Static_assert(sizeof(CUgraphNodeParams) == 256, "CUgraphNodeParams is 256 bytes in cuda.h");
 #endif

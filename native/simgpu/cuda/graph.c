@@ -1,5 +1,5 @@
 /*
- * CUDA graphs: kernel, empty and memory nodes.  A kernel node's duration is fixed when it is added
+ * CUDA graphs: kernel, empty and memory nodes (listed by cuGraphGetNodes and cuGraphNodeGetType).  A kernel node's duration is fixed when it is added
  * (the real driver copies kernel parameters then too) and can be changed in an instantiated graph
  * (cuGraphExecKernelNodeSetParams).  Dependencies may only name earlier nodes of the same graph,
  * so insertion order is a topological order; an instantiated graph runs its kernels in that
@@ -198,6 +198,43 @@ SIM_EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CU
     return add_generic(node, graph, deps, numDeps, nodeParams);
 }
 
+/* ---- what a graph holds --------------------------------------------------------------- */
+
+SIM_EXPORT CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *numNodes)
+{
+    CUresult r = cu_graph_check(graph);
+    if (r)
+        return r;
+    if (!numNodes)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (nodes) { /* the first *numNodes handles, NULL past the last node */
+        for (size_t i = 0; i < *numNodes; i++)
+            nodes[i] = i < graph->n ? graph->nodes[i] : NULL;
+        if (*numNodes > graph->n)
+            *numNodes = graph->n;
+    } else {
+        *numNodes = graph->n;
+    }
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType *type)
+{
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    if (!node || node->magic != NODE_MAGIC || !type)
+        return CUDA_ERROR_INVALID_VALUE;
+    static const CUgraphNodeType types[] = {
+        [NODE_KERNEL] = CU_GRAPH_NODE_TYPE_KERNEL,
+        [NODE_EMPTY] = CU_GRAPH_NODE_TYPE_EMPTY,
+        [NODE_MEM_ALLOC] = CU_GRAPH_NODE_TYPE_MEM_ALLOC,
+        [NODE_MEM_FREE] = CU_GRAPH_NODE_TYPE_MEM_FREE,
+    };
+    *type = types[node->kind];
+    return CUDA_SUCCESS;
+}
+
 /* ---- instantiation and launch ----------------------------------------------------------- */
 
 static CUresult instantiate(CUgraphExec *exec, CUgraph graph)
@@ -250,6 +287,8 @@ SIM_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph, CUgr
     return instantiate(exec, graph);
 }
 
+static CUresult graph_upload(CUgraphExec exec, CUstream h);
+
 static CUresult instantiate_with_params(CUgraphExec *exec, CUgraph graph,
                                         CUDA_GRAPH_INSTANTIATE_PARAMS *p)
 {
@@ -261,6 +300,11 @@ static CUresult instantiate_with_params(CUgraphExec *exec, CUgraph graph,
         return CUDA_ERROR_INVALID_VALUE;
     }
     CUresult r = instantiate(exec, graph);
+    if (!r && (p->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) &&
+        (r = graph_upload(*exec, p->hUploadStream))) {
+        cuGraphExecDestroy(*exec);
+        *exec = NULL;
+    }
     p->result_out = r ? CUDA_GRAPH_INSTANTIATE_ERROR : CUDA_GRAPH_INSTANTIATE_SUCCESS;
     return r;
 }
@@ -277,20 +321,46 @@ SIM_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph
     return instantiate_with_params(exec, graph, params);
 }
 
-static CUresult graph_launch(CUgraphExec exec, CUstream h)
+/* The executable and the stream a launch or upload names, both checked. */
+static CUresult exec_stream(CUgraphExec exec, CUstream h, struct CUstream_st **s)
 {
     CUresult r = cu_ready();
     if (r)
         return r;
     if (!exec || exec->magic != EXEC_MAGIC)
         return CUDA_ERROR_INVALID_VALUE;
+    return cu_stream(h, s);
+}
+
+static CUresult graph_launch(CUgraphExec exec, CUstream h)
+{
     struct CUstream_st *s;
-    r = cu_stream(h, &s);
+    CUresult r = exec_stream(exec, h, &s);
     if (r)
         return r;
-    if (exec->n != exec->nkernels && (r = cu_gmem_run(exec)))
+    if (exec->n != exec->nkernels && (r = cu_gmem_run(exec, 0)))
         return r;
     return exec->nkernels ? cu_submit(s, exec->dur, exec->nkernels, NULL) : CUDA_SUCCESS;
+}
+
+/* An upload maps the executable's graph memory ahead of its launch: the pool grows now. */
+static CUresult graph_upload(CUgraphExec exec, CUstream h)
+{
+    struct CUstream_st *s;
+    CUresult r = exec_stream(exec, h, &s);
+    if (r)
+        return r;
+    return exec->n != exec->nkernels ? cu_gmem_run(exec, 1) : CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuGraphUpload(CUgraphExec exec, CUstream stream)
+{
+    return graph_upload(exec, stream);
+}
+
+SIM_EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec exec, CUstream stream)
+{
+    return graph_upload(exec, stream);
 }
 
 SIM_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)

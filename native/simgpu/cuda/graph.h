@@ -55,6 +55,7 @@ CUresult cu_gmem_add_free(CUgraphNode *node, CUgraph graph, const CUgraphNode *d
                           CUdeviceptr dptr) SIM_HIDDEN;
 void cu_gmem_ref(struct graph_alloc *ga) SIM_HIDDEN;
 void cu_gmem_put(struct graph_alloc *ga) SIM_HIDDEN; /* the last reference frees the range */
-CUresult cu_gmem_run(struct CUgraphExec_st *x) SIM_HIDDEN; /* a launch's memory nodes */
+/* A launch's memory nodes; reserve_only: an upload, which only grows the pool for them. */
+CUresult cu_gmem_run(struct CUgraphExec_st *x, int reserve_only) SIM_HIDDEN;
 
 #endif /* SIMGPU_GRAPH_H */

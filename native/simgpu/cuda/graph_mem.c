@@ -234,9 +234,8 @@ SIM_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice device)
     return CUDA_SUCCESS;
 }
 
-enum { GMEM_USED_CURRENT, GMEM_USED_HIGH, GMEM_RESERVED_CURRENT, GMEM_RESERVED_HIGH };
-
-SIM_EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice device, int attr, void *value)
+SIM_EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr,
+                                                 void *value)
 {
     int phys;
     CUresult r = cu_ready_device(device, &phys);
@@ -246,10 +245,10 @@ SIM_EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice device, int attr, void
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&gm_mu);
     switch (attr) {
-    case GMEM_USED_CURRENT: *(cuuint64_t *)value = gpool[phys].used; break;
-    case GMEM_USED_HIGH: *(cuuint64_t *)value = gpool[phys].used_high; break;
-    case GMEM_RESERVED_CURRENT: *(cuuint64_t *)value = gpool[phys].reserved; break;
-    case GMEM_RESERVED_HIGH: *(cuuint64_t *)value = gpool[phys].reserved_high; break;
+    case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = gpool[phys].used; break;
+    case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: *(cuuint64_t *)value = gpool[phys].used_high; break;
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = gpool[phys].reserved; break;
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: *(cuuint64_t *)value = gpool[phys].reserved_high; break;
     default: r = CUDA_ERROR_INVALID_VALUE;
     }
     pthread_mutex_unlock(&gm_mu);
@@ -265,9 +264,9 @@ SIM_EXPORT CUresult cuDeviceSetGraphMemAttribute(CUdevice device, int attr, void
     if (!value || *(cuuint64_t *)value != 0)
         return CUDA_ERROR_INVALID_VALUE; /* only the high watermarks, only reset to 0 */
     pthread_mutex_lock(&gm_mu);
-    if (attr == GMEM_USED_HIGH)
+    if (attr == CU_GRAPH_MEM_ATTR_USED_MEM_HIGH)
         gpool[phys].used_high = gpool[phys].used;
-    else if (attr == GMEM_RESERVED_HIGH)
+    else if (attr == CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH)
         gpool[phys].reserved_high = gpool[phys].reserved;
     else
         r = CUDA_ERROR_INVALID_VALUE;
@@ -275,15 +274,16 @@ SIM_EXPORT CUresult cuDeviceSetGraphMemAttribute(CUdevice device, int attr, void
     return r;
 }
 
-/* Applies the memory nodes of one launch: all or nothing. */
-CUresult cu_gmem_run(struct CUgraphExec_st *x)
+/* Applies the memory nodes of one launch (or only reserves what they need in the pool, for an
+ * upload): all or nothing. */
+CUresult cu_gmem_run(struct CUgraphExec_st *x, int reserve_only)
 {
     uint64_t want[SIM_MAX_GPUS] = {0};
     CUresult r = CUDA_SUCCESS;
     pthread_mutex_lock(&gm_mu);
     for (size_t i = 0; i < x->n && !r; i++)
         if (x->steps[i].kind == NODE_MEM_ALLOC) {
-            if (x->steps[i].ga->live)
+            if (x->steps[i].ga->live && !reserve_only)
                 r = CUDA_ERROR_INVALID_VALUE; /* an allocation of the last launch is still live */
             want[x->steps[i].ga->phys] += x->steps[i].ga->bytes;
         }
@@ -305,6 +305,8 @@ CUresult cu_gmem_run(struct CUgraphExec_st *x)
     } else {
         for (int g = 0; g < SIM_MAX_GPUS; g++)
             gpool[g].reserved += charged[g];
+    }
+    if (!r && !reserve_only) {
         for (size_t i = 0; i < x->n; i++) {
             struct graph_alloc *ga = x->steps[i].ga;
             if (x->steps[i].kind == NODE_MEM_ALLOC) {
@@ -317,10 +319,10 @@ CUresult cu_gmem_run(struct CUgraphExec_st *x)
             if (ga && gpool[ga->phys].used > gpool[ga->phys].used_high)
                 gpool[ga->phys].used_high = gpool[ga->phys].used;
         }
-        for (int g = 0; g < SIM_MAX_GPUS; g++)
-            if (gpool[g].reserved > gpool[g].reserved_high)
-                gpool[g].reserved_high = gpool[g].reserved;
     }
+    for (int g = 0; g < SIM_MAX_GPUS && !r; g++)
+        if (gpool[g].reserved > gpool[g].reserved_high)
+            gpool[g].reserved_high = gpool[g].reserved;
     pthread_mutex_unlock(&gm_mu);
     return r;
 }

@@ -2,11 +2,13 @@
  * Modules.  Nothing is compiled or run: a module is the list of its kernel names and its
  * variables.  A PTX image (text) exposes exactly its `.entry` names and its `.global`/`.const`
  * variables, which are device memory of the module: placed and charged to the process when the
- * module is loaded, given back when it is unloaded (or its context dies).  A binary image (ELF
- * cubin or fatbin) cannot be parsed without the toolkit, so it accepts any kernel name and has no
- * variables.
+ * module is loaded, given back when it is unloaded (or its context dies).  An ELF cubin's
+ * variables are the object symbols of its global and constant sections (sharegpu/cubin.h); its
+ * kernels cannot be listed without the toolkit, so it accepts any kernel name, as does a fatbin,
+ * which has no variables here.
  */
 #include "cu.h"
+#include "sharegpu/cubin.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -165,9 +167,52 @@ static int ptx_vars(const char *text, struct cu_var **out, size_t *nout, uint64_
     return 0;
 }
 
+/* The variables of an ELF cubin (its symbol table), laid out in order, 8-byte aligned. */
+struct elf_vars {
+    struct cu_var *vars;
+    size_t n, cap;
+    uint64_t off;
+    int oom;
+};
+
+static void add_elf_var(const char *name, uint64_t size, void *arg)
+{
+    struct elf_vars *ev = arg;
+    size_t len = strlen(name);
+    if (ev->oom || len == 0 || len >= sizeof(ev->vars->name))
+        return;
+    if (ev->n == ev->cap) {
+        size_t cap = ev->cap ? ev->cap * 2 : 8;
+        struct cu_var *nv = realloc(ev->vars, cap * sizeof(*nv));
+        if (!nv) {
+            ev->oom = 1;
+            return;
+        }
+        ev->vars = nv;
+        ev->cap = cap;
+    }
+    struct cu_var *v = &ev->vars[ev->n++];
+    memcpy(v->name, name, len + 1);
+    v->size = size;
+    v->offset = (ev->off + 7) / 8 * 8;
+    ev->off = v->offset + size;
+}
+
 CUresult cu_module_parse(struct CUmod_st *m, const void *image)
 {
     memset(m, 0, sizeof(*m));
+    if (sg_is_elf(image)) {
+        struct elf_vars ev = {0};
+        sg_cubin_vars(image, MAX_IMAGE_FILE, add_elf_var, &ev);
+        if (ev.oom) {
+            free(ev.vars);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        m->vars = ev.vars;
+        m->nvars = ev.n;
+        m->var_bytes = ev.off;
+        return CUDA_SUCCESS;
+    }
     if (is_binary(image))
         return CUDA_SUCCESS;
     const char *text = image;
