@@ -36,8 +36,10 @@
 
 static void context_gone(CUcontext ctx)
 {
-    if (!sg_in_hook && sg_configured())
+    if (!sg_in_hook && sg_configured()) {
         sg_credit_context(ctx);
+        sg_graph_mem_settle_all(); /* whatever graph memory the driver freed with it */
+    }
 }
 
 DESTROY(cuStreamDestroy, CUstream, (void)handle)
@@ -85,6 +87,8 @@ static bool primary_gone(CUdevice dev)
         if (res == CUDA_SUCCESS && ctx && primary_gone(dev))                                       \
             sg_credit_context(ctx);                                                                \
         sg_in_hook--;                                                                              \
+        if (res == CUDA_SUCCESS && ctx)                                                            \
+            sg_graph_mem_settle_all();                                                             \
         return res;                                                                                \
     }
 PRIMARY_END(cuDevicePrimaryCtxRelease)

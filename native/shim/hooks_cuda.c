@@ -180,14 +180,17 @@ SG_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigne
     return res;
 }
 
-/* Stream-ordered allocations are charged to their stream's device (devof.c). */
-#define ALLOC_ASYNC(name)                                                                          \
+/* Stream-ordered allocations are charged to their stream's device (devof.c); on a capturing
+ * stream they are nodes of the graph, charged when it runs (graphmem.c). */
+#define ALLOC_ASYNC(name, per_thread)                                                              \
     SG_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)                  \
     {                                                                                              \
         REAL(name);                                                                                \
         FORWARD_IF_PASSIVE(dptr, bytesize, hStream);                                               \
         if (!dptr)                                                                                 \
             return CUDA_ERROR_INVALID_VALUE;                                                       \
+        if (sg_stream_capturing(hStream, per_thread))                                              \
+            return real_(dptr, bytesize, hStream);                                                 \
         sg_in_hook++;                                                                              \
         struct sg_charge c;                                                                        \
         CUdevice dev_;                                                                             \
@@ -202,10 +205,10 @@ SG_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigne
         sg_in_hook--;                                                                              \
         return res;                                                                                \
     }
-ALLOC_ASYNC(cuMemAllocAsync)
-ALLOC_ASYNC(cuMemAllocAsync_ptsz)
+ALLOC_ASYNC(cuMemAllocAsync, false)
+ALLOC_ASYNC(cuMemAllocAsync_ptsz, true)
 
-#define ALLOC_POOL(name)                                                                           \
+#define ALLOC_POOL(name, per_thread)                                                               \
     SG_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,               \
                             CUstream hStream)                                                      \
     {                                                                                              \
@@ -213,6 +216,8 @@ ALLOC_ASYNC(cuMemAllocAsync_ptsz)
         FORWARD_IF_PASSIVE(dptr, bytesize, pool, hStream);                                         \
         if (!dptr)                                                                                 \
             return CUDA_ERROR_INVALID_VALUE;                                                       \
+        if (sg_stream_capturing(hStream, per_thread))                                              \
+            return real_(dptr, bytesize, pool, hStream);                                           \
         sg_in_hook++;                                                                              \
         struct sg_charge c;                                                                        \
         CUdevice dev_;                                                                             \
@@ -227,8 +232,8 @@ ALLOC_ASYNC(cuMemAllocAsync_ptsz)
         sg_in_hook--;                                                                              \
         return res;                                                                                \
     }
-ALLOC_POOL(cuMemAllocFromPoolAsync)
-ALLOC_POOL(cuMemAllocFromPoolAsync_ptsz)
+ALLOC_POOL(cuMemAllocFromPoolAsync, false)
+ALLOC_POOL(cuMemAllocFromPoolAsync_ptsz, true)
 
 /* VMM: physical memory is charged when it is created (on prop->location's device), credited at
  * cuMemRelease.  Host locations (pinned host memory) are not GPU memory and pass untouched;

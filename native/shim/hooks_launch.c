@@ -119,12 +119,24 @@ SG_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list
     return res;
 }
 
+/* A graph's allocation nodes are admitted before it waits for the token (graphmem.c). */
 #define GRAPH_LAUNCH(name)                                                                         \
     SG_EXPORT CUresult name(CUgraphExec exec, CUstream stream)                                     \
     {                                                                                              \
         REAL(name);                                                                                \
         FORWARD_IF_PASSIVE(exec, stream);                                                          \
-        GATED(stream, exec, stream);                                                               \
+        struct sg_graph_mem gm_;                                                                   \
+        CUresult res_ = sg_graph_mem_begin(exec, &gm_);                                            \
+        if (res_ != CUDA_SUCCESS)                                                                  \
+            return res_;                                                                           \
+        struct sg_gate gt_;                                                                        \
+        res_ = sg_arb_enter(&gt_, stream);                                                         \
+        if (res_ == CUDA_SUCCESS) {                                                                \
+            res_ = real_(exec, stream);                                                            \
+            sg_arb_exit(&gt_);                                                                     \
+        }                                                                                          \
+        sg_graph_mem_end(&gm_);                                                                    \
+        return res_;                                                                               \
     }
 GRAPH_LAUNCH(cuGraphLaunch)
 GRAPH_LAUNCH(cuGraphLaunch_ptsz)

@@ -98,6 +98,21 @@ static const struct proc_row rows[] = {
     {"cuStreamDestroy", 4000, ANY, H(cuStreamDestroy_v2)},
     {"cuStreamDestroy", 2000, ANY, H(cuStreamDestroy)},
     {"cuCtxSetLimit", 3010, ANY, H(cuCtxSetLimit)},
+    {"cuModuleLoad", 2000, ANY, H(cuModuleLoad)},
+    {"cuModuleLoadData", 2000, ANY, H(cuModuleLoadData)},
+    {"cuModuleLoadDataEx", 2010, ANY, H(cuModuleLoadDataEx)},
+    {"cuModuleUnload", 2000, ANY, H(cuModuleUnload)},
+
+    /* graph memory: instantiation reads the allocation nodes, launch and upload admit them */
+    {"cuGraphInstantiate", 11000, ANY, H(cuGraphInstantiate_v2)},
+    {"cuGraphInstantiate", 10000, ANY, H(cuGraphInstantiate)},
+    {"cuGraphInstantiateWithFlags", 11040, ANY, H(cuGraphInstantiateWithFlags)},
+    {"cuGraphInstantiateWithParams", 12000, PTDS, H(cuGraphInstantiateWithParams_ptsz)},
+    {"cuGraphInstantiateWithParams", 12000, ANY, H(cuGraphInstantiateWithParams)},
+    {"cuGraphUpload", 11010, PTDS, H(cuGraphUpload_ptsz)},
+    {"cuGraphUpload", 11010, ANY, H(cuGraphUpload)},
+    {"cuGraphExecDestroy", 10000, ANY, H(cuGraphExecDestroy)},
+    {"cuDeviceGraphMemTrim", 11040, ANY, H(cuDeviceGraphMemTrim)},
 
     /* compute arbitration: launches (gated) and the sync calls that end a burst */
     {"cuLaunchKernel", 7000, PTDS, H(cuLaunchKernel_ptsz)},

@@ -45,6 +45,10 @@ CUresult cuArrayCreate(CUarray *handle, const CUDA_ARRAY_DESCRIPTOR_v1 *desc);
 CUresult cuMemGetInfo(unsigned int *free, unsigned int *total);
 CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev);
 
+/* The CUDA 10/11 instantiation (cudaTypedefs.h PFN_cuGraphInstantiate_v10000 and _v11000). */
+CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgraphNode *errorNode,
+                            char *logBuffer, size_t bufferSize);
+
 /* Everything below is internal: hidden even where only declared, so references bind locally
  * (no GOT indirection, and the TLS flag gets the initial-exec model without a GOT load). */
 #pragma GCC visibility push(hidden)
@@ -186,6 +190,7 @@ enum sg_kind {
     SG_KIND_ARRAY = 3,
     SG_KIND_MIPMAP = 4,
     SG_KIND_LIMIT = 5, /* a context limit's reservation (hooks_limits.c), credited with the context */
+    SG_KIND_MODULE = 6, /* a loaded module's globals (hooks_module.c), credited with the context */
 };
 
 /* A reservation made by sg_reserve: which limits index and how many bytes. */
@@ -219,6 +224,19 @@ CUresult sg_alloc_end(CUresult res, enum sg_kind kind, uint64_t key, struct sg_c
 CUresult sg_free_end(CUresult res, bool tracked, enum sg_kind kind, uint64_t key,
                      const struct sg_charge *c);
 uint64_t sg_format_bytes(CUarray_format f); /* bytes per channel of an array element */
+
+/* graphmem.c: a device's graph memory pool is charged as the driver counts it; a launch or
+ * upload of an executable with allocation nodes is admitted first (begin), then settled (end).
+ * begin may hold the file's lock until end. */
+struct sg_graph_mem {
+    bool held;
+    CUgraphExec exec;
+};
+CUresult sg_graph_mem_begin(CUgraphExec exec, struct sg_graph_mem *gm);
+void sg_graph_mem_end(struct sg_graph_mem *gm);
+void sg_graph_mem_settle_all(void); /* after a trim or a context's teardown */
+/* Whether a stream-ordered call on stream is recorded into a graph instead of run. */
+bool sg_stream_capturing(CUstream stream, bool per_thread);
 
 /* asyncfree.c: a stream-ordered free's charge is credited once its stream has reached it. */
 void sg_async_free_queue(CUstream stream, bool per_thread, const struct sg_charge *c);

@@ -1,0 +1,240 @@
+"""Device memory the driver places for a program without an allocation call, under the cap.
+
+- Graph memory nodes: what a graph's allocation nodes take from the device's graph memory pool is
+  charged when the graph runs (launch or upload), kept while the pool keeps it, and given back at
+  cuDeviceGraphMemTrim; a launch that would grow the pool past the cap is refused.
+- Module globals: a module's `__device__`/`__constant__` variables are charged when it is loaded
+  (PTX or ELF cubin), refused past the cap, given back at unload or with the context.
+
+Real processes through cuda-python (a real driver-API client) on the simulated GPU, whose
+driver keeps graph memory and module variables as a real one does (native/simgpu/cuda/graph_mem.c,
+module.c).
+"""
+
+from __future__ import annotations
+
+import struct
+import textwrap
+from pathlib import Path
+
+from conftest import Sim, python
+
+CAP = 64  # MiB
+
+PRELUDE = """
+from cuda.bindings import driver as d
+M = 1 << 20
+d.cuInit(0)
+d.cuCtxSetCurrent(d.cuDevicePrimaryCtxRetain(0)[1])
+stream = d.cuStreamCreate(0)[1]
+def free(dev=0):
+    ctx = d.cuDevicePrimaryCtxRetain(dev)[1]
+    d.cuCtxPushCurrent(ctx)
+    left = d.cuMemGetInfo()[1] // M
+    d.cuCtxPopCurrent()
+    return left
+def free_bytes():
+    return d.cuMemGetInfo()[1]
+def alloc_graph(mib, dev=0):
+    g = d.cuGraphCreate(0)[1]
+    p = d.CUDA_MEM_ALLOC_NODE_PARAMS()
+    p.poolProps.allocType = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    p.poolProps.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    p.poolProps.location.id = dev
+    p.bytesize = mib * M
+    err, node = d.cuGraphAddMemAllocNode(g, None, 0, p)
+    assert err == d.CUresult.CUDA_SUCCESS, err
+    return g, int(p.dptr)
+def launch(x):
+    res = d.cuGraphLaunch(x, stream)[0]
+    d.cuStreamSynchronize(stream)
+    return res.name
+"""
+
+
+def run(env: dict[str, str], body: str):  # type: ignore[no-untyped-def]
+    return python(env, PRELUDE + textwrap.dedent(body))
+
+
+def test_a_graph_allocation_is_charged_when_the_graph_runs_and_given_back_at_trim(sim: Sim) -> None:
+    tenant = sim.tenant("t", [CAP], gpus=[0])
+    values, proc = run(
+        sim.tenant_env(tenant),
+        """
+        g, ptr = alloc_graph(48)
+        x = d.cuGraphInstantiate(g, 0)[1]
+        print("instantiated=%d" % free())
+        print("launch=%s,%d" % (launch(x), free()))
+        print("alloc_over=%s" % d.cuMemAlloc(32 * M)[0].name)
+        print("relaunch_live=%s,%d" % (launch(x), free()))
+        print("freed=%s,%d" % (d.cuMemFree(ptr)[0].name, free()))
+        print("relaunch=%s,%d" % (launch(x), free()))
+        d.cuMemFree(ptr)
+        print("trim=%s,%d" % (d.cuDeviceGraphMemTrim(0)[0].name, free()))
+        print("alloc_after=%s" % d.cuMemAlloc(48 * M)[0].name)
+        """,
+    )
+    assert values["instantiated"] == str(CAP)  # a node takes nothing until the graph runs
+    assert values["launch"] == f"CUDA_SUCCESS,{CAP - 48}"
+    assert values["alloc_over"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    # a relaunch while the last launch's allocation is live: the driver would refuse it, and
+    # the admission, which counts what is live as taken, refuses it first; nothing moves
+    assert values["relaunch_live"] == f"CUDA_ERROR_OUT_OF_MEMORY,{CAP - 48}"
+    assert values["freed"] == f"CUDA_SUCCESS,{CAP - 48}"  # the pool keeps what it took
+    assert values["relaunch"] == f"CUDA_SUCCESS,{CAP - 48}"  # served from the pool: no growth
+    assert values["trim"] == f"CUDA_SUCCESS,{CAP}"
+    assert values["alloc_after"] == "CUDA_SUCCESS"
+    assert proc.stderr == ""
+
+
+def test_a_graph_that_would_grow_the_pool_past_the_cap_is_refused_before_it_runs(sim: Sim) -> None:
+    tenant = sim.tenant("t", [CAP], gpus=[0])
+    values, _ = run(
+        sim.tenant_env(tenant),
+        """
+        big, _ = alloc_graph(CAP + 16)
+        x = d.cuGraphInstantiate(big, 0)[1]
+        print("launch=%s,%d" % (launch(x), free()))
+        print("upload=%s,%d" % (d.cuGraphUpload(x, stream)[0].name, free()))
+        params = d.CUDA_GRAPH_INSTANTIATE_PARAMS()
+        params.flags = d.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD
+        params.hUploadStream = stream
+        d.cuGraphExecDestroy(x)
+        print("instantiate_upload=%s,%d" % (d.cuGraphInstantiateWithParams(big, params)[0].name, free()))
+        ok, _ = alloc_graph(40)
+        y = d.cuGraphInstantiate(ok, 0)[1]
+        print("upload_ok=%s,%d" % (d.cuGraphUpload(y, stream)[0].name, free()))
+        print("then_launch=%s,%d" % (launch(y), free()))
+        print("alloc_over=%s" % d.cuMemAlloc(32 * M)[0].name)
+        """.replace("CAP", str(CAP)),
+    )
+    assert values["launch"] == f"CUDA_ERROR_OUT_OF_MEMORY,{CAP}"
+    assert values["upload"] == f"CUDA_ERROR_OUT_OF_MEMORY,{CAP}"
+    assert values["instantiate_upload"] == f"CUDA_ERROR_OUT_OF_MEMORY,{CAP}"
+    assert values["upload_ok"] == f"CUDA_SUCCESS,{CAP - 40}"  # an upload maps it ahead of the launch
+    assert values["then_launch"] == f"CUDA_SUCCESS,{CAP - 40}"
+    assert values["alloc_over"] == "CUDA_ERROR_OUT_OF_MEMORY"
+
+
+def test_captured_stream_allocations_are_charged_once_when_the_graph_runs(sim: Sim) -> None:
+    """cuMemAllocAsync on a capturing stream makes an allocation node: nothing at capture (no
+    memory exists yet), the pool's growth at each launch, never twice for one allocation."""
+    tenant = sim.tenant("t", [CAP], gpus=[0])
+    values, proc = run(
+        sim.tenant_env(tenant),
+        """
+        d.cuStreamBeginCapture(stream, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL)
+        err, ptr = d.cuMemAllocAsync(40 * M, stream)
+        print("captured_alloc=%s,%d" % (err.name, free()))
+        d.cuMemFreeAsync(ptr, stream)
+        g = d.cuStreamEndCapture(stream)[1]
+        x = d.cuGraphInstantiate(g, 0)[1]
+        print("first=%s,%d" % (launch(x), free()))
+        print("second=%s,%d" % (launch(x), free()))
+        print("alloc_over=%s" % d.cuMemAlloc(32 * M)[0].name)
+        d.cuGraphExecDestroy(x)
+        print("trim=%s,%d" % (d.cuDeviceGraphMemTrim(0)[0].name, free()))
+        """,
+    )
+    assert values["captured_alloc"] == f"CUDA_SUCCESS,{CAP}"
+    assert values["first"] == f"CUDA_SUCCESS,{CAP - 40}"
+    assert values["second"] == f"CUDA_SUCCESS,{CAP - 40}"
+    assert values["alloc_over"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert values["trim"] == f"CUDA_SUCCESS,{CAP}"
+    assert proc.stderr == ""
+
+
+def test_graph_memory_is_charged_to_the_device_its_node_names(sim: Sim) -> None:
+    """The current context on GPU 0, an allocation node on GPU 1: GPU 1's cap pays."""
+    tenant = sim.tenant("t", [CAP, CAP], gpus=[0, 1])
+    values, _ = run(
+        sim.tenant_env(tenant),
+        """
+        g, _ = alloc_graph(48, dev=1)
+        x = d.cuGraphInstantiate(g, 0)[1]
+        print("launch=%s,%d,%d" % (launch(x), free(0), free(1)))
+        big, _ = alloc_graph(24, dev=1)
+        y = d.cuGraphInstantiate(big, 0)[1]
+        print("over=%s,%d,%d" % (launch(y), free(0), free(1)))
+        """,
+    )
+    assert values["launch"] == f"CUDA_SUCCESS,{CAP},{CAP - 48}"
+    assert values["over"] == f"CUDA_ERROR_OUT_OF_MEMORY,{CAP},{CAP - 48}"
+
+
+# ---------------------------------------------------------------------------------------------
+# module globals
+
+
+def ptx(global_mib: int) -> bytes:
+    return (
+        ".version 8.0\n.target sm_90\n.address_size 64\n"
+        f".visible .global .align 8 .b8 big[{global_mib << 20}];\n"
+        ".visible .const .align 4 .u32 small[4] = {1, 2, 3, 4};\n"
+        ".visible .entry k()\n{\n\tld.global.u32 %r1, [big];\n\tret;\n}\n"
+    ).encode() + b"\0"
+
+
+def cubin(global_mib: int) -> bytes:
+    """A minimal ELF64 cubin as the ELF specification lays it out: one `.nv.global` (NOBITS)
+    section holding one object symbol of global_mib MiB."""
+    shstr = b"\0.shstrtab\0.strtab\0.symtab\0.nv.global\0"
+    strtab = b"\0big\0"
+    object_sym = (1, 0x11, 0, 4, 0, global_mib << 20)  # "big": STB_GLOBAL|STT_OBJECT, section 4
+    sym = struct.pack("<IBBHQQ", 0, 0, 0, 0, 0, 0) + struct.pack("<IBBHQQ", *object_sym)
+    body = shstr + strtab + sym
+    off_shstr, off_str, off_sym = 64, 64 + len(shstr), 64 + len(shstr) + len(strtab)
+    shoff = 64 + len(body)
+
+    def sh(name: int, kind: int, off: int, size: int, *, link: int = 0, entsize: int = 0) -> bytes:
+        return struct.pack("<IIQQQQIIQQ", name, kind, 0, 0, off, size, link, 0, 8, entsize)
+
+    sections = (
+        sh(0, 0, 0, 0)
+        + sh(1, 3, off_shstr, len(shstr))  # .shstrtab
+        + sh(11, 3, off_str, len(strtab))  # .strtab
+        + sh(19, 2, off_sym, len(sym), link=2, entsize=24)  # .symtab
+        + sh(27, 8, 0, global_mib << 20)  # .nv.global, NOBITS
+    )
+    ident = b"\x7fELF" + bytes([2, 1, 1, 0x33]) + bytes(8)
+    header = ident + struct.pack("<HHIQQQIHHHHHH", 2, 190, 1, 0, 0, shoff, 0, 64, 0, 0, 64, 5, 1)
+    return header + body + sections
+
+
+def test_module_globals_are_charged_at_load_and_given_back_at_unload(sim: Sim, tmp_path: Path) -> None:
+    tenant = sim.tenant("t", [CAP], gpus=[0])
+    (tmp_path / "big.ptx").write_bytes(ptx(40)[:-1])
+    values, proc = run(
+        sim.tenant_env(tenant),
+        f"""
+        ptx48, ptx80, elf48 = {ptx(48)!r}, {ptx(80)!r}, {cubin(48)!r}
+        err, mod = d.cuModuleLoadData(ptx48)
+        print("ptx=%s,%d" % (err.name, free_bytes()))
+        print("global=%d" % d.cuModuleGetGlobal(mod, b"big")[2])
+        print("alloc_over=%s" % d.cuMemAlloc(32 * M)[0].name)
+        print("unload=%s,%d" % (d.cuModuleUnload(mod)[0].name, free_bytes()))
+        print("ptx_over=%s,%d" % (d.cuModuleLoadData(ptx80)[0].name, free_bytes()))
+        err, mod = d.cuModuleLoadDataEx(elf48, 0, [], [])
+        print("cubin=%s,%d" % (err.name, free_bytes()))
+        d.cuModuleUnload(mod)
+        err, mod = d.cuModuleLoad({str(tmp_path / "big.ptx")!r}.encode())
+        print("file=%s,%d" % (err.name, free_bytes()))
+        ctx = d.cuCtxCreate(None, 0, 0)[1]
+        err, other = d.cuModuleLoadData({ptx(16)!r})
+        print("other_ctx=%s,%d" % (err.name, free_bytes()))
+        d.cuCtxDestroy(ctx)
+        d.cuCtxSetCurrent(d.cuDevicePrimaryCtxRetain(0)[1])
+        print("ctx_gone=%d" % free_bytes())
+        """,
+    )
+    cap, small = CAP << 20, 16  # each PTX module also has a 16-byte `.const` array
+    assert values["ptx"] == f"CUDA_SUCCESS,{cap - (48 << 20) - small}"
+    assert values["global"] == str(48 << 20)
+    assert values["alloc_over"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert values["unload"] == f"CUDA_SUCCESS,{cap}"
+    assert values["ptx_over"] == f"CUDA_ERROR_OUT_OF_MEMORY,{cap}"
+    assert values["cubin"] == f"CUDA_SUCCESS,{cap - (48 << 20)}"
+    assert values["file"] == f"CUDA_SUCCESS,{cap - (40 << 20) - small}"
+    assert values["other_ctx"] == f"CUDA_SUCCESS,{cap - (56 << 20) - 2 * small}"
+    assert values["ctx_gone"] == str(cap - (40 << 20) - small)  # the context's module went with it
+    assert proc.stderr == ""
