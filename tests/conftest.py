@@ -19,6 +19,7 @@ import pytest
 from sharegpu import native
 from sharegpu.spec import MIB
 from sharegpu.tenant import DeviceLimit, create_tenant
+from simgpuutil import run_python
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -51,6 +52,13 @@ class ProbeResult:
 def parse_kv(text: str) -> tuple[dict[str, str], list[tuple[str, str]]]:
     lines = [tuple(line.split("=", 1)) for line in text.splitlines() if "=" in line]
     return dict(lines), lines  # type: ignore[misc]
+
+
+def python(env: dict[str, str], code: str, timeout: float = 120):  # type: ignore[no-untyped-def]
+    """Runs a Python program (dedented) under env; its key=value lines and the process."""
+    proc = run_python(env, code, timeout)
+    values, _ = parse_kv(proc.stdout)
+    return values, proc
 
 
 @dataclass

@@ -66,8 +66,8 @@ def stop(p: subprocess.Popen[str], sig: int = signal.SIGKILL) -> None:
         p.stdout.close()
 
 
-def run_py(env: dict[str, str], code: str, timeout: float = 120) -> dict[str, Any]:
-    """Runs code in a fresh interpreter; its last stdout line is JSON."""
+def run_python(env: dict[str, str], code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Runs code (dedented) in a fresh interpreter under env, which must exit 0."""
     p = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         env=env,
@@ -77,6 +77,12 @@ def run_py(env: dict[str, str], code: str, timeout: float = 120) -> dict[str, An
         check=False,
     )
     assert p.returncode == 0, p.stderr
+    return p
+
+
+def run_py(env: dict[str, str], code: str, timeout: float = 120) -> dict[str, Any]:
+    """Runs code in a fresh interpreter; its last stdout line is JSON."""
+    p = run_python(env, code, timeout)
     result: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
     return result
 

@@ -105,28 +105,25 @@ def usage_totals(tenant: Path) -> dict[str, int]:
     return {k: sum(getattr(p.dev[0], k) for p in usage.procs) for k in keys}
 
 
-def wait_until_holder(path: Path, pid: int, what: str) -> None:
-    """Until process `pid` holds the GPU's token (seen in the region)."""
-    deadline = time.monotonic() + 5
-    while read_arbiter(path).holder_pid != pid:
-        assert time.monotonic() < deadline, f"{what} never held the token"
-        time.sleep(0.0005)
-
-
-def kill_while_holding(path: Path, region_pid: int, host_pid: int, what: str) -> None:
-    """SIGKILL process `host_pid` at a moment it holds the GPU's token (`region_pid` in the
+def freeze_while_holding(path: Path, region_pid: int, host_pid: int, what: str) -> None:
+    """SIGSTOP process `host_pid` at a moment it holds the GPU's token (`region_pid` in the
     region): frozen first and checked, let run and tried again otherwise, so the token cannot
-    change hands between the look and the kill."""
+    change hands between the look and the freeze.  Returns with it stopped."""
     deadline = time.monotonic() + 10
     while True:
         assert time.monotonic() < deadline, f"{what} never held the token when looked at"
         os.kill(host_pid, signal.SIGSTOP)
         time.sleep(0.005)
         if read_arbiter(path).holder_pid == region_pid:
-            os.kill(host_pid, signal.SIGKILL)
             return
         os.kill(host_pid, signal.SIGCONT)
         time.sleep(0.01)
+
+
+def kill_while_holding(path: Path, region_pid: int, host_pid: int, what: str) -> None:
+    """SIGKILL process `host_pid` at a moment it holds the GPU's token."""
+    freeze_while_holding(path, region_pid, host_pid, what)
+    os.kill(host_pid, signal.SIGKILL)
 
 
 def achieved_by_script(sim: Sim, tenant: Path, script: str, *args: str) -> float:
@@ -821,8 +818,7 @@ def test_a_stopped_token_holder_loses_the_token(sim: Sim) -> None:
     other = spawn(sim, b, "saturate", 3.5, 500, "kernel", at)
     path = arbiter_of(sim)
     time.sleep(1.0)
-    wait_until_holder(path, frozen.pid, "the frozen tenant")
-    frozen.send_signal(signal.SIGSTOP)
+    freeze_while_holding(path, frozen.pid, frozen.pid, "the frozen tenant")
     time.sleep(2.5)
     frozen.send_signal(signal.SIGCONT)
     gap = int(finish(other)["max_gap_us"])

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, Sim, parse_kv
+from conftest import REPO, Sim, parse_kv, python
 from sharegpu import abi, native
 from sharegpu.spec import MIB
 from sharegpu.tenant import DeviceLimit, create_tenant, tenant_status
@@ -65,20 +65,6 @@ def hook_names() -> list[str]:
 def results(res, key: str = "result") -> list[int]:  # type: ignore[no-untyped-def]
     """The CUresult of each allocation a probe command reported, in order."""
     return [int(v) for v in res.all(key)]
-
-
-def python(env: dict[str, str], code: str, timeout: float = 120):  # type: ignore[no-untyped-def]
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        check=False,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert proc.returncode == 0, proc.stderr
-    values, _ = parse_kv(proc.stdout)
-    return values, proc
 
 
 def spawn_python(env: dict[str, str], code: str) -> subprocess.Popen[str]:
