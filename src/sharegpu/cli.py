@@ -41,6 +41,12 @@ simgpu_app = typer.Typer(
     help="The simulated GPU used by tests, benchmarks and the demo.", no_args_is_help=True
 )
 app.add_typer(simgpu_app, name="simgpu")
+cdi_app = typer.Typer(
+    help="Container Device Interface: vGPUs as `sharegpu.io/vgpu=<tenant>` devices for Podman, "
+    "Docker, containerd and CRI-O.",
+    no_args_is_help=True,
+)
+app.add_typer(cdi_app, name="cdi")
 
 # Piped output (scripts, CI logs) is not cut at 80 columns: tables keep whole UUIDs.
 # NO_COLOR (https://no-color.org): no styling at all, not even bold; no tty: rich adds none either.
@@ -529,6 +535,36 @@ def simgpu_reset() -> None:
 
     removed = simgpu.reset()
     print(f"removed {removed}" if removed else f"nothing to reset ({simgpu.state_path()} does not exist)")
+
+
+@cdi_app.command(
+    "generate",
+    help="Write the CDI spec that lists this node's tenants as `sharegpu.io/vgpu=<tenant>` "
+    "devices (validated, at the lowest cdiVersion its fields need).",
+)
+def cdi_generate(
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            help="A directory (the spec is its sharegpu.json) or a .json path; "
+            "default /var/run/cdi. Use - to print the spec instead.",
+        ),
+    ] = None,
+    tenant: Annotated[
+        list[str] | None, typer.Option("--tenant", help="List only this tenant (repeatable).")
+    ] = None,
+) -> None:
+    from sharegpu.runtime.cdi.generate import build_spec, spec_target, write_spec
+    from sharegpu.tenant import runtime_dir
+
+    spec = build_spec(runtime_dir(), tenant or None)
+    if output is not None and str(output) == "-":
+        sys.stdout.write(spec.to_json())
+        return
+    target = write_spec(spec, spec_target(output))
+    names = ", ".join(f"{spec.kind}={d.name}" for d in spec.devices)
+    print(f"wrote {target} (cdiVersion {spec.cdi_version}): {names}")
 
 
 @app.command(help="Show two tenants sharing a simulated GPU with their memory caps enforced.")

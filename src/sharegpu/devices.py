@@ -89,6 +89,21 @@ def list_gpus() -> list[Gpu]:
         return [_gpu(i) for i in range(pynvml.nvmlDeviceGetCount())]
 
 
+def nvml_library() -> Path | None:
+    """The file of libnvidia-ml.so.1 this process uses (after an NVML session: the driver's, or
+    the simulated GPU's), from /proc/self/maps; None when NVML cannot be loaded."""
+    try:
+        with nvml():
+            maps = Path("/proc/self/maps").read_text()
+    except (DeviceError, OSError):
+        return None
+    for line in maps.splitlines():
+        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+        if Path(path).name.startswith("libnvidia-ml.so"):
+            return Path(path).resolve()
+    return None
+
+
 def driver_version() -> str:
     with nvml():
         return _text(pynvml.nvmlSystemGetDriverVersion())

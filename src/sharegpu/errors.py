@@ -3,7 +3,8 @@
     SharegpuError                 every error we raise on purpose; the CLI prints one line for it
     ├── SpecError                 bad user input: a size, a share, a GPU selector, a tenant name
     │   ├── CommandNotFound       the command to run does not exist (exit 127, as a shell)
-    │   └── AdmissionError        valid, but the node cannot honour it next to the other tenants
+    │   ├── AdmissionError        valid, but the node cannot honour it next to the other tenants
+    │   └── CdiSpecError          a CDI spec (or a device name in it) that breaks the CDI rules
     ├── ConfigError               a file we read is missing, corrupt or of another ABI version
     ├── DeviceError               GPU discovery or NVML failed (wraps pynvml.NVMLError)
     │   └── UnknownGpu            a GPU selector that matches no GPU of this node (exit 2: bad input)
@@ -45,6 +46,10 @@ class CommandNotFound(SpecError):
 class AdmissionError(SpecError):
     """A request that parses but cannot be honoured next to the existing tenants (memory caps
     past the card, compute guarantees past 100%): retry after others shrink or leave."""
+
+
+class CdiSpecError(SpecError):
+    """A CDI spec, or a device name for one, that the CDI specification does not allow."""
 
 
 class ConfigError(SharegpuError):

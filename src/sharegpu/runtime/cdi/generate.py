@@ -1,0 +1,159 @@
+"""sharegpu's CDI spec: one device per tenant, `sharegpu.io/vgpu=<tenant>`.
+
+What a container that asks for a tenant's vGPU gets (DESIGN.md, "Integration"):
+
+- every vGPU (the spec's own `containerEdits`): the shim, read-only, at a fixed path; a file
+  mounted read-only over `/etc/ld.so.preload` that names it, so every process of the container
+  loads it without LD_PRELOAD; `SHAREGPU_TENANT=/run/sharegpu/tenant`; and the driver: on the
+  simulated GPU its two libraries (read-only, with LD_LIBRARY_PATH) and its state file;
+- each tenant's device: its limits read-only and its usage read-write at
+  `/run/sharegpu/tenant/{limits,usage}`, and the arbiter directory of each of its GPUs at
+  `/run/sharegpu/tenant/gpus/<uuid>` (read-write: the token is passed through it). Files are
+  mounted one by one, never the tenant directory, whose `gpus` link names a host path; the
+  arbiter is mounted as its directory so that a rebuilt region (replaced by rename) is seen.
+
+No limit travels in the environment: a process inside cannot raise its cap by changing it, and
+root inside cannot write the read-only limits. The spec is validated before it is written, and
+written atomically (a temporary file renamed over the old one), so a runtime never reads half.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from sharegpu import abi, simgpu
+from sharegpu.devices import nvml_library
+from sharegpu.errors import ConfigError, DeviceError, SpecError, TenantNotFound
+from sharegpu.native import simgpu_dir
+from sharegpu.runtime.cdi.model import ContainerEdits, Device, Mount, Spec, minimum_version, validate
+from sharegpu.runtime.run import preload_shim
+from sharegpu.tenant import GPUS_DIR, iter_tenants, read_device_limits, tenant_path
+
+KIND = "sharegpu.io/vgpu"
+DEFAULT_SPEC_DIR = Path("/var/run/cdi")
+SPEC_FILE = "sharegpu.json"
+CONTAINER_TENANT_DIR = "/run/sharegpu/tenant"
+CONTAINER_SHIM = "/usr/lib/sharegpu/libsharegpu.so"
+CONTAINER_SIMGPU_DIR = "/usr/lib/sharegpu/simgpu"
+PRELOAD_FILE = "ld.so.preload"  # under <runtime>/cdi: what /etc/ld.so.preload shows inside
+
+_RO = ["ro", "nosuid", "nodev", "bind"]
+_RW = ["rw", "nosuid", "nodev", "bind"]
+
+
+def _bind(host: Path | str, container: str, *, writable: bool = False) -> Mount:
+    return Mount(hostPath=str(host), containerPath=container, options=list(_RW if writable else _RO))
+
+
+def preload_file(root: Path) -> Path:
+    """The host file mounted over /etc/ld.so.preload: one line, the shim's path inside."""
+    path = root / "cdi" / PRELOAD_FILE
+    want = CONTAINER_SHIM + "\n"
+    try:
+        if not path.is_file() or path.read_text() != want:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _write_atomically(path, want, mode=0o644)
+    except OSError as err:
+        raise ConfigError(f"cannot write {path}: {err.strerror or err}") from err
+    return path
+
+
+def simulated_driver_edits() -> ContainerEdits:
+    """The simulated GPU's libraries and shared state, as the container's driver."""
+    state = simgpu.state_path()
+    return ContainerEdits(
+        env=[f"LD_LIBRARY_PATH={CONTAINER_SIMGPU_DIR}", f"{simgpu.STATE_ENV}={state}"],
+        mounts=[_bind(simgpu_dir(), CONTAINER_SIMGPU_DIR), _bind(state, str(state), writable=True)],
+    )
+
+
+def driver_edits() -> ContainerEdits:
+    """What the container needs of this node's driver.  Only the simulated GPU is described so
+    far: a real driver's device nodes and libraries are the next step of the containers work."""
+    library = nvml_library()
+    if library is not None and library.parent == simgpu_dir():
+        return simulated_driver_edits()
+    raise DeviceError(
+        f"CDI specs are generated for the simulated GPU only so far (this node's NVML is "
+        f"{library or 'not loaded'}); a real NVIDIA driver's device nodes and libraries are not "
+        "described yet"
+    )
+
+
+def common_edits(root: Path) -> ContainerEdits:
+    driver = driver_edits()
+    return ContainerEdits(
+        env=[f"{abi.TENANT_ENV}={CONTAINER_TENANT_DIR}", *(driver.env or [])],
+        mounts=[
+            _bind(preload_shim(), CONTAINER_SHIM),
+            _bind(preload_file(root), "/etc/ld.so.preload"),
+            *(driver.mounts or []),
+        ],
+    )
+
+
+def tenant_device(root: Path, tenant_id: str) -> Device:
+    """The device of one existing tenant: its files and its GPUs' arbiter directories."""
+    path = tenant_path(tenant_id, root)
+    mounts = [
+        _bind(path / abi.LIMITS_FILE, f"{CONTAINER_TENANT_DIR}/{abi.LIMITS_FILE}"),
+        _bind(path / abi.USAGE_FILE, f"{CONTAINER_TENANT_DIR}/{abi.USAGE_FILE}", writable=True),
+    ]
+    for dev in read_device_limits(path):
+        gpu = root / GPUS_DIR / dev.uuid
+        if gpu.is_dir():  # a tenant under the `native` policy has no arbiter to mount
+            mounts.append(_bind(gpu, f"{CONTAINER_TENANT_DIR}/{GPUS_DIR}/{dev.uuid}", writable=True))
+    return Device(name=tenant_id, containerEdits=ContainerEdits(mounts=mounts))
+
+
+def build_spec(root: Path, tenant_ids: Iterable[str] | None = None) -> Spec:
+    """The spec listing the given tenants (default: every tenant of the node), at the lowest
+    cdiVersion its fields need, validated."""
+    ids = list(tenant_ids) if tenant_ids is not None else [p.name for p in iter_tenants(root)]
+    if not ids:
+        raise TenantNotFound(
+            f"no tenant on this node ({root}) to list as a CDI device: create one first "
+            "(POST /v1/tenants on the agent's socket, docs/agent.md)"
+        )
+    spec = Spec(
+        cdiVersion="0.3.0",
+        kind=KIND,
+        devices=[tenant_device(root, t) for t in ids],
+        containerEdits=common_edits(root),
+    )
+    return validate(spec.model_copy(update={"cdi_version": minimum_version(spec)}))
+
+
+def spec_target(output: Path | None) -> Path:
+    """`--output`: a directory (the spec is its sharegpu.json) or a path ending in .json."""
+    target = output or DEFAULT_SPEC_DIR
+    return target if target.suffix == ".json" else target / SPEC_FILE
+
+
+def _write_atomically(path: Path, text: str, *, mode: int) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_spec(spec: Spec, target: Path) -> Path:
+    """Write the (validated) spec to target atomically.  An output that cannot be created or
+    written is bad input (SpecError, exit 2), as for every command's --output."""
+    validate(spec)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomically(target, spec.to_json(), mode=0o644)
+    except OSError as err:
+        raise SpecError(f"cannot write the CDI spec to {target}: {err.strerror or err}") from err
+    return target

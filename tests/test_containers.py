@@ -1,0 +1,161 @@
+"""vGPUs in real containers: Podman with runc reads the CDI spec of `sharegpu cdi generate` and
+runs the driver-API probe, unmodified, in a root filesystem built from files (static busybox,
+the probe and the C libraries it needs: no image registry is reachable).
+
+Each test writes its own spec file into /var/run/cdi (Podman 4.3 reads no other directory) under
+a name of its own, and removes it. In CI (`CI` set) a missing podman or runc, or a run as
+non-root, fails these tests instead of skipping them: `.ci/run` installs them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import Sim, parse_kv
+from sharegpu import native
+
+CDI_DIR = Path("/var/run/cdi")
+# This sandbox needs these on every `podman run` (no network namespace setup, low rlimits).
+RUN_FLAGS = ["--network", "none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
+
+
+def _require_podman() -> None:
+    missing = [tool for tool in ("podman", "runc") if shutil.which(tool) is None]
+    why = f"{', '.join(missing)} not installed" if missing else ""
+    if not why and os.geteuid() != 0:
+        why = "containers are run as root"
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(f"{why}: .ci/run installs podman and runc, so this is a broken install")
+        pytest.skip(why)
+
+
+def _libraries(*binaries: Path) -> set[Path]:
+    """The shared libraries the binaries load, as ldd resolves them on this host."""
+    found: set[Path] = set()
+    for binary in binaries:
+        out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            match = re.search(r"(/\S+) \(0x", line)
+            if match and native.LIB_DIR not in Path(match[1]).parents:
+                found.add(Path(match[1]))
+    return found
+
+
+@pytest.fixture(scope="module")
+def rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """busybox, the probe and the libc it needs: the driver and the shim come from the spec."""
+    _require_podman()
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        if os.environ.get("CI"):
+            pytest.fail("busybox-static is not installed: .ci/run installs it")
+        pytest.skip("busybox not installed")
+    root = tmp_path_factory.mktemp("rootfs")
+    (root / "bin").mkdir()
+    shutil.copy(busybox, root / "bin" / "busybox")
+    for applet in ("sh", "cat", "echo", "sleep"):
+        (root / "bin" / applet).symlink_to("busybox")
+    shutil.copy(native.probe_path(), root / "bin" / "sgprobe")
+    simgpu = native.simgpu_dir()
+    for lib in _libraries(native.probe_path(), native.shim_path(), simgpu / "libcuda.so.1"):
+        target = root / lib.relative_to("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(lib, target)
+    (root / "tmp").mkdir()
+    return root
+
+
+@pytest.fixture
+def spec_file(sim: Sim) -> Iterator[Path]:
+    path = CDI_DIR / f"sharegpu-test-{uuid.uuid4().hex[:12]}.json"
+    yield path
+    path.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def name() -> str:
+    """A tenant name no other spec in /var/run/cdi uses: a device named in two spec files of one
+    kind is unresolvable."""
+    return f"web-{uuid.uuid4().hex[:8]}"
+
+
+def generate(sim: Sim, spec_file: Path) -> None:
+    proc = sim.cli("cdi", "generate", "--output", str(spec_file))
+    assert proc.returncode == 0, proc.stderr
+
+
+def podman(
+    rootfs: Path, device: str, *command: str, detach: bool = False, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    cmd = ["podman", "--runtime", "runc", "run", *RUN_FLAGS, "--device", f"sharegpu.io/vgpu={device}"]
+    cmd += ["-d"] if detach else ["--rm"]
+    cmd += ["--rootfs", str(rootfs), *command]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_a_container_sees_its_vgpu_and_is_refused_past_its_cap(
+    sim: Sim, rootfs: Path, spec_file: Path, name: str
+) -> None:
+    sim.tenant(name, 512, gpus=[0])
+    generate(sim, spec_file)
+    proc = podman(rootfs, name, "/bin/sh", "-c", "sgprobe info; sgprobe alloc plain 400M 200M")
+    assert proc.returncode == 0, proc.stderr
+    values, lines = parse_kv(proc.stdout)
+    assert values["dev0.total"] == str(512 << 20)  # the vGPU, not the 1 GiB card
+    assert values["dev1.total"] == "0"  # a GPU the tenant was not given
+    assert [v for k, v in lines if k == "alloc"] == ["OK", "CUDA_ERROR_OUT_OF_MEMORY"]
+    assert values["free"] == str(112 << 20)
+
+
+def test_root_in_the_container_can_neither_write_its_limits_nor_point_the_shim_elsewhere(
+    sim: Sim, rootfs: Path, spec_file: Path, name: str
+) -> None:
+    sim.tenant(name, 512, gpus=[0])
+    generate(sim, spec_file)
+    script = (
+        "echo x > /run/sharegpu/tenant/limits && echo wrote=1 || echo wrote=0; "
+        "SHAREGPU_TENANT=/tmp sgprobe meminfo"
+    )
+    proc = podman(rootfs, name, "/bin/sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    values, _ = parse_kv(proc.stdout)
+    assert values["wrote"] == "0"
+    assert "Read-only file system" in proc.stderr
+    assert values["total"] == str(512 << 20)  # the mounted tenant, whatever the environment says
+
+
+def test_a_killed_container_gives_its_memory_back(sim: Sim, rootfs: Path, spec_file: Path, name: str) -> None:
+    web = sim.tenant(name, 512, gpus=[0])
+    generate(sim, spec_file)
+    started = podman(rootfs, name, "sgprobe", "hold", "plain", "400M", "60", detach=True)
+    assert started.returncode == 0, started.stderr
+    container = started.stdout.strip()
+    try:
+        deadline = time.monotonic() + 30
+        while (
+            "ready=1"
+            not in subprocess.run(
+                ["podman", "logs", container], capture_output=True, text=True, check=False
+            ).stdout
+        ):
+            assert time.monotonic() < deadline, "the container never allocated"
+            time.sleep(0.1)
+        host = sim.probe("alloc", "plain", "400M", env=sim.tenant_env(web))
+        assert host["alloc"] == "CUDA_ERROR_OUT_OF_MEMORY"  # the container holds it
+        subprocess.run(["podman", "kill", container], capture_output=True, check=True, timeout=30)
+        killed = time.monotonic()
+        while sim.probe("alloc", "plain", "400M", env=sim.tenant_env(web))["alloc"] != "OK":
+            assert time.monotonic() - killed < 2, "the killed container's memory did not come back"
+            time.sleep(0.05)
+    finally:
+        subprocess.run(["podman", "rm", "-f", container], capture_output=True, check=False, timeout=60)
