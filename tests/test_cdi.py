@@ -8,13 +8,17 @@ spec is tests/test_containers.py.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import Sim
 from sharegpu.arbiter import ensure_arbiter
-from sharegpu.errors import CdiSpecError
+from sharegpu.errors import CdiSpecError, ConfigError
+from sharegpu.runtime.cdi.hook import mount_point
 from sharegpu.runtime.cdi.model import (
     ContainerEdits,
     Device,
@@ -26,6 +30,8 @@ from sharegpu.runtime.cdi.model import (
     problems,
     validate,
 )
+from sharegpu.runtime.cdi.shapes import parse_shape
+from sharegpu.tenant import iter_tenants
 
 
 def spec(*devices: Device, kind: str = "sharegpu.io/vgpu", version: str = "0.3.0", **kw: object) -> Spec:
@@ -144,7 +150,7 @@ def test_a_tenant_is_a_device_with_its_limits_read_only_and_its_usage_and_arbite
     sim.tenant("batch", 256, gpus=[1])
     uuid = sim.uuids()[0]
     ensure_arbiter(sim.runtime, uuid)
-    doc = generate(sim)
+    doc = generate(sim, "--shape", "none")
     assert doc["cdiVersion"] == "0.3.0"  # the lowest its fields need: podman 4.3.1 reads it
     assert doc["kind"] == "sharegpu.io/vgpu"
     assert sorted(d["name"] for d in doc["devices"]) == ["batch", "web"]
@@ -170,20 +176,20 @@ def test_a_tenant_is_a_device_with_its_limits_read_only_and_its_usage_and_arbite
     env = dict(e.split("=", 1) for e in common["env"])
     assert env["SHAREGPU_TENANT"] == "/run/sharegpu/tenant"
     assert not any("512" in v or "MIB" in k.upper() for k, v in env.items())  # no limits in it
-    only = generate(sim, "--tenant", "batch")
+    only = generate(sim, "--tenant", "batch", "--shape", "none")
     assert [d["name"] for d in only["devices"]] == ["batch"]
 
 
 def test_the_spec_file_is_written_whole_and_replaced_atomically(sim: Sim, tmp_path: Path) -> None:
     sim.tenant("web", 512, gpus=[0])
     out = tmp_path / "cdi"
-    proc = sim.cli("cdi", "generate", "--output", str(out))
+    proc = sim.cli("cdi", "generate", "--shape", "none", "--output", str(out))
     assert proc.returncode == 0, proc.stderr
     target = out / "sharegpu.json"
     assert proc.stdout.strip() == f"wrote {target} (cdiVersion 0.3.0): sharegpu.io/vgpu=web"
     first = target.stat().st_ino
     sim.tenant("batch", 256, gpus=[0])
-    assert sim.cli("cdi", "generate", "--output", str(out)).returncode == 0
+    assert sim.cli("cdi", "generate", "--shape", "none", "--output", str(out)).returncode == 0
     assert target.stat().st_ino != first  # renamed over, never rewritten in place
     assert sorted(d["name"] for d in json.loads(target.read_text())["devices"]) == ["batch", "web"]
     assert [p.name for p in out.iterdir()] == ["sharegpu.json"]  # no temporary file left
@@ -193,7 +199,7 @@ def test_the_spec_file_is_written_whole_and_replaced_atomically(sim: Sim, tmp_pa
 
 
 def test_bad_requests_get_one_clear_line(sim: Sim, tmp_path: Path) -> None:
-    proc = sim.cli("cdi", "generate", "--output", str(tmp_path))
+    proc = sim.cli("cdi", "generate", "--shape", "none", "--output", str(tmp_path))
     assert proc.returncode == 1
     assert "no tenant on this node" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -209,3 +215,146 @@ def test_bad_requests_get_one_clear_line(sim: Sim, tmp_path: Path) -> None:
         f"sharegpu: error: cannot write the CDI spec to {blocker}/cdi/sharegpu.json"
     )
     assert "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# shapes
+
+
+@pytest.mark.parametrize(
+    ("name", "want"),
+    [
+        ("gpu0-4GiB-30", (0, 4096, "share", "normal", 300)),
+        ("gpu1-512MiB-5-online", (1, 512, "share", "online", 50)),
+        ("gpu0-1.5GiB-50-offline-cap", (0, 1536, "cap", "offline", 500)),
+        ("gpu12-80GiB-100-burst", (12, 80 * 1024, "burst", "normal", 1000)),
+    ],
+)
+def test_a_shape_name_says_its_gpu_memory_and_compute(name: str, want: tuple[object, ...]) -> None:
+    shape = parse_shape(name)
+    compute = shape.compute
+    got = (shape.gpu, shape.memory_bytes >> 20, compute.policy, compute.priority, compute.share_permille)
+    assert got == want
+    assert shape.name == name  # canonical names come back unchanged
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("gpu0-4GiB", "use gpu<index>-<memory>-<compute>"),
+        ("gpu0-4GiB-0", "must be between 1% and 100%"),
+        ("gpu0-4GiB-130", "must be between 1% and 100%"),
+        ("gpu0-4.5MiB-30", "whole number of MiB"),
+        ("gpu0-4GiB-30-cap-online", "use gpu<index>-<memory>-<compute>"),
+        ("gpu01-4GiB-30", "use gpu<index>-<memory>-<compute>"),
+        ("gpu0-4gib-30", "use gpu<index>-<memory>-<compute>"),
+    ],
+)
+def test_bad_shapes_are_refused_with_the_reason(name: str, why: str) -> None:
+    with pytest.raises(CdiSpecError, match="invalid vGPU shape") as err:
+        parse_shape(name)
+    assert why in str(err.value)
+
+
+def test_shape_devices_carry_the_hooks_that_make_a_tenant_per_container(sim: Sim) -> None:
+    doc = generate(sim)
+    names = [d["name"] for d in doc["devices"]]
+    assert names == [
+        f"gpu{g}-{m}-{c}" for g in (0, 1) for m, c in (("256MiB", 25), ("512MiB", 50), ("1GiB", 100))
+    ]
+    hooks = doc["devices"][0]["containerEdits"]["hooks"]
+    assert [h["hookName"] for h in hooks] == ["createRuntime", "poststop"]
+    create = hooks[0]
+    assert create["args"][-4:] == ["hook", "create", "--shape", "gpu0-256MiB-25"]
+    assert Path(create["path"]).is_absolute()
+    assert f"SHAREGPU_RUNTIME_DIR={sim.runtime}" in create["env"]  # hooks get no other environment
+    assert create["timeout"] > 0
+    assert "mounts" not in doc["devices"][0]["containerEdits"]  # the hook mounts the tenant it makes
+    custom = generate(sim, "--shape", "gpu1-300MiB-40-online-cap")
+    assert [d["name"] for d in custom["devices"]] == ["gpu1-300MiB-40-online-cap"]
+
+
+def test_shapes_the_node_cannot_hold_are_refused(sim: Sim) -> None:
+    proc = sim.cli("cdi", "generate", "--shape", "gpu0-2GiB-30", "--shape", "gpu5-1GiB-30", "--output", "-")
+    assert proc.returncode == 2
+    assert "gpu0-2GiB-30: more memory than GPU 0 has (1GiB)" in proc.stderr
+    assert "gpu5-1GiB-30: this node has no GPU 5 (2 GPUs)" in proc.stderr
+    proc = sim.cli("cdi", "generate", "--shape", "gpu0-4GiB", "--output", "-")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("sharegpu: error: invalid vGPU shape 'gpu0-4GiB'")
+
+
+# ---------------------------------------------------------------------------------------------
+# the hooks, called as a runtime calls them, with bad input
+
+
+def hook(sim: Sim, state: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sharegpu.cli", "hook", *args],
+        input=state,
+        env=sim.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def oci_state(tmp_path: Path, container_id: str, pid: int) -> str:
+    bundle = tmp_path / "bundle"
+    (bundle / "rootfs").mkdir(parents=True, exist_ok=True)
+    (bundle / "config.json").write_text(json.dumps({"root": {"path": "rootfs"}}))
+    return json.dumps({"ociVersion": "1.0.2", "id": container_id, "pid": pid, "bundle": str(bundle)})
+
+
+def test_a_hook_that_fails_leaves_no_tenant_and_says_why_in_one_line(sim: Sim, tmp_path: Path) -> None:
+    sim.uuids()  # the simulated GPU exists
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that is gone: entering its mount namespace fails after the tenant is made
+    proc = hook(sim, oci_state(tmp_path, "abc123def4567890", dead.pid), "create", "--shape", "gpu0-300MiB-30")
+    assert proc.returncode == 1
+    assert proc.stderr.count("sharegpu: error:") == 1, proc.stderr
+    assert "container abc123def4567890" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert list(iter_tenants(sim.runtime)) == []  # made, then removed again
+
+
+def test_hooks_refuse_bad_input_and_poststop_is_idempotent(sim: Sim, tmp_path: Path) -> None:
+    state = oci_state(tmp_path, "abc123def4567890", os.getpid())
+    proc = hook(sim, state, "create", "--shape", "gpu0-4GiB")
+    assert (proc.returncode, proc.stderr.splitlines()[0][:45]) == (
+        2,
+        "sharegpu: error: invalid vGPU shape 'gpu0-4Gi",
+    )
+    proc = hook(sim, "not json", "create", "--shape", "gpu0-300MiB-30")
+    assert proc.returncode == 1
+    assert "the hook's stdin is not an OCI container state" in proc.stderr
+    proc = hook(sim, oci_state(tmp_path, "abc123def4567890", 0), "create", "--shape", "gpu0-300MiB-30")
+    assert proc.returncode == 1
+    assert "has no pid" in proc.stderr
+    assert list(iter_tenants(sim.runtime)) == []
+    sim.tenant("ctr-abc123def456", 64, gpus=[0])
+    first = hook(sim, state, "poststop")
+    assert (first.returncode, first.stderr.strip()) == (
+        0,
+        "sharegpu: removed tenant ctr-abc123def456 of container abc123def4567890",
+    )
+    again = hook(sim, state, "poststop")
+    assert again.returncode == 0
+    assert "removed already" in again.stderr
+
+
+def test_the_hook_never_mounts_through_a_link_of_the_image(tmp_path: Path) -> None:
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    made = mount_point(rootfs, "/run/sharegpu/tenant/limits", directory=False)
+    assert made == rootfs / "run/sharegpu/tenant/limits"
+    assert made.is_file()
+    assert mount_point(rootfs, "/run/sharegpu/tenant/gpus/GPU-1", directory=True).is_dir()
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    (evil / "rootfs").mkdir()
+    (evil / "rootfs" / "run").symlink_to(tmp_path / "host-etc")
+    with pytest.raises(ConfigError, match="the container's /run is a symbolic link"):
+        mount_point(evil / "rootfs", "/run/sharegpu/tenant/limits", directory=False)
+    assert not (tmp_path / "host-etc").exists()  # nothing was made through it

@@ -10,18 +10,20 @@ non-root, fails these tests instead of skipping them: `.ci/run` installs them.
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from conftest import Sim, parse_kv
 from sharegpu import native
+from sharegpu.tenant import iter_tenants, read_device_limits
 
 CDI_DIR = Path("/var/run/cdi")
 # This sandbox needs these on every `podman run` (no network namespace setup, low rlimits).
@@ -89,16 +91,35 @@ def name() -> str:
     return f"web-{uuid.uuid4().hex[:8]}"
 
 
-def generate(sim: Sim, spec_file: Path) -> None:
-    proc = sim.cli("cdi", "generate", "--output", str(spec_file))
+def generate(sim: Sim, spec_file: Path, *shapes: str) -> None:
+    """The node's spec into spec_file, with these shapes only (none by default: a shape of a
+    default size would clash with the same name in another test's leftover file)."""
+    args = [a for shape in shapes or ("none",) for a in ("--shape", shape)]
+    proc = sim.cli("cdi", "generate", *args, "--output", str(spec_file))
     assert proc.returncode == 0, proc.stderr
+
+
+def unique_shape(suffix: str = "30") -> str:
+    """A shape no other spec lists (its memory is the random part)."""
+    return f"gpu0-{random.randrange(100, 400)}MiB-{suffix}"
+
+
+def container_tenants(sim: Sim) -> dict[str, Path]:
+    return {p.name: p for p in iter_tenants(sim.runtime) if p.name.startswith("ctr-")}
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
 
 
 def podman(
     rootfs: Path, device: str, *command: str, detach: bool = False, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     cmd = ["podman", "--runtime", "runc", "run", *RUN_FLAGS, "--device", f"sharegpu.io/vgpu={device}"]
-    cmd += ["-d"] if detach else ["--rm"]
+    cmd += ["-d", "--rm"] if detach else ["--rm"]
     cmd += ["--rootfs", str(rootfs), *command]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
 
@@ -158,4 +179,60 @@ def test_a_killed_container_gives_its_memory_back(sim: Sim, rootfs: Path, spec_f
             assert time.monotonic() - killed < 2, "the killed container's memory did not come back"
             time.sleep(0.05)
     finally:
-        subprocess.run(["podman", "rm", "-f", container], capture_output=True, check=False, timeout=60)
+        remove(container)
+
+
+def test_two_containers_of_one_shape_are_two_tenants_gone_when_they_stop(
+    sim: Sim, rootfs: Path, spec_file: Path
+) -> None:
+    shape = unique_shape()
+    mib = int(shape.split("-")[1].removesuffix("MiB"))
+    generate(sim, spec_file, shape)
+    script = "sgprobe meminfo; sgprobe hold plain 64M 30"
+    ids = []
+    for _ in range(2):
+        started = podman(rootfs, shape, "/bin/sh", "-c", script, detach=True)
+        assert started.returncode == 0, started.stderr
+        ids.append(started.stdout.strip())
+    try:
+        wait_for("both containers hold their memory", lambda: all("ready=1" in logs(c) for c in ids))
+        tenants = container_tenants(sim)
+        assert sorted(tenants) == sorted(f"ctr-{c[:12]}" for c in ids)
+        for path in tenants.values():
+            (limit,) = read_device_limits(path)
+            assert limit.mem_cap_bytes == mib << 20
+            assert limit.uuid == sim.uuids()[0]
+        for c in ids:
+            assert f"total={mib << 20}" in logs(c)  # each sees the shape, not the card
+    finally:
+        for c in ids:
+            remove(c)
+    wait_for("the containers' tenants are removed", lambda: not container_tenants(sim))
+
+
+def remove(container: str) -> None:
+    subprocess.run(["podman", "rm", "-f", container], capture_output=True, check=False, timeout=60)
+
+
+def logs(container: str) -> str:
+    return subprocess.run(["podman", "logs", container], capture_output=True, text=True, check=False).stdout
+
+
+def test_a_shape_the_card_cannot_admit_fails_the_start_with_one_line_and_leaves_nothing(
+    sim: Sim, rootfs: Path, spec_file: Path
+) -> None:
+    shape = unique_shape("60-cap")  # two 60% guarantees do not fit on one card
+    generate(sim, spec_file, shape)
+    first = podman(rootfs, shape, "sgprobe", "hold", "plain", "16M", "30", detach=True)
+    assert first.returncode == 0, first.stderr
+    try:
+        wait_for("the first container runs", lambda: "ready=1" in logs(first.stdout.strip()))
+        second = podman(rootfs, shape, "sgprobe", "meminfo")
+        assert second.returncode != 0
+        errors = [line for line in second.stderr.splitlines() if "sharegpu: error:" in line]
+        assert len(errors) == 1, second.stderr
+        assert "guarantee" in errors[0] or "100%" in errors[0], errors[0]
+        assert len(container_tenants(sim)) == 1  # the refused container left no tenant
+    finally:
+        remove(first.stdout.strip())
+    wait_for("the first container's tenant is removed", lambda: not container_tenants(sim))

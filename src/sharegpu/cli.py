@@ -47,6 +47,11 @@ cdi_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(cdi_app, name="cdi")
+hook_app = typer.Typer(
+    help="The OCI hooks the CDI spec names for shape devices (run by the container runtime).",
+    no_args_is_help=True,
+)
+app.add_typer(hook_app, name="hook")
 
 # Piped output (scripts, CI logs) is not cut at 80 columns: tables keep whole UUIDs.
 # NO_COLOR (https://no-color.org): no styling at all, not even bold; no tty: rich adds none either.
@@ -554,17 +559,48 @@ def cdi_generate(
     tenant: Annotated[
         list[str] | None, typer.Option("--tenant", help="List only this tenant (repeatable).")
     ] = None,
+    shape: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--shape",
+            help="List this vGPU shape, gpu<index>-<memory>-<compute>[-online|-offline][-cap|-burst] "
+            "(repeatable; default: a quarter, a half and all of each GPU). --shape none lists none.",
+        ),
+    ] = None,
 ) -> None:
     from sharegpu.runtime.cdi.generate import build_spec, spec_target, write_spec
+    from sharegpu.runtime.cdi.shapes import parse_shape
     from sharegpu.tenant import runtime_dir
 
-    spec = build_spec(runtime_dir(), tenant or None)
+    shapes = None if shape is None else [parse_shape(s) for s in shape if s != "none"]
+    spec = build_spec(runtime_dir(), tenant or None, shapes)
     if output is not None and str(output) == "-":
         sys.stdout.write(spec.to_json())
         return
     target = write_spec(spec, spec_target(output))
     names = ", ".join(f"{spec.kind}={d.name}" for d in spec.devices)
     print(f"wrote {target} (cdiVersion {spec.cdi_version}): {names}")
+
+
+@hook_app.command(
+    "create",
+    help="The createRuntime hook of a shape device: make the container's tenant and mount it "
+    "(reads the OCI container state on stdin).",
+)
+def hook_create(
+    shape: Annotated[str, typer.Option("--shape", help="The vGPU shape, as its device name.")],
+) -> None:
+    from sharegpu.runtime.cdi import hook
+
+    name = hook.create(shape, sys.stdin.read())
+    print(f"sharegpu: container tenant {name} ({shape})", file=sys.stderr)
+
+
+@hook_app.command("poststop", help="The poststop hook of a shape device: remove the container's tenant.")
+def hook_poststop() -> None:
+    from sharegpu.runtime.cdi import hook
+
+    print(f"sharegpu: {hook.poststop(sys.stdin.read())}", file=sys.stderr)
 
 
 @app.command(help="Show two tenants sharing a simulated GPU with their memory caps enforced.")

@@ -233,9 +233,11 @@ def node_lock(root: Path | None = None) -> Iterator[None]:
         yield
 
 
-def supervisor_identity() -> dict[str, int]:
-    """This process as a tenant's supervisor: pid plus start time, so a reused pid is not it."""
-    return {"pid": os.getpid(), "start_time": process_start_time(os.getpid()) or 0}
+def supervisor_identity(pid: int | None = None) -> dict[str, int]:
+    """This process (or `pid`) as a tenant's supervisor: pid plus start time, so a reused pid
+    is not it."""
+    pid = os.getpid() if pid is None else pid
+    return {"pid": pid, "start_time": process_start_time(pid) or 0}
 
 
 def supervisor_gone(meta: Mapping[str, Any]) -> bool:

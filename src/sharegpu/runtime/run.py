@@ -7,8 +7,8 @@ shell reports it).
 
 When a node agent answers on the runtime directory, the tenant is created and deleted through
 its API (admission, events, the store); otherwise directly on the runtime directory under the
-node lock, as before the agent existed. This module is why `sharegpu.runtime` sits above
-`sharegpu.agent` in the import layers: it imports the agent's client.
+node lock (sharegpu.runtime.tenants, shared with the CDI hooks). This is why `sharegpu.runtime`
+sits above `sharegpu.agent` in the import layers: it imports the agent's client.
 
 On a bare host the limits are only as safe as the invoking user's file permissions (the tenant
 runs as that user); inside containers the runtime mounts them read-only (see DESIGN.md).
@@ -16,6 +16,7 @@ runs as that user); inside containers the runtime mounts them read-only (see DES
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -24,21 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sharegpu import abi
-from sharegpu.agent.client import AgentClient
-from sharegpu.agent.plan import device_limit, memory_totals, plan_devices
+from sharegpu.agent.plan import device_limit
 from sharegpu.agent.upgrade import current_shim, stable_path
-from sharegpu.arbiter import ensure_arbiter, grant_arbiter
-from sharegpu.devices import list_gpus
-from sharegpu.errors import AgentError, CommandNotFound, SpecError, TenantNotFound
+from sharegpu.errors import CommandNotFound, SpecError, TenantNotFound
 from sharegpu.native import shim_path
-from sharegpu.spec import MIB, ComputeSpec, GpuSelector, validate_tenant_id
-from sharegpu.tenant import (
-    create_tenant,
-    overcommit_allowed,
-    remove_tenant,
-    runtime_dir,
-    supervisor_identity,
-)
+from sharegpu.runtime import tenants
+from sharegpu.spec import ComputeSpec, GpuSelector, validate_tenant_id
+from sharegpu.tenant import runtime_dir, supervisor_identity
 
 __all__ = ["RunRequest", "device_limit", "run", "tenant_environment"]
 
@@ -78,66 +71,20 @@ def run(request: RunRequest) -> int:
     if not request.command:
         raise SpecError("no command given: use `sharegpu run [OPTIONS] -- COMMAND [ARGS]`")
     name = validate_tenant_id(request.name) if request.name else f"run-{os.getpid()}"
-    client = AgentClient.connect(runtime_dir())
-    if client is not None:
-        with client:
-            return _run_with_agent(client, request, name)
-    return _run_direct(request, name)
-
-
-def _run_direct(request: RunRequest, name: str) -> int:
-    gpus = list_gpus()
-    limits = plan_devices(request.memory_bytes, request.gpus, request.compute, gpus)
-    if request.compute.policy != "native":
-        for dev in limits:
-            ensure_arbiter(runtime_dir(), dev.uuid)
-            grant_arbiter(runtime_dir(), dev.uuid, os.geteuid())
-    tenant_dir = create_tenant(
+    created = tenants.create(
         name,
-        limits,
-        meta={"command": list(request.command), "supervisor": supervisor_identity()},
-        memory_totals=memory_totals(gpus, overcommit_allowed()),
+        request.memory_bytes,
+        request.gpus,
+        request.compute,
+        api_meta={"supervisor_pid": os.getpid(), "command": list(request.command)},
+        direct_meta={"command": list(request.command), "supervisor": supervisor_identity()},
     )
     try:
-        env = tenant_environment(tenant_dir, [d.uuid for d in limits], restrict=bool(request.gpus))
+        env = tenant_environment(created.path, created.uuids, restrict=bool(request.gpus))
         return _supervise(request.command, env)
     finally:
-        remove_tenant(tenant_dir)
-
-
-def _create_body(request: RunRequest, name: str) -> dict[str, object]:
-    """The request as the agent's API takes it (the strings the CLI took)."""
-    compute = request.compute
-    body: dict[str, object] = {
-        "name": name,
-        "memory": f"{request.memory_bytes // MIB}MiB",
-        "gpus": [str(s) for s in request.gpus],
-        "policy": compute.policy,
-        "priority": compute.priority,
-        "weight": compute.weight,
-        "supervisor_pid": os.getpid(),
-        "command": list(request.command),
-    }
-    if compute.policy != "native":
-        body["compute"] = f"{compute.share_permille // 10}%"
-    if compute.policy == "burst":
-        body["ceiling"] = f"{compute.ceiling_permille // 10}%"
-    return body
-
-
-def _run_with_agent(client: AgentClient, request: RunRequest, name: str) -> int:
-    view = client.create_tenant(_create_body(request, name))
-    tenant_dir = Path(view.path)
-    try:
-        env = tenant_environment(tenant_dir, [d.uuid for d in view.devices], restrict=bool(request.gpus))
-        return _supervise(request.command, env)
-    finally:
-        try:
-            client.delete_tenant(name, force=True)
-        except TenantNotFound:
-            pass  # reaped already
-        except AgentError:
-            remove_tenant(tenant_dir)  # the agent went away meanwhile: clean up as without it
+        with contextlib.suppress(TenantNotFound):  # reaped already
+            tenants.delete(name, created.path, through_agent=created.through_agent)
 
 
 def _supervise(command: Sequence[str], env: dict[str, str]) -> int:

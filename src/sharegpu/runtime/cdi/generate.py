@@ -1,4 +1,5 @@
-"""sharegpu's CDI spec: one device per tenant, `sharegpu.io/vgpu=<tenant>`.
+"""sharegpu's CDI spec: one device per tenant, `sharegpu.io/vgpu=<tenant>`, and one per shape,
+`sharegpu.io/vgpu=gpu0-4GiB-30`, whose hooks make a tenant per container (hook.py).
 
 What a container that asks for a tenant's vGPU gets (DESIGN.md, "Integration"):
 
@@ -20,17 +21,20 @@ written atomically (a temporary file renamed over the old one), so a runtime nev
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from sharegpu import abi, simgpu
-from sharegpu.devices import nvml_library
-from sharegpu.errors import ConfigError, DeviceError, SpecError, TenantNotFound
+from sharegpu.devices import Gpu, list_gpus, nvml_library
+from sharegpu.errors import CdiSpecError, ConfigError, DeviceError, SpecError, TenantNotFound
 from sharegpu.native import simgpu_dir
-from sharegpu.runtime.cdi.model import ContainerEdits, Device, Mount, Spec, minimum_version, validate
+from sharegpu.runtime.cdi.model import ContainerEdits, Device, Hook, Mount, Spec, minimum_version, validate
+from sharegpu.runtime.cdi.shapes import Shape, default_shapes
 from sharegpu.runtime.run import preload_shim
-from sharegpu.tenant import GPUS_DIR, iter_tenants, read_device_limits, tenant_path
+from sharegpu.spec import format_size
+from sharegpu.tenant import GPUS_DIR, RUNTIME_ENV, iter_tenants, read_device_limits, tenant_path
 
 KIND = "sharegpu.io/vgpu"
 DEFAULT_SPEC_DIR = Path("/var/run/cdi")
@@ -109,21 +113,60 @@ def tenant_device(root: Path, tenant_id: str) -> Device:
     return Device(name=tenant_id, containerEdits=ContainerEdits(mounts=mounts))
 
 
-def build_spec(root: Path, tenant_ids: Iterable[str] | None = None) -> Spec:
-    """The spec listing the given tenants (default: every tenant of the node), at the lowest
-    cdiVersion its fields need, validated."""
+# What the hooks need of this environment: they run with only the env the spec gives them.
+_HOOK_ENV = ("LD_LIBRARY_PATH", simgpu.STATE_ENV, simgpu.CONFIG_ENV, "SHAREGPU_NO_AGENT")
+HOOK_TIMEOUT_S = 30
+
+
+def _hook(root: Path, name: str, *args: str) -> Hook:
+    env = [f"{RUNTIME_ENV}={root}", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"]
+    env += [f"{k}={os.environ[k]}" for k in _HOOK_ENV if os.environ.get(k)]
+    argv = [sys.executable, "-m", "sharegpu.cli", "hook", *args]
+    return Hook(hookName=name, path=sys.executable, args=argv, env=env, timeout=HOOK_TIMEOUT_S)
+
+
+def shape_device(root: Path, shape: Shape) -> Device:
+    """A device named by its shape: the hooks make (and remove) a tenant per container."""
+    hooks = [
+        _hook(root, "createRuntime", "create", "--shape", shape.name),
+        _hook(root, "poststop", "poststop"),
+    ]
+    return Device(name=shape.name, containerEdits=ContainerEdits(hooks=hooks))
+
+
+def check_shapes(shapes: Sequence[Shape], gpus: Sequence[Gpu]) -> None:
+    """Every shape names a GPU of this node and fits on it."""
+    bad = []
+    for shape in shapes:
+        if shape.gpu >= len(gpus):
+            bad.append(f"{shape.name}: this node has no GPU {shape.gpu} ({len(gpus)} GPUs)")
+        elif shape.memory_bytes > gpus[shape.gpu].memory_total:
+            have = format_size(gpus[shape.gpu].memory_total)
+            bad.append(f"{shape.name}: more memory than GPU {shape.gpu} has ({have})")
+    if bad:
+        raise CdiSpecError("vGPU shapes this node cannot hold: " + "; ".join(bad))
+
+
+def build_spec(
+    root: Path, tenant_ids: Iterable[str] | None = None, shapes: Sequence[Shape] | None = None
+) -> Spec:
+    """The spec listing the given tenants (default: every tenant of the node) and shapes
+    (default: a quarter, a half and all of each GPU), at the lowest cdiVersion its fields
+    need, validated."""
     ids = list(tenant_ids) if tenant_ids is not None else [p.name for p in iter_tenants(root)]
-    if not ids:
+    gpus = list_gpus()
+    shapes = list(shapes) if shapes is not None else default_shapes([g.memory_total for g in gpus])
+    check_shapes(shapes, gpus)
+    clash = sorted(set(ids) & {s.name for s in shapes})
+    if clash:
+        raise CdiSpecError(f"tenant names that are also shape names: {', '.join(clash)}")
+    devices = [tenant_device(root, t) for t in ids] + [shape_device(root, s) for s in shapes]
+    if not devices:
         raise TenantNotFound(
-            f"no tenant on this node ({root}) to list as a CDI device: create one first "
-            "(POST /v1/tenants on the agent's socket, docs/agent.md)"
+            f"no tenant on this node ({root}) and no shape to list as a CDI device: create a "
+            "tenant (POST /v1/tenants on the agent's socket, docs/agent.md) or give --shape"
         )
-    spec = Spec(
-        cdiVersion="0.3.0",
-        kind=KIND,
-        devices=[tenant_device(root, t) for t in ids],
-        containerEdits=common_edits(root),
-    )
+    spec = Spec(cdiVersion="0.3.0", kind=KIND, devices=devices, containerEdits=common_edits(root))
     return validate(spec.model_copy(update={"cdi_version": minimum_version(spec)}))
 
 
