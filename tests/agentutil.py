@@ -66,6 +66,8 @@ class Agent:
             state,
             "--metrics-port",  # tests that want metrics pass their own port (the last one wins)
             "0",
+            "--cdi-spec",  # the node's /var/run/cdi is not the tests' (tests that want one pass a path)
+            "none",
             *extra,
         ]
 

@@ -11,10 +11,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from agentutil import Agent, create
 from conftest import Sim
 from sharegpu.arbiter import ensure_arbiter
 from sharegpu.errors import CdiSpecError, ConfigError
@@ -358,3 +360,20 @@ def test_the_hook_never_mounts_through_a_link_of_the_image(tmp_path: Path) -> No
     with pytest.raises(ConfigError, match="the container's /run is a symbolic link"):
         mount_point(evil / "rootfs", "/run/sharegpu/tenant/limits", directory=False)
     assert not (tmp_path / "host-etc").exists()  # nothing was made through it
+
+
+def test_the_agent_reports_a_spec_it_cannot_write_once_and_keeps_running(sim: Sim, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    agent = Agent(sim, tmp_path / "state", "--cdi-spec", str(blocker / "cdi")).start()
+    try:
+        failed = agent.wait_event("cdi.failed")
+        assert failed["severity"] == "warning"
+        assert f"cannot write the CDI spec to {blocker}/cdi/sharegpu.json" in failed["message"]
+        create(agent, name="web", memory="64MiB", gpus=["0"])
+        time.sleep(2.5)  # two more ticks fail the same way: not reported again
+        assert len(agent.events(kind="cdi.failed")) == 1
+        with agent.http() as http:
+            assert http.get("/v1/tenants/web").status_code == 200  # the agent is unharmed
+    finally:
+        agent.close()

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from agentutil import Agent, create
 from conftest import Sim, parse_kv
 from sharegpu import native
 from sharegpu.tenant import iter_tenants, read_device_limits
@@ -236,3 +237,26 @@ def test_a_shape_the_card_cannot_admit_fails_the_start_with_one_line_and_leaves_
     finally:
         remove(first.stdout.strip())
     wait_for("the first container's tenant is removed", lambda: not container_tenants(sim))
+
+
+def test_a_tenant_made_through_the_agent_is_a_device_within_seconds(
+    sim: Sim, rootfs: Path, spec_file: Path, name: str, tmp_path: Path
+) -> None:
+    """The agent keeps the node's spec (`--cdi-spec`): create a tenant through its API and run a
+    container of it, no `cdi generate` by hand; delete it and it is no device any more."""
+    agent = Agent(sim, tmp_path / "state", "--cdi-spec", str(spec_file)).start()
+    try:
+        create(agent, name=name, memory="384MiB", gpus=["0"], compute="50%")
+        wait_for("the spec lists the tenant", lambda: spec_file.is_file() and name in spec_file.read_text())
+        assert any(name in e["data"]["devices"] for e in agent.events(kind="cdi.written"))
+        proc = podman(rootfs, name, "sgprobe", "meminfo")
+        assert proc.returncode == 0, proc.stderr
+        assert parse_kv(proc.stdout)[0]["total"] == str(384 << 20)
+        with agent.http() as http:
+            assert http.delete(f"/v1/tenants/{name}").status_code == 204
+        wait_for("the spec drops the tenant", lambda: f'"{name}"' not in spec_file.read_text())
+        gone = podman(rootfs, name, "sgprobe", "meminfo")
+        assert gone.returncode != 0
+        assert "unresolvable CDI devices" in gone.stderr
+    finally:
+        agent.close()

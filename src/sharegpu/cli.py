@@ -438,6 +438,14 @@ def agent(  # noqa: PLR0917 (typer maps parameters to options)
     metrics_address: Annotated[
         str | None, typer.Option("--metrics-address", help="Address the metrics endpoint listens on.")
     ] = None,
+    cdi_spec: Annotated[
+        str | None,
+        typer.Option(
+            "--cdi-spec",
+            help="The CDI spec of the node's vGPUs, kept current "
+            "(default /var/run/cdi/sharegpu.json); none: off.",
+        ),
+    ] = None,
     config_file: Annotated[
         Path | None,
         typer.Option("--config", help="Settings file (default /etc/sharegpu/config.yaml, $SHAREGPU_CONFIG)."),
@@ -460,6 +468,7 @@ def agent(  # noqa: PLR0917 (typer maps parameters to options)
         "log_format": log_format,
         "metrics_port": metrics_port,
         "metrics_address": metrics_address,
+        "cdi_spec": cdi_spec,
     }
     loaded = load_config(flags, file=config_file)
     if print_config:
@@ -477,8 +486,19 @@ def agent(  # noqa: PLR0917 (typer maps parameters to options)
         metrics_port=cfg.metrics_port,
         metrics_address=cfg.metrics_address,
         qos_target_wait_ms=cfg.qos_target_wait_ms,
+        extra_loops=_cdi_loops(root, cfg.cdi_spec),
     )
     raise typer.Exit(run_agent(settings))
+
+
+def _cdi_loops(root: Path, spec: str) -> tuple[Any, ...]:
+    """The agent's CDI spec keeper, unless it is off (`--cdi-spec none`)."""
+    if spec.strip().lower() == "none":
+        return ()
+    from sharegpu.runtime.cdi.generate import spec_target
+    from sharegpu.runtime.cdi.keeper import CdiKeeper
+
+    return (CdiKeeper(root, spec_target(Path(spec))),)
 
 
 @app.command(

@@ -62,6 +62,9 @@ class AgentConfig(BaseSettings):
     metrics_port: int = Field(default=DEFAULT_PORT, ge=0, le=65535, description="Prometheus metrics; 0: off")
     metrics_address: str = Field(default=DEFAULT_ADDRESS, description="Address the metrics server binds")
     qos_target_wait_ms: float = Field(default=2.0, gt=0, le=10_000, description="Online wait target")
+    cdi_spec: str = Field(
+        default="/var/run/cdi/sharegpu.json", description="The CDI spec kept current; none: off"
+    )
 
 
 Source = str  # "flag --x", "env SHAREGPU_X", "file PATH", "default"

@@ -62,6 +62,8 @@ class Settings:
     metrics_port: int = 0  # 0: no metrics endpoint (the CLI's default is metrics.DEFAULT_PORT)
     metrics_address: str = "0.0.0.0"
     qos_target_wait_ms: float = 2.0
+    # Loops of the layers above the agent (the CDI spec keeper), built by the CLI.
+    extra_loops: tuple[Loop, ...] = ()
 
 
 def run_agent(settings: Settings) -> int:
@@ -146,9 +148,9 @@ def _bind(path: Path) -> socket.socket:
 
 
 def _loops(settings: Settings, store: Store) -> list[Loop]:
-    """The reaper, reconciler, audit and QoS loops (sharegpu.agent.loops)."""
+    """The reaper, reconciler, audit and QoS loops (sharegpu.agent.loops), and the extra ones."""
     try:
-        return list(
+        built = list(
             build_loops(
                 settings.runtime_dir,
                 enforce=settings.enforce,
@@ -158,7 +160,8 @@ def _loops(settings: Settings, store: Store) -> list[Loop]:
         )
     except Exception as err:  # the API and recovery still work without the loops
         log.error("no periodic loops: building them failed: %s: %s", type(err).__name__, err)
-        return []
+        built = []
+    return built + list(settings.extra_loops)
 
 
 async def _every(

@@ -33,6 +33,8 @@ EventKind = Literal[
     "audit.killed",  # with --enforce kill: an offending process was killed
     "qos.decision",  # the QoS loop changed (or held) an arbiter knob
     "shim.upgraded",
+    "cdi.written",  # the node's CDI spec changed (sharegpu.runtime.cdi.keeper)
+    "cdi.failed",  # the CDI spec could not be built or written; the last good one stays
 ]
 
 

@@ -1,0 +1,70 @@
+"""The agent's CDI loop: the node's spec file kept equal to its tenants and shapes.
+
+Every `interval_s` it builds the spec (generate.py) and writes it when it differs from what it
+last wrote, so a tenant created through the agent is a `sharegpu.io/vgpu=<tenant>` device
+within a couple of seconds, and a removed one stops being one. With no device to list the file
+is removed (a spec must list at least one). A failure is an event (`cdi.failed`) and a log
+line, once per distinct reason, and is retried at the next tick; the last good file stays.
+
+The loop is built by the CLI layer and handed to the daemon (sharegpu.agent sits below
+sharegpu.runtime and cannot import it).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from sharegpu.agent.events import Event
+from sharegpu.errors import SharegpuError, TenantNotFound
+from sharegpu.runtime.cdi.generate import build_spec, write_spec
+from sharegpu.runtime.cdi.shapes import Shape
+
+log = logging.getLogger(__name__)
+
+
+class CdiKeeper:
+    name = "cdi"
+
+    def __init__(
+        self, root: Path, target: Path, *, shapes: list[Shape] | None = None, interval_s: float = 1.0
+    ):
+        self.root = root
+        self.target = target
+        self.shapes = shapes
+        self.interval_s = interval_s
+        self._written: str | None = None
+        self._failed: str | None = None
+
+    def tick(self) -> list[Event]:
+        try:
+            spec = build_spec(self.root, None, self.shapes)
+        except TenantNotFound:
+            self.target.unlink(missing_ok=True)
+            self._written = None
+            return []
+        except SharegpuError as err:
+            return self._failure(str(err))
+        text = spec.to_json()
+        if text == self._written and self.target.is_file():
+            return []
+        try:
+            write_spec(spec, self.target)
+        except SharegpuError as err:
+            return self._failure(str(err))
+        self._written, self._failed = text, None
+        names = [d.name for d in spec.devices]
+        return [
+            Event(
+                kind="cdi.written",
+                message=f"CDI spec {self.target}: {len(names)} devices",
+                data={"path": str(self.target), "devices": names, "cdi_version": spec.cdi_version},
+            )
+        ]
+
+    def _failure(self, why: str) -> list[Event]:
+        if why == self._failed:
+            return []
+        self._failed = why
+        log.warning("cdi: %s", why)
+        return [Event(kind="cdi.failed", severity="warning", message=f"CDI spec not written: {why}")]
