@@ -46,6 +46,8 @@ bench: setup
 	$(BIN)/python bench/isolation.py
 	$(BIN)/python bench/agent.py
 	$(BIN)/python bench/placement.py
+	@if [ "$$(id -u)" = 0 ] && command -v podman >/dev/null; then $(BIN)/python bench/containers.py; \
+	else echo "bench/containers.py not run: it starts containers, so it needs root and podman"; fi
 
 check: setup
 	$(BIN)/ruff format --check src tests bench

@@ -267,7 +267,7 @@ def test_shape_devices_carry_the_hooks_that_make_a_tenant_per_container(sim: Sim
     hooks = doc["devices"][0]["containerEdits"]["hooks"]
     assert [h["hookName"] for h in hooks] == ["createRuntime", "poststop"]
     create = hooks[0]
-    assert create["args"][-4:] == ["hook", "create", "--shape", "gpu0-256MiB-25"]
+    assert create["args"][1:] == ["-m", "sharegpu.runtime.cdi.hook", "create", "--shape", "gpu0-256MiB-25"]
     assert Path(create["path"]).is_absolute()
     assert f"SHAREGPU_RUNTIME_DIR={sim.runtime}" in create["env"]  # hooks get no other environment
     assert create["timeout"] > 0
@@ -377,3 +377,12 @@ def test_the_agent_reports_a_spec_it_cannot_write_once_and_keeps_running(sim: Si
             assert http.get("/v1/tenants/web").status_code == 200  # the agent is unharmed
     finally:
         agent.close()
+
+
+def test_the_runtime_door_finds_the_agent_by_the_clients_own_names() -> None:
+    """runtime/tenants.py mirrors two names of the agent's client so that hooks need not import
+    it when no agent runs: they must stay the client's."""
+    from sharegpu.agent import client
+    from sharegpu.runtime import tenants
+
+    assert (tenants._SOCKET_NAME, tenants._NO_AGENT_ENV) == (client.SOCKET_NAME, client.NO_AGENT_ENV)

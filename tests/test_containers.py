@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import shutil
 import subprocess
 import time
@@ -23,7 +22,7 @@ import pytest
 
 from agentutil import Agent, create
 from conftest import Sim, parse_kv
-from sharegpu import native
+from sharegpu.runtime.rootfs import build_rootfs
 from sharegpu.tenant import iter_tenants, read_device_limits
 
 CDI_DIR = Path("/var/run/cdi")
@@ -42,40 +41,15 @@ def _require_podman() -> None:
         pytest.skip(why)
 
 
-def _libraries(*binaries: Path) -> set[Path]:
-    """The shared libraries the binaries load, as ldd resolves them on this host."""
-    found: set[Path] = set()
-    for binary in binaries:
-        out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            match = re.search(r"(/\S+) \(0x", line)
-            if match and native.LIB_DIR not in Path(match[1]).parents:
-                found.add(Path(match[1]))
-    return found
-
-
 @pytest.fixture(scope="module")
 def rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """busybox, the probe and the libc it needs: the driver and the shim come from the spec."""
     _require_podman()
-    busybox = shutil.which("busybox")
-    if busybox is None:
+    if shutil.which("busybox") is None:
         if os.environ.get("CI"):
             pytest.fail("busybox-static is not installed: .ci/run installs it")
         pytest.skip("busybox not installed")
-    root = tmp_path_factory.mktemp("rootfs")
-    (root / "bin").mkdir()
-    shutil.copy(busybox, root / "bin" / "busybox")
-    for applet in ("sh", "cat", "echo", "sleep"):
-        (root / "bin" / applet).symlink_to("busybox")
-    shutil.copy(native.probe_path(), root / "bin" / "sgprobe")
-    simgpu = native.simgpu_dir()
-    for lib in _libraries(native.probe_path(), native.shim_path(), simgpu / "libcuda.so.1"):
-        target = root / lib.relative_to("/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(lib, target)
-    (root / "tmp").mkdir()
-    return root
+    return build_rootfs(tmp_path_factory.mktemp("rootfs"))
 
 
 @pytest.fixture

@@ -29,8 +29,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from sharegpu import abi, access, regionmap
 from sharegpu.errors import ConfigError, SpecError, TenantError
 from sharegpu.tenant import init_robust_mutex, publish_region
@@ -357,6 +355,8 @@ def read_arbiter(path: Path) -> ArbiterStatus:
         raise ConfigError(f"{path}: truncated ({len(data)} of {size} bytes)")
     region = abi.Arbiter.from_buffer_copy(data)
     # Walk only the occupied entries (most of the 64 + 256 are empty): found with numpy.
+    import numpy as np  # here, not at the top: the CDI hooks import this module and never call this
+
     raw = np.frombuffer(data, dtype=np.uint8, count=size)
     used_tenants = np.flatnonzero(raw[_TENANT_ID_AT :: ctypes.sizeof(abi.ArbTenant)][: abi.ARB_MAX_TENANTS])
     stride = ctypes.sizeof(abi.ArbClient)

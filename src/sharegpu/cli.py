@@ -554,6 +554,20 @@ def simgpu_env(
         print(f"export {key}={value}")
 
 
+@simgpu_app.command(
+    "rootfs",
+    help="Build a minimal container root filesystem in DIR from this host's files (static busybox, "
+    "the probe and their libraries) to try vGPU containers without an image registry.",
+)
+def simgpu_rootfs(directory: Annotated[Path, typer.Argument(help="Where to build it.")]) -> None:
+    from sharegpu.runtime.rootfs import build_rootfs
+
+    print(
+        f"built {build_rootfs(directory)}: try `podman run --rootfs {directory} "
+        "--device sharegpu.io/vgpu=<tenant> sgprobe meminfo`"
+    )
+
+
 @simgpu_app.command("reset", help="Clear the simulated GPU's shared state (memory, processes, clocks).")
 def simgpu_reset() -> None:
     from sharegpu import simgpu

@@ -39,8 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from sharegpu import abi, access, liveness, regionmap
 from sharegpu.errors import AdmissionError, ConfigError, SpecError, TenantError, TenantExists, TenantNotFound
 from sharegpu.spec import format_size, validate_tenant_id
@@ -618,6 +616,8 @@ def _u32(view: mmap.mmap, at: int) -> int:
 
 def read_usage(path: Path) -> UsageSnapshot:
     view = _mapped_region(path / abi.USAGE_FILE, ctypes.sizeof(abi.Usage), abi.MAGIC_USAGE)
+    import numpy as np  # here, not at the top: the CDI hooks import this module and never call this
+
     pids = np.ndarray(
         (abi.MAX_PROCS,), dtype=np.int32, buffer=view, offset=_PROCS_AT + _PID_AT, strides=(_SLOT_SIZE,)
     )

@@ -12,15 +12,32 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sharegpu.agent.client import AgentClient
 from sharegpu.agent.plan import memory_totals, plan_devices
 from sharegpu.arbiter import ensure_arbiter, grant_arbiter
 from sharegpu.devices import list_gpus
 from sharegpu.errors import AgentError
 from sharegpu.spec import MIB, ComputeSpec, GpuSelector
 from sharegpu.tenant import create_tenant, overcommit_allowed, remove_tenant, runtime_dir, tenant_path
+
+if TYPE_CHECKING:
+    from sharegpu.agent.client import AgentClient
+
+# Mirrors of sharegpu.agent.client's names: the client (httpx, the API models) takes about half a
+# second to import, which a container's hooks pay twice per start when no agent runs.
+_SOCKET_NAME = "agent.sock"
+_NO_AGENT_ENV = "SHAREGPU_NO_AGENT"
+
+
+def _agent() -> AgentClient | None:
+    """The node agent's client when one answers; the client is imported only if its socket is
+    there."""
+    if os.environ.get(_NO_AGENT_ENV, "") not in ("", "0") or not (runtime_dir() / _SOCKET_NAME).exists():
+        return None
+    from sharegpu.agent.client import AgentClient
+
+    return AgentClient.connect(runtime_dir())
 
 
 @dataclass(frozen=True)
@@ -65,7 +82,7 @@ def create(
 ) -> Created:
     """The tenant `name`, admitted next to the node's others.  `api_meta` are the agent API's
     own fields (supervisor_pid, command, labels); `direct_meta` goes into meta.json without it."""
-    client = AgentClient.connect(runtime_dir())
+    client = _agent()
     if client is not None:
         with client:
             view = client.create_tenant(_create_body(name, memory_bytes, gpus, compute, api_meta))
@@ -86,7 +103,7 @@ def delete(name: str, path: Path | None = None, *, through_agent: bool | None = 
     """Remove the tenant whatever its processes do (they are gone, or going): the way it was
     made when the caller knows it (`through_agent`), else through the agent if one answers.
     Through the agent, TenantNotFound when it does not exist."""
-    client = AgentClient.connect(runtime_dir()) if through_agent is not False else None
+    client = _agent() if through_agent is not False else None
     if client is not None:
         try:
             with client:

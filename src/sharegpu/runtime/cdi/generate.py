@@ -121,7 +121,7 @@ HOOK_TIMEOUT_S = 30
 def _hook(root: Path, name: str, *args: str) -> Hook:
     env = [f"{RUNTIME_ENV}={root}", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"]
     env += [f"{k}={os.environ[k]}" for k in _HOOK_ENV if os.environ.get(k)]
-    argv = [sys.executable, "-m", "sharegpu.cli", "hook", *args]
+    argv = [sys.executable, "-m", "sharegpu.runtime.cdi.hook", *args]  # `sharegpu hook`, lighter
     return Hook(hookName=name, path=sys.executable, args=argv, env=env, timeout=HOOK_TIMEOUT_S)
 
 

@@ -168,3 +168,36 @@ def poststop(state_text: str) -> str:
     except TenantNotFound:
         return f"no tenant {name} for container {state.id} (removed already)"
     return f"removed tenant {name} of container {state.id}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m sharegpu.runtime.cdi.hook create --shape NAME | poststop`: what the spec runs.
+
+    The same as `sharegpu hook ...` without the CLI's imports (typer, rich): a container start
+    pays for two hooks.  Errors are one `sharegpu: error:` line with the CLI's exit statuses."""
+    import argparse
+    import sys
+
+    from sharegpu.errors import SharegpuError
+
+    parser = argparse.ArgumentParser(prog="sharegpu-hook")
+    sub = parser.add_subparsers(dest="hook", required=True)
+    sub.add_parser("create").add_argument("--shape", required=True)
+    sub.add_parser("poststop")
+    args = parser.parse_args(argv)
+    try:
+        if args.hook == "create":
+            print(
+                f"sharegpu: container tenant {create(args.shape, sys.stdin.read())} ({args.shape})",
+                file=sys.stderr,
+            )
+        else:
+            print(f"sharegpu: {poststop(sys.stdin.read())}", file=sys.stderr)
+    except SharegpuError as err:
+        print(f"sharegpu: error: {err}", file=sys.stderr)
+        return err.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
