@@ -626,15 +626,14 @@ def hook_create(
 ) -> None:
     from sharegpu.runtime.cdi import hook
 
-    name = hook.create(shape, sys.stdin.read())
-    print(f"sharegpu: container tenant {name} ({shape})", file=sys.stderr)
+    raise typer.Exit(hook.main(["create", "--shape", shape]))
 
 
 @hook_app.command("poststop", help="The poststop hook of a shape device: remove the container's tenant.")
 def hook_poststop() -> None:
     from sharegpu.runtime.cdi import hook
 
-    print(f"sharegpu: {hook.poststop(sys.stdin.read())}", file=sys.stderr)
+    raise typer.Exit(hook.main(["poststop"]))
 
 
 @app.command(help="Show two tenants sharing a simulated GPU with their memory caps enforced.")

@@ -99,17 +99,26 @@ def common_edits(root: Path) -> ContainerEdits:
     )
 
 
+def tenant_binds(root: Path, path: Path, uuids: Iterable[str]) -> list[tuple[Path, str, bool]]:
+    """What a container of the tenant at `path` mounts: (host path, container path, writable).
+    The one list for both kinds of device: a tenant's (mounts in the spec) and a shape's (its
+    hook mounts them)."""
+    binds = [
+        (path / abi.LIMITS_FILE, f"{CONTAINER_TENANT_DIR}/{abi.LIMITS_FILE}", False),
+        (path / abi.USAGE_FILE, f"{CONTAINER_TENANT_DIR}/{abi.USAGE_FILE}", True),
+    ]
+    for uuid in uuids:
+        gpu = root / GPUS_DIR / uuid
+        if gpu.is_dir():  # a tenant under the `native` policy has no arbiter to mount
+            binds.append((gpu, f"{CONTAINER_TENANT_DIR}/{GPUS_DIR}/{uuid}", True))
+    return binds
+
+
 def tenant_device(root: Path, tenant_id: str) -> Device:
     """The device of one existing tenant: its files and its GPUs' arbiter directories."""
     path = tenant_path(tenant_id, root)
-    mounts = [
-        _bind(path / abi.LIMITS_FILE, f"{CONTAINER_TENANT_DIR}/{abi.LIMITS_FILE}"),
-        _bind(path / abi.USAGE_FILE, f"{CONTAINER_TENANT_DIR}/{abi.USAGE_FILE}", writable=True),
-    ]
-    for dev in read_device_limits(path):
-        gpu = root / GPUS_DIR / dev.uuid
-        if gpu.is_dir():  # a tenant under the `native` policy has no arbiter to mount
-            mounts.append(_bind(gpu, f"{CONTAINER_TENANT_DIR}/{GPUS_DIR}/{dev.uuid}", writable=True))
+    uuids = [dev.uuid for dev in read_device_limits(path)]
+    mounts = [_bind(host, inside, writable=w) for host, inside, w in tenant_binds(root, path, uuids)]
     return Device(name=tenant_id, containerEdits=ContainerEdits(mounts=mounts))
 
 

@@ -29,13 +29,12 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from sharegpu import abi
 from sharegpu.errors import ConfigError, TenantNotFound
 from sharegpu.runtime import tenants
-from sharegpu.runtime.cdi.generate import CONTAINER_TENANT_DIR
+from sharegpu.runtime.cdi.generate import tenant_binds
 from sharegpu.runtime.cdi.shapes import parse_shape
 from sharegpu.spec import GpuSelector
-from sharegpu.tenant import GPUS_DIR, runtime_dir, supervisor_identity, tenant_path
+from sharegpu.tenant import runtime_dir, supervisor_identity, tenant_path
 
 TENANT_PREFIX = "ctr-"
 # Inside the container's mount namespace, before pivot_root: bind each (source, target), then
@@ -111,18 +110,10 @@ def mount_point(rootfs: Path, inside: str, *, directory: bool) -> Path:
 
 def _mount_tenant(state: ContainerState, path: Path, uuids: list[str]) -> None:
     rootfs = rootfs_of(state)
-    binds = [
-        (path / abi.LIMITS_FILE, f"{CONTAINER_TENANT_DIR}/{abi.LIMITS_FILE}", "ro"),
-        (path / abi.USAGE_FILE, f"{CONTAINER_TENANT_DIR}/{abi.USAGE_FILE}", "rw"),
-    ]
-    for uuid in uuids:
-        gpu = runtime_dir() / GPUS_DIR / uuid
-        if gpu.is_dir():
-            binds.append((gpu, f"{CONTAINER_TENANT_DIR}/{GPUS_DIR}/{uuid}", "rw"))
     args: list[str] = []
-    for source, inside, mode in binds:
+    for source, inside, writable in tenant_binds(runtime_dir(), path, uuids):
         target = mount_point(rootfs, inside, directory=source.is_dir())
-        args += [str(source), str(target), mode]
+        args += [str(source), str(target), "rw" if writable else "ro"]
     cmd = ["nsenter", f"--target={state.pid}", "--mount", "--", "/bin/sh", "-c", _MOUNT_SCRIPT, "sh", *args]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False)
