@@ -33,6 +33,7 @@ class Gpu:
     memory_total: int
     memory_used: int
     utilization_pct: int
+    minor: int | None = None  # of /dev/nvidia<minor>; None where NVML has none (the simulated GPU)
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,10 @@ def _gpu(index: int) -> Gpu:
         util = int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
     except pynvml.NVMLError_NotSupported:
         util = 0
+    try:
+        minor: int | None = int(pynvml.nvmlDeviceGetMinorNumber(handle))
+    except pynvml.NVMLError:  # the simulated NVML lacks the call
+        minor = None
     return Gpu(
         index=index,
         uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
@@ -81,6 +86,7 @@ def _gpu(index: int) -> Gpu:
         memory_total=int(mem.total),
         memory_used=int(mem.used),
         utilization_pct=util,
+        minor=minor,
     )
 
 

@@ -6,12 +6,15 @@ What a container that asks for a tenant's vGPU gets (DESIGN.md, "Integration"):
 - every vGPU (the spec's own `containerEdits`): the shim, read-only, at a fixed path; a file
   mounted read-only over `/etc/ld.so.preload` that names it, so every process of the container
   loads it without LD_PRELOAD; `SHAREGPU_TENANT=/run/sharegpu/tenant`; and the driver: on the
-  simulated GPU its two libraries (read-only, with LD_LIBRARY_PATH) and its state file;
-- each tenant's device: its limits read-only and its usage read-write at
-  `/run/sharegpu/tenant/{limits,usage}`, and the arbiter directory of each of its GPUs at
-  `/run/sharegpu/tenant/gpus/<uuid>` (read-write: the token is passed through it). Files are
-  mounted one by one, never the tenant directory, whose `gpus` link names a host path; the
-  arbiter is mounted as its directory so that a rebuilt region (replaced by rename) is seen.
+  simulated GPU its two libraries (read-only, with LD_LIBRARY_PATH) and its state file; on a
+  real NVIDIA driver its control device nodes, libraries, tools and firmware (nvidia.py);
+- each tenant's device: on a real driver, /dev/nvidia<minor> of each of its GPUs; its limits
+  read-only and its usage read-write at `/run/sharegpu/tenant/{limits,usage}`, and the arbiter
+  directory of each of its GPUs at `/run/sharegpu/tenant/gpus/<uuid>` (read-write: the token
+  is passed through it). Files are mounted one by one, never the tenant directory, whose `gpus`
+  link names a host path; the arbiter is mounted as its directory so that a rebuilt region
+  (replaced by rename) is seen.
+  A shape's device has its GPU's device node and the hooks that make its tenant.
 
 No limit travels in the environment: a process inside cannot raise its cap by changing it, and
 root inside cannot write the read-only limits. The spec is validated before it is written, and
@@ -27,10 +30,20 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from sharegpu import abi, simgpu
-from sharegpu.devices import Gpu, list_gpus, nvml_library
-from sharegpu.errors import CdiSpecError, ConfigError, DeviceError, SpecError, TenantNotFound
+from sharegpu.devices import Gpu, driver_version, list_gpus, nvml_library
+from sharegpu.errors import CdiSpecError, ConfigError, SpecError, TenantNotFound
 from sharegpu.native import simgpu_dir
-from sharegpu.runtime.cdi.model import ContainerEdits, Device, Hook, Mount, Spec, minimum_version, validate
+from sharegpu.runtime.cdi import nvidia
+from sharegpu.runtime.cdi.model import (
+    ContainerEdits,
+    Device,
+    Hook,
+    Mount,
+    Spec,
+    bind_mount,
+    minimum_version,
+    validate,
+)
 from sharegpu.runtime.cdi.shapes import Shape, default_shapes
 from sharegpu.runtime.run import preload_shim
 from sharegpu.spec import format_size
@@ -44,12 +57,9 @@ CONTAINER_SHIM = "/usr/lib/sharegpu/libsharegpu.so"
 CONTAINER_SIMGPU_DIR = "/usr/lib/sharegpu/simgpu"
 PRELOAD_FILE = "ld.so.preload"  # under <runtime>/cdi: what /etc/ld.so.preload shows inside
 
-_RO = ["ro", "nosuid", "nodev", "bind"]
-_RW = ["rw", "nosuid", "nodev", "bind"]
-
 
 def _bind(host: Path | str, container: str, *, writable: bool = False) -> Mount:
-    return Mount(hostPath=str(host), containerPath=container, options=list(_RW if writable else _RO))
+    return bind_mount(str(host), container, writable=writable)
 
 
 def preload_file(root: Path) -> Path:
@@ -74,27 +84,27 @@ def simulated_driver_edits() -> ContainerEdits:
     )
 
 
-def driver_edits() -> ContainerEdits:
-    """What the container needs of this node's driver.  Only the simulated GPU is described so
-    far: a real driver's device nodes and libraries are the next step of the containers work."""
-    library = nvml_library()
-    if library is not None and library.parent == simgpu_dir():
-        return simulated_driver_edits()
-    raise DeviceError(
-        f"CDI specs are generated for the simulated GPU only so far (this node's NVML is "
-        f"{library or 'not loaded'}); a real NVIDIA driver's device nodes and libraries are not "
-        "described yet"
-    )
+def node_driver(gpus: Sequence[Gpu], host: nvidia.Host | None = None) -> nvidia.Driver:
+    """What a container needs of this node's driver: the simulated GPU's when NVML is its
+    library, else the real driver's as found on `host` (default: this host, at NVML's version).
+    A given `host` is always read as a real driver's (tests)."""
+    if host is None:
+        library = nvml_library()
+        if library is not None and library.parent == simgpu_dir():
+            return nvidia.Driver(edits=simulated_driver_edits())
+        host = nvidia.Host(driver_version=driver_version())
+    return nvidia.discover([(g.index, g.uuid, g.minor) for g in gpus], host)
 
 
-def common_edits(root: Path) -> ContainerEdits:
-    driver = driver_edits()
+def common_edits(root: Path, driver: nvidia.Driver) -> ContainerEdits:
+    edits = driver.edits
     return ContainerEdits(
-        env=[f"{abi.TENANT_ENV}={CONTAINER_TENANT_DIR}", *(driver.env or [])],
+        env=[f"{abi.TENANT_ENV}={CONTAINER_TENANT_DIR}", *(edits.env or [])],
+        deviceNodes=edits.device_nodes or None,
         mounts=[
             _bind(preload_shim(), CONTAINER_SHIM),
             _bind(preload_file(root), "/etc/ld.so.preload"),
-            *(driver.mounts or []),
+            *(edits.mounts or []),
         ],
     )
 
@@ -114,12 +124,14 @@ def tenant_binds(root: Path, path: Path, uuids: Iterable[str]) -> list[tuple[Pat
     return binds
 
 
-def tenant_device(root: Path, tenant_id: str) -> Device:
-    """The device of one existing tenant: its files and its GPUs' arbiter directories."""
+def tenant_device(root: Path, tenant_id: str, driver: nvidia.Driver) -> Device:
+    """The device of one existing tenant: its GPUs' device nodes, its files and its GPUs'
+    arbiter directories."""
     path = tenant_path(tenant_id, root)
     uuids = [dev.uuid for dev in read_device_limits(path)]
     mounts = [_bind(host, inside, writable=w) for host, inside, w in tenant_binds(root, path, uuids)]
-    return Device(name=tenant_id, containerEdits=ContainerEdits(mounts=mounts))
+    nodes = driver.nodes_for(uuids) or None
+    return Device(name=tenant_id, containerEdits=ContainerEdits(deviceNodes=nodes, mounts=mounts))
 
 
 # What the hooks need of this environment: they run with only the env the spec gives them.
@@ -134,13 +146,15 @@ def _hook(root: Path, name: str, *args: str) -> Hook:
     return Hook(hookName=name, path=sys.executable, args=argv, env=env, timeout=HOOK_TIMEOUT_S)
 
 
-def shape_device(root: Path, shape: Shape) -> Device:
-    """A device named by its shape: the hooks make (and remove) a tenant per container."""
+def shape_device(root: Path, shape: Shape, gpu: Gpu, driver: nvidia.Driver) -> Device:
+    """A device named by its shape, on `gpu`: its device node, and the hooks that make (and
+    remove) a tenant per container."""
     hooks = [
         _hook(root, "createRuntime", "create", "--shape", shape.name),
         _hook(root, "poststop", "poststop"),
     ]
-    return Device(name=shape.name, containerEdits=ContainerEdits(hooks=hooks))
+    nodes = driver.nodes_for([gpu.uuid]) or None
+    return Device(name=shape.name, containerEdits=ContainerEdits(deviceNodes=nodes, hooks=hooks))
 
 
 def check_shapes(shapes: Sequence[Shape], gpus: Sequence[Gpu]) -> None:
@@ -157,25 +171,33 @@ def check_shapes(shapes: Sequence[Shape], gpus: Sequence[Gpu]) -> None:
 
 
 def build_spec(
-    root: Path, tenant_ids: Iterable[str] | None = None, shapes: Sequence[Shape] | None = None
+    root: Path,
+    tenant_ids: Iterable[str] | None = None,
+    shapes: Sequence[Shape] | None = None,
+    *,
+    gpus: Sequence[Gpu] | None = None,
+    host: nvidia.Host | None = None,
 ) -> Spec:
     """The spec listing the given tenants (default: every tenant of the node) and shapes
     (default: a quarter, a half and all of each GPU), at the lowest cdiVersion its fields
-    need, validated."""
+    need, validated. `gpus` (default: NVML's) and `host` (see node_driver) are for tests."""
     ids = list(tenant_ids) if tenant_ids is not None else [p.name for p in iter_tenants(root)]
-    gpus = list_gpus()
+    gpus = list(gpus) if gpus is not None else list_gpus()
     shapes = list(shapes) if shapes is not None else default_shapes([g.memory_total for g in gpus])
     check_shapes(shapes, gpus)
     clash = sorted(set(ids) & {s.name for s in shapes})
     if clash:
         raise CdiSpecError(f"tenant names that are also shape names: {', '.join(clash)}")
-    devices = [tenant_device(root, t) for t in ids] + [shape_device(root, s) for s in shapes]
-    if not devices:
+    if not ids and not shapes:
         raise TenantNotFound(
             f"no tenant on this node ({root}) and no shape to list as a CDI device: create a "
             "tenant (POST /v1/tenants on the agent's socket, docs/agent.md) or give --shape"
         )
-    spec = Spec(cdiVersion="0.3.0", kind=KIND, devices=devices, containerEdits=common_edits(root))
+    driver = node_driver(gpus, host)
+    devices = [tenant_device(root, t, driver) for t in ids]
+    devices += [shape_device(root, s, gpus[s.gpu], driver) for s in shapes]
+    edits = common_edits(root, driver)
+    spec = Spec(cdiVersion="0.3.0", kind=KIND, devices=devices, containerEdits=edits)
     return validate(spec.model_copy(update={"cdi_version": minimum_version(spec)}))
 
 

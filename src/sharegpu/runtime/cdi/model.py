@@ -51,6 +51,13 @@ class Mount(_Strict):
     options: list[str] | None = None
 
 
+def bind_mount(host_path: str, container_path: str, *, writable: bool = False) -> Mount:
+    """A bind mount as OCI runtimes read one: by its options, with no `type` (which would need
+    cdiVersion 0.4.0)."""
+    options = ["rw" if writable else "ro", "nosuid", "nodev", "bind"]
+    return Mount(hostPath=host_path, containerPath=container_path, options=options)
+
+
 class Hook(_Strict):
     hook_name: str = Field(alias="hookName")
     path: str
