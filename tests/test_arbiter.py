@@ -23,6 +23,15 @@ from pathlib import Path
 
 import pytest
 
+from arbiterutil import (
+    achieved,
+    arbiter_of,
+    compute_tenant,
+    finish,
+    freeze_while_holding,
+    kill_while_holding,
+    start_at,
+)
 from conftest import Sim, parse_kv
 from sharegpu import abi, native
 from sharegpu.arbiter import arbiter_path, ensure_arbiter, read_arbiter, tune_arbiter
@@ -30,71 +39,13 @@ from sharegpu.errors import ConfigError, SpecError
 from sharegpu.spec import MIB
 from sharegpu.tenant import DeviceLimit, create_tenant, read_limits
 
-POLICY = {
-    "share": abi.POLICY_SHARE,
-    "cap": abi.POLICY_CAP,
-    "burst": abi.POLICY_BURST,
-    "native": abi.POLICY_NATIVE,
-}
-PRIORITY = {"offline": abi.PRIORITY_OFFLINE, "normal": abi.PRIORITY_NORMAL, "online": abi.PRIORITY_ONLINE}
-
-
 # ---------------------------------------------------------------------------------------------
 # helpers
-
-
-def compute_tenant(
-    sim: Sim,
-    name: str,
-    policy: str = "share",
-    pct: int = 100,
-    *,
-    ceiling: int | None = None,
-    priority: str = "normal",
-    gpu: int = 0,
-    arbiter: bool = True,
-) -> Path:
-    """A tenant on one GPU with compute limits (as `sharegpu run --compute ...` makes it)."""
-    uuid = sim.uuids()[gpu]
-    share = pct * 10
-    top = (ceiling * 10 if ceiling is not None else 1000) if policy == "burst" else share
-    limit = DeviceLimit(
-        uuid=uuid,
-        mem_cap_bytes=256 * MIB,
-        policy=POLICY[policy],
-        priority=PRIORITY[priority],
-        share_permille=share,
-        ceiling_permille=top,
-    )
-    tenant = create_tenant(name, [limit], root=sim.runtime)
-    if arbiter:
-        ensure_arbiter(sim.runtime, uuid)
-    return tenant
-
-
-def arbiter_of(sim: Sim, gpu: int = 0) -> Path:
-    return arbiter_path(sim.runtime, sim.uuids()[gpu])
-
-
-def start_at(delay: float = 0.4) -> int:
-    """A common CLOCK_MONOTONIC start instant, far enough ahead for every probe to be ready."""
-    return time.clock_gettime_ns(time.CLOCK_MONOTONIC) + int(delay * 1e9)
 
 
 def spawn(sim: Sim, tenant: Path | None, *args: object) -> subprocess.Popen[str]:
     env = sim.tenant_env(tenant) if tenant is not None else sim.env()
     return sim.spawn_probe(*(str(a) for a in args), env=env)
-
-
-def finish(proc: subprocess.Popen[str], timeout: float = 60) -> dict[str, str]:
-    out, err = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, f"probe exited {proc.returncode}\n{out}\n{err}"
-    assert err.strip() == "", err
-    return parse_kv(out)[0]
-
-
-def achieved(values: dict[str, str]) -> float:
-    return float(values["achieved"]) * 100
 
 
 def usage_totals(tenant: Path) -> dict[str, int]:
@@ -103,27 +54,6 @@ def usage_totals(tenant: Path) -> dict[str, int]:
     usage = abi.Usage.from_buffer_copy((tenant / abi.USAGE_FILE).read_bytes())
     keys = ("gpu_time_ns", "wait_ns", "throttled_ns", "preemptions")
     return {k: sum(getattr(p.dev[0], k) for p in usage.procs) for k in keys}
-
-
-def freeze_while_holding(path: Path, region_pid: int, host_pid: int, what: str) -> None:
-    """SIGSTOP process `host_pid` at a moment it holds the GPU's token (`region_pid` in the
-    region): frozen first and checked, let run and tried again otherwise, so the token cannot
-    change hands between the look and the freeze.  Returns with it stopped."""
-    deadline = time.monotonic() + 10
-    while True:
-        assert time.monotonic() < deadline, f"{what} never held the token when looked at"
-        os.kill(host_pid, signal.SIGSTOP)
-        time.sleep(0.005)
-        if read_arbiter(path).holder_pid == region_pid:
-            return
-        os.kill(host_pid, signal.SIGCONT)
-        time.sleep(0.01)
-
-
-def kill_while_holding(path: Path, region_pid: int, host_pid: int, what: str) -> None:
-    """SIGKILL process `host_pid` at a moment it holds the GPU's token."""
-    freeze_while_holding(path, region_pid, host_pid, what)
-    os.kill(host_pid, signal.SIGKILL)
 
 
 def achieved_by_script(sim: Sim, tenant: Path, script: str, *args: str) -> float:

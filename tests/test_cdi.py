@@ -346,6 +346,39 @@ def test_hooks_refuse_bad_input_and_poststop_is_idempotent(sim: Sim, tmp_path: P
     assert "removed already" in again.stderr
 
 
+def test_a_second_create_hook_for_one_container_is_refused_and_the_first_tenant_is_untouched(
+    sim: Sim, tmp_path: Path
+) -> None:
+    """A runtime that runs createRuntime twice (or a hook run by hand): the second says the
+    container has its tenant already and leaves it, its limits and its mounts as they were."""
+    holder = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "60"])
+    try:
+        ours = os.readlink("/proc/self/ns/mnt")
+        deadline = time.monotonic() + 10
+        while os.readlink(f"/proc/{holder.pid}/ns/mnt") == ours:  # a mount namespace of its own
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        state = oci_state(tmp_path, "feedbeef00112233", holder.pid)
+        first = hook(sim, state, "create", "--shape", "gpu0-300MiB-30")
+        assert first.returncode == 0, first.stderr
+        (tenant,) = iter_tenants(sim.runtime)
+        limits = (tenant / "limits").read_bytes()
+        second = hook(sim, state, "create", "--shape", "gpu0-500MiB-50")
+        assert second.returncode == 1
+        assert second.stderr.count("sharegpu: error:") == 1, second.stderr
+        assert "ctr-feedbeef0011" in second.stderr, second.stderr
+        assert "exists" in second.stderr, second.stderr
+        assert list(iter_tenants(sim.runtime)) == [tenant]
+        assert (tenant / "limits").read_bytes() == limits  # not the second shape's
+        mounts = Path(f"/proc/{holder.pid}/mountinfo").read_text()
+        assert mounts.count("/run/sharegpu/tenant/limits") == 1  # mounted once, by the first
+        assert hook(sim, state, "poststop").returncode == 0
+        assert list(iter_tenants(sim.runtime)) == []
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_the_hook_never_mounts_through_a_link_of_the_image(tmp_path: Path) -> None:
     rootfs = tmp_path / "rootfs"
     rootfs.mkdir()

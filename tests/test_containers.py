@@ -12,18 +12,23 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import signal
 import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agentutil import Agent, create
+from arbiterutil import achieved, arbiter_of, compute_tenant, finish, freeze_while_holding, start_at
 from conftest import Sim, parse_kv
+from sharegpu.arbiter import read_arbiter
 from sharegpu.runtime.rootfs import build_rootfs
 from sharegpu.tenant import iter_tenants, read_device_limits
+from simgpuutil import run_python
 
 CDI_DIR = Path("/var/run/cdi")
 # This sandbox needs these on every `podman run` (no network namespace setup, low rlimits).
@@ -90,13 +95,66 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = 20) -> None:
         time.sleep(0.05)
 
 
-def podman(
-    rootfs: Path, device: str, *command: str, detach: bool = False, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    cmd = ["podman", "--runtime", "runc", "run", *RUN_FLAGS, "--device", f"sharegpu.io/vgpu={device}"]
+def podman_command(
+    rootfs: Path, device: str | None, *command: str, detach: bool = False, flags: tuple[str, ...] = ()
+) -> list[str]:
+    """`podman run` of `command` with the vGPU `device` (None: none), removed when it stops."""
+    cmd = ["podman", "--runtime", "runc", "run", *RUN_FLAGS, *flags]
+    cmd += ["--device", f"sharegpu.io/vgpu={device}"] if device else []
     cmd += ["-d", "--rm"] if detach else ["--rm"]
-    cmd += ["--rootfs", str(rootfs), *command]
+    return [*cmd, "--rootfs", str(rootfs), *command]
+
+
+def podman(
+    rootfs: Path,
+    device: str | None,
+    *command: str,
+    detach: bool = False,
+    timeout: float = 120,
+    flags: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess[str]:
+    cmd = podman_command(rootfs, device, *command, detach=detach, flags=flags)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def background(rootfs: Path, device: str, *command: str) -> subprocess.Popen[str]:
+    """A container of `device` running `command`, not waited for."""
+    cmd = podman_command(rootfs, device, *command)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def host_pid(container: str) -> int:
+    """The host pid of the container's first process."""
+    out = subprocess.run(
+        ["podman", "inspect", "--format", "{{.State.Pid}}", container],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return int(out.stdout.strip())
+
+
+def nvml_pids(sim: Sim) -> set[int]:
+    """The pids NVML lists on GPU 0, as the host sees them."""
+    proc = run_python(
+        sim.env(),
+        """
+        import pynvml
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        print(" ".join(str(p.pid) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)))
+        """,
+    )
+    return {int(p) for p in proc.stdout.split()}
+
+
+def started(proc: subprocess.CompletedProcess[str]) -> str:
+    """The id of a container started with detach=True, once its probe is ready."""
+    assert proc.returncode == 0, proc.stderr
+    container = proc.stdout.strip()
+    wait_for("the container's probe is ready", lambda: "ready=1" in logs(container), timeout=30)
+    return container
 
 
 def test_a_container_sees_its_vgpu_and_is_refused_past_its_cap(
@@ -148,11 +206,14 @@ def test_a_killed_container_gives_its_memory_back(sim: Sim, rootfs: Path, spec_f
             time.sleep(0.1)
         host = sim.probe("alloc", "plain", "400M", env=sim.tenant_env(web))
         assert host["alloc"] == "CUDA_ERROR_OUT_OF_MEMORY"  # the container holds it
+        pid = host_pid(container)
+        assert pid in nvml_pids(sim)  # the driver knows it by its host pid
         subprocess.run(["podman", "kill", container], capture_output=True, check=True, timeout=30)
         killed = time.monotonic()
         while sim.probe("alloc", "plain", "400M", env=sim.tenant_env(web))["alloc"] != "OK":
             assert time.monotonic() - killed < 2, "the killed container's memory did not come back"
             time.sleep(0.05)
+        assert pid not in nvml_pids(sim)
     finally:
         remove(container)
 
@@ -234,3 +295,202 @@ def test_a_tenant_made_through_the_agent_is_a_device_within_seconds(
         assert "unresolvable CDI devices" in gone.stderr
     finally:
         agent.close()
+
+
+def test_the_agent_names_each_process_by_its_container_and_reports_one_that_holds_no_vgpu(
+    sim: Sim, rootfs: Path, spec_file: Path, name: str, tmp_path: Path
+) -> None:
+    """The simulated NVML, like a driver, lists a container's processes by their host pids; the
+    agent finds each one's container from its cgroup: the tenant's processes name their container,
+    and a container that reached the GPU without a vGPU (its driver mounted by hand, no shim) is
+    reported as untracked, with its container's id."""
+    sim.tenant(name, 512, gpus=[0])
+    generate(sim, spec_file)
+    agent = Agent(sim, tmp_path / "state").start()
+    web = stray = ""
+    try:
+        web = started(podman(rootfs, name, "sgprobe", "hold", "plain", "100M", "60", detach=True))
+        simgpu = sim.env()["LD_LIBRARY_PATH"].split(":")[0]
+        state = sim.env()["SIMGPU_STATE"]
+        by_hand = (
+            "-v",
+            f"{simgpu}:/usr/lib/sim:ro",
+            "-v",
+            f"{state}:{state}",
+            "--env",
+            "LD_LIBRARY_PATH=/usr/lib/sim",
+        )
+        by_hand += ("--env", f"SIMGPU_STATE={state}")
+        stray = started(
+            podman(rootfs, None, "sgprobe", "hold", "plain", "64M", "60", detach=True, flags=by_hand)
+        )
+
+        def tenant_view() -> dict[str, Any]:
+            with agent.http() as http:
+                got: dict[str, Any] = http.get(f"/v1/tenants/{name}").json()
+            return got
+
+        wait_for("the tenant's process is named by its container", lambda: bool(tenant_view()["containers"]))
+        view = tenant_view()
+        assert [c["id"] for c in view["containers"]] == [web]
+        assert view["containers"][0]["runtime"] == "podman"
+        (proc,) = [p for p in view["processes"] if p["alive"]]
+        assert proc["host_pid"] == host_pid(web)
+        assert proc["pid"] != proc["host_pid"]  # pid 1 inside, another on the host
+        untracked = agent.wait_event("audit.untracked", timeout=30)
+        assert untracked["pid"] == host_pid(stray)
+        assert untracked["data"]["container"] == stray
+        assert f"container {stray[:12]}" in untracked["message"]
+        assert "holds no vGPU" in untracked["message"]
+        assert all(e["pid"] != host_pid(web) for e in agent.events(kind="audit.untracked"))
+        listing = sim.cli("tenants")
+        assert web[:12] in listing.stdout, listing.stdout
+    finally:
+        for container in (web, stray):
+            if container:
+                remove(container)
+        agent.close()
+
+
+def _saturate(rootfs: Path, shape: str, seconds: float, at: int) -> subprocess.Popen[str]:
+    """A container of `shape` whose probe saturates the GPU from CLOCK_MONOTONIC `at` (one clock
+    for every container: no time namespace)."""
+    return background(rootfs, shape, "sgprobe", "saturate", str(seconds), "500", "kernel", str(at))
+
+
+def test_two_containers_split_30_70_with_no_reclaim_and_an_agent_restart_changes_nothing(
+    sim: Sim, rootfs: Path, spec_file: Path, tmp_path: Path
+) -> None:
+    """Two containers (each pid 1 of its own pid namespace) of 30% and 70% shapes: the arbiter
+    splits the card as configured and never takes the token from a live holder; the agent,
+    killed and started again while both run, changes nothing for them."""
+    memory = random.randrange(100, 400)
+    low, high = f"gpu0-{memory}MiB-30", f"gpu0-{memory}MiB-70"
+    generate(sim, spec_file, low, high)
+    agent = Agent(sim, tmp_path / "state").start()
+    try:
+        at = start_at(6.0)  # two container starts, with their hooks, on a loaded 2-core machine
+        runs = [_saturate(rootfs, low, 4, at), _saturate(rootfs, high, 4, at)]
+        wait_for("both containers have their tenants", lambda: len(container_tenants(sim)) == 2, timeout=30)
+        tenants = {p.name: read_device_limits(p)[0].share_permille for p in container_tenants(sim).values()}
+        time.sleep(max(0.0, (at - time.clock_gettime_ns(time.CLOCK_MONOTONIC)) / 1e9 + 1.5))
+        agent.close()  # killed mid-run: nothing of the data plane depends on it
+        agent.start()
+        results = [finish(run, timeout=90) for run in runs]
+        xl, xh = achieved(results[0]), achieved(results[1])
+        status = read_arbiter(arbiter_of(sim))
+        print(f"containers 30/70: achieved {xl:.1f}% / {xh:.1f}%, {status.reclaims} reclaims")
+        assert sorted(tenants.values()) == [300, 700]
+        assert abs(xl - 30) <= 5
+        assert abs(xh - 70) <= 5
+        assert status.reclaims == 0
+        assert status.stall_reclaims == 0
+        assert not [e for e in agent.events(kind="process.reaped") if e["tenant"] in tenants]
+        wait_for("both tenants go with their containers", lambda: not container_tenants(sim))
+    finally:
+        agent.close()
+
+
+def test_a_killed_container_gives_the_token_back_within_2s(sim: Sim, rootfs: Path, spec_file: Path) -> None:
+    """`podman kill` of a container while it holds the GPU's token: a host process of another
+    tenant gets the card again within 2 s (its longest wait for a launch)."""
+    shape = unique_shape("50")
+    generate(sim, spec_file, shape)
+    host = compute_tenant(sim, "host", "share", 50)
+    at = start_at(4.0)
+    victim = _saturate(rootfs, shape, 12, at)
+    survivor = sim.spawn_probe(
+        "saturate", "6", "500", "kernel", str(at + 1_000_000_000), env=sim.tenant_env(host)
+    )
+    try:
+        wait_for("the container's tenant exists", lambda: len(container_tenants(sim)) == 1, timeout=30)
+        time.sleep(max(0.0, (at - time.clock_gettime_ns(time.CLOCK_MONOTONIC)) / 1e9 + 2.5))
+        (container,) = [
+            line
+            for line in subprocess.run(
+                ["podman", "ps", "-q", "--no-trunc"], capture_output=True, text=True, check=True
+            ).stdout.split()
+            if f"ctr-{line[:12]}" in container_tenants(sim)
+        ]
+        freeze_while_holding(arbiter_of(sim), 1, host_pid(container), "the container")  # pid 1 inside
+        subprocess.run(["podman", "kill", container], capture_output=True, check=True, timeout=30)
+        values = finish(survivor, timeout=60)
+        print(f"longest launch wait of the survivor: {int(values['max_gap_us']) / 1000:.0f} ms")
+        assert int(values["max_gap_us"]) < 2_000_000
+        status = read_arbiter(arbiter_of(sim))
+        assert status.reclaims + status.stall_reclaims >= 1
+        assert status.holder_pid != 1
+    finally:
+        victim.kill()
+        victim.communicate(timeout=60)
+    wait_for("the killed container's tenant is removed", lambda: not container_tenants(sim))
+
+
+def _hook_pids(shape: str) -> list[int]:
+    pattern = f"sharegpu.runtime.cdi.hook create --shape {shape}"
+    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True, check=False)
+    return [int(p) for p in found.stdout.split()]
+
+
+def test_a_hook_killed_after_making_the_tenant_fails_the_start_and_leaves_nothing(
+    sim: Sim, rootfs: Path, spec_file: Path, tmp_path: Path
+) -> None:
+    """The runtime kills a hook that runs too long, and a node can kill anything: a hook killed
+    once the container's tenant exists fails the start, and the tenant goes with it (Podman
+    runs the poststop hook; else its supervisor, the container's process, is gone and the
+    agent's reaper removes it); the next start of the shape works."""
+    shape = unique_shape("40")
+    generate(sim, spec_file, shape)
+    agent = Agent(sim, tmp_path / "state").start()
+    try:
+        for _attempt in range(5):  # the hook may finish before it is caught: try again
+            run = background(rootfs, shape, "sgprobe", "meminfo")
+            killed = False
+            deadline = time.monotonic() + 30
+            while run.poll() is None and time.monotonic() < deadline and not killed:
+                if container_tenants(sim):
+                    for pid in _hook_pids(shape):
+                        os.kill(pid, signal.SIGKILL)
+                        killed = True
+                time.sleep(0.001)
+            _, err = run.communicate(timeout=60)
+            if killed and run.returncode != 0:
+                break
+            wait_for("the tenant of a start that was not caught goes", lambda: not container_tenants(sim))
+        else:
+            pytest.fail("the hook was never caught between making the tenant and finishing")
+        assert "error" in err.lower(), err
+        wait_for(
+            "the reaper removes the killed hook's tenant", lambda: not container_tenants(sim), timeout=30
+        )
+        # Podman runs the poststop hook after a failed create; the reaper is the backstop.
+        ends = {e["kind"] for e in agent.events() if (e["tenant"] or "").startswith("ctr-")}
+        assert ends & {"tenant.deleted", "tenant.reaped"}, ends
+        again = podman(rootfs, shape, "sgprobe", "meminfo")
+        assert again.returncode == 0, again.stderr
+    finally:
+        agent.close()
+
+
+def test_an_online_container_next_to_an_offline_one_keeps_its_host_latency(
+    sim: Sim, rootfs: Path, spec_file: Path
+) -> None:
+    """An online and an offline container (50% each) against the same pair as host processes:
+    the online requests' p99 latency is the host's, within the noise of a loaded machine."""
+    memory = random.randrange(100, 400)
+    online_shape, offline_shape = f"gpu0-{memory}MiB-50-online", f"gpu0-{memory}MiB-50-offline"
+    generate(sim, spec_file, online_shape, offline_shape)
+    bursts = ("bursts", "60", "30", "4", "1000")  # 4 ms of work every 30 ms, for 1.8 s
+    online = compute_tenant(sim, "web", "share", 50, priority="online")
+    offline = compute_tenant(sim, "train", "share", 50, priority="offline")
+    at = start_at(1.0)
+    host_off = sim.spawn_probe("saturate", "2.2", "500", "kernel", str(at), env=sim.tenant_env(offline))
+    host_on = finish(sim.spawn_probe(*bursts, str(at), env=sim.tenant_env(online)))
+    finish(host_off)
+    at = start_at(6.0)
+    boxed_off = _saturate(rootfs, offline_shape, 2.2, at)
+    boxed_on = finish(background(rootfs, online_shape, "sgprobe", *bursts, str(at)), timeout=90)
+    finish(boxed_off, timeout=90)
+    host_p99, boxed_p99 = int(host_on["p99_us"]), int(boxed_on["p99_us"])
+    print(f"online p99 next to offline: host {host_p99} us, containers {boxed_p99} us")
+    assert boxed_p99 <= 2 * host_p99 + 1000

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from sharegpu import abi, access, liveness, regionmap
+from sharegpu.cgroup import Container, container_of
 from sharegpu.errors import AdmissionError, ConfigError, SpecError, TenantError, TenantExists, TenantNotFound
 from sharegpu.spec import format_size, validate_tenant_id
 
@@ -82,11 +83,12 @@ class DeviceLimit:
 
 @dataclass
 class ProcessUsage:
-    pid: int
-    host_pid: int
+    pid: int  # as the process's own namespace knows it (a container's, inside one)
+    host_pid: int  # in this process's namespace (liveness.host_pids); 0 when out of sight
     alive: bool
     mem_bytes: dict[str, int]
     oom_events: int
+    container: Container | None = None  # the container it runs in (its cgroup), if any
 
 
 @dataclass
@@ -603,6 +605,7 @@ class UsageSnapshot:
     devices: ctypes.Array[abi.UsageDevice]
     procs: list[abi.UsageProc]  # occupied slots (pid != 0), in slot order
     slots: list[int]  # their indexes
+    path: Path | None = None  # the tenant directory it was read from
 
 
 _PROCS_AT = abi.Usage.procs.offset
@@ -634,6 +637,7 @@ def read_usage(path: Path) -> UsageSnapshot:
         devices=(abi.UsageDevice * abi.MAX_DEVICES).from_buffer_copy(view, abi.Usage.devices.offset),
         procs=[p for p in procs if p.pid != 0],  # a slot freed between the two reads
         slots=[i for i, p in zip(slots, procs, strict=True) if p.pid != 0],
+        path=path,
     )
 
 
@@ -651,6 +655,14 @@ def process_uid(pid: int) -> int | None:
 def process_start_time(pid: int) -> int | None:
     """Field 22 of /proc/<pid>/stat (clock ticks after boot), or None if the pid is gone."""
     return liveness.start_time(pid)
+
+
+def slot_host_pid(proc: abi.UsageProc) -> int | None:
+    """The pid in this namespace of a slot's process (a container's process has another one in
+    its own namespace), None when it cannot be seen from here."""
+    if proc.host_pid:
+        return int(proc.host_pid)
+    return liveness.host_pids.resolve(int(proc.pidns), int(proc.pid), int(proc.start_time))
 
 
 def slot_alive(tenant: Path, index: int, proc: abi.UsageProc) -> bool:
@@ -720,11 +732,13 @@ def tenant_status(path: Path) -> TenantStatus:
         if alive:
             for i in range(limits.device_count):
                 live_bytes[i] += allocated[i]
+        here = slot_host_pid(proc) if alive else None
         processes.append(
             ProcessUsage(
                 pid=proc.pid,
-                host_pid=proc.host_pid,
+                host_pid=here or 0,
                 alive=alive,
+                container=container_of(here) if here else None,
                 mem_bytes=per_dev,
                 oom_events=sum(proc.dev[i].oom_events for i in range(limits.device_count)),
             )

@@ -108,7 +108,8 @@ SIM_HIDDEN unsigned sim_pci_bus(unsigned idx);
  * EOWNERDEAD repair rebuilds what a dead holder may have left half-written (engine.c).
  */
 #define SIM_STATE_MAGIC 0x314d495355504753ULL /* "SGPUSIM1" little-endian */
-#define SIM_STATE_VERSION 4u /* 3: cfg.context_overhead_bytes; 4: slot.proc_dev, cfg.pitch_alignment */
+#define SIM_STATE_VERSION 5u /* 3: cfg.context_overhead_bytes; 4: slot.proc_dev, cfg.pitch_alignment;
+                              * 5: slot.pidns, slot.host_pid */
 #define SIM_MAX_SLOTS 512
 #define SIM_RING 16384 /* run segments kept per GPU (NVML history) */
 #define SIM_CHQ 4096   /* pending kernels per channel before a launch blocks */
@@ -155,6 +156,10 @@ struct sim_slot {          /* one process using the CUDA side; pid == 0 means fr
     uint64_t start_time;   /* [lock] /proc/<pid>/stat field 22, tells a reused pid apart */
     uint64_t proc_dev;     /* [lock] which /proc `pid` is a pid of (slots.c): only a process
                             * looking through the same /proc may judge the owner dead */
+    uint64_t pidns;        /* [lock] inode of the owner's pid namespace (/proc/self/ns/pid) */
+    int32_t host_pid;      /* [lock] the owner's pid in the initial namespace, once a process
+                            * there has resolved it (sim_slots_resolve); 0 until then */
+    int32_t pad;
     uint64_t bytes[SIM_MAX_GPUS];   /* [lock] bytes charged on each GPU */
     uint64_t busy_ns[SIM_MAX_GPUS]; /* [lock] W advance: engine time its kernels ran on each GPU */
 };
@@ -207,6 +212,15 @@ SIM_HIDDEN void sim_reap_older_locked(struct sim_state *st, uint64_t max_age_ns)
 /* This process's pid as its /proc sees it, and which /proc that is (slots.c). */
 SIM_HIDDEN int sim_proc_pid(void);
 SIM_HIDDEN uint64_t sim_proc_dev(void);
+/* A driver knows every process by its pid in the initial pid namespace, whichever namespace
+ * it runs in; the model learns that pid for slots written from other namespaces (containers).
+ * sim_host_view: this process sees every process (initial namespace, its own /proc).
+ * sim_slots_resolve: for a process with the host view, resolve (or, when their process is gone,
+ * free) the slots of other namespaces; takes and drops the lock, scans /proc outside it.
+ * sim_slot_pid: the pid the caller's NVML reports for a slot. */
+SIM_HIDDEN int sim_host_view(void);
+SIM_HIDDEN int sim_slots_resolve(struct sim_err *e, struct sim_state *st);
+SIM_HIDDEN unsigned sim_slot_pid(const struct sim_slot *s);
 /* Start time (field 22) of pid from /proc, 0 if unknown.  *zombie set if it is a zombie. */
 SIM_HIDDEN uint64_t sim_proc_start_time(int pid, int *gone);
 /* Recomputes gpu[].used from the slots (EOWNERDEAD repair).  Call under lock. */

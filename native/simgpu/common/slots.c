@@ -9,9 +9,17 @@
  * same /proc judges a slot; to any other the owner's pid means nothing, so it is never judged
  * dead (and never kill()ed) from there: a driver knows every process by one pid, and so does
  * this model wherever processes share a /proc.
+ *
+ * A real driver knows every process by its pid in the initial namespace: NVML on the host lists
+ * a container's processes by their host pids.  The slot records its owner's pid namespace too,
+ * and a process of the initial namespace (the host's agent, nvidia-smi) resolves the host pid of
+ * another namespace's slot once, by scanning its /proc for the process with that namespace, that
+ * innermost pid and that start time (sim_slots_resolve); from then on it reports and judges the
+ * slot by that pid.  A slot whose process it cannot find is gone (the host sees every process).
  */
 #include "sim.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -120,15 +128,48 @@ uint64_t sim_proc_start_time(int pid, int *gone)
     return start;
 }
 
-static int slot_dead(const struct sim_slot *s)
+/* The kernel's inode of the initial pid namespace (PROC_PID_INIT_INO, include/linux/proc_ns.h). */
+#define SIM_INIT_PIDNS 0xEFFFFFFCull
+
+static uint64_t pidns_of(const char *link)
+{
+    struct stat sb;
+    return stat(link, &sb) == 0 ? (uint64_t)sb.st_ino : 0;
+}
+
+int sim_host_view(void)
+{
+    static int view = -1; /* [racy but idempotent] */
+    if (view < 0)
+        view = pidns_of("/proc/self/ns/pid") == SIM_INIT_PIDNS && sim_proc_pid() == getpid();
+    return view;
+}
+
+static uint64_t own_proc_dev(void)
 {
     static uint64_t mine;
     if (!mine)
         mine = sim_proc_dev();
-    if (s->proc_dev != mine)
-        return 0; /* another /proc's pid: not ours to judge (see the top of this file) */
+    return mine;
+}
+
+unsigned sim_slot_pid(const struct sim_slot *s)
+{
+    if (s->proc_dev != own_proc_dev() && s->host_pid > 0 && sim_host_view())
+        return (unsigned)s->host_pid;
+    return (unsigned)s->pid;
+}
+
+static int slot_dead(const struct sim_slot *s)
+{
+    int pid = s->pid;
+    if (s->proc_dev != own_proc_dev()) {
+        if (s->host_pid <= 0 || !sim_host_view())
+            return 0; /* another /proc's pid: not ours to judge (see the top of this file) */
+        pid = s->host_pid;
+    }
     int gone;
-    uint64_t start = sim_proc_start_time(s->pid, &gone);
+    uint64_t start = sim_proc_start_time(pid, &gone);
     if (gone)
         return 1;
     return start != 0 && s->start_time != 0 && start != s->start_time;
@@ -143,6 +184,99 @@ static void slot_clear_locked(struct sim_state *st, struct sim_slot *s)
         st->gpu[g].used = st->gpu[g].used >= b ? st->gpu[g].used - b : 0;
     }
     memset(s, 0, sizeof(*s));
+}
+
+/* The innermost pid (last NSpid field) of host process h, 0 if unknown. */
+static int innermost_pid(int h)
+{
+    char path[64], buf[4096];
+    snprintf(path, sizeof(path), "/proc/%d/status", h);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    const char *p = strstr(buf, "\nNSpid:");
+    if (!p)
+        return 0;
+    const char *end = strchr(p + 1, '\n');
+    long last = 0;
+    for (char *q = (char *)p + 7; q && (!end || q < end);) {
+        char *next;
+        long v = strtol(q, &next, 10);
+        if (next == q)
+            break;
+        last = v;
+        q = next;
+    }
+    return (int)last;
+}
+
+struct wanted {
+    int index;
+    int32_t pid;
+    uint64_t pidns, start;
+    int32_t host_pid; /* found: > 0; its namespace seen but not it: -1; nothing seen: 0 */
+};
+
+int sim_slots_resolve(struct sim_err *e, struct sim_state *st)
+{
+    if (!sim_host_view())
+        return 0;
+    static _Thread_local struct wanted want[SIM_MAX_SLOTS];
+    int n = 0;
+    if (sim_lock(e, st) < 0)
+        return -1;
+    for (int i = 0; i < SIM_MAX_SLOTS; i++) {
+        const struct sim_slot *s = &st->slot[i];
+        if (s->pid != 0 && s->host_pid == 0 && s->proc_dev != own_proc_dev() && s->pidns)
+            want[n++] = (struct wanted){i, s->pid, s->pidns, s->start_time, 0};
+    }
+    sim_unlock(st);
+    if (n == 0)
+        return 0;
+    DIR *proc = opendir("/proc");
+    if (!proc)
+        return 0;
+    struct dirent *d;
+    while ((d = readdir(proc)) != NULL) {
+        char *end;
+        long h = strtol(d->d_name, &end, 10);
+        if (*end || h <= 0)
+            continue;
+        char link[64];
+        snprintf(link, sizeof(link), "/proc/%ld/ns/pid", h);
+        uint64_t ns = pidns_of(link);
+        int inner = -1;
+        for (int k = 0; k < n; k++) {
+            if (want[k].pidns != ns || want[k].host_pid > 0)
+                continue;
+            if (inner < 0)
+                inner = innermost_pid((int)h);
+            int gone;
+            if (inner == want[k].pid && sim_proc_start_time((int)h, &gone) == want[k].start && !gone)
+                want[k].host_pid = (int32_t)h;
+            else if (want[k].host_pid == 0)
+                want[k].host_pid = -1;
+        }
+    }
+    closedir(proc);
+    if (sim_lock(e, st) < 0)
+        return -1;
+    for (int k = 0; k < n; k++) {
+        struct sim_slot *s = &st->slot[want[k].index];
+        if (s->pid != want[k].pid || s->pidns != want[k].pidns || s->start_time != want[k].start)
+            continue; /* freed or taken again meanwhile */
+        if (want[k].host_pid > 0)
+            s->host_pid = want[k].host_pid;
+        else
+            slot_clear_locked(st, s); /* the host sees every process: this one is gone */
+    }
+    sim_unlock(st);
+    return 0;
 }
 
 void sim_reap_locked(struct sim_state *st, int force)
@@ -183,6 +317,7 @@ int sim_slot_acquire(struct sim_err *e, struct sim_state *st)
         return s;
     int pid = sim_proc_pid(), gone; /* file reads, before the lock */
     uint64_t proc_dev = sim_proc_dev();
+    uint64_t pidns = pidns_of("/proc/self/ns/pid");
     uint64_t start = sim_proc_start_time(pid, &gone);
     if (sim_lock(e, st) < 0)
         return -1;
@@ -196,6 +331,9 @@ int sim_slot_acquire(struct sim_err *e, struct sim_state *st)
                 st->slot[i].pid = pid;
                 st->slot[i].start_time = start;
                 st->slot[i].proc_dev = proc_dev;
+                st->slot[i].pidns = pidns;
+                if (pidns == SIM_INIT_PIDNS && proc_dev == own_proc_dev() && pid == getpid())
+                    st->slot[i].host_pid = pid;
                 __atomic_store_n(&own_pid, pid, __ATOMIC_RELAXED);
                 pthread_once(&forget_once, forget_in_children);
                 __atomic_store_n(&own_slot, i, __ATOMIC_RELAXED);

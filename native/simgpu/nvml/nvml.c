@@ -322,14 +322,14 @@ struct proc_row {
 static nvmlReturn_t list_procs(unsigned g, struct proc_row *rows, unsigned *n)
 {
     struct sim_err e = {0};
-    if (sim_lock(&e, st) < 0)
+    if (sim_slots_resolve(&e, st) < 0 || sim_lock(&e, st) < 0)
         return nvml_result(&e);
     sim_reap_older_locked(st, SIM_NVML_REAP_NS);
     unsigned k = 0;
     for (int i = 0; i < SIM_MAX_SLOTS; i++) {
         const struct sim_slot *s = &st->slot[i];
         if (s->pid != 0 && (s->bytes[g] || (s->ctx_mask & (1u << g)))) {
-            rows[k].pid = (unsigned)s->pid;
+            rows[k].pid = sim_slot_pid(s);
             rows[k].bytes = s->bytes[g];
             k++;
         }
@@ -429,7 +429,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
     } samples[SIM_MAX_SLOTS];
     unsigned n = 0;
     struct sim_err e = {0};
-    if (sim_lock(&e, st) < 0)
+    if (sim_slots_resolve(&e, st) < 0 || sim_lock(&e, st) < 0)
         return nvml_result(&e);
     sim_engine_advance_locked(st, (int)g, now);
     for (int i = 0; i < SIM_MAX_SLOTS && now > from; i++) {
@@ -441,7 +441,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
         if (busy == 0 || now <= covered)
             continue;
         unsigned pct = (unsigned)((busy * 100 + (now - covered) / 2) / (now - covered));
-        samples[n].pid = (unsigned)s->pid;
+        samples[n].pid = sim_slot_pid(s);
         samples[n].pct = pct > 100 ? 100 : pct;
         n++;
     }

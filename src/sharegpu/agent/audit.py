@@ -3,11 +3,13 @@
 The shim stops buggy and greedy workloads; a process that unloads it, or talks to the driver
 directly, is invisible to it (threat model in DESIGN.md). Every second the audit lists each
 GPU's compute processes through NVML and attributes each to a tenant: a process belongs to a
-tenant when it is in the tenant's usage slots, or descends from the tenant's live supervisor
-(meta.json "supervisor": pid + start time), so a process that dropped the shim is still its
-tenant's. Two findings:
+tenant when it is in the tenant's usage slots (a container's process by its host pid), descends
+from the tenant's live supervisor (meta.json "supervisor": pid + start time), or runs in the
+container (its cgroup, sharegpu.cgroup) of one of the tenant's processes, so a process that
+dropped the shim is still its tenant's. Two findings:
 
-* ``audit.untracked``: a process using a GPU that belongs to no tenant;
+* ``audit.untracked``: a process using a GPU that belongs to no tenant (one in a container that
+  holds no vGPU names the container);
 * ``audit.bypass``: a tenant whose NVML-measured memory on a GPU (the sum over its processes)
   exceeds its cap plus its reconciled overhead by more than the tolerance.
 
@@ -31,6 +33,7 @@ from sharegpu import abi
 from sharegpu.agent.events import Event
 from sharegpu.agent.procs import ProcessTable, kill, live_slots, mib, process_table, tenant_pids
 from sharegpu.agent.reconcile import NvmlSource
+from sharegpu.cgroup import Container, container_of
 from sharegpu.devices import GpuProcess, processes_by_gpu
 from sharegpu.errors import ConfigError, DeviceError
 from sharegpu.spec import MIB
@@ -121,6 +124,8 @@ class Auditor:
         for t in tenants:
             for pid in members[t.id]:
                 owners.setdefault(pid, t.id)
+        if members is not ledgers:
+            _attribute_by_container(gpus, tenants, members, owners)
         found: dict[tuple[str, ...], _Finding] = {}
         self._untracked(gpus, owners, table, found)
         for t in tenants:
@@ -150,15 +155,17 @@ class Auditor:
                     continue
                 info = table.get(p.pid)
                 start = info.start_time if info else 0
+                container = container_of(p.pid)
+                where = f" in {container.runtime or 'a'} container {container.short_id}" if container else ""
                 found[("untracked", uuid, str(p.pid), str(start))] = _Finding(
                     Event(
                         kind="audit.untracked",
                         severity="warning",
                         gpu=uuid,
                         pid=p.pid,
-                        message=f"process {p.pid} uses {mib(p.used_bytes)} on {uuid} "
-                        "and belongs to no tenant",
-                        data={"used_bytes": p.used_bytes, "start_time": start},
+                        message=f"process {p.pid}{where} uses {mib(p.used_bytes)} on {uuid} "
+                        + ("and holds no vGPU" if container else "and belongs to no tenant"),
+                        data={"used_bytes": p.used_bytes, "start_time": start, **_container_data(container)},
                     ),
                     [p.pid] if self.kill_untracked else [],
                 )
@@ -240,6 +247,39 @@ class Auditor:
                     )
                 )
         return events
+
+
+def _container_data(container: Container | None) -> dict[str, object]:
+    if container is None:
+        return {}
+    return {"container": container.id, "runtime": container.runtime, "pod_uid": container.pod_uid}
+
+
+def _attribute_by_container(
+    gpus: dict[str, list[GpuProcess]],
+    tenants: list[_Tenant],
+    members: dict[str, set[int]],
+    owners: dict[int, str],
+) -> None:
+    """A GPU process in the container of a tenant's process is the tenant's (it dropped the shim,
+    or never loaded it): the container's cgroup is the boundary, not the process tree."""
+    by_container: dict[str, str] = {}
+    for t in tenants:
+        for pid in members[t.id]:
+            container = container_of(pid) if pid > 0 else None
+            if container is not None:
+                by_container.setdefault(container.id, t.id)
+    if not by_container:
+        return
+    for procs in gpus.values():
+        for p in procs:
+            if p.pid in owners:
+                continue
+            container = container_of(p.pid)
+            if container is not None and container.id in by_container:
+                tenant = by_container[container.id]
+                owners[p.pid] = tenant
+                members[tenant].add(p.pid)
 
 
 def _cleared(event: Event) -> Event:

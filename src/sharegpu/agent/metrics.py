@@ -76,7 +76,16 @@ def _by_label(name: str, doc: str, label: str, counts: dict[str, int]) -> Counte
 
 
 def _k8s(view: TenantView | None) -> list[str]:
-    labels = view.labels if view is not None else {}
+    """namespace, pod, container: the tenant's own labels (the Kubernetes integration's names),
+    else what the cgroups of its processes say: the container's id, the pod's UID."""
+    if view is None:
+        return ["" for _ in K8S_LABELS]
+    labels = dict(view.labels)
+    if view.containers:
+        labels.setdefault("container", ",".join(c.id for c in view.containers))
+        pods = sorted({c.pod_uid for c in view.containers if c.pod_uid})
+        if pods:
+            labels.setdefault("pod", ",".join(pods))
     return [labels.get(k, "") for k in K8S_LABELS]
 
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from sharegpu.agent.events import Event
 from sharegpu.arbiter import ArbiterStatus
+from sharegpu.cgroup import Container
 from sharegpu.devices import BUSY_WINDOW_S, Gpu
 from sharegpu.errors import (
     AdmissionError,
@@ -269,12 +270,21 @@ class DeviceView(BaseModel):
     preemptions: int
 
 
+class ContainerView(BaseModel):
+    id: str = Field(description="The container's id (64 hex digits), from its cgroup")
+    runtime: str = Field(
+        description="podman, docker, containerd or cri-o; empty when the cgroup does not say"
+    )
+    pod_uid: str = Field(description="The Kubernetes pod's UID; empty outside a pod")
+
+
 class ProcessView(BaseModel):
-    pid: int
-    host_pid: int
+    pid: int = Field(description="The pid in the process's own namespace (a container's, inside one)")
+    host_pid: int = Field(description="The pid the agent knows it by; 0 when it cannot see it")
     alive: bool
     memory_bytes: dict[str, int]
     oom_events: int
+    container: ContainerView | None = Field(default=None, description="The container it runs in, if any")
 
 
 TenantState = Literal["running", "idle", "stale", "error"]
@@ -297,6 +307,9 @@ class TenantView(BaseModel):
     managed: bool = Field(default=False, description="Known to the agent's state (else just found)")
     devices: list[DeviceView] = Field(default_factory=list)
     processes: list[ProcessView] = Field(default_factory=list)
+    containers: list[ContainerView] = Field(
+        default_factory=list, description="The containers its live processes run in (their cgroups)"
+    )
 
 
 class TenantList(BaseModel):
@@ -489,10 +502,21 @@ def tenant_view(
                 alive=p.alive,
                 memory_bytes=p.mem_bytes,
                 oom_events=p.oom_events,
+                container=_container_view(p.container),
             )
             for p in report.processes
         ],
+        containers=[
+            ContainerView(id=c.id, runtime=c.runtime, pod_uid=c.pod_uid)
+            for c in sorted({p.container for p in report.processes if p.alive and p.container}, key=str)
+        ],
     )
+
+
+def _container_view(container: Container | None) -> ContainerView | None:
+    if container is None:
+        return None
+    return ContainerView(id=container.id, runtime=container.runtime, pod_uid=container.pod_uid)
 
 
 def arbiter_view(status: ArbiterStatus) -> ArbiterView:

@@ -3,7 +3,8 @@
 Liveness is the shim's rule (``sg_proc_alive`` in native/shim/ledger.c): a process is alive
 while its pid exists, is not a zombie, and has the recorded start time (field 22 of
 /proc/<pid>/stat), so a reused pid is never mistaken for the original. The agent must share the
-pid namespace of the processes it judges (the host's, for containers once host pids are known).
+pid namespace of the processes it judges, or an ancestor of it: on the host, a container's process
+is known by its host pid (``liveness.host_pids``), which its NVML entries and its cgroup name.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from sharegpu import abi
 from sharegpu.errors import ConfigError
-from sharegpu.tenant import TenantStatus, UsageSnapshot, read_usage
+from sharegpu.tenant import TenantStatus, UsageSnapshot, read_usage, slot_alive, slot_host_pid
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ def owner_gone(meta: dict[str, object], table: ProcessTable) -> str | None:
 class SlotProc:
     """A live process in a tenant's usage region."""
 
-    pid: int  # in the agent's namespace (host_pid when known)
+    pid: int  # in the agent's namespace (a container's process by its host pid); 0 when unknown
     start_time: int
     mem_bytes: tuple[int, ...]  # per limits index: what the ledger charges it (its spare included)
 
@@ -173,15 +174,18 @@ def live_slots(tenant: Path | UsageSnapshot, table: ProcessTable | None = None) 
         except ConfigError:
             return []
     found = []
-    for proc in usage.procs:
-        if proc.pid == 0:
-            continue
-        pid, start = int(proc.host_pid or proc.pid), int(proc.start_time)
-        if alive_in(table, pid, start) if table is not None else alive(pid, start):
+    for index, proc in zip(usage.slots, usage.procs, strict=True):
+        start = int(proc.start_time)
+        here = slot_host_pid(proc)
+        if here is not None:
+            live = alive_in(table, here, start) if table is not None else alive(here, start)
+        else:  # a process this namespace cannot name (yet): its liveness lock says
+            live = usage.path is not None and slot_alive(usage.path, index, proc)
+        if live:
             found.append(
                 SlotProc(
-                    pid=pid,
-                    start_time=int(proc.start_time),
+                    pid=here or 0,
+                    start_time=start,
                     mem_bytes=tuple(int(proc.dev[i].mem_bytes) for i in range(abi.MAX_DEVICES)),
                 )
             )

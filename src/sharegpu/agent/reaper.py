@@ -85,7 +85,8 @@ class Reaper:
         for path in iter_tenants(self.root):
             try:
                 # Reaping takes the tenant's lock: first look (without it) for a dead process.
-                if all(alive_in(table, p.host_pid or p.pid, p.start_time) for p in read_usage(path).procs):
+                usage = read_usage(path)
+                if len(live_slots(usage, table)) == len(usage.procs):
                     continue
                 lim = read_limits(path)
                 uuids = [abi.bytes_to_uuid(bytes(d.uuid)) for d in lim.devices[: lim.device_count]]

@@ -34,6 +34,7 @@ from pathlib import Path
 from sharegpu import abi
 from sharegpu.agent.events import Event
 from sharegpu.arbiter import iter_arbiters
+from sharegpu.cgroup import unified_path
 from sharegpu.tenant import iter_tenants
 
 log = logging.getLogger(__name__)
@@ -106,14 +107,12 @@ def find_holder(path: Path, owner_tid: int) -> Holder | None:
 
 def _frozen(pid: int) -> bool:
     """The process's cgroup (v2) is frozen: `docker pause`, `podman pause`, the kubelet."""
+    unified = unified_path(pid)
+    if unified is None:
+        return False
     try:
-        with open(f"/proc/{pid}/cgroup", encoding="ascii", errors="replace") as f:
-            unified = next((line.split(":", 2)[2].strip() for line in f if line.startswith("0::")), None)
-        if unified is None:
-            return False
-        events = Path("/sys/fs/cgroup") / unified.lstrip("/") / "cgroup.events"
-        return "frozen 1" in events.read_text()
-    except (OSError, IndexError):
+        return "frozen 1" in (Path("/sys/fs/cgroup") / unified.lstrip("/") / "cgroup.events").read_text()
+    except OSError:
         return False
 
 

@@ -60,6 +60,15 @@ def configured(d: DeviceView) -> str:
 # -- devices ---------------------------------------------------------------------------------------
 
 
+def containers(t: TenantView) -> str:
+    """The containers a tenant's processes run in (short ids, as runtimes print them), else the
+    container its labels name, else "-"."""
+    found = [c.id[:12] for c in t.containers] or (
+        [t.labels["container"][:12]] if "container" in t.labels else []
+    )
+    return ",".join(found) or "-"
+
+
 def devices_items(gpus: list[GpuView]) -> list[dict[str, Any]]:
     return [g.model_dump(mode="json") for g in gpus]
 
@@ -108,7 +117,16 @@ def tenants_renderable(items: list[TenantView], *, wide: bool = False) -> Render
     # GPU TIME is what the GPU ran for the tenant over the last window (NVML); HELD, in the wide
     # table, is the lifetime share of token time (what the arbiter charged), not GPU time.
     window = f"{items[0].devices[0].busy_window_seconds:g}s" if items[0].devices else "1s"
-    columns = ["TENANT", "GPU", "PRIORITY", "COMPUTE", f"GPU TIME ({window})", "WAIT", "THROTTLED"]
+    columns = [
+        "TENANT",
+        "CONTAINER",
+        "GPU",
+        "PRIORITY",
+        "COMPUTE",
+        f"GPU TIME ({window})",
+        "WAIT",
+        "THROTTLED",
+    ]
     columns += ["MEMORY USED / CAP", "OOM", "PROCS"]
     if wide:
         columns += [
@@ -125,7 +143,7 @@ def tenants_renderable(items: list[TenantView], *, wide: bool = False) -> Render
     for t in items:
         name = f"{t.id} (stale)" if t.stale else t.id
         if t.error:
-            row = [name, "-", "", "", "", "", "", f"[red]unreadable: {t.error}[/red]", "", ""]
+            row = [name, containers(t), "-", "", "", "", "", "", f"[red]unreadable: {t.error}[/red]", "", ""]
             table.add_row(*row, *([t.state, "", "", "", "", "", "", ""] if wide else []))
             continue
         age = t.age_seconds or 1.0
@@ -134,6 +152,7 @@ def tenants_renderable(items: list[TenantView], *, wide: bool = False) -> Render
             memory = f"{size(d.memory_used_bytes + d.memory_overhead_bytes)} / {size(d.memory_cap_bytes)}"
             row = [
                 name if i == 0 else "",
+                containers(t) if i == 0 else "",
                 d.uuid,
                 d.priority,
                 configured(d),

@@ -25,7 +25,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from sharegpu.ops.output import configured, size
+from sharegpu.ops.output import configured, containers, size
 from sharegpu.ops.snapshot import Snapshot, take
 
 
@@ -56,6 +56,7 @@ class Row:
     oom: int
     over_cap: bool
     error: str | None = None  # the tenant's files cannot be read: shown, never hidden
+    container: str = "-"  # the containers its processes run in (output.containers)
 
 
 def rows(prev: Snapshot | None, cur: Snapshot) -> tuple[list[Row], bool]:
@@ -70,6 +71,7 @@ def rows(prev: Snapshot | None, cur: Snapshot) -> tuple[list[Row], bool]:
     found = []
     for t in cur.tenants:
         if t.error:
+            # (unreadable: its processes, hence its containers, are unknown too)
             found.append(
                 Row(t.id, "-", "unreadable", "", "", 0, 0, 0, None, 0.0, 0.0, 0, 0, False, error=t.error)
             )
@@ -101,6 +103,7 @@ def rows(prev: Snapshot | None, cur: Snapshot) -> tuple[list[Row], bool]:
                     preemptions=d.preemptions,
                     oom=d.oom_events,
                     over_cap=d.over_cap,
+                    container=containers(t),
                 )
             )
     return found, interval
@@ -163,6 +166,7 @@ def render(prev: Snapshot | None, cur: Snapshot, sort: Sort, *, live: bool = Fal
         parts.append(gpus)
     table = Table(
         "TENANT",
+        "CONTAINER",
         "GPU",
         "PRIORITY",
         "POLICY",
@@ -184,6 +188,7 @@ def render(prev: Snapshot | None, cur: Snapshot, sort: Sort, *, live: bool = Fal
             memory.append(" over cap", "red")
         table.add_row(
             r.tenant if r.state != "stale" else f"{r.tenant} (stale)",
+            r.container,
             r.gpu,
             r.priority,
             r.policy,

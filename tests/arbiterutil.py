@@ -1,0 +1,94 @@
+"""Helpers of the compute tests (test_arbiter.py, test_containers.py): a common start instant,
+a probe's results, and a token holder stopped or killed at a moment it holds the GPU."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from conftest import Sim, parse_kv
+from sharegpu import abi
+from sharegpu.arbiter import arbiter_path, ensure_arbiter, read_arbiter
+from sharegpu.spec import MIB
+from sharegpu.tenant import DeviceLimit, create_tenant
+
+POLICY = {
+    "share": abi.POLICY_SHARE,
+    "cap": abi.POLICY_CAP,
+    "burst": abi.POLICY_BURST,
+    "native": abi.POLICY_NATIVE,
+}
+PRIORITY = {"offline": abi.PRIORITY_OFFLINE, "normal": abi.PRIORITY_NORMAL, "online": abi.PRIORITY_ONLINE}
+
+
+def compute_tenant(
+    sim: Sim,
+    name: str,
+    policy: str = "share",
+    pct: int = 100,
+    *,
+    ceiling: int | None = None,
+    priority: str = "normal",
+    gpu: int = 0,
+    arbiter: bool = True,
+) -> Path:
+    """A tenant on one GPU with compute limits (as `sharegpu run --compute ...` makes it)."""
+    uuid = sim.uuids()[gpu]
+    share = pct * 10
+    top = (ceiling * 10 if ceiling is not None else 1000) if policy == "burst" else share
+    limit = DeviceLimit(
+        uuid=uuid,
+        mem_cap_bytes=256 * MIB,
+        policy=POLICY[policy],
+        priority=PRIORITY[priority],
+        share_permille=share,
+        ceiling_permille=top,
+    )
+    tenant = create_tenant(name, [limit], root=sim.runtime)
+    if arbiter:
+        ensure_arbiter(sim.runtime, uuid)
+    return tenant
+
+
+def arbiter_of(sim: Sim, gpu: int = 0) -> Path:
+    return arbiter_path(sim.runtime, sim.uuids()[gpu])
+
+
+def start_at(delay: float = 0.4) -> int:
+    """A common CLOCK_MONOTONIC start instant, far enough ahead for every probe to be ready."""
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC) + int(delay * 1e9)
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 60) -> dict[str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, f"probe exited {proc.returncode}\n{out}\n{err}"
+    assert err.strip() == "", err
+    return parse_kv(out)[0]
+
+
+def achieved(values: dict[str, str]) -> float:
+    return float(values["achieved"]) * 100
+
+
+def freeze_while_holding(path: Path, region_pid: int, host_pid: int, what: str) -> None:
+    """SIGSTOP process `host_pid` at a moment it holds the GPU's token (`region_pid` in the
+    region): frozen first and checked, let run and tried again otherwise, so the token cannot
+    change hands between the look and the freeze.  Returns with it stopped."""
+    deadline = time.monotonic() + 10
+    while True:
+        assert time.monotonic() < deadline, f"{what} never held the token when looked at"
+        os.kill(host_pid, signal.SIGSTOP)
+        time.sleep(0.005)
+        if read_arbiter(path).holder_pid == region_pid:
+            return
+        os.kill(host_pid, signal.SIGCONT)
+        time.sleep(0.01)
+
+
+def kill_while_holding(path: Path, region_pid: int, host_pid: int, what: str) -> None:
+    """SIGKILL process `host_pid` at a moment it holds the GPU's token."""
+    freeze_while_holding(path, region_pid, host_pid, what)
+    os.kill(host_pid, signal.SIGKILL)
