@@ -1485,8 +1485,7 @@ static void setup_once_fn(void)
     tenant_id[SG_TENANT_ID_LEN - 1] = 0;
     tenant_incarnation = sg_limits_map->incarnation;
     pthread_atfork(NULL, NULL, atfork_child);
-    struct sg_clock_anchor start;
-    sg_clock_anchor(&start); /* the launch clock's baseline: its rate is known by the first launch */
+    sg_clock_baseline(); /* the launch clock's baseline: its rate is known by the first launch */
 }
 
 void sg_arb_setup(void)

@@ -349,6 +349,8 @@ struct sg_clock_anchor {
 extern uint64_t sg_tick_mult;
 /* Take a fresh anchor; returns CLOCK_MONOTONIC. */
 uint64_t sg_clock_anchor(struct sg_clock_anchor *a);
+/* The rate's baseline at setup: the clocks only, no anchor, no file read. */
+void sg_clock_baseline(void);
 /* CLOCK_MONOTONIC for an anchor past its freshness (sg_fast_ns's slow side). */
 uint64_t sg_clock_stale(struct sg_clock_anchor *a);
 void sg_clock_fork_child(void);
