@@ -283,13 +283,12 @@ int sg_ordinal_uuid(CUdevice dev, uint8_t uuid[16])
         memcpy(uuid, ordinals[dev].uuid, 16);
         return 0;
     }
-    const struct sg_real *r = sg_real_cu();
     CUuuid u;
     CUresult res = CUDA_ERROR_NOT_FOUND;
-    if (r->cuDeviceGetUuid_v2)
-        res = r->cuDeviceGetUuid_v2(&u, dev);
-    if (res != CUDA_SUCCESS && r->cuDeviceGetUuid)
-        res = r->cuDeviceGetUuid(&u, dev);
+    if (SG_REAL(cuDeviceGetUuid_v2))
+        res = SG_REAL(cuDeviceGetUuid_v2)(&u, dev);
+    if (res != CUDA_SUCCESS && SG_REAL(cuDeviceGetUuid))
+        res = SG_REAL(cuDeviceGetUuid)(&u, dev);
     if (res != CUDA_SUCCESS)
         return -1; /* not cached: may succeed after cuInit */
     pthread_mutex_lock(&ordinal_lock);
@@ -302,10 +301,9 @@ int sg_ordinal_uuid(CUdevice dev, uint8_t uuid[16])
 
 int sg_current_ordinal(CUdevice *dev)
 {
-    const struct sg_real *r = sg_real_cu();
-    if (!r->cuCtxGetDevice)
+    if (!SG_REAL(cuCtxGetDevice))
         return CUDA_ERROR_NOT_FOUND;
-    return r->cuCtxGetDevice(dev);
+    return SG_REAL(cuCtxGetDevice)(dev);
 }
 
 /* The current context and its device: one driver call when this thread asked about the same
@@ -319,9 +317,8 @@ static __thread struct {
 
 int sg_current_place(CUcontext *ctx, CUdevice *dev)
 {
-    const struct sg_real *r = sg_real_cu();
     *ctx = NULL;
-    if (!r->cuCtxGetCurrent || r->cuCtxGetCurrent(ctx) != CUDA_SUCCESS || !*ctx) {
+    if (!SG_REAL(cuCtxGetCurrent) || SG_REAL(cuCtxGetCurrent)(ctx) != CUDA_SUCCESS || !*ctx) {
         *ctx = NULL;
         return sg_current_ordinal(dev); /* the driver's own answer to no context */
     }
