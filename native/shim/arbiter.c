@@ -841,14 +841,13 @@ static void register_ctx(struct sg_gpu *g, CUcontext ctx)
 /* Wait for the work of one context, whichever is current on this thread. */
 static void sync_context(CUcontext ctx)
 {
-    const struct sg_real *r = sg_real_cu();
-    if (!r->cuCtxPushCurrent_v2 || !r->cuCtxPopCurrent_v2 || !r->cuCtxSynchronize)
+    if (!SG_REAL(cuCtxPushCurrent_v2) || !SG_REAL(cuCtxPopCurrent_v2) || !SG_REAL(cuCtxSynchronize))
         return;
-    if (r->cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS)
+    if (SG_REAL(cuCtxPushCurrent_v2)(ctx) != CUDA_SUCCESS)
         return; /* destroyed: nothing of it is left to run */
-    r->cuCtxSynchronize();
+    SG_REAL(cuCtxSynchronize)();
     CUcontext popped;
-    r->cuCtxPopCurrent_v2(&popped);
+    SG_REAL(cuCtxPopCurrent_v2)(&popped);
 }
 
 /* Wait for every context that launched during this hold to finish its work. */
@@ -1136,15 +1135,14 @@ void sg_stream_handles_died(void)
  * the stream is not one the driver knows. */
 static int work_target(CUstream s, CUcontext *ctx, CUdevice *dev)
 {
-    const struct sg_real *r = sg_real_cu();
     *ctx = NULL;
     if (sg_default_stream(s)) {
-        if (!r->cuCtxGetCurrent || r->cuCtxGetCurrent(ctx) != CUDA_SUCCESS || !*ctx ||
+        if (!SG_REAL(cuCtxGetCurrent) || SG_REAL(cuCtxGetCurrent)(ctx) != CUDA_SUCCESS || !*ctx ||
             sg_current_ordinal(dev) != CUDA_SUCCESS)
             return 1;
         return 0;
     }
-    CUresult res = r->cuStreamGetCtx ? r->cuStreamGetCtx(s, ctx) : CUDA_ERROR_NOT_FOUND;
+    CUresult res = SG_REAL(cuStreamGetCtx) ? SG_REAL(cuStreamGetCtx)(s, ctx) : CUDA_ERROR_NOT_FOUND;
     if (res != CUDA_SUCCESS)
         return -(int)res; /* fail closed: never launch ungated on a stream we cannot place */
     res = (CUresult)sg_stream_ordinal(s, dev);
@@ -1485,8 +1483,7 @@ static void setup_once_fn(void)
     tenant_id[SG_TENANT_ID_LEN - 1] = 0;
     tenant_incarnation = sg_limits_map->incarnation;
     pthread_atfork(NULL, NULL, atfork_child);
-    struct sg_clock_anchor start;
-    sg_clock_anchor(&start); /* the launch clock's baseline: its rate is known by the first launch */
+    sg_clock_baseline(); /* the launch clock's baseline: its rate is known by the first launch */
 }
 
 void sg_arb_setup(void)

@@ -42,16 +42,15 @@ static void setup(void)
 
 void sg_async_free_queue(CUstream stream, bool per_thread, const struct sg_charge *c)
 {
-    const struct sg_real *r = sg_real_cu();
     CUstream s = (!stream && per_thread) ? CU_STREAM_PER_THREAD : stream;
     CUstreamCaptureStatus cap = CU_STREAM_CAPTURE_STATUS_NONE;
     CUevent ev = NULL;
-    if (r->cuStreamIsCapturing && r->cuStreamIsCapturing(s, &cap) == CUDA_SUCCESS &&
-        cap == CU_STREAM_CAPTURE_STATUS_NONE && r->cuEventCreate && r->cuEventRecord &&
-        r->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) {
-        if (r->cuEventRecord(ev, s) != CUDA_SUCCESS) {
-            if (r->cuEventDestroy_v2)
-                r->cuEventDestroy_v2(ev);
+    if (SG_REAL(cuStreamIsCapturing) && SG_REAL(cuStreamIsCapturing)(s, &cap) == CUDA_SUCCESS &&
+        cap == CU_STREAM_CAPTURE_STATUS_NONE && SG_REAL(cuEventCreate) && SG_REAL(cuEventRecord) &&
+        SG_REAL(cuEventCreate)(&ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) {
+        if (SG_REAL(cuEventRecord)(ev, s) != CUDA_SUCCESS) {
+            if (SG_REAL(cuEventDestroy_v2))
+                SG_REAL(cuEventDestroy_v2)(ev);
             ev = NULL;
         }
     }
@@ -69,8 +68,8 @@ void sg_async_free_queue(CUstream stream, bool per_thread, const struct sg_charg
     }
     pthread_mutex_unlock(&mu);
     if (!kept) {
-        if (r->cuEventDestroy_v2)
-            r->cuEventDestroy_v2(ev);
+        if (SG_REAL(cuEventDestroy_v2))
+            SG_REAL(cuEventDestroy_v2)(ev);
         sg_credit(c);
     }
 }
@@ -79,12 +78,11 @@ void sg_async_free_settle(void)
 {
     if (__atomic_load_n(&npend_hint, __ATOMIC_RELAXED) == 0)
         return;
-    const struct sg_real *r = sg_real_cu();
     struct pending done[64];
     size_t ndone = 0;
     pthread_mutex_lock(&mu);
     for (size_t i = 0; i < npend && ndone < sizeof done / sizeof done[0];) {
-        CUresult q = r->cuEventQuery ? r->cuEventQuery(pend[i].ev) : CUDA_SUCCESS;
+        CUresult q = SG_REAL(cuEventQuery) ? SG_REAL(cuEventQuery)(pend[i].ev) : CUDA_SUCCESS;
         if (q == CUDA_ERROR_NOT_READY) {
             i++;
             continue;
@@ -95,8 +93,8 @@ void sg_async_free_settle(void)
     __atomic_store_n(&npend_hint, npend, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&mu);
     for (size_t i = 0; i < ndone; i++) {
-        if (r->cuEventDestroy_v2)
-            r->cuEventDestroy_v2(done[i].ev);
+        if (SG_REAL(cuEventDestroy_v2))
+            SG_REAL(cuEventDestroy_v2)(done[i].ev);
         sg_credit(&done[i].charge);
     }
 }

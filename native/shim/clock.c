@@ -54,10 +54,10 @@ static bool counter_trusted(void)
 #endif
 }
 
-uint64_t sg_clock_anchor(struct sg_clock_anchor *a)
+/* The two clocks read together: a pair the thread was preempted inside (the counter moved
+ * more than ~5 us across the clock read) is read again, or the rate would carry the gap. */
+static void read_pair(struct sg_clock_anchor *a)
 {
-    /* The two clocks read together: a pair the thread was preempted inside (the counter moved
-     * more than ~5 us across the clock read) is read again, or the rate would carry the gap. */
     for (int tries = 0; tries < 4; tries++) {
         uint64_t before = sg_ticks();
         a->ns = sg_mono_ns();
@@ -67,6 +67,25 @@ uint64_t sg_clock_anchor(struct sg_clock_anchor *a)
             break;
     }
     a->fresh = 0;
+}
+
+/* The rate's baseline, taken at setup (every process of a tenant, most of which never launch):
+ * only the pair of clock reads.  Whether the kernel trusts the counter (a file read: four
+ * system calls, a third of the shim's start-up work) is asked at the first real anchor, on
+ * the launch slow path; a baseline on a counter that turns out untrusted is never used. */
+void sg_clock_baseline(void)
+{
+    struct sg_clock_anchor a;
+    read_pair(&a);
+    pthread_mutex_lock(&cal_mu);
+    if (ticks_usable != 0 && a.ticks && !cal.ns)
+        cal = a;
+    pthread_mutex_unlock(&cal_mu);
+}
+
+uint64_t sg_clock_anchor(struct sg_clock_anchor *a)
+{
+    read_pair(a);
     uint64_t now = a->ns;
     pthread_mutex_lock(&cal_mu);
     if (ticks_usable < 0)

@@ -16,15 +16,15 @@ int sg_stream_ordinal(CUstream s, CUdevice *dev)
 {
     if (sg_default_stream(s))
         return sg_current_ordinal(dev); /* the current context's default streams */
-    const struct sg_real *r = sg_real_cu();
-    if (r->cuStreamGetDevice && r->cuStreamGetDevice(s, dev) == CUDA_SUCCESS)
+    if (SG_REAL(cuStreamGetDevice) && SG_REAL(cuStreamGetDevice)(s, dev) == CUDA_SUCCESS)
         return CUDA_SUCCESS; /* CUDA 12.8 and later */
     CUcontext ctx;
-    if (r->cuStreamGetCtx && r->cuStreamGetCtx(s, &ctx) == CUDA_SUCCESS && r->cuCtxPushCurrent_v2 &&
-        r->cuCtxPopCurrent_v2 && r->cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS) {
+    if (SG_REAL(cuStreamGetCtx) && SG_REAL(cuStreamGetCtx)(s, &ctx) == CUDA_SUCCESS &&
+        SG_REAL(cuCtxPushCurrent_v2) && SG_REAL(cuCtxPopCurrent_v2) &&
+        SG_REAL(cuCtxPushCurrent_v2)(ctx) == CUDA_SUCCESS) {
         int res = sg_current_ordinal(dev);
         CUcontext popped;
-        r->cuCtxPopCurrent_v2(&popped);
+        SG_REAL(cuCtxPopCurrent_v2)(&popped);
         return res;
     }
     return sg_current_ordinal(dev);
@@ -32,12 +32,11 @@ int sg_stream_ordinal(CUstream s, CUdevice *dev)
 
 CUcontext sg_stream_ctx(CUstream s)
 {
-    const struct sg_real *r = sg_real_cu();
     CUcontext ctx = NULL;
     if (sg_default_stream(s)) {
-        if (r->cuCtxGetCurrent)
-            r->cuCtxGetCurrent(&ctx);
-    } else if (!r->cuStreamGetCtx || r->cuStreamGetCtx(s, &ctx) != CUDA_SUCCESS) {
+        if (SG_REAL(cuCtxGetCurrent))
+            SG_REAL(cuCtxGetCurrent)(&ctx);
+    } else if (!SG_REAL(cuStreamGetCtx) || SG_REAL(cuStreamGetCtx)(s, &ctx) != CUDA_SUCCESS) {
         ctx = NULL;
     }
     return ctx;
@@ -84,10 +83,9 @@ int sg_pool_ordinal(CUmemoryPool pool, CUstream s, CUdevice *dev)
 
 SG_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {
-    const struct sg_real *r = sg_real_cu();
-    if (!r->cuMemPoolCreate)
+    if (!SG_REAL(cuMemPoolCreate))
         return CUDA_ERROR_NOT_FOUND;
-    CUresult res = r->cuMemPoolCreate(pool, props);
+    CUresult res = SG_REAL(cuMemPoolCreate)(pool, props);
     if (res == CUDA_SUCCESS && pool && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
         sg_pool_seen(*pool, props->location.id);
     return res;
@@ -97,10 +95,9 @@ SG_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *pro
 #define POOL_OF_DEVICE(name)                                                                       \
     SG_EXPORT CUresult name(CUmemoryPool *pool, CUdevice dev)                                      \
     {                                                                                              \
-        const struct sg_real *r = sg_real_cu();                                                    \
-        if (!r->name)                                                                              \
+        if (!SG_REAL(name))                                                                        \
             return CUDA_ERROR_NOT_FOUND;                                                           \
-        CUresult res = r->name(pool, dev);                                                         \
+        CUresult res = SG_REAL(name)(pool, dev);                                                   \
         if (res == CUDA_SUCCESS && pool)                                                           \
             sg_pool_seen(*pool, dev);                                                              \
         return res;                                                                                \

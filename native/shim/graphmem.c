@@ -70,27 +70,28 @@ static bool has_need(const struct exec_need *n)
 }
 
 /* Adds the allocation nodes of g (and of its child graphs) to n; -1 when it cannot be read. */
-static int sum_graph(const struct sg_real *r, CUgraph g, struct exec_need *n, int depth)
+static int sum_graph(CUgraph g, struct exec_need *n, int depth)
 {
     size_t count = 0;
-    if (!r->cuGraphGetNodes || !r->cuGraphNodeGetType || !r->cuGraphMemAllocNodeGetParams ||
-        r->cuGraphGetNodes(g, NULL, &count) != CUDA_SUCCESS)
+    if (!SG_REAL(cuGraphGetNodes) || !SG_REAL(cuGraphNodeGetType) ||
+        !SG_REAL(cuGraphMemAllocNodeGetParams) ||
+        SG_REAL(cuGraphGetNodes)(g, NULL, &count) != CUDA_SUCCESS)
         return -1;
     if (count == 0)
         return 0;
     CUgraphNode *nodes = calloc(count, sizeof *nodes);
     if (!nodes)
         return -1;
-    int rc = r->cuGraphGetNodes(g, nodes, &count) == CUDA_SUCCESS ? 0 : -1;
+    int rc = SG_REAL(cuGraphGetNodes)(g, nodes, &count) == CUDA_SUCCESS ? 0 : -1;
     for (size_t i = 0; i < count && rc == 0; i++) {
         CUgraphNodeType type;
-        if (r->cuGraphNodeGetType(nodes[i], &type) != CUDA_SUCCESS) {
+        if (SG_REAL(cuGraphNodeGetType)(nodes[i], &type) != CUDA_SUCCESS) {
             rc = -1;
         } else if (type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
             CUDA_MEM_ALLOC_NODE_PARAMS p;
             memset(&p, 0, sizeof p);
             int dev = -1;
-            if (r->cuGraphMemAllocNodeGetParams(nodes[i], &p) != CUDA_SUCCESS)
+            if (SG_REAL(cuGraphMemAllocNodeGetParams)(nodes[i], &p) != CUDA_SUCCESS)
                 rc = -1;
             else if (p.poolProps.location.type == CU_MEM_LOCATION_TYPE_DEVICE)
                 dev = p.poolProps.location.id;
@@ -100,9 +101,9 @@ static int sum_graph(const struct sg_real *r, CUgraph g, struct exec_need *n, in
                 n->bytes[dev] = UINT64_MAX;
         } else if (type == CU_GRAPH_NODE_TYPE_GRAPH) {
             CUgraph child;
-            rc = (depth < MAX_CHILD_DEPTH && r->cuGraphChildGraphNodeGetGraph &&
-                  r->cuGraphChildGraphNodeGetGraph(nodes[i], &child) == CUDA_SUCCESS)
-                     ? sum_graph(r, child, n, depth + 1)
+            rc = (depth < MAX_CHILD_DEPTH && SG_REAL(cuGraphChildGraphNodeGetGraph) &&
+                  SG_REAL(cuGraphChildGraphNodeGetGraph)(nodes[i], &child) == CUDA_SUCCESS)
+                     ? sum_graph(child, n, depth + 1)
                      : -1;
         }
     }
@@ -130,12 +131,11 @@ static void forget_locked(CUgraphExec exec)
 /* The device's graph pool as the driver counts it for this process. */
 static bool pool_figures(CUdevice dev, uint64_t *used, uint64_t *reserved)
 {
-    const struct sg_real *r = sg_real_cu();
     cuuint64_t u = 0, v = 0;
-    if (!r->cuDeviceGetGraphMemAttribute ||
-        r->cuDeviceGetGraphMemAttribute(dev, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &u) !=
+    if (!SG_REAL(cuDeviceGetGraphMemAttribute) ||
+        SG_REAL(cuDeviceGetGraphMemAttribute)(dev, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &u) !=
             CUDA_SUCCESS ||
-        r->cuDeviceGetGraphMemAttribute(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &v) !=
+        SG_REAL(cuDeviceGetGraphMemAttribute)(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &v) !=
             CUDA_SUCCESS)
         return false;
     *used = u;
@@ -257,7 +257,7 @@ static CUresult instantiate_begin(CUgraph graph, bool upload, struct instantiati
         return CUDA_SUCCESS;
     ensure_setup();
     in->active = true;
-    if (sum_graph(sg_real_cu(), graph, &in->need, 0) < 0) {
+    if (sum_graph(graph, &in->need, 0) < 0) {
         sg_log_once(&read_logged, "cannot list a graph's memory nodes: its pool is charged "
                                   "after each launch");
         in->need.unknown = true;
@@ -287,7 +287,7 @@ static CUresult instantiate_end(CUresult res, CUgraphExec *exec, struct instanti
         in->need.exec = *exec;
         if (has_need(&in->need) && sg_grow((void **)&needs, &capneeds, nneeds, sizeof *needs) < 0) {
             pthread_mutex_unlock(&mu); /* cannot remember it: it must not run unaccounted */
-            sg_real_cu()->cuGraphExecDestroy(*exec);
+            SG_REAL(cuGraphExecDestroy)(*exec);
             *exec = NULL;
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
@@ -301,10 +301,9 @@ static CUresult instantiate_end(CUresult res, CUgraphExec *exec, struct instanti
 }
 
 #define REAL(name)                                                                                 \
-    const struct sg_real *r_ = sg_real_cu();                                                       \
-    if (!r_->name)                                                                                 \
-        return CUDA_ERROR_NOT_FOUND;                                                               \
-    __typeof__(&name) real_ = r_->name
+    __typeof__(&name) real_ = SG_REAL(name);                                                       \
+    if (!real_)                                                                                    \
+        return CUDA_ERROR_NOT_FOUND
 
 #define INSTANTIATE_LEGACY(name)                                                                   \
     SG_EXPORT CUresult name(CUgraphExec *exec, CUgraph graph, CUgraphNode *errorNode,              \
@@ -396,9 +395,9 @@ void sg_graph_mem_settle_all(void)
 
 bool sg_stream_capturing(CUstream stream, bool per_thread)
 {
-    const struct sg_real *r = sg_real_cu();
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
     CUstream s = (!stream && per_thread) ? CU_STREAM_PER_THREAD : stream;
-    return r->cuStreamIsCapturing && r->cuStreamIsCapturing(s, &status) == CUDA_SUCCESS &&
+    return SG_REAL(cuStreamIsCapturing) &&
+           SG_REAL(cuStreamIsCapturing)(s, &status) == CUDA_SUCCESS &&
            status != CU_STREAM_CAPTURE_STATUS_NONE;
 }

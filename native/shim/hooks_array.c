@@ -34,11 +34,10 @@ static size_t halve(size_t v, unsigned times)
 
 SG_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc)
 {
-    const struct sg_real *r = sg_real_cu();
-    if (!r->cuArray3DCreate_v2)
+    if (!SG_REAL(cuArray3DCreate_v2))
         return CUDA_ERROR_NOT_FOUND;
     if (sg_in_hook || !sg_configured())
-        return r->cuArray3DCreate_v2(pHandle, desc);
+        return SG_REAL(cuArray3DCreate_v2)(pHandle, desc);
     uint64_t bytes;
     if (!pHandle || !desc || !level_bytes(desc, &bytes))
         return CUDA_ERROR_INVALID_VALUE;
@@ -46,7 +45,7 @@ SG_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCR
     struct sg_charge c;
     CUresult res = sg_alloc_begin(false, 0, bytes, &c);
     if (res == CUDA_SUCCESS) {
-        res = r->cuArray3DCreate_v2(pHandle, desc);
+        res = SG_REAL(cuArray3DCreate_v2)(pHandle, desc);
         res = sg_alloc_end(res, SG_KIND_ARRAY, res == CUDA_SUCCESS ? (uintptr_t)*pHandle : 0, &c);
     }
     sg_in_hook--;
@@ -57,11 +56,10 @@ SG_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
                                           const CUDA_ARRAY3D_DESCRIPTOR *desc,
                                           unsigned int numMipmapLevels)
 {
-    const struct sg_real *r = sg_real_cu();
-    if (!r->cuMipmappedArrayCreate)
+    if (!SG_REAL(cuMipmappedArrayCreate))
         return CUDA_ERROR_NOT_FOUND;
     if (sg_in_hook || !sg_configured())
-        return r->cuMipmappedArrayCreate(pHandle, desc, numMipmapLevels);
+        return SG_REAL(cuMipmappedArrayCreate)(pHandle, desc, numMipmapLevels);
     if (!pHandle || !desc || numMipmapLevels == 0 || numMipmapLevels > 32)
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t total = 0;
@@ -79,7 +77,7 @@ SG_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
     struct sg_charge c;
     CUresult res = sg_alloc_begin(false, 0, total, &c);
     if (res == CUDA_SUCCESS) {
-        res = r->cuMipmappedArrayCreate(pHandle, desc, numMipmapLevels);
+        res = SG_REAL(cuMipmappedArrayCreate)(pHandle, desc, numMipmapLevels);
         res = sg_alloc_end(res, SG_KIND_MIPMAP, res == CUDA_SUCCESS ? (uintptr_t)*pHandle : 0, &c);
     }
     sg_in_hook--;
@@ -88,17 +86,16 @@ SG_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
 
 SG_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
 {
-    const struct sg_real *r = sg_real_cu();
-    if (!r->cuMipmappedArrayDestroy)
+    if (!SG_REAL(cuMipmappedArrayDestroy))
         return CUDA_ERROR_NOT_FOUND;
     if (sg_in_hook || !sg_configured())
-        return r->cuMipmappedArrayDestroy(hMipmappedArray);
+        return SG_REAL(cuMipmappedArrayDestroy)(hMipmappedArray);
     sg_in_hook++;
     struct sg_charge c;
     uint64_t key = (uintptr_t)hMipmappedArray;
     bool tracked = sg_untrack(SG_KIND_MIPMAP, key, &c);
-    CUresult res = sg_free_end(r->cuMipmappedArrayDestroy(hMipmappedArray), tracked, SG_KIND_MIPMAP,
-                               key, &c);
+    CUresult res = sg_free_end(SG_REAL(cuMipmappedArrayDestroy)(hMipmappedArray), tracked,
+                               SG_KIND_MIPMAP, key, &c);
     sg_in_hook--;
     return res;
 }

@@ -15,10 +15,9 @@
 #include "shim.h"
 
 #define REAL(name)                                                                                 \
-    const struct sg_real *r_ = sg_real_cu();                                                       \
-    if (!r_->name)                                                                                 \
-        return CUDA_ERROR_NOT_FOUND;                                                               \
-    __typeof__(&name) real_ = r_->name
+    __typeof__(&name) real_ = SG_REAL(name);                                                       \
+    if (!real_)                                                                                    \
+        return CUDA_ERROR_NOT_FOUND
 
 /* A stream or a context goes: the epoch moves around the real call; `then` runs when it
  * succeeded (a context's memory goes with it). */
@@ -50,27 +49,25 @@ DESTROY(cuCtxDestroy_v2, CUcontext, context_gone(handle))
 /* The primary context of dev if it is active (looked up without changing its state), or NULL. */
 static CUcontext active_primary(CUdevice dev)
 {
-    const struct sg_real *r = sg_real_cu();
     unsigned flags;
     int active = 0;
     CUcontext ctx = NULL;
-    if (!r->cuDevicePrimaryCtxGetState || !r->cuDevicePrimaryCtxRetain ||
-        !r->cuDevicePrimaryCtxRelease_v2 ||
-        r->cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || !active)
+    if (!SG_REAL(cuDevicePrimaryCtxGetState) || !SG_REAL(cuDevicePrimaryCtxRetain) ||
+        !SG_REAL(cuDevicePrimaryCtxRelease_v2) ||
+        SG_REAL(cuDevicePrimaryCtxGetState)(dev, &flags, &active) != CUDA_SUCCESS || !active)
         return NULL;
-    if (r->cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS)
+    if (SG_REAL(cuDevicePrimaryCtxRetain)(&ctx, dev) != CUDA_SUCCESS)
         return NULL;
-    r->cuDevicePrimaryCtxRelease_v2(dev); /* the reference we just took */
+    SG_REAL(cuDevicePrimaryCtxRelease_v2)(dev); /* the reference we just took */
     return ctx;
 }
 
 static bool primary_gone(CUdevice dev)
 {
-    const struct sg_real *r = sg_real_cu();
     unsigned flags;
     int active = 1;
-    return r->cuDevicePrimaryCtxGetState &&
-           r->cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active;
+    return SG_REAL(cuDevicePrimaryCtxGetState) &&
+           SG_REAL(cuDevicePrimaryCtxGetState)(dev, &flags, &active) == CUDA_SUCCESS && !active;
 }
 
 #define PRIMARY_END(name)                                                                          \

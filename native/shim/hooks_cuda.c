@@ -16,10 +16,9 @@
 #include "shim.h"
 
 #define REAL(name)                                                                                 \
-    const struct sg_real *r_ = sg_real_cu();                                                       \
-    if (!r_->name)                                                                                 \
-        return CUDA_ERROR_NOT_FOUND;                                                               \
-    __typeof__(&name) real_ = r_->name
+    __typeof__(&name) real_ = SG_REAL(name);                                                       \
+    if (!real_)                                                                                    \
+        return CUDA_ERROR_NOT_FOUND
 
 #define FORWARD_IF_PASSIVE(...)                                                                    \
     if (sg_in_hook || !sg_configured())                                                            \
@@ -51,15 +50,14 @@ CUresult sg_alloc_begin(bool have_dev, CUdevice dev, uint64_t bytes, struct sg_c
 
 static void undo_alloc(enum sg_kind kind, uint64_t key)
 {
-    const struct sg_real *r = sg_real_cu();
-    if (kind == SG_KIND_PTR && r->cuMemFree_v2)
-        r->cuMemFree_v2((CUdeviceptr)key);
-    else if (kind == SG_KIND_VMM && r->cuMemRelease)
-        r->cuMemRelease((CUmemGenericAllocationHandle)key);
-    else if (kind == SG_KIND_ARRAY && r->cuArrayDestroy)
-        r->cuArrayDestroy((CUarray)(uintptr_t)key);
-    else if (kind == SG_KIND_MIPMAP && r->cuMipmappedArrayDestroy)
-        r->cuMipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)key);
+    if (kind == SG_KIND_PTR && SG_REAL(cuMemFree_v2))
+        SG_REAL(cuMemFree_v2)((CUdeviceptr)key);
+    else if (kind == SG_KIND_VMM && SG_REAL(cuMemRelease))
+        SG_REAL(cuMemRelease)((CUmemGenericAllocationHandle)key);
+    else if (kind == SG_KIND_ARRAY && SG_REAL(cuArrayDestroy))
+        SG_REAL(cuArrayDestroy)((CUarray)(uintptr_t)key);
+    else if (kind == SG_KIND_MIPMAP && SG_REAL(cuMipmappedArrayDestroy))
+        SG_REAL(cuMipmappedArrayDestroy)((CUmipmappedArray)(uintptr_t)key);
 }
 
 /* After the real call: record the allocation, or give the reservation back. */
@@ -373,13 +371,12 @@ SG_EXPORT CUresult cuArrayDestroy(CUarray hArray)
  * that is not the tenant's shows 0 / 0. */
 static CUresult mem_info(uint64_t *free_out, uint64_t *total_out)
 {
-    const struct sg_real *r = sg_real_cu();
-    if (!r->cuMemGetInfo_v2)
+    if (!SG_REAL(cuMemGetInfo_v2))
         return CUDA_ERROR_NOT_FOUND;
     if (sg_mode() != SG_MODE_ACTIVE)
         return CUDA_ERROR_NOT_PERMITTED;
     size_t rf = 0, rt = 0;
-    CUresult res = r->cuMemGetInfo_v2(&rf, &rt);
+    CUresult res = SG_REAL(cuMemGetInfo_v2)(&rf, &rt);
     if (res != CUDA_SUCCESS)
         return res;
     CUdevice dev;

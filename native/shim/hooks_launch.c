@@ -19,10 +19,9 @@
 #include "shim.h"
 
 #define REAL(name)                                                                                 \
-    const struct sg_real *r_ = sg_real_cu();                                                       \
-    if (!r_->name)                                                                                 \
-        return CUDA_ERROR_NOT_FOUND;                                                               \
-    __typeof__(&name) real_ = r_->name
+    __typeof__(&name) real_ = SG_REAL(name);                                                       \
+    if (!real_)                                                                                    \
+        return CUDA_ERROR_NOT_FOUND
 
 #define FORWARD_IF_PASSIVE(...)                                                                    \
     if (sg_in_hook || !sg_configured())                                                            \

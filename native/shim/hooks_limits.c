@@ -29,12 +29,11 @@ static uint64_t unit_bytes(CUlimit limit, CUdevice dev)
         return 1;
     if (limit != CU_LIMIT_STACK_SIZE)
         return 0;
-    const struct sg_real *r = sg_real_cu();
     int sms = 0, threads = 0;
-    if (!r->cuDeviceGetAttribute ||
-        r->cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) !=
+    if (!SG_REAL(cuDeviceGetAttribute) ||
+        SG_REAL(cuDeviceGetAttribute)(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) !=
             CUDA_SUCCESS ||
-        r->cuDeviceGetAttribute(&threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR,
+        SG_REAL(cuDeviceGetAttribute)(&threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR,
                                 dev) != CUDA_SUCCESS ||
         sms <= 0 || threads <= 0)
         return UINT64_MAX; /* cannot size it: any growth is refused rather than let through */
@@ -52,19 +51,18 @@ static uint64_t growth(size_t from, size_t to, uint64_t unit)
 
 SG_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
 {
-    const struct sg_real *r = sg_real_cu();
-    if (!r->cuCtxSetLimit)
+    if (!SG_REAL(cuCtxSetLimit))
         return CUDA_ERROR_NOT_FOUND;
-    if (sg_in_hook || !sg_configured() || !r->cuCtxGetLimit)
-        return r->cuCtxSetLimit(limit, value);
+    if (sg_in_hook || !sg_configured() || !SG_REAL(cuCtxGetLimit))
+        return SG_REAL(cuCtxSetLimit)(limit, value);
     CUcontext ctx;
     CUdevice dev;
     size_t before;
     uint64_t unit = 0;
     if (sg_current_place(&ctx, &dev) != CUDA_SUCCESS || !ctx ||
-        r->cuCtxGetLimit(&before, limit) != CUDA_SUCCESS ||
+        SG_REAL(cuCtxGetLimit)(&before, limit) != CUDA_SUCCESS ||
         (unit = unit_bytes(limit, dev)) == 0)
-        return r->cuCtxSetLimit(limit, value); /* no context, not a limit, or no memory */
+        return SG_REAL(cuCtxSetLimit)(limit, value); /* no context, not a limit, or no memory */
     if (sg_mode() != SG_MODE_ACTIVE)
         return CUDA_ERROR_NOT_PERMITTED;
     sg_in_hook++;
@@ -76,7 +74,7 @@ SG_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
     sg_err_clear(&e);
     CUresult res = grow ? sg_cu_result(sg_reserve(dev, grow, &more, &e)) : CUDA_SUCCESS;
     if (res == CUDA_SUCCESS) {
-        res = r->cuCtxSetLimit(limit, value);
+        res = SG_REAL(cuCtxSetLimit)(limit, value);
         if (res != CUDA_SUCCESS)
             sg_unreserve(&more);
     }
@@ -89,7 +87,7 @@ SG_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
     /* From now on one charge for the pair: the old one plus the reservation, set to what the
      * value the driver really set costs above the first value seen (never below zero). */
     size_t after = value;
-    r->cuCtxGetLimit(&after, limit);
+    SG_REAL(cuCtxGetLimit)(&after, limit);
     struct sg_charge total = held.active ? held : more;
     if (held.active && more.active) {
         total.bytes += more.bytes;

@@ -74,8 +74,8 @@ static void add_global(const char *name, size_t len, void *arg)
     buf[len] = '\0';
     CUdeviceptr p;
     size_t bytes = 0;
-    const struct sg_real *r = sg_real_cu();
-    if (r->cuModuleGetGlobal_v2 && r->cuModuleGetGlobal_v2(&p, &bytes, s->mod, buf) == CUDA_SUCCESS &&
+    if (SG_REAL(cuModuleGetGlobal_v2) &&
+        SG_REAL(cuModuleGetGlobal_v2)(&p, &bytes, s->mod, buf) == CUDA_SUCCESS &&
         __builtin_add_overflow(s->bytes, (uint64_t)bytes, &s->bytes))
         s->bytes = UINT64_MAX;
 }
@@ -123,18 +123,17 @@ static CUresult charge_module(CUresult res, CUmodule *module, const void *image)
         sg_unreserve(&c);
         rc = SG_E_NOMEM;
     }
-    sg_real_cu()->cuModuleUnload(*module);
+    SG_REAL(cuModuleUnload)(*module);
     *module = NULL;
     return sg_cu_result(rc);
 }
 
 #define REAL(name)                                                                                 \
-    const struct sg_real *r_ = sg_real_cu();                                                       \
-    if (!r_->name)                                                                                 \
-        return CUDA_ERROR_NOT_FOUND;                                                               \
-    __typeof__(&name) real_ = r_->name
+    __typeof__(&name) real_ = SG_REAL(name);                                                       \
+    if (!real_)                                                                                    \
+        return CUDA_ERROR_NOT_FOUND
 
-#define ACCOUNTED (!sg_in_hook && sg_configured() && sg_real_cu()->cuModuleUnload)
+#define ACCOUNTED (!sg_in_hook && sg_configured() && SG_REAL(cuModuleUnload))
 
 SG_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
 {

@@ -10,10 +10,9 @@
 #include "shim.h"
 
 #define REAL(name)                                                                                 \
-    const struct sg_real *r_ = sg_real_nvml();                                                     \
-    if (!r_->name)                                                                                 \
-        return NVML_ERROR_FUNCTION_NOT_FOUND;                                                      \
-    __typeof__(&name) real_ = r_->name
+    __typeof__(&name) real_ = SG_REAL(name);                                                       \
+    if (!real_)                                                                                    \
+        return NVML_ERROR_FUNCTION_NOT_FOUND
 
 #define FORWARD_IF_PASSIVE(...)                                                                    \
     if (sg_in_hook || !sg_configured())                                                            \
@@ -54,12 +53,11 @@ static int parse_uuid(const char *s, uint8_t out[16])
 /* The device's UUID; also validates the handle (the real call's error is returned). */
 static nvmlReturn_t device_uuid(nvmlDevice_t device, uint8_t uuid[16], bool *ok)
 {
-    const struct sg_real *r = sg_real_nvml();
     *ok = false;
-    if (!r->nvmlDeviceGetUUID)
+    if (!SG_REAL(nvmlDeviceGetUUID))
         return NVML_ERROR_FUNCTION_NOT_FOUND;
     char buf[NVML_DEVICE_UUID_V2_BUFFER_SIZE] = {0};
-    nvmlReturn_t ret = r->nvmlDeviceGetUUID(device, buf, sizeof buf);
+    nvmlReturn_t ret = SG_REAL(nvmlDeviceGetUUID)(device, buf, sizeof buf);
     if (ret != NVML_SUCCESS)
         return ret;
     buf[sizeof buf - 1] = '\0';

@@ -59,8 +59,11 @@
 
 /* ---- process identity ------------------------------------------------------------------- */
 
-/* All guarded by the usage mutex (ensure_identity runs right after each lock), reset in the
- * child after fork. */
+/* All guarded by the usage mutex, reset in the child after fork.  The identity is read on
+ * first need, under the mutex: by mine() and slot_alive() (an occupied slot to recognise or
+ * judge) and by the claim.  A process that only looks (cuMemGetInfo on a tenant whose slots
+ * are free: every process at start-up) never reads it, which saves it six system calls on
+ * /proc (sg_identity_read). */
 static struct sg_identity self;
 static int self_slot = -1; /* written under the usage mutex; read relaxed by the spare paths */
 static int live_fd = -1; /* the usage file, for liveness locks (our slot's, and tests of others') */
@@ -75,11 +78,15 @@ static void ensure_identity(void)
 
 static bool mine(const struct sg_usage_proc *p)
 {
-    return p->pid != 0 && sg_identity_is(&self, p->pidns, p->pid, p->start_time);
+    if (p->pid == 0)
+        return false;
+    ensure_identity();
+    return sg_identity_is(&self, p->pidns, p->pid, p->start_time);
 }
 
 static bool slot_alive(uint32_t s, const struct sg_usage_proc *p, int32_t pid, uint64_t pidns)
 {
+    ensure_identity();
     return sg_entry_alive(live_fd, s, p->flags, pidns, pid, p->start_time, &self);
 }
 
@@ -172,8 +179,6 @@ static int usage_lock_within(struct sg_err *e, uint64_t timeout_ns)
     } else {
         rc = pthread_mutex_lock(m);
     }
-    if (rc == 0 || rc == EOWNERDEAD)
-        ensure_identity();
     if (rc == EOWNERDEAD) {
         /* The previous owner died holding the lock, possibly half-way through an update: the
          * slots are the truth (abi.h invariant); rebuild the totals from them and drop the
@@ -210,6 +215,7 @@ static int ensure_slot_locked(void)
     if (self_slot >= 0 && (uint32_t)self_slot < n && mine(&u->procs[self_slot]))
         return self_slot;
     __atomic_store_n(&self_slot, -1, __ATOMIC_RELAXED);
+    ensure_identity(); /* the claim writes it, even when no slot is occupied to call mine() */
     /* A slot with our identity that is not ours is what this process held before an exec:
      * the driver released that memory with the old address space. */
     for (uint32_t s = 0; s < n; s++)
@@ -277,13 +283,12 @@ int sg_ordinal_uuid(CUdevice dev, uint8_t uuid[16])
         memcpy(uuid, ordinals[dev].uuid, 16);
         return 0;
     }
-    const struct sg_real *r = sg_real_cu();
     CUuuid u;
     CUresult res = CUDA_ERROR_NOT_FOUND;
-    if (r->cuDeviceGetUuid_v2)
-        res = r->cuDeviceGetUuid_v2(&u, dev);
-    if (res != CUDA_SUCCESS && r->cuDeviceGetUuid)
-        res = r->cuDeviceGetUuid(&u, dev);
+    if (SG_REAL(cuDeviceGetUuid_v2))
+        res = SG_REAL(cuDeviceGetUuid_v2)(&u, dev);
+    if (res != CUDA_SUCCESS && SG_REAL(cuDeviceGetUuid))
+        res = SG_REAL(cuDeviceGetUuid)(&u, dev);
     if (res != CUDA_SUCCESS)
         return -1; /* not cached: may succeed after cuInit */
     pthread_mutex_lock(&ordinal_lock);
@@ -296,10 +301,9 @@ int sg_ordinal_uuid(CUdevice dev, uint8_t uuid[16])
 
 int sg_current_ordinal(CUdevice *dev)
 {
-    const struct sg_real *r = sg_real_cu();
-    if (!r->cuCtxGetDevice)
+    if (!SG_REAL(cuCtxGetDevice))
         return CUDA_ERROR_NOT_FOUND;
-    return r->cuCtxGetDevice(dev);
+    return SG_REAL(cuCtxGetDevice)(dev);
 }
 
 /* The current context and its device: one driver call when this thread asked about the same
@@ -313,9 +317,8 @@ static __thread struct {
 
 int sg_current_place(CUcontext *ctx, CUdevice *dev)
 {
-    const struct sg_real *r = sg_real_cu();
     *ctx = NULL;
-    if (!r->cuCtxGetCurrent || r->cuCtxGetCurrent(ctx) != CUDA_SUCCESS || !*ctx) {
+    if (!SG_REAL(cuCtxGetCurrent) || SG_REAL(cuCtxGetCurrent)(ctx) != CUDA_SUCCESS || !*ctx) {
         *ctx = NULL;
         return sg_current_ordinal(dev); /* the driver's own answer to no context */
     }

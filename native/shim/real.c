@@ -20,7 +20,8 @@
 
 #include "shim.h"
 
-struct sg_real sg_real;
+void *sg_real_ptr[SG_R_COUNT];
+unsigned char sg_real_done[SG_R_COUNT];
 __thread int sg_in_hook __attribute__((tls_model("initial-exec")));
 
 const char *const sg_hook_names[SG_H_COUNT] = {
@@ -49,13 +50,13 @@ void *sg_hook_addr(enum sg_hook_id id)
     return NULL;
 }
 
-/* The real function behind hook id (NULL if not resolved). */
+/* The real function behind hook id (NULL where missing). */
 static const void *real_of(enum sg_hook_id id)
 {
     switch (id) {
 #define SG_HOOK(lib, name)                                                                         \
     case SG_H_##name:                                                                              \
-        return (const void *)sg_real.name;
+        return (const void *)SG_REAL(name);
 #include "hooks.def"
 #undef SG_HOOK
     case SG_H_COUNT:
@@ -162,49 +163,62 @@ static sg_dlsym_fn real_dlsym(void)
     return fn;
 }
 
-/* ---- resolving the real libraries (once each) ------------------------------------------ */
+/* ---- resolving the real functions (each once, on first use) ----------------------------- */
 
-static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
-static void *cu_handle;
-
-static void resolve_lib(enum sg_lib which, const char *soname, void **handle_out)
-{
-    sg_dlsym_fn dls = real_dlsym();
-    void *h = dlopen(soname, RTLD_LAZY | RTLD_LOCAL);
-    if (handle_out)
-        *handle_out = h;
-    if (!h || !dls)
-        return;
-#define SG_HOOK(lib, name)                                                                         \
-    if (SG_LIB_##lib == which)                                                                     \
-        sg_real.name = (__typeof__(&name))dls(h, #name);
-#define SG_HELPER(lib, name) SG_HOOK(lib, name)
+static const char *const real_names[SG_R_COUNT] = {
+#define SG_HOOK(lib, name) #name,
+#define SG_HELPER(lib, name) #name,
 #include "hooks.def"
 #undef SG_HOOK
 #undef SG_HELPER
+};
+
+static const unsigned char real_lib[SG_R_COUNT] = {
+#define SG_HOOK(lib, name) SG_LIB_##lib,
+#define SG_HELPER(lib, name) SG_LIB_##lib,
+#include "hooks.def"
+#undef SG_HOOK
+#undef SG_HELPER
+};
+
+static void *cu_handle, *nvml_handle;
+
+static void open_cu(void)
+{
+    cu_handle = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+}
+SG_FAST_ONCE(open_cu_once, open_cu)
+
+static void open_nvml(void)
+{
+    nvml_handle = dlopen("libnvidia-ml.so.1", RTLD_LAZY | RTLD_LOCAL);
+}
+SG_FAST_ONCE(open_nvml_once, open_nvml)
+
+/* The library is opened once; each name is looked up once.  Two threads racing on one name
+ * both ask the real dlsym and store the same pointer. */
+void *sg_real_lookup(enum sg_real_id id)
+{
+    void *h;
+    if (real_lib[id] == SG_LIB_CU) {
+        open_cu_once();
+        h = cu_handle;
+    } else {
+        open_nvml_once();
+        h = nvml_handle;
+    }
+    sg_dlsym_fn dls = real_dlsym();
+    void *p = h && dls ? dls(h, real_names[id]) : NULL;
+    __atomic_store_n(&sg_real_ptr[id], p, __ATOMIC_RELAXED);
+    __atomic_store_n(&sg_real_done[id], 1, __ATOMIC_RELEASE);
+    return p;
 }
 
-static void resolve_cu(void)
+void sg_real_cu_all(void)
 {
-    resolve_lib(SG_LIB_CU, "libcuda.so.1", &cu_handle);
-}
-SG_FAST_ONCE(resolve_cu_once, resolve_cu)
-
-static void resolve_nvml(void)
-{
-    resolve_lib(SG_LIB_NVML, "libnvidia-ml.so.1", NULL);
-}
-
-const struct sg_real *sg_real_cu(void)
-{
-    resolve_cu_once();
-    return &sg_real;
-}
-
-const struct sg_real *sg_real_nvml(void)
-{
-    pthread_once(&nvml_once, resolve_nvml);
-    return &sg_real;
+    for (int i = 0; i < SG_R_COUNT; i++)
+        if (real_lib[i] == SG_LIB_CU)
+            sg_real_get((enum sg_real_id)i);
 }
 
 /* ---- names -------------------------------------------------------------------------------- */
@@ -308,7 +322,7 @@ dlopen(const char *file, int mode)
  * (refuse: the answer could be an allocation path we cannot account). */
 static void *proc_resolve(const char *symbol, void *p, int version, cuuint64_t flags)
 {
-    sg_real_cu();
+    sg_real_cu_all();
     size_t blen = sg_base_len(symbol);
     /* 0. Already ours: a driver whose table takes the address of its own exported functions
      *    gets our interposing definitions back from the dynamic linker. */
@@ -343,10 +357,10 @@ static void *proc_resolve(const char *symbol, void *p, int version, cuuint64_t f
 SG_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
                                        cuuint64_t flags, CUdriverProcAddressQueryResult *status)
 {
-    const struct sg_real *r = sg_real_cu();
-    if (!r->cuGetProcAddress_v2)
+    __typeof__(&cuGetProcAddress_v2) real = SG_REAL(cuGetProcAddress_v2);
+    if (!real)
         return CUDA_ERROR_NOT_FOUND;
-    CUresult res = r->cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, status);
+    CUresult res = real(symbol, pfn, cudaVersion, flags, status);
     if (res != CUDA_SUCCESS || !symbol || !pfn || !*pfn || !sg_configured())
         return res;
     void *mine = proc_resolve(symbol, *pfn, cudaVersion, flags);
@@ -362,10 +376,10 @@ SG_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaV
 SG_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
                                     cuuint64_t flags)
 {
-    const struct sg_real *r = sg_real_cu();
-    if (!r->cuGetProcAddress)
+    __typeof__(&cuGetProcAddress) real = SG_REAL(cuGetProcAddress);
+    if (!real)
         return CUDA_ERROR_NOT_FOUND;
-    CUresult res = r->cuGetProcAddress(symbol, pfn, cudaVersion, flags);
+    CUresult res = real(symbol, pfn, cudaVersion, flags);
     if (res != CUDA_SUCCESS || !symbol || !pfn || !*pfn || !sg_configured())
         return res;
     void *mine = proc_resolve(symbol, *pfn, cudaVersion, flags);

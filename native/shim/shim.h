@@ -64,25 +64,39 @@ enum sg_hook_id {
     SG_H_COUNT
 };
 
-/* Typed pointers to the real functions, hooks and helpers alike.  Filled once per library
- * (sg_real_cu / sg_real_nvml); a member stays NULL when the library lacks the symbol, and
- * every caller checks it. */
-struct sg_real {
-#define SG_HOOK(lib, name) __typeof__(&name) name;
-#define SG_HELPER(lib, name) __typeof__(&name) name;
+/* The real functions, hooks and helpers alike, resolved one by one on first use: a process
+ * reaches a handful of the hundred entry points it could (cuInit, a context, cuMemGetInfo at
+ * start-up), and a dlsym costs ~0.5 us, most of it the first touch of the driver's symbol
+ * table.  SG_REAL(name) is the typed real `name` (the compiler checks every forwarded call),
+ * NULL where the library or the symbol is missing; every caller checks it. */
+enum sg_real_id {
+#define SG_HOOK(lib, name) SG_R_##name,
+#define SG_HELPER(lib, name) SG_R_##name,
 #include "hooks.def"
 #undef SG_HOOK
 #undef SG_HELPER
+    SG_R_COUNT
 };
 
-extern struct sg_real sg_real;
+extern void *sg_real_ptr[SG_R_COUNT];           /* [atomic relaxed] once sg_real_done is set */
+extern unsigned char sg_real_done[SG_R_COUNT];  /* [atomic acquire/release] looked up */
+void *sg_real_lookup(enum sg_real_id id);       /* the slow side: dlopen (once), dlsym */
+
+static inline void *sg_real_get(enum sg_real_id id)
+{
+    if (__builtin_expect(__atomic_load_n(&sg_real_done[id], __ATOMIC_ACQUIRE), 1))
+        return __atomic_load_n(&sg_real_ptr[id], __ATOMIC_RELAXED);
+    return sg_real_lookup(id);
+}
+
+#define SG_REAL(name) ((__typeof__(&name))sg_real_get(SG_R_##name))
+
 extern const char *const sg_hook_names[SG_H_COUNT];
 extern const unsigned char sg_hook_lib[SG_H_COUNT];
 
-/* Resolve the real libcuda / libnvidia-ml functions (lazily, once; thread-safe).  Returns the
- * table; members are NULL where the library or the symbol is missing. */
-const struct sg_real *sg_real_cu(void);
-const struct sg_real *sg_real_nvml(void);
+/* Resolve every real function of libcuda (cuGetProcAddress must name any pointer the driver
+ * returns: proc_resolve compares it with all of them). */
+void sg_real_cu_all(void);
 
 /* The address of our hook for id. */
 void *sg_hook_addr(enum sg_hook_id id);
@@ -349,6 +363,8 @@ struct sg_clock_anchor {
 extern uint64_t sg_tick_mult;
 /* Take a fresh anchor; returns CLOCK_MONOTONIC. */
 uint64_t sg_clock_anchor(struct sg_clock_anchor *a);
+/* The rate's baseline at setup: the clocks only, no anchor, no file read. */
+void sg_clock_baseline(void);
 /* CLOCK_MONOTONIC for an anchor past its freshness (sg_fast_ns's slow side). */
 uint64_t sg_clock_stale(struct sg_clock_anchor *a);
 void sg_clock_fork_child(void);
@@ -446,8 +462,8 @@ static inline CUresult sg_arb_enter(struct sg_gate *gt, CUstream s)
         hit = s == t->stream && t->epoch == __atomic_load_n(&sg_stream_epoch, __ATOMIC_ACQUIRE);
     } else {
         CUcontext ctx;
-        hit = !t->stream && sg_real.cuCtxGetCurrent &&
-              sg_real.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx == t->ctx;
+        hit = !t->stream && SG_REAL(cuCtxGetCurrent) &&
+              SG_REAL(cuCtxGetCurrent)(&ctx) == CUDA_SUCCESS && ctx == t->ctx;
     }
     if (hit) {
         if (__atomic_load_n(&g->state, __ATOMIC_ACQUIRE) == SG_GPU_NATIVE) {

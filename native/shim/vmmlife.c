@@ -70,10 +70,9 @@ static size_t maps_of_locked(CUmemGenericAllocationHandle h)
 SG_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                             CUmemGenericAllocationHandle handle, unsigned long long flags)
 {
-    const struct sg_real *r = sg_real_cu();
-    if (!r->cuMemMap)
+    if (!SG_REAL(cuMemMap))
         return CUDA_ERROR_NOT_FOUND;
-    CUresult res = r->cuMemMap(ptr, size, offset, handle, flags);
+    CUresult res = SG_REAL(cuMemMap)(ptr, size, offset, handle, flags);
     if (res != CUDA_SUCCESS || sg_in_hook || !sg_configured())
         return res;
     pthread_once(&once, setup);
@@ -88,10 +87,9 @@ SG_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 
 SG_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
-    const struct sg_real *r = sg_real_cu();
-    if (!r->cuMemUnmap)
+    if (!SG_REAL(cuMemUnmap))
         return CUDA_ERROR_NOT_FOUND;
-    CUresult res = r->cuMemUnmap(ptr, size);
+    CUresult res = SG_REAL(cuMemUnmap)(ptr, size);
     if (res != CUDA_SUCCESS || sg_in_hook || !sg_configured())
         return res;
     struct sg_charge due[16];
