@@ -46,8 +46,9 @@ bench: setup
 	$(BIN)/python bench/isolation.py
 	$(BIN)/python bench/agent.py
 	$(BIN)/python bench/placement.py
-	@if [ "$$(id -u)" = 0 ] && command -v podman >/dev/null; then $(BIN)/python bench/containers.py; \
-	else echo "bench/containers.py not run: it starts containers, so it needs root and podman"; fi
+	@if [ "$$(id -u)" = 0 ] && command -v podman >/dev/null; then $(BIN)/python bench/containers.py && \
+	$(BIN)/python bench/container_isolation.py; \
+	else echo "bench/containers.py, bench/container_isolation.py not run: they start containers (root, podman)"; fi
 
 check: setup
 	$(BIN)/ruff format --check src tests bench

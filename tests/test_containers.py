@@ -35,14 +35,17 @@ CDI_DIR = Path("/var/run/cdi")
 RUN_FLAGS = ["--network", "none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
 
 
+RUNTIMES = ("runc", "crun")
+
+
 def _require_podman() -> None:
-    missing = [tool for tool in ("podman", "runc") if shutil.which(tool) is None]
+    missing = [tool for tool in ("podman", *RUNTIMES) if shutil.which(tool) is None]
     why = f"{', '.join(missing)} not installed" if missing else ""
     if not why and os.geteuid() != 0:
         why = "containers are run as root"
     if why:
         if os.environ.get("CI"):
-            pytest.fail(f"{why}: .ci/run installs podman and runc, so this is a broken install")
+            pytest.fail(f"{why}: .ci/run installs podman, runc and crun, so this is a broken install")
         pytest.skip(why)
 
 
@@ -55,6 +58,20 @@ def rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
             pytest.fail("busybox-static is not installed: .ci/run installs it")
         pytest.skip("busybox not installed")
     return build_rootfs(tmp_path_factory.mktemp("rootfs"))
+
+
+@pytest.fixture(params=RUNTIMES)
+def runtime(request: pytest.FixtureRequest) -> str:
+    """The OCI runtime Podman runs the container with: each of these tests runs with both."""
+    name: str = request.param
+    return name
+
+
+def _hybrid_cgroups() -> bool:
+    """cgroup v1 controllers next to a cgroup v2 hierarchy that has controllers too (this
+    sandbox's layout): crun refuses to run there ("cgroups in hybrid mode not supported")."""
+    controllers = Path("/sys/fs/cgroup/unified/cgroup.controllers")
+    return controllers.is_file() and controllers.read_text().strip() != ""
 
 
 @pytest.fixture
@@ -96,13 +113,24 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = 20) -> None:
 
 
 def podman_command(
-    rootfs: Path, device: str | None, *command: str, detach: bool = False, flags: tuple[str, ...] = ()
+    rootfs: Path,
+    device: str | None,
+    *command: str,
+    detach: bool = False,
+    flags: tuple[str, ...] = (),
+    runtime: str = "runc",
 ) -> list[str]:
     """`podman run` of `command` with the vGPU `device` (None: none), removed when it stops."""
-    cmd = ["podman", "--runtime", "runc", "run", *RUN_FLAGS, *flags]
+    cmd = ["podman", "--runtime", runtime, "run", *RUN_FLAGS, *flags]
     cmd += ["--device", f"sharegpu.io/vgpu={device}"] if device else []
     cmd += ["-d", "--rm"] if detach else ["--rm"]
-    return [*cmd, "--rootfs", str(rootfs), *command]
+    cmd += ["--rootfs", str(rootfs), *command]
+    if runtime == "crun" and _hybrid_cgroups():
+        # crun runs on the v1 controllers alone once the v2 mount is out of its sight: Podman
+        # (and so crun) in a mount namespace of its own without it.
+        hide = 'umount /sys/fs/cgroup/unified && exec "$@"'
+        cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", hide, "sh", *cmd]
+    return cmd
 
 
 def podman(
@@ -112,8 +140,9 @@ def podman(
     detach: bool = False,
     timeout: float = 120,
     flags: tuple[str, ...] = (),
+    runtime: str = "runc",
 ) -> subprocess.CompletedProcess[str]:
-    cmd = podman_command(rootfs, device, *command, detach=detach, flags=flags)
+    cmd = podman_command(rootfs, device, *command, detach=detach, flags=flags, runtime=runtime)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -158,11 +187,13 @@ def started(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 def test_a_container_sees_its_vgpu_and_is_refused_past_its_cap(
-    sim: Sim, rootfs: Path, spec_file: Path, name: str
+    sim: Sim, rootfs: Path, spec_file: Path, name: str, runtime: str
 ) -> None:
     sim.tenant(name, 512, gpus=[0])
     generate(sim, spec_file)
-    proc = podman(rootfs, name, "/bin/sh", "-c", "sgprobe info; sgprobe alloc plain 400M 200M")
+    proc = podman(
+        rootfs, name, "/bin/sh", "-c", "sgprobe info; sgprobe alloc plain 400M 200M", runtime=runtime
+    )
     assert proc.returncode == 0, proc.stderr
     values, lines = parse_kv(proc.stdout)
     assert values["dev0.total"] == str(512 << 20)  # the vGPU, not the 1 GiB card
@@ -172,7 +203,7 @@ def test_a_container_sees_its_vgpu_and_is_refused_past_its_cap(
 
 
 def test_root_in_the_container_can_neither_write_its_limits_nor_point_the_shim_elsewhere(
-    sim: Sim, rootfs: Path, spec_file: Path, name: str
+    sim: Sim, rootfs: Path, spec_file: Path, name: str, runtime: str
 ) -> None:
     sim.tenant(name, 512, gpus=[0])
     generate(sim, spec_file)
@@ -180,7 +211,7 @@ def test_root_in_the_container_can_neither_write_its_limits_nor_point_the_shim_e
         "echo x > /run/sharegpu/tenant/limits && echo wrote=1 || echo wrote=0; "
         "SHAREGPU_TENANT=/tmp sgprobe meminfo"
     )
-    proc = podman(rootfs, name, "/bin/sh", "-c", script)
+    proc = podman(rootfs, name, "/bin/sh", "-c", script, runtime=runtime)
     assert proc.returncode == 0, proc.stderr
     values, _ = parse_kv(proc.stdout)
     assert values["wrote"] == "0"
@@ -188,10 +219,12 @@ def test_root_in_the_container_can_neither_write_its_limits_nor_point_the_shim_e
     assert values["total"] == str(512 << 20)  # the mounted tenant, whatever the environment says
 
 
-def test_a_killed_container_gives_its_memory_back(sim: Sim, rootfs: Path, spec_file: Path, name: str) -> None:
+def test_a_killed_container_gives_its_memory_back(
+    sim: Sim, rootfs: Path, spec_file: Path, name: str, runtime: str
+) -> None:
     web = sim.tenant(name, 512, gpus=[0])
     generate(sim, spec_file)
-    started = podman(rootfs, name, "sgprobe", "hold", "plain", "400M", "60", detach=True)
+    started = podman(rootfs, name, "sgprobe", "hold", "plain", "400M", "60", detach=True, runtime=runtime)
     assert started.returncode == 0, started.stderr
     container = started.stdout.strip()
     try:
@@ -219,7 +252,7 @@ def test_a_killed_container_gives_its_memory_back(sim: Sim, rootfs: Path, spec_f
 
 
 def test_two_containers_of_one_shape_are_two_tenants_gone_when_they_stop(
-    sim: Sim, rootfs: Path, spec_file: Path
+    sim: Sim, rootfs: Path, spec_file: Path, runtime: str
 ) -> None:
     shape = unique_shape()
     mib = int(shape.split("-")[1].removesuffix("MiB"))
@@ -227,7 +260,7 @@ def test_two_containers_of_one_shape_are_two_tenants_gone_when_they_stop(
     script = "sgprobe meminfo; sgprobe hold plain 64M 30"
     ids = []
     for _ in range(2):
-        started = podman(rootfs, shape, "/bin/sh", "-c", script, detach=True)
+        started = podman(rootfs, shape, "/bin/sh", "-c", script, detach=True, runtime=runtime)
         assert started.returncode == 0, started.stderr
         ids.append(started.stdout.strip())
     try:

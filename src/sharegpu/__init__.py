@@ -5,11 +5,26 @@ Each tenant gets a virtual GPU with a memory cap (and, later, a compute share). 
 tenants, runs programs under them and shows what every tenant uses.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from __future__ import annotations
 
-try:
-    __version__ = version("sharegpu")
-except PackageNotFoundError:  # running from a source tree without an install
-    __version__ = "0.0.0+unknown"
+import functools
 
 __all__ = ["__version__"]
+
+
+@functools.cache
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sharegpu")
+    except PackageNotFoundError:  # running from a source tree without an install
+        return "0.0.0+unknown"
+
+
+def __getattr__(name: str) -> str:
+    # Read on first use: importlib.metadata costs ~80 ms, and the container hooks and the shim's
+    # helpers import this package without ever asking for the version.
+    if name != "__version__":
+        raise AttributeError(f"module 'sharegpu' has no attribute {name!r}")
+    return _version()

@@ -34,6 +34,7 @@ from sharegpu.devices import Gpu, driver_version, list_gpus, nvml_library
 from sharegpu.errors import CdiSpecError, ConfigError, SpecError, TenantNotFound
 from sharegpu.native import simgpu_dir
 from sharegpu.runtime.cdi import nvidia
+from sharegpu.runtime.cdi.binds import tenant_binds
 from sharegpu.runtime.cdi.model import (
     ContainerEdits,
     Device,
@@ -47,12 +48,12 @@ from sharegpu.runtime.cdi.model import (
 from sharegpu.runtime.cdi.shapes import Shape, default_shapes
 from sharegpu.runtime.run import preload_shim
 from sharegpu.spec import format_size
-from sharegpu.tenant import GPUS_DIR, RUNTIME_ENV, iter_tenants, read_device_limits, tenant_path
+from sharegpu.tenant import RUNTIME_ENV, iter_tenants, read_device_limits, tenant_path
 
 KIND = "sharegpu.io/vgpu"
 DEFAULT_SPEC_DIR = Path("/var/run/cdi")
 SPEC_FILE = "sharegpu.json"
-CONTAINER_TENANT_DIR = "/run/sharegpu/tenant"
+CONTAINER_TENANT_DIR = abi.CONTAINER_TENANT_DIR
 CONTAINER_SHIM = "/usr/lib/sharegpu/libsharegpu.so"
 CONTAINER_SIMGPU_DIR = "/usr/lib/sharegpu/simgpu"
 PRELOAD_FILE = "ld.so.preload"  # under <runtime>/cdi: what /etc/ld.so.preload shows inside
@@ -107,21 +108,6 @@ def common_edits(root: Path, driver: nvidia.Driver) -> ContainerEdits:
             *(edits.mounts or []),
         ],
     )
-
-
-def tenant_binds(root: Path, path: Path, uuids: Iterable[str]) -> list[tuple[Path, str, bool]]:
-    """What a container of the tenant at `path` mounts: (host path, container path, writable).
-    The one list for both kinds of device: a tenant's (mounts in the spec) and a shape's (its
-    hook mounts them)."""
-    binds = [
-        (path / abi.LIMITS_FILE, f"{CONTAINER_TENANT_DIR}/{abi.LIMITS_FILE}", False),
-        (path / abi.USAGE_FILE, f"{CONTAINER_TENANT_DIR}/{abi.USAGE_FILE}", True),
-    ]
-    for uuid in uuids:
-        gpu = root / GPUS_DIR / uuid
-        if gpu.is_dir():  # a tenant under the `native` policy has no arbiter to mount
-            binds.append((gpu, f"{CONTAINER_TENANT_DIR}/{GPUS_DIR}/{uuid}", True))
-    return binds
 
 
 def tenant_device(root: Path, tenant_id: str, driver: nvidia.Driver) -> Device:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from sharegpu.errors import ConfigError, TenantNotFound
 from sharegpu.runtime import tenants
-from sharegpu.runtime.cdi.generate import tenant_binds
+from sharegpu.runtime.cdi.binds import tenant_binds
 from sharegpu.runtime.cdi.shapes import parse_shape
 from sharegpu.spec import GpuSelector
 from sharegpu.tenant import runtime_dir, supervisor_identity, tenant_path

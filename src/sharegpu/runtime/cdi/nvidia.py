@@ -67,8 +67,20 @@ _CACHE_ENTRY = re.compile(r"^\s*(?P<name>\S+)\s+\((?P<flags>[^)]*)\)\s+=>\s+(?P<
 GpuRef = tuple[int, str, int | None]
 
 
+LINKER_CACHE = Path("/etc/ld.so.cache")
+_cache_read: dict[tuple[int, int, int], str] = {}  # the cache file's identity -> its text
+
+
 def read_linker_cache() -> str:
-    """`ldconfig -p`: the libraries the dynamic linker knows, with their sonames and paths."""
+    """`ldconfig -p`: the libraries the dynamic linker knows, with their sonames and paths.
+    The agent asks every second: the text is read again only when the cache file changed."""
+    try:
+        st = LINKER_CACHE.stat()
+        ident = (st.st_ino, st.st_size, st.st_mtime_ns)
+    except OSError:
+        ident = (0, 0, 0)
+    if ident in _cache_read and ident != (0, 0, 0):
+        return _cache_read[ident]
     # sbin first: it is off a non-root user's PATH on some distributions.
     ldconfig = shutil.which("ldconfig", path=f"/sbin:/usr/sbin:{os.environ.get('PATH', os.defpath)}")
     if ldconfig is None:
@@ -77,6 +89,8 @@ def read_linker_cache() -> str:
         proc = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, timeout=30, check=True)
     except (OSError, subprocess.SubprocessError) as err:
         raise DeviceError(f"cannot read the dynamic linker cache ({ldconfig} -p): {err}") from err
+    _cache_read.clear()
+    _cache_read[ident] = proc.stdout
     return proc.stdout
 
 
