@@ -59,6 +59,10 @@ def start_agent(node: Node, *extra: str) -> tuple[subprocess.Popen[str], AgentCl
         str(node.root / "run"),
         "--state-dir",
         str(node.root / "state"),
+        # The node's CDI spec kept as in production, but in the bench's own directory: never
+        # the real /var/run/cdi.
+        "--cdi-spec",
+        str(node.root / "cdi" / "sharegpu.json"),
         *extra,
     ]
     # Its log goes to a file: a pipe nobody reads would fill and block the agent.

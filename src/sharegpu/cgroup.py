@@ -82,3 +82,18 @@ def container_of(pid: int) -> Container | None:
         if found is not None:
             return found
     return None
+
+
+_known: dict[tuple[int, int], Container | None] = {}
+
+
+def container_of_process(pid: int, start_time: int) -> Container | None:
+    """container_of, remembered for the process (pid and start time: never a reused pid's).
+    A process does not leave its container's cgroup, and the agent asks for every process of
+    every tenant several times a second."""
+    key = (pid, start_time)
+    if key not in _known:
+        if len(_known) >= 4096:
+            _known.clear()
+        _known[key] = container_of(pid)
+    return _known[key]

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
-from sharegpu import abi
+from sharegpu import abi, liveness
 from sharegpu.arbiter import ArbiterStatus, arbiter_path, read_arbiter
 from sharegpu.devices import BUSY_WINDOW_S, busy_by_pid
 from sharegpu.errors import ConfigError, DeviceError, SpecError
@@ -33,10 +34,14 @@ from sharegpu.tenant import (
     is_stale,
     iter_tenants,
     read_limits,
+    read_usage,
     runtime_dir,
+    slot_host_pid,
     tenant_status,
     tenants_dir,
 )
+
+_K = TypeVar("_K", bound=Hashable)
 
 
 @dataclass
@@ -96,23 +101,61 @@ def measure_busy(window_s: float) -> dict[str, dict[int, float]] | None:
         return None
 
 
+def _scaled_to_card(per_gpu: Mapping[str, Mapping[_K, float]]) -> dict[_K, float]:
+    """The tenants of one card scaled down together to at most the whole card (NVML's samples
+    of one card may add up to more: they are taken at different instants)."""
+    found: dict[_K, float] = {}
+    for shares in per_gpu.values():
+        total = sum(shares.values())
+        for key, ratio in shares.items():
+            found[key] = ratio / total if total > 1.0 else ratio
+    return found
+
+
 def _attribute_busy(reports: list[TenantReport], busy: dict[str, dict[int, float]]) -> None:
     """Each tenant's GPU time on each GPU: its live processes' shares (NVML names processes by
     host pid), the tenants of one card scaled down together to at most the whole card."""
-    per_gpu: dict[str, list[DeviceReport]] = {}
+    per_gpu: dict[str, dict[int, float]] = {}
+    devices: dict[int, DeviceReport] = {}
     for report in reports:
-        pids = {p.host_pid or p.pid for p in report.processes if p.alive}
+        # By the pid the agent knows them by: a container's process by its host pid, never the
+        # pid inside (that names another process here).
+        pids = {p.host_pid for p in report.processes if p.alive and p.host_pid}
         for dev in report.devices:
             shares = busy.get(dev.uuid)
-            if shares is None:
+            if shares is not None:
+                devices[id(dev)] = dev
+                per_gpu.setdefault(dev.uuid, {})[id(dev)] = sum(shares.get(pid, 0.0) for pid in pids)
+    for key, ratio in _scaled_to_card(per_gpu).items():
+        devices[key].busy_ratio = ratio
+
+
+def busy_by_tenant(root: Path, busy: Mapping[str, Mapping[int, float]]) -> dict[tuple[str, int, str], float]:
+    """{(tenant, incarnation, GPU uuid): share of the card} from NVML's busy processes: only
+    the processes NVML names are looked up in the tenants' ledgers (by host pid and start time,
+    so a reused pid is never counted), not every tenant's report (the loop runs every second)."""
+    wanted = {pid for per_pid in busy.values() for pid in per_pid}
+    starts = {pid: liveness.start_time(pid) for pid in wanted}
+    per_gpu: dict[str, dict[tuple[str, int, str], float]] = {}
+    for path in iter_tenants(root):
+        try:
+            usage = read_usage(path)
+            pids = set()
+            for proc in usage.procs:
+                here = slot_host_pid(proc)
+                if here in wanted and starts.get(here) == int(proc.start_time):
+                    pids.add(here)
+            if not pids:
                 continue
-            dev.busy_ratio = sum(shares.get(pid, 0.0) for pid in pids)
-            per_gpu.setdefault(dev.uuid, []).append(dev)
-    for devs in per_gpu.values():
-        total = sum(d.busy_ratio or 0.0 for d in devs)
-        if total > 1.0:
-            for d in devs:
-                d.busy_ratio = (d.busy_ratio or 0.0) / total
+            limits = read_limits(path)
+        except ConfigError:
+            continue  # being created or removed, or broken: the reaper and the API report it
+        for dev in limits.devices[: limits.device_count]:
+            uuid = abi.bytes_to_uuid(bytes(dev.uuid))
+            ratio = sum(busy.get(uuid, {}).get(pid, 0.0) for pid in pids)
+            if ratio:
+                per_gpu.setdefault(uuid, {})[(path.name, int(limits.incarnation), uuid)] = ratio
+    return _scaled_to_card(per_gpu)
 
 
 def node_report(

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from sharegpu import abi, access, liveness, regionmap
-from sharegpu.cgroup import Container, container_of
+from sharegpu.cgroup import Container, container_of_process
 from sharegpu.errors import AdmissionError, ConfigError, SpecError, TenantError, TenantExists, TenantNotFound
 from sharegpu.spec import format_size, validate_tenant_id
 
@@ -738,7 +738,7 @@ def tenant_status(path: Path) -> TenantStatus:
                 pid=proc.pid,
                 host_pid=here or 0,
                 alive=alive,
-                container=container_of(here) if here else None,
+                container=container_of_process(here, int(proc.start_time)) if here else None,
                 mem_bytes=per_dev,
                 oom_events=sum(proc.dev[i].oom_events for i in range(limits.device_count)),
             )

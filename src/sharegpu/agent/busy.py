@@ -5,7 +5,8 @@ holds the card while its kernels are short or it mostly waits on its host code h
 than the GPU ran for it (an online service at 13% of the card held it 43% of the time). GPU time
 is what NVML measures per process: every second this loop asks for each process's share of the
 card over the past second (``sharegpu.devices.busy_by_pid``, attributed to tenants by
-``sharegpu.report``, the tenants of a card scaled to at most the whole card) and adds share x
+``sharegpu.report.busy_by_tenant``: only the processes NVML names are looked up, by host pid and
+start time; the tenants of a card scaled to at most the whole card) and adds share x
 elapsed to the tenant's total. The totals are the agent's, kept in memory since it started
 (``since``): `sharegpu_tenant_gpu_busy_seconds_total` and the API's ``gpu_time_seconds``.
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from sharegpu.agent.events import Event
 from sharegpu.devices import BUSY_WINDOW_S
-from sharegpu.report import node_report
+from sharegpu.report import busy_by_tenant, measure_busy
 
 
 class BusyMeter:
@@ -41,13 +42,13 @@ class BusyMeter:
         self._last = now
         # NVML answers for at most its window: a late tick counts the last window's rate for
         # the whole gap rather than nothing.
-        reports = node_report(self.root, busy_window_s=min(elapsed, BUSY_WINDOW_S))
+        busy = measure_busy(min(elapsed, BUSY_WINDOW_S))
+        if not busy or not any(busy.values()):
+            return []  # nothing ran on any GPU: no tenant to read (most seconds of an idle node)
+        shares = busy_by_tenant(self.root, busy)
         with self._lock:
-            for report in reports:
-                for device in report.devices:
-                    if device.busy_ratio:
-                        key = (report.id, report.incarnation, device.uuid)
-                        self._seconds[key] = self._seconds.get(key, 0.0) + device.busy_ratio * elapsed
+            for key, ratio in shares.items():
+                self._seconds[key] = self._seconds.get(key, 0.0) + ratio * elapsed
         return []
 
     def snapshot(self) -> Mapping[tuple[str, int, str], float]:

@@ -70,6 +70,11 @@ def run_agent(settings: Settings) -> int:
     """Run the agent until SIGTERM/SIGINT; returns the exit status (0 after a clean stop)."""
     if settings.enforce not in ENFORCE_MODES:
         raise AgentError(f"invalid --enforce {settings.enforce!r}: use report or kill")
+    # The region readers import numpy on first use (the container hooks import them and never
+    # read a region): the agent pays for it now, not in its first API request (it was the
+    # 100 ms of the create p99).
+    import numpy  # noqa: F401
+
     return asyncio.run(_main(settings))
 
 

@@ -1,10 +1,14 @@
 """The agent's CDI loop: the node's spec file kept equal to its tenants and shapes.
 
-Every `interval_s` it builds the spec (generate.py) and writes it when it differs from what it
-last wrote, so a tenant created through the agent is a `sharegpu.io/vgpu=<tenant>` device
-within a couple of seconds, and a removed one stops being one. With no device to list the file
-is removed (a spec must list at least one). A failure is an event (`cdi.failed`) and a log
-line, once per distinct reason, and is retried at the next tick; the last good file stays.
+Every `interval_s` it looks at what the spec is made of (the tenants, their limits files, the
+GPUs' arbiter directories) and, when that changed or `REFRESH_S` passed, builds the spec
+(generate.py) and writes it when it differs from what it last wrote, so a tenant created
+through the agent is a `sharegpu.io/vgpu=<tenant>` device within a couple of seconds, and a
+removed one stops being one. (Building it reads NVML and every tenant's limits and validates
+the whole spec: the costliest loop of all on 50 tenants, when done every second.) With no
+device to list the file is removed (a spec must list at least one). A failure is an event
+(`cdi.failed`) and a log line, once per distinct reason, and is retried at the next tick; the
+last good file stays.
 
 The loop is built by the CLI layer and handed to the daemon (sharegpu.agent sits below
 sharegpu.runtime and cannot import it).
@@ -13,12 +17,35 @@ sharegpu.runtime and cannot import it).
 from __future__ import annotations
 
 import logging
+import os
+import time
 from pathlib import Path
 
 from sharegpu.agent.events import Event
 from sharegpu.errors import SharegpuError, TenantNotFound
 from sharegpu.runtime.cdi.generate import build_spec, write_spec
 from sharegpu.runtime.cdi.shapes import Shape
+from sharegpu.tenant import gpus_dir, iter_tenants
+
+REFRESH_S = 30.0  # the GPUs and the driver are read again at least this often
+
+
+def _inputs(root: Path) -> tuple[object, ...]:
+    """What the spec is made of, cheaply: each tenant with its limits file's identity (limits
+    are replaced by rename, so a resize is a new inode) and the GPUs with an arbiter."""
+    tenants = []
+    for path in iter_tenants(root):
+        try:
+            st = os.stat(path / "limits")
+            tenants.append((path.name, st.st_ino, st.st_mtime_ns))
+        except OSError:
+            tenants.append((path.name, 0, 0))
+    try:
+        arbiters = sorted(os.listdir(gpus_dir(root)))
+    except OSError:
+        arbiters = []
+    return (tuple(tenants), tuple(arbiters))
+
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +62,15 @@ class CdiKeeper:
         self.interval_s = interval_s
         self._written: str | None = None
         self._failed: str | None = None
+        self._inputs: tuple[object, ...] | None = None
+        self._built_at = float("-inf")
 
     def tick(self) -> list[Event]:
+        inputs, now = _inputs(self.root), time.monotonic()
+        unchanged = inputs == self._inputs and now - self._built_at < REFRESH_S
+        if unchanged and (self._written is None or self.target.is_file()):  # (None: nothing to list)
+            return []
+        self._inputs, self._built_at = inputs, now
         try:
             spec = build_spec(self.root, None, self.shapes)
         except TenantNotFound:
@@ -63,6 +97,7 @@ class CdiKeeper:
         ]
 
     def _failure(self, why: str) -> list[Event]:
+        self._inputs = None  # retried at the next tick
         if why == self._failed:
             return []
         self._failed = why
