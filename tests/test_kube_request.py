@@ -95,6 +95,10 @@ def test_sharegpus_priority_classes_set_the_priority() -> None:
             "must be a whole number, not '4Gi'",
         ),
         (pod({"s": {"sharegpu.io/vgpu": "0"}}), "sharegpu.io/vgpu must be 1 to 16, not 0"),
+        (
+            pod({"s": {"sharegpu.io/vgpu": "1", "sharegpu.io/vgpu-compute": "30"}}),
+            "a shared vGPU needs its memory in MiB",
+        ),
         (pod({"s": {"sharegpu.io/vgpu-memory": "4096"}}), "without sharegpu.io/vgpu (how many vGPUs)"),
         (pod({"s": {"sharegpu.io/vgpus": "1"}}), "unknown resource sharegpu.io/vgpus"),
         (

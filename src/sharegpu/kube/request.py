@@ -6,7 +6,8 @@ API server requires extended resources to be equal in both when both are given):
     resources: {limits: {sharegpu.io/vgpu: 1, sharegpu.io/vgpu-memory: 4096, sharegpu.io/vgpu-compute: 30}}
 
 - `sharegpu.io/vgpu`: how many vGPUs (each on a GPU of its own);
-- `sharegpu.io/vgpu-memory`: MiB per vGPU (default: the whole GPU's memory);
+- `sharegpu.io/vgpu-memory`: MiB per vGPU; may be left out only for a whole GPU (compute 100),
+  which then has all of the GPU's memory;
 - `sharegpu.io/vgpu-compute`: percent of a GPU per vGPU, 1 to 100 (default 100).
 
 The pod's annotations apply to all of its containers:
@@ -62,7 +63,7 @@ class PodRequestError(SpecError):
 class ContainerRequest:
     name: str
     count: int  # vGPUs, each on its own GPU
-    memory_mib: int | None  # per vGPU; None: the whole GPU
+    memory_mib: int | None  # per vGPU; None: the whole GPU (compute 100 only)
     compute_pct: int  # per vGPU, 1-100
 
 
@@ -129,6 +130,11 @@ def _container(spec: Mapping[str, Any], problems: list[str]) -> ContainerRequest
     if not 1 <= compute <= 100:
         problems.append(
             f"container {name}: {RESOURCE_COMPUTE} must be 1 to 100 (percent of a GPU), not {compute}"
+        )
+    elif memory is None and compute < 100:
+        problems.append(
+            f"container {name}: {RESOURCE_COMPUTE} {compute} without {RESOURCE_MEMORY}: a shared vGPU needs "
+            "its memory in MiB (only a whole GPU, compute 100, has all of its memory by default)"
         )
     return ContainerRequest(name=name, count=count, memory_mib=memory, compute_pct=compute)
 

@@ -146,9 +146,25 @@ def tie_keys(state: ClusterState, cand: Candidates) -> list[Key]:
     return [lambda i: state.group_pressure(nodes[i])[np.arange(len(i)), slots[i]]]
 
 
-def decide(state: ClusterState, request: Request, policy: Policy, rng: np.random.Generator) -> Decision:
-    """Place ``request`` with ``policy`` (does not change ``state``: call ``state.allocate``)."""
+def decide(
+    state: ClusterState,
+    request: Request,
+    policy: Policy,
+    rng: np.random.Generator | None,
+    allowed: BoolArray | None = None,
+) -> Decision:
+    """Place ``request`` with ``policy`` (does not change ``state``: call ``state.allocate``),
+    on the nodes ``allowed`` ([N] mask; default all: the scheduler extender passes the nodes
+    the kube-scheduler left). ``rng`` None breaks random ties by node order."""
     cand = candidates(state, request)
+    if allowed is not None and len(cand):
+        keep = allowed[cand.nodes]
+        cand = Candidates(
+            request,
+            cand.nodes[keep],
+            slots=cand.slots[keep] if cand.slots is not None else None,
+            sets=cand.sets[keep] if cand.sets is not None else None,
+        )
     if not len(cand):
         return explain(state, request)
     keys = [*priority_keys(state, cand), *policy.keys(state, cand)]

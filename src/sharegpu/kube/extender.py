@@ -1,0 +1,384 @@
+"""The scheduler extender: the kube-scheduler asks it which nodes can take a pod's vGPUs
+(`filter`), which it prefers (`prioritize`) and lets it `bind` the pod, choosing the GPUs.
+
+Every decision is `sharegpu.placement` (engine.decide with the node mask the scheduler passes):
+the same code as `sharegpu simulate`, not a copy. The state is a `ClusterState` of every node
+the scheduler has shown, with a fresh inventory (inventory.py), and the vGPUs of the pods bound
+so far (`observe` for pods bound before, or by another replica); it is rebuilt when a node
+appears or its GPUs change, with the allocations re-applied.
+
+- `filter` keeps the nodes where the pod fits now. The others carry the reason the scheduler
+  shows in the pod's events: `FailedNodes` for what may change (no room now, a stale
+  inventory), `FailedAndUnresolvableNodes` for what will not (no inventory, a model the pod
+  does not allow, vGPUs larger than the node's GPUs). A pod whose request is malformed fails
+  on every node with the reason (request.PodRequestError).
+- `prioritize` scores the nodes 10, 9, ... in the order the policy prefers them (the best
+  candidate on each), 0 for the rest; the best node's placement is kept for the bind, so a
+  bind on it is the simulator's decision.
+- `bind` places the pod on the chosen node (that placement, or the policy's best on the node),
+  writes the assignment (assignment.py) through the `Binder`, and records the allocation; the
+  lock makes two binds at once decide one after the other, so they never share free room.
+
+The HTTP server (`serve`) speaks the extender API's JSON (capitalised keys: `Pod`, `Nodes`,
+`NodeNames`, `FailedNodes`, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol
+
+import numpy as np
+
+from sharegpu.errors import SpecError
+from sharegpu.kube.assignment import AssignedContainer, AssignedGpu, Assignment, read_assignment
+from sharegpu.kube.inventory import (
+    STALE_AFTER_S,
+    Inventory,
+    InventoryError,
+    node_name,
+    placement_node,
+    quantity,
+    read_inventory,
+)
+from sharegpu.kube.request import PodRequest, PodRequestError, pod_request
+from sharegpu.placement import DEFAULT_POLICY, ClusterState, Placement, Priority, Request, make_policy
+from sharegpu.placement.engine import decide
+
+MAX_SCORE = 10  # the extender API's MaxExtenderPriority
+MAX_PENDING = 10_000  # pods filtered and not bound yet, remembered for their bind
+
+
+class Binder(Protocol):
+    """Writes a decision to the API server: the assignment annotation and the binding."""
+
+    def bind(self, namespace: str, name: str, uid: str, assignment: Assignment) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Known:
+    node: Mapping[str, Any]
+    inventory: Inventory
+
+
+def placement_request(pod: Mapping[str, Any], request: PodRequest) -> Request:
+    """The placement request of a pod: its one vGPU container's vGPUs and the pod's CPU and memory."""
+    if len(request.containers) != 1:
+        raise PodRequestError(
+            f"pod {request.key}: vGPUs in {len(request.containers)} containers; one container per pod "
+            "may have vGPUs so far"
+        )
+    (container,) = request.containers
+    cpu = memory = 0.0
+    for spec in (pod.get("spec") or {}).get("containers") or []:
+        asked = (spec.get("resources") or {}).get("requests") or {}
+        try:
+            cpu += quantity(asked.get("cpu", "0"))
+            memory += quantity(asked.get("memory", "0"))
+        except SpecError as err:
+            raise PodRequestError(f"pod {request.key}: requests {err}") from err
+    return Request(
+        count=container.count,
+        compute_milli=container.compute_pct * 10,
+        memory_mib=container.memory_mib or 0,
+        cpu_milli=round(cpu * 1000),
+        host_memory_mib=int(memory // (1 << 20)),
+        models=request.models,
+        priority=Priority(request.priority),
+        name=request.key,
+    )
+
+
+class Extender:
+    def __init__(
+        self,
+        binder: Binder | None = None,
+        *,
+        policy: str = DEFAULT_POLICY,
+        stale_after_s: float = STALE_AFTER_S,
+        clock: Callable[[], float] = time.time,
+        seed: int = 0,
+    ) -> None:
+        self.binder = binder
+        self.policy = make_policy(policy)
+        self.stale_after_s = stale_after_s
+        self.clock = clock
+        self.rng = np.random.default_rng(seed)
+        self.state: ClusterState | None = None
+        self._known: dict[str, _Known] = {}
+        self._layout: dict[str, tuple[object, ...]] = {}
+        self._bound: dict[str, tuple[Placement, Request]] = {}  # pod uid -> where it went
+        self._chosen: dict[str, Placement] = {}  # pod uid -> prioritize's best placement
+        self._pods: dict[str, tuple[Mapping[str, Any], PodRequest, Request]] = {}  # filtered, not bound
+        self._lock = threading.Lock()
+
+    # -- the state ---------------------------------------------------------------------------
+
+    def _learn(self, nodes: list[Mapping[str, Any]]) -> dict[str, str]:
+        """Take in the nodes the scheduler passed; {name: why it cannot be used, permanently}."""
+        unusable: dict[str, str] = {}
+        changed = False
+        for node in nodes:
+            name = node_name(node)
+            try:
+                inventory = read_inventory(node)
+                if inventory is None:
+                    unusable[name] = (
+                        "no sharegpu inventory on this node (is the sharegpu agent running on it?)"
+                    )
+                    continue
+                layout = (placement_node(node, inventory), tuple(inventory.gpus))
+            except InventoryError as err:
+                unusable[name] = str(err)
+                continue
+            self._known[name] = _Known(node=node, inventory=inventory)
+            if self._layout.get(name) != layout:
+                self._layout[name] = layout
+                changed = True
+        if changed or (self.state is None and self._known):
+            self._rebuild()
+        return unusable
+
+    def _rebuild(self) -> None:
+        names = sorted(self._known)
+        self.state = ClusterState(
+            [placement_node(self._known[n].node, self._known[n].inventory) for n in names]
+        )
+        for uid, (placement, request) in list(self._bound.items()):
+            index = self.state.index.get(placement.node)
+            try:
+                if index is None:
+                    raise SpecError("its node is gone")
+                self.state.allocate(Placement(placement.node, index, placement.gpus), request, alloc_id=uid)
+            except SpecError:
+                del self._bound[uid]  # its node went or changed: the pod is the API server's to judge
+
+    def observe(self, pod: Mapping[str, Any]) -> None:
+        """Record a pod bound already (by an earlier run, or another replica) from its assignment."""
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
+        key = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
+        assignment = read_assignment(meta.get("annotations"), key)
+        request = pod_request(pod)
+        if assignment is None or request is None or uid in self._bound:
+            return
+        with self._lock:
+            gpus = tuple(g.index for c in assignment.containers for g in c.gpus)
+            placement = Placement(assignment.node, -1, gpus)
+            self._bound[uid] = (placement, placement_request(pod, request))
+            if self.state is not None and assignment.node in self.state.index:
+                self._rebuild()
+
+    # -- the verbs -----------------------------------------------------------------------------
+
+    def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        pod = args.get("Pod") or {}
+        nodes = list((args.get("Nodes") or {}).get("items") or [])
+        names = [node_name(n) for n in nodes] or list(args.get("NodeNames") or [])
+        failed: dict[str, str] = {}
+        final: dict[str, str] = {}
+        try:
+            request = pod_request(pod)
+        except PodRequestError as err:
+            return _filter_result(nodes, [], {}, {n: str(err) for n in names})
+        if request is None:  # no vGPU: every node the scheduler chose will do
+            return _filter_result(nodes, names, {}, {})
+        try:
+            wanted = placement_request(pod, request)
+        except PodRequestError as err:
+            return _filter_result(nodes, [], {}, {n: str(err) for n in names})
+        with self._lock:
+            uid = str((pod.get("metadata") or {}).get("uid", ""))
+            if len(self._pods) >= MAX_PENDING:
+                self._pods.pop(next(iter(self._pods)))  # the oldest: a pod that never came to bind
+            self._pods[uid] = (pod, request, wanted)
+            final.update(self._learn(nodes))
+            fits = []
+            for name in names:
+                if name in final:
+                    continue
+                why = self._node_refuses(name, wanted)
+                if why is None:
+                    fits.append(name)
+                else:
+                    (failed if why[1] else final)[name] = why[0]
+        return _filter_result(nodes, fits, failed, final)
+
+    def _node_refuses(self, name: str, request: Request) -> tuple[str, bool] | None:
+        """(why, may change) when the node cannot take the request now; None when it can."""
+        known, state = self._known.get(name), self.state
+        if known is None or state is None:
+            return "no sharegpu inventory on this node (is the sharegpu agent running on it?)", True
+        age = self.clock() - known.inventory.published_at
+        if age > self.stale_after_s:
+            return f"sharegpu inventory is {age:.0f} s old (its agent is down or cut off)", True
+        n = state.index[name]
+        node = state.nodes[n]
+        if request.models and node.model not in request.models:
+            return f"GPU model {node.model} is not one of {', '.join(sorted(request.models))}", False
+        per_gpu = (state.cap_c[n] >= request.compute_milli) & (state.cap_m[n] >= request.memory_mib)
+        if int(per_gpu[: node.gpus].sum()) < request.count:
+            size = f"{request.memory_mib} MiB / {request.compute_milli / 10:g}%"
+            return (
+                f"{request.count} vGPU(s) of {size} do not fit its {node.gpus} GPU(s) of "
+                f"{node.gpu_memory_mib} MiB even when empty",
+                False,
+            )
+        allowed = np.zeros(len(state.nodes), dtype=np.bool_)
+        allowed[n] = True
+        if not isinstance(decide(state, request, self.policy, None, allowed), Placement):
+            return f"no room now for {request.describe()}", True
+        return None
+
+    def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
+        pod = args.get("Pod") or {}
+        nodes = list((args.get("Nodes") or {}).get("items") or [])
+        names = [node_name(n) for n in nodes] or list(args.get("NodeNames") or [])
+        scores = dict.fromkeys(names, 0)
+        try:
+            request = pod_request(pod)
+            wanted = placement_request(pod, request) if request is not None else None
+        except PodRequestError:
+            wanted = None  # filter said why
+        with self._lock:
+            self._learn(nodes)
+            state = self.state
+            if wanted is not None and state is not None:
+                allowed = np.zeros(len(state.nodes), dtype=np.bool_)
+                for name in names:
+                    if name in state.index:
+                        allowed[state.index[name]] = True
+                uid = str((pod.get("metadata") or {}).get("uid", ""))
+                for rank in range(MAX_SCORE):
+                    # The first is the policy's decision (its random tie-break, as in the simulator).
+                    got = decide(state, wanted, self.policy, self.rng if rank == 0 else None, allowed)
+                    if not isinstance(got, Placement):
+                        break
+                    if rank == 0:
+                        self._chosen[uid] = got
+                    scores[got.node] = MAX_SCORE - rank
+                    allowed[got.node_index] = False
+        return [{"Host": name, "Score": score} for name, score in scores.items()]
+
+    def bind(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """ExtenderBindingArgs (PodName, PodNamespace, PodUID, Node) -> {"Error": ""} or the reason."""
+        name, namespace = str(args.get("PodName") or ""), str(args.get("PodNamespace") or "default")
+        uid, node = str(args.get("PodUID") or ""), str(args.get("Node") or "")
+        if not (name and uid and node):
+            return {"Error": "malformed bind request: PodName, PodUID and Node are required"}
+        with self._lock:
+            seen = self._pods.get(uid)
+            if seen is None:
+                return {
+                    "Error": f"pod {namespace}/{name} was not filtered by this extender: scheduling it again"
+                }
+            _, request, wanted = seen
+            state, known = self.state, self._known.get(node)
+            if state is None or known is None or node not in state.index:
+                return {
+                    "Error": f"node {node} has no sharegpu inventory: scheduling {namespace}/{name} again"
+                }
+            chosen = self._chosen.pop(uid, None)
+            if chosen is None or chosen.node != node:
+                allowed = np.zeros(len(state.nodes), dtype=np.bool_)
+                allowed[state.index[node]] = True
+                got = decide(state, wanted, self.policy, None, allowed)
+                if not isinstance(got, Placement):
+                    return {"Error": f"no room on node {node} now for {wanted.describe()}: {got.message}"}
+                chosen = got
+            if self.binder is None:
+                return {"Error": "this extender has no binder (it was started without an API server)"}
+            assignment = assignment_for(known.inventory, node, chosen, request, self.clock())
+            try:
+                self.binder.bind(namespace, name, uid, assignment)
+            except Exception as err:  # the API server's refusal, whatever its type: the pod is retried
+                return {"Error": f"binding {namespace}/{name} to {node} failed: {err}"}
+            state.allocate(chosen, wanted, alloc_id=uid)
+            self._bound[uid] = (chosen, wanted)
+            self._pods.pop(uid, None)
+        return {"Error": ""}
+
+
+def _filter_result(
+    nodes: list[Mapping[str, Any]], fits: list[str], failed: dict[str, str], final: dict[str, str]
+) -> dict[str, Any]:
+    """ExtenderFilterResult: the nodes in the form they came (objects, or names when the
+    extender is node-cache capable)."""
+    keep = set(fits)
+    return {
+        "Nodes": {"items": [n for n in nodes if node_name(n) in keep]} if nodes else None,
+        "NodeNames": None if nodes else fits,
+        "FailedNodes": failed,
+        "FailedAndUnresolvableNodes": final,
+        "Error": "",
+    }
+
+
+def assignment_for(
+    known: Inventory, node: str, placement: Placement, request: PodRequest, bound_at: float
+) -> Assignment:
+    """The assignment of a placement on a node, its GPUs named by the node's inventory."""
+    (container,) = request.containers
+    by_index = {g.index: g for g in known.gpus}
+    gpus = tuple(
+        AssignedGpu(
+            index=i,
+            uuid=by_index[i].uuid,
+            memory_mib=container.memory_mib or by_index[i].memory_mib,
+            compute_pct=container.compute_pct,
+        )
+        for i in placement.gpus
+    )
+    return Assignment(
+        node=node,
+        priority=request.priority,  # type: ignore[arg-type]
+        policy=request.policy,  # type: ignore[arg-type]
+        containers=(AssignedContainer(name=container.name, gpus=gpus),),
+        bound_at=bound_at,
+    )
+
+
+class _Handler(BaseHTTPRequestHandler):
+    extender: Extender  # set on the subclass serve() makes
+
+    def do_POST(self) -> None:
+        verbs: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+            "/filter": self.extender.filter,
+            "/prioritize": self.extender.prioritize,
+            "/bind": self.extender.bind,
+        }
+        verb = verbs.get(self.path.rstrip("/") or "/")
+        if verb is None:
+            self._reply(404, {"Error": f"no extender verb {self.path}: use /filter, /prioritize or /bind"})
+            return
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+            args = json.loads(self.rfile.read(length) or b"{}")
+            if not isinstance(args, dict):
+                raise ValueError("the body is not a JSON object")
+        except ValueError as err:
+            self._reply(400, {"Error": f"malformed extender request: {err}"})
+            return
+        self._reply(200, verb(args))
+
+    def _reply(self, status: int, body: object) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # one line per scheduling cycle would drown the log
+
+
+def serve(extender: Extender, host: str = "0.0.0.0", port: int = 8998) -> ThreadingHTTPServer:
+    """An HTTP server of the extender API (not started: call serve_forever)."""
+    handler = type("Handler", (_Handler,), {"extender": extender})
+    return ThreadingHTTPServer((host, port), handler)
