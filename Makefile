@@ -11,7 +11,7 @@ CLIENTS_VENV := .venv-clients
 CLIENTS_STAMP := $(CLIENTS_VENV)/.installed
 NATIVE_SRC := $(shell find native -name '*.c' -o -name '*.h' -o -name '*.inc' -o -name '*.map' -o -name '*.def' -o -name Makefile)
 
-.PHONY: run test bench check native clients clean setup
+.PHONY: run test bench check native clients clean setup proto
 
 setup: $(STAMP) $(NATIVE_STAMP)
 
@@ -56,6 +56,13 @@ check: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(MAKE) -s -C native OUT=$(CURDIR)/build/check all
+
+# The kubelet's device plugin API: regenerate the committed Python modules from api.proto
+# (grpcio-tools, pinned in the dev extra). PROTO_OUT=DIR writes elsewhere (the drift test).
+PROTO_OUT ?= src
+proto:
+	$(BIN)/python -m grpc_tools.protoc -Isrc --python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) \
+	  --grpc_python_out=$(PROTO_OUT) sharegpu/kube/deviceplugin/api.proto
 
 clean:
 	rm -rf $(VENV) $(CLIENTS_VENV) build src/sharegpu/_lib .pytest_cache .mypy_cache .ruff_cache

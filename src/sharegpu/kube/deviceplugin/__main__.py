@@ -1,0 +1,85 @@
+"""`python -m sharegpu.kube.deviceplugin --node NAME [...]`: the device plugin of one node, until
+SIGTERM or SIGINT. Errors before serving are one `sharegpu: error:` line (exit 2)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+from sharegpu.devices import list_gpus
+from sharegpu.errors import SharegpuError
+from sharegpu.kube.deviceplugin.allocate import Allocator
+from sharegpu.kube.deviceplugin.pods import FilePodSource, KubePodSource, PodSource
+from sharegpu.kube.deviceplugin.registration import DEFAULT_DIR, Registrar
+from sharegpu.kube.deviceplugin.service import DevicePluginService
+from sharegpu.kube.deviceplugin.slots import SLOTS_PER_GPU, Inventory
+from sharegpu.kube.request import RESOURCE_VGPU
+from sharegpu.runtime.cdi.generate import DEFAULT_SPEC_DIR, SPEC_FILE
+from sharegpu.tenant import runtime_dir
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sharegpu.kube.deviceplugin", description=__doc__)
+    p.add_argument(
+        "--node", default=os.environ.get("NODE_NAME"), help="this node's name (default: $NODE_NAME)"
+    )
+    p.add_argument(
+        "--kubelet-dir", type=Path, default=DEFAULT_DIR, help="the kubelet's device plugin directory"
+    )
+    p.add_argument("--slots-per-gpu", type=int, default=SLOTS_PER_GPU, help="device IDs advertised per GPU")
+    p.add_argument("--health-interval", type=float, default=5.0, help="seconds between NVML health polls")
+    p.add_argument("--check-interval", type=float, default=1.0, help="seconds between kubelet restart checks")
+    p.add_argument(
+        "--cdi-spec",
+        default=str(DEFAULT_SPEC_DIR / SPEC_FILE),
+        help="the CDI spec rewritten at each allocation, or 'none'",
+    )
+    p.add_argument("--pods-file", type=Path, help="read pods from this JSON file, not the API server")
+    p.add_argument("--cdi-only", action="store_true", help="answer with the CDI device name only")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        if not args.node:
+            raise SharegpuError(
+                "give --node NAME (or set NODE_NAME): the node whose pods this plugin allocates"
+            )
+        pods: PodSource = FilePodSource(args.pods_file) if args.pods_file else KubePodSource()
+        allocator = Allocator(
+            node=args.node,
+            pods=pods,
+            root=runtime_dir(),
+            cdi_spec=None if args.cdi_spec == "none" else Path(args.cdi_spec),
+            legacy_edits=not args.cdi_only,
+        )
+        inventory = Inventory(list_gpus, args.slots_per_gpu)
+        service = DevicePluginService(inventory, allocator, health_interval_s=args.health_interval)
+        registrar = Registrar(service, RESOURCE_VGPU, args.kubelet_dir, check_s=args.check_interval)
+    except (SharegpuError, ValueError) as err:
+        print(f"sharegpu: error: {err}", file=sys.stderr)
+        return 2
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        registrar.stop()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    runner = threading.Thread(target=registrar.run, name="registrar")
+    runner.start()
+    while runner.is_alive():
+        runner.join(0.5)  # the main thread stays free for the signal handlers
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
