@@ -12,9 +12,9 @@ appears or its GPUs change, with the allocations re-applied.
   inventory), `FailedAndUnresolvableNodes` for what will not (no inventory, a model the pod
   does not allow, vGPUs larger than the node's GPUs). A pod whose request is malformed fails
   on every node with the reason (request.PodRequestError).
-- `prioritize` scores the nodes 10, 9, ... in the order the policy prefers them (the best
-  candidate on each), 0 for the rest; the best node's placement is kept for the bind, so a
-  bind on it is the simulator's decision.
+- `prioritize` scores 10 the node of the policy's decision among those passed and leaves the
+  rest out (0: the extender's weight in the scheduler's configuration makes it decisive); the decision
+  is kept for the bind, so a bind on that node is the simulator's decision.
 - `bind` places the pod on the chosen node (that placement, or the policy's best on the node),
   writes the assignment (assignment.py) through the `Binder`, and records the allocation; the
   lock makes two binds at once decide one after the other, so they never share free room.
@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
@@ -47,11 +47,21 @@ from sharegpu.kube.inventory import (
     read_inventory,
 )
 from sharegpu.kube.request import PodRequest, PodRequestError, pod_request
-from sharegpu.placement import DEFAULT_POLICY, ClusterState, Placement, Priority, Request, make_policy
+from sharegpu.placement import (
+    DEFAULT_POLICY,
+    ClusterState,
+    Placement,
+    Priority,
+    Request,
+    Workload,
+    engine,
+    make_policy,
+)
 from sharegpu.placement.engine import decide
 
 MAX_SCORE = 10  # the extender API's MaxExtenderPriority
 MAX_PENDING = 10_000  # pods filtered and not bound yet, remembered for their bind
+_NO_INVENTORY = "no sharegpu inventory on this node (is the sharegpu agent running on it?)"
 
 
 class Binder(Protocol):
@@ -102,19 +112,23 @@ class Extender:
         policy: str = DEFAULT_POLICY,
         stale_after_s: float = STALE_AFTER_S,
         clock: Callable[[], float] = time.time,
-        seed: int = 0,
+        seed: int | Sequence[int] = 0,
+        workload: Workload | None = None,
     ) -> None:
         self.binder = binder
         self.policy = make_policy(policy)
         self.stale_after_s = stale_after_s
         self.clock = clock
         self.rng = np.random.default_rng(seed)
+        # The request shapes fragmentation is measured against (the cluster's pod mix).
+        self.workload = workload if workload is not None else Workload.default()
         self.state: ClusterState | None = None
         self._known: dict[str, _Known] = {}
         self._layout: dict[str, tuple[object, ...]] = {}
         self._bound: dict[str, tuple[Placement, Request]] = {}  # pod uid -> where it went
         self._chosen: dict[str, Placement] = {}  # pod uid -> prioritize's best placement
         self._pods: dict[str, tuple[Mapping[str, Any], PodRequest, Request]] = {}  # filtered, not bound
+        self._published_at = np.zeros(0)  # per state index: when the node's inventory was published
         self._lock = threading.Lock()
 
     # -- the state ---------------------------------------------------------------------------
@@ -137,6 +151,8 @@ class Extender:
                 unusable[name] = str(err)
                 continue
             self._known[name] = _Known(node=node, inventory=inventory)
+            if self.state is not None and name in self.state.index:
+                self._published_at[self.state.index[name]] = inventory.published_at
             if self._layout.get(name) != layout:
                 self._layout[name] = layout
                 changed = True
@@ -145,10 +161,11 @@ class Extender:
         return unusable
 
     def _rebuild(self) -> None:
-        names = sorted(self._known)
-        self.state = ClusterState(
-            [placement_node(self._known[n].node, self._known[n].inventory) for n in names]
-        )
+        # In the order the scheduler first listed them: ties between nodes go as in the simulator.
+        nodes = [placement_node(k.node, k.inventory) for k in self._known.values()]
+        self.state = ClusterState(nodes, self.workload)
+        self.policy.warm(self.state, self.workload.shapes)
+        self._published_at = np.array([k.inventory.published_at for k in self._known.values()])
         for uid, (placement, request) in list(self._bound.items()):
             index = self.state.index.get(placement.node)
             try:
@@ -198,48 +215,52 @@ class Extender:
                 self._pods.pop(next(iter(self._pods)))  # the oldest: a pod that never came to bind
             self._pods[uid] = (pod, request, wanted)
             final.update(self._learn(nodes))
-            fits = []
-            for name in names:
-                if name in final:
-                    continue
-                why = self._node_refuses(name, wanted)
-                if why is None:
-                    fits.append(name)
-                else:
-                    (failed if why[1] else final)[name] = why[0]
+            fits = self._sort_nodes([n for n in names if n not in final], wanted, failed, final)
         return _filter_result(nodes, fits, failed, final)
 
-    def _node_refuses(self, name: str, request: Request) -> tuple[str, bool] | None:
-        """(why, may change) when the node cannot take the request now; None when it can."""
-        known, state = self._known.get(name), self.state
-        if known is None or state is None:
-            return "no sharegpu inventory on this node (is the sharegpu agent running on it?)", True
-        age = self.clock() - known.inventory.published_at
-        if age > self.stale_after_s:
-            return f"sharegpu inventory is {age:.0f} s old (its agent is down or cut off)", True
-        n = state.index[name]
-        node = state.nodes[n]
-        if request.models and node.model not in request.models:
-            return f"GPU model {node.model} is not one of {', '.join(sorted(request.models))}", False
-        per_gpu = (state.cap_c[n] >= request.compute_milli) & (state.cap_m[n] >= request.memory_mib)
-        if int(per_gpu[: node.gpus].sum()) < request.count:
-            size = f"{request.memory_mib} MiB / {request.compute_milli / 10:g}%"
-            return (
-                f"{request.count} vGPU(s) of {size} do not fit its {node.gpus} GPU(s) of "
-                f"{node.gpu_memory_mib} MiB even when empty",
-                False,
-            )
-        allowed = np.zeros(len(state.nodes), dtype=np.bool_)
-        allowed[n] = True
-        if not isinstance(decide(state, request, self.policy, None, allowed), Placement):
-            return f"no room now for {request.describe()}", True
-        return None
+    def _sort_nodes(
+        self, names: list[str], request: Request, failed: dict[str, str], final: dict[str, str]
+    ) -> list[str]:
+        """The nodes that can take the request now; the reason of each other one, in `failed`
+        (may change) or `final` (will not). Vectorised: the kube-scheduler sends every node."""
+        state = self.state
+        if state is None:
+            failed.update(dict.fromkeys(names, _NO_INVENTORY))
+            return []
+        index = np.array([state.index.get(name, -1) for name in names], dtype=np.int64)
+        unknown = index < 0
+        n = np.where(unknown, 0, index)
+        fit = np.zeros(len(state.nodes), dtype=np.bool_)
+        fit[engine.candidates(state, request).nodes] = True
+        model_ok = state.model_mask(request.models) if request.count else np.ones(len(state.nodes), np.bool_)
+        per_gpu = (state.cap_c >= request.compute_milli) & (state.cap_m >= request.memory_mib)
+        holds = per_gpu.sum(axis=1) >= request.count
+        age = self.clock() - self._published_at[n]
+        stale = ~unknown & (age > self.stale_after_s)
+        wrong_model = ~unknown & ~stale & ~model_ok[n]
+        too_small = ~unknown & ~stale & ~wrong_model & ~holds[n]
+        full = ~unknown & ~stale & ~wrong_model & ~too_small & ~fit[n]
+        size = f"{request.count} vGPU(s) of {request.memory_mib} MiB / {request.compute_milli / 10:g}%"
+        allowed = ", ".join(sorted(request.models))
+        for k in np.flatnonzero(unknown):
+            failed[names[k]] = _NO_INVENTORY
+        for k in np.flatnonzero(stale):
+            failed[names[k]] = f"sharegpu inventory is {age[k]:.0f} s old (its agent is down or cut off)"
+        for k in np.flatnonzero(wrong_model):
+            final[names[k]] = f"GPU model {state.nodes[n[k]].model} is not one of {allowed}"
+        for k in np.flatnonzero(too_small):
+            final[names[k]] = f"its GPUs cannot hold {size} even when empty"
+        busy = f"no room now for {request.describe()}"
+        for k in np.flatnonzero(full):
+            failed[names[k]] = busy
+        ok = ~(unknown | stale | wrong_model | too_small | full)
+        return [names[k] for k in np.flatnonzero(ok)]
 
     def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
         pod = args.get("Pod") or {}
         nodes = list((args.get("Nodes") or {}).get("items") or [])
         names = [node_name(n) for n in nodes] or list(args.get("NodeNames") or [])
-        scores = dict.fromkeys(names, 0)
+        scores: list[dict[str, Any]] = []  # a node left out scores 0 (the scheduler adds nothing)
         try:
             request = pod_request(pod)
             wanted = placement_request(pod, request) if request is not None else None
@@ -249,21 +270,17 @@ class Extender:
             self._learn(nodes)
             state = self.state
             if wanted is not None and state is not None:
-                allowed = np.zeros(len(state.nodes), dtype=np.bool_)
-                for name in names:
-                    if name in state.index:
-                        allowed[state.index[name]] = True
-                uid = str((pod.get("metadata") or {}).get("uid", ""))
-                for rank in range(MAX_SCORE):
-                    # The first is the policy's decision (its random tie-break, as in the simulator).
-                    got = decide(state, wanted, self.policy, self.rng if rank == 0 else None, allowed)
-                    if not isinstance(got, Placement):
-                        break
-                    if rank == 0:
-                        self._chosen[uid] = got
-                    scores[got.node] = MAX_SCORE - rank
-                    allowed[got.node_index] = False
-        return [{"Host": name, "Score": score} for name, score in scores.items()]
+                allowed = np.zeros(len(state.nodes) + 1, dtype=np.bool_)  # the last: unknown names
+                allowed[np.array([state.index.get(name, -1) for name in names], dtype=np.int64)] = True
+                allowed = allowed[:-1]
+                # The policy's decision, with its random tie-break as in the simulator; kept for
+                # the bind. One decision only: the others score 0 (ranking more nodes would cost
+                # a decision each, and the scheduler binds the best).
+                got = decide(state, wanted, self.policy, self.rng, allowed)
+                if isinstance(got, Placement):
+                    self._chosen[str((pod.get("metadata") or {}).get("uid", ""))] = got
+                    scores.append({"Host": got.node, "Score": MAX_SCORE})
+        return scores
 
     def bind(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """ExtenderBindingArgs (PodName, PodNamespace, PodUID, Node) -> {"Error": ""} or the reason."""
