@@ -106,9 +106,7 @@ def test_filter_keeps_the_nodes_with_room_and_says_why_of_the_others() -> None:
     assert "no sharegpu inventory" in final["bare"]
     assert f"GPU model Tesla T4 is not one of {H100}" in final["t4"]
     too_big = ext.filter(args(pod("big", memory=90000), [node("a")]))
-    assert (
-        "cannot hold 1 vGPU(s) of 90000 MiB" in too_big["FailedAndUnresolvableNodes"]["a"]
-    )
+    assert "cannot hold 1 vGPU(s) of 90000 MiB" in too_big["FailedAndUnresolvableNodes"]["a"]
 
 
 def test_a_malformed_pod_fails_on_every_node_with_its_reason() -> None:
