@@ -26,8 +26,9 @@ import argparse
 import dataclasses
 import json
 import statistics
+import subprocess
 import sys
-import threading
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from typing import Any
 import httpx
 from kubernetes import client
 
-from sharegpu.kube.extender import Extender
+from sharegpu.kube.extender import workload_json
 from sharegpu.kube.inventory import ANNOTATION_INVENTORY, Inventory, InventoryGpu
 from sharegpu.placement import Request, Workload
 from sharegpu.placement.model import FULL_GPU, Node
@@ -46,16 +47,6 @@ DATA = Path(__file__).resolve().parent.parent / "data" / "alibaba-gpu-v2023"
 UNDISCLOSED_GPU_MEMORY_MIB = 16 * 1024
 SERIALISE = client.ApiClient().sanitize_for_serialization
 PUBLISHED_AT = time.time()
-
-
-class RecordingBinder:
-    """The API server's part of a bind (the assignment and the binding), kept in memory."""
-
-    def __init__(self) -> None:
-        self.bound = 0
-
-    def bind(self, namespace: str, name: str, uid: str, assignment: object) -> None:
-        self.bound += 1
 
 
 def expressible(pod: Request) -> Request:
@@ -127,20 +118,26 @@ def run(policy: str, seed: int) -> dict[str, float]:
     workload = Workload.from_requests(pods)
     simulated = simulate(nodes, pods, policy, seed, target=1.0, workload=workload)
 
-    binder = RecordingBinder()
+    # The extender in a process of its own, as deployed (its HTTP server and this client
+    # would otherwise share one interpreter's lock).
+    spec = Path(tempfile.mkdtemp(prefix="sharegpu-bench-")) / "workload.json"
+    spec.write_text(workload_json(workload))
     # Inventories published once: the replay outlasts their freshness (STALE_AFTER_S), which
     # agents keep by publishing every few seconds.
-    extender = Extender(binder, policy=policy, seed=[seed, 1], workload=workload, stale_after_s=3600)
-    from sharegpu.kube.extender import serve  # the HTTP server the kube-scheduler talks to
-
-    server = serve(extender, "127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    cmd = [sys.executable, "-m", "sharegpu.kube.extender", "--dry-run", "--host", "127.0.0.1", "--port", "0"]
+    cmd += ["--policy", policy, "--seed", str(seed), "1", "--workload", str(spec), "--stale-after", "3600"]
+    server = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    assert server.stderr is not None
+    started = server.stderr.readline()
+    if " on 127.0.0.1:" not in started:
+        raise RuntimeError(f"the extender did not start: {started}{server.stderr.read()}")
+    url = "http://" + started.split(" on ", 1)[1].split()[0]
     names = [n.name for n in nodes]
     capacity = sum(n.gpus * n.gpu_compute_milli for n in nodes)
     arrivals = sample(pods, capacity, 1.0, seed)
     took: list[float] = []
+    placed: list[int] = []
     pending = 0
-    url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         with httpx.Client(base_url=url, timeout=60) as http:
             every = SERIALISE(client.V1NodeList(items=[]))
@@ -171,17 +168,18 @@ def run(policy: str, seed: int) -> dict[str, float]:
                     ).json()
                     if bound["Error"]:
                         raise RuntimeError(bound["Error"])
+                    placed.append(request.gpu_milli)
                 else:
                     pending += 1
                 took.append((time.perf_counter() - t0) * 1000)
             elapsed = time.perf_counter() - began
+            allocated = sum(placed)
     finally:
-        server.shutdown()
-        server.server_close()
-    assert extender.state is not None
+        server.terminate()
+        server.wait(timeout=30)
     return {
         "simulator_allocation_pct": simulated.at(1.0).allocation_ratio * 100,
-        "extender_allocation_pct": extender.state.allocation_ratio * 100,
+        "extender_allocation_pct": allocated / capacity * 100,
         "simulator_pending": simulated.at(1.0).failed_pods,
         "extender_pending": pending,
         "pods": len(arrivals),

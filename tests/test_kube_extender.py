@@ -268,3 +268,22 @@ def test_the_http_api_speaks_the_extender_json(http: tuple[httpx.Client, Recordi
     assert bad.status_code == 400
     assert "malformed extender request" in bad.json()["Error"]
     assert c.post("/preempt", json={}).status_code == 404
+
+
+def test_the_command_refuses_to_bind_for_real_and_a_bad_workload_file(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "sharegpu.kube.extender", *argv]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+
+    real = run("--port", "0")
+    assert real.returncode == 2
+    assert "binding through the API server is not built yet: run with --dry-run" in real.stderr
+    bad = tmp_path / "workload.json"
+    bad.write_text('[{"shape": {"count": -1}, "weight": 1}]')
+    refused = run("--dry-run", "--port", "0", "--workload", str(bad))
+    assert refused.returncode == 2
+    assert f"--workload {bad}" in refused.stderr
+    assert "GPU count must not be negative" in refused.stderr

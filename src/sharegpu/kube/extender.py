@@ -25,12 +25,15 @@ The HTTP server (`serve`) speaks the extender API's JSON (capitalised keys: `Pod
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -399,3 +402,86 @@ def serve(extender: Extender, host: str = "0.0.0.0", port: int = 8998) -> Thread
     """An HTTP server of the extender API (not started: call serve_forever)."""
     handler = type("Handler", (_Handler,), {"extender": extender})
     return ThreadingHTTPServer((host, port), handler)
+
+
+class DryRunBinder:
+    """Decides and records, writes nothing: shadow scheduling next to another scheduler, and
+    the benchmark. (Binding through the API server comes with the extender's next increment.)"""
+
+    def __init__(self) -> None:
+        self.bound = 0
+
+    def bind(self, namespace: str, name: str, uid: str, assignment: Assignment) -> None:
+        self.bound += 1
+
+
+def workload_json(workload: Workload) -> str:
+    return json.dumps(
+        [
+            {
+                "shape": {**dataclasses.asdict(r), "models": sorted(r.models), "priority": str(r.priority)},
+                "weight": w,
+            }
+            for r, w in zip(workload.shapes, workload.weights, strict=True)
+        ]
+    )
+
+
+def read_workload(path: Path) -> Workload:
+    rows = json.loads(path.read_text())
+    shapes = tuple(
+        Request(**{**row["shape"], "models": frozenset(row["shape"].get("models", ()))}) for row in rows
+    )
+    return Workload(shapes=shapes, weights=tuple(float(row["weight"]) for row in rows))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="python -m sharegpu.kube.extender", description=__doc__.split("\n\n")[0]
+    )
+    ap.add_argument("--host", default="0.0.0.0")
+    ap.add_argument("--port", type=int, default=8998)
+    ap.add_argument("--policy", default=DEFAULT_POLICY)
+    ap.add_argument(
+        "--stale-after", type=float, default=STALE_AFTER_S, help="seconds an inventory stays fresh"
+    )
+    ap.add_argument("--dry-run", action="store_true", help="decide and record, bind nothing (shadow mode)")
+    ap.add_argument("--seed", type=int, nargs="+", default=[0], help="of the policy's random tie-breaks")
+    ap.add_argument(
+        "--workload",
+        type=Path,
+        help="the cluster's pod mix fragmentation is measured against: JSON [{shape: {count, "
+        "compute_milli, memory_mib, cpu_milli, host_memory_mib, models}, weight}] (default: a generic mix)",
+    )
+    args = ap.parse_args(argv)
+    if not args.dry_run:
+        print(
+            "sharegpu: error: binding through the API server is not built yet: run with --dry-run",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        workload = read_workload(args.workload) if args.workload else None
+    except (OSError, ValueError, TypeError, KeyError, SpecError) as err:
+        print(f"sharegpu: error: --workload {args.workload}: {err}", file=sys.stderr)
+        return 2
+    extender = Extender(
+        DryRunBinder(), policy=args.policy, stale_after_s=args.stale_after, seed=args.seed, workload=workload
+    )
+    server = serve(extender, args.host, args.port)
+    print(
+        f"sharegpu extender on {args.host}:{server.server_address[1]} (dry run)", file=sys.stderr, flush=True
+    )
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
