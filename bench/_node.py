@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -94,3 +96,21 @@ def simulated_node(memory_mib: int = 81920, gpus: int = 1) -> Iterator[Node]:
 def start_at(delay: float = 0.5) -> int:
     """A common CLOCK_MONOTONIC start instant, far enough ahead for every process to be ready."""
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC) + int(delay * 1e9)
+
+
+def write_cdi_spec(node: Node, *shapes: str) -> Path:
+    """The node's CDI spec with these shapes, in /var/run/cdi under a name of its own (Podman
+    4.3 reads no other directory); the caller removes it."""
+    spec = Path("/var/run/cdi") / f"sharegpu-bench-{uuid.uuid4().hex[:8]}.json"
+    env = node.base_env | {"SHAREGPU_RUNTIME_DIR": str(node.root / "run"), "SHAREGPU_NO_AGENT": "1"}
+    args = [a for shape in shapes for a in ("--shape", shape)]
+    gen = subprocess.run(
+        [sys.executable, "-m", "sharegpu.cli", "cdi", "generate", *args, "--output", str(spec)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if gen.returncode != 0:
+        raise RuntimeError(f"cdi generate failed: {gen.stderr.strip()}")
+    return spec

@@ -24,12 +24,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _node import Node, parse, simulated_node, start_at
+from _node import Node, parse, simulated_node, start_at, write_cdi_spec
 from isolation import ONLINE, run_together, saturate_args
 from sharegpu.arbiter import read_arbiter
 from sharegpu.runtime.rootfs import build_rootfs
@@ -62,22 +61,6 @@ def in_containers(rootfs: Path, jobs: list[tuple[str, list[str]]]) -> list[dict[
             raise RuntimeError(f"container probe failed ({proc.returncode}): {err.strip()}")
         results.append(parse(out))
     return results
-
-
-def write_spec(node: Node) -> Path:
-    spec = Path("/var/run/cdi") / f"sharegpu-bench-{uuid.uuid4().hex[:8]}.json"
-    env = node.base_env | {"SHAREGPU_RUNTIME_DIR": str(node.root / "run"), "SHAREGPU_NO_AGENT": "1"}
-    args = [a for shape in SHAPES for a in ("--shape", shape)]
-    gen = subprocess.run(
-        [sys.executable, "-m", "sharegpu.cli", "cdi", "generate", *args, "--output", str(spec)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if gen.returncode != 0:
-        raise RuntimeError(f"cdi generate failed: {gen.stderr.strip()}")
-    return spec
 
 
 def measure(node: Node, rootfs: Path, runs: int) -> dict[str, dict[str, float]]:
@@ -128,7 +111,7 @@ def main() -> int:
     args = ap.parse_args()
     with simulated_node(memory_mib=81920, gpus=1) as node, tempfile.TemporaryDirectory() as tmp:
         rootfs = build_rootfs(Path(tmp) / "rootfs")
-        spec = write_spec(node)
+        spec = write_cdi_spec(node, *SHAPES)
         try:
             found = measure(node, rootfs, args.runs)
         finally:

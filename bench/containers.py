@@ -36,7 +36,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from _node import Node, simulated_node
+from _node import Node, simulated_node, write_cdi_spec
 from sharegpu.native import probe_path
 from sharegpu.runtime.rootfs import build_rootfs
 from sharegpu.spec import ComputeSpec
@@ -66,17 +66,7 @@ def podman_start(rootfs: Path, device: str | None) -> float:
 def container_starts(node: Node, rootfs: Path, starts: int) -> dict[str, list[float]]:
     tenant = f"bench-{uuid.uuid4().hex[:8]}"
     node.tenant_env(tenant, ComputeSpec.parse(compute="50"), memory_mib=1024)
-    spec = Path("/var/run/cdi") / f"sharegpu-bench-{uuid.uuid4().hex[:8]}.json"
-    env = node.base_env | {"SHAREGPU_RUNTIME_DIR": str(node.root / "run"), "SHAREGPU_NO_AGENT": "1"}
-    gen = subprocess.run(
-        [sys.executable, "-m", "sharegpu.cli", "cdi", "generate", "--shape", SHAPE, "--output", str(spec)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if gen.returncode != 0:
-        raise RuntimeError(f"cdi generate failed: {gen.stderr.strip()}")
+    spec = write_cdi_spec(node, SHAPE)
     modes = {"no device": None, "tenant device": tenant, "shape device (hooks)": SHAPE}
     times: dict[str, list[float]] = {m: [] for m in modes}
     try:

@@ -510,7 +510,8 @@ def test_an_online_container_next_to_an_offline_one_keeps_its_host_latency(
 ) -> None:
     """An online and an offline container (50% each) against the same pair as host processes:
     the online requests' p99 latency is the host's, within the noise of a loaded machine."""
-    memory = random.randrange(100, 400)
+    # Two shapes and two host tenants of 256 MiB on the 1 GiB card: the shapes take at most 400 MiB.
+    memory = random.randrange(100, 200)
     online_shape, offline_shape = f"gpu0-{memory}MiB-50-online", f"gpu0-{memory}MiB-50-offline"
     generate(sim, spec_file, online_shape, offline_shape)
     bursts = ("bursts", "60", "30", "4", "1000")  # 4 ms of work every 30 ms, for 1.8 s

@@ -372,7 +372,7 @@ def test_failures_are_one_clear_error_and_leave_nothing(node: Node) -> None:
     node.pods(broken)
     err = error_of(lambda: node.client.allocate([devices[0]]))
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "pod ml/broken: sharegpu.io/assignment is not a sharegpu assignment" in (err.details() or "")
+    assert "pod ml/broken: sharegpu.io/assignment is not what sharegpu writes" in (err.details() or "")
 
     # The assignment names a GPU this node does not have (the node changed since).
     node.pods(pod("moved", "30000000-0", [(0, "GPU-00000000-dead-beef-0000-000000000000", 128, 10)]))

@@ -67,25 +67,45 @@ uint64_t sim_proc_dev(void)
     return stat("/proc/self/stat", &sb) == 0 ? (uint64_t)sb.st_dev + 1 : 0;
 }
 
-/* This process's pid as its /proc sees it: the first NSpid field, getpid() without /proc. */
-int sim_proc_pid(void)
+/* A pid from the NSpid line of a /proc/<pid>/status: the first (in the namespace of the /proc
+ * read) or the last (in the process's own namespace); the Pid line on kernels without NSpid.
+ * 0 if unknown. */
+static int nspid(const char *status, int last)
 {
     char buf[4096];
-    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    int fd = open(status, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return getpid();
+        return 0;
     ssize_t n = read(fd, buf, sizeof(buf) - 1);
     close(fd);
     if (n <= 0)
-        return getpid();
+        return 0;
     buf[n] = '\0';
     const char *p = strstr(buf, "\nNSpid:");
     if (!p)
         p = strstr(buf, "\nPid:");
     if (!p)
-        return getpid();
-    long v = strtol(strchr(p, ':') + 1, NULL, 10);
-    return v > 0 ? (int)v : getpid();
+        return 0;
+    const char *end = strchr(p + 1, '\n');
+    long found = 0;
+    for (char *q = strchr(p, ':') + 1; !end || q < end;) {
+        char *next;
+        long v = strtol(q, &next, 10);
+        if (next == q)
+            break;
+        found = v;
+        if (!last)
+            break;
+        q = next;
+    }
+    return found > 0 ? (int)found : 0;
+}
+
+/* This process's pid as its /proc sees it: the first NSpid field, getpid() without /proc. */
+int sim_proc_pid(void)
+{
+    int pid = nspid("/proc/self/status", 0);
+    return pid > 0 ? pid : getpid();
 }
 
 uint64_t sim_proc_start_time(int pid, int *gone)
@@ -189,30 +209,9 @@ static void slot_clear_locked(struct sim_state *st, struct sim_slot *s)
 /* The innermost pid (last NSpid field) of host process h, 0 if unknown. */
 static int innermost_pid(int h)
 {
-    char path[64], buf[4096];
+    char path[64];
     snprintf(path, sizeof(path), "/proc/%d/status", h);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = '\0';
-    const char *p = strstr(buf, "\nNSpid:");
-    if (!p)
-        return 0;
-    const char *end = strchr(p + 1, '\n');
-    long last = 0;
-    for (char *q = (char *)p + 7; q && (!end || q < end);) {
-        char *next;
-        long v = strtol(q, &next, 10);
-        if (next == q)
-            break;
-        last = v;
-        q = next;
-    }
-    return (int)last;
+    return nspid(path, 1);
 }
 
 struct wanted {

@@ -13,12 +13,11 @@ allocates a pod's containers in order, one pod at a time.
 
 from __future__ import annotations
 
-import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from sharegpu.kube.request import ANNOTATION_ALLOCATED, ANNOTATION_ASSIGNMENT, PodRequestError
+from sharegpu.kube.request import ANNOTATION_ALLOCATED, ANNOTATION_ASSIGNMENT, PodRequestError, read_versioned
 
 VERSION = 1
 
@@ -62,19 +61,8 @@ def read_assignment(annotations: dict[str, str] | None, pod_key: str) -> Assignm
     text = (annotations or {}).get(ANNOTATION_ASSIGNMENT)
     if text is None:
         return None
-    try:
-        data = json.loads(text)
-        if isinstance(data, dict) and data.get("version", VERSION) != VERSION:
-            raise PodRequestError(
-                f"pod {pod_key}: {ANNOTATION_ASSIGNMENT} is version {data.get('version')}, this sharegpu "
-                f"reads version {VERSION}"
-            )
-        return Assignment.model_validate(data)
-    except (ValueError, ValidationError) as err:
-        first = str(err).splitlines()[0]
-        raise PodRequestError(
-            f"pod {pod_key}: {ANNOTATION_ASSIGNMENT} is not a sharegpu assignment: {first}"
-        ) from err
+    where = f"pod {pod_key}: {ANNOTATION_ASSIGNMENT}"
+    return read_versioned(Assignment, text, where=where, version=VERSION, error=PodRequestError)
 
 
 def allocated_containers(annotations: dict[str, str] | None) -> list[str]:

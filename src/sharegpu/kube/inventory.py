@@ -9,15 +9,14 @@ placed on the node until it is fresh again (a GPU may have fallen off meanwhile)
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from sharegpu.errors import SpecError
-from sharegpu.kube.request import PREFIX
+from sharegpu.kube.request import PREFIX, read_versioned
 from sharegpu.placement import Node
 
 ANNOTATION_INVENTORY = PREFIX + "inventory"
@@ -77,19 +76,8 @@ def read_inventory(node: Mapping[str, Any]) -> Inventory | None:
     text = annotations.get(ANNOTATION_INVENTORY)
     if text is None:
         return None
-    try:
-        data = json.loads(text)
-        if isinstance(data, dict) and data.get("version", VERSION) != VERSION:
-            raise InventoryError(
-                f"node {node_name(node)}: {ANNOTATION_INVENTORY} is version {data.get('version')}, "
-                f"this sharegpu reads version {VERSION}"
-            )
-        return Inventory.model_validate(data)
-    except (ValueError, ValidationError) as err:
-        first = str(err).splitlines()[0]
-        raise InventoryError(
-            f"node {node_name(node)}: {ANNOTATION_INVENTORY} is not an inventory: {first}"
-        ) from err
+    where = f"node {node_name(node)}: {ANNOTATION_INVENTORY}"
+    return read_versioned(Inventory, text, where=where, version=VERSION, error=InventoryError)
 
 
 def placement_node(node: Mapping[str, Any], inventory: Inventory) -> Node:

@@ -25,10 +25,13 @@ the same code reads a pod from an extender request, a watch and the `kubernetes`
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from sharegpu.errors import SpecError
 
@@ -57,6 +60,22 @@ _WHOLE = re.compile(r"^[0-9]+$")
 
 class PodRequestError(SpecError):
     """A pod's vGPU request cannot be honoured as written (bad input: the pod must change)."""
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def read_versioned(model: type[_M], text: str, *, where: str, version: int, error: type[SpecError]) -> _M:
+    """A JSON annotation sharegpu wrote (`where`: "pod ns/name: sharegpu.io/..."), checked against
+    its model and version; `error` names what is wrong (edited by hand, or a newer writer)."""
+    try:
+        data = json.loads(text)
+        if isinstance(data, dict) and data.get("version", version) != version:
+            raise error(f"{where} is version {data.get('version')}, this sharegpu reads version {version}")
+        return model.model_validate(data)
+    except (ValueError, ValidationError) as err:
+        first = str(err).splitlines()[0]
+        raise error(f"{where} is not what sharegpu writes: {first}") from err
 
 
 @dataclass(frozen=True)
