@@ -73,6 +73,15 @@ class Binder(Protocol):
     def bind(self, namespace: str, name: str, uid: str, assignment: Assignment) -> None: ...
 
 
+@dataclass
+class _Pending:
+    """A pod filtered and not bound yet: what it asks, and prioritize's decision for its bind."""
+
+    request: PodRequest
+    wanted: Request
+    chosen: Placement | None = None
+
+
 @dataclass(frozen=True)
 class _Known:
     node: Mapping[str, Any]
@@ -129,8 +138,7 @@ class Extender:
         self._known: dict[str, _Known] = {}
         self._layout: dict[str, tuple[object, ...]] = {}
         self._bound: dict[str, tuple[Placement, Request]] = {}  # pod uid -> where it went
-        self._chosen: dict[str, Placement] = {}  # pod uid -> prioritize's best placement
-        self._pods: dict[str, tuple[Mapping[str, Any], PodRequest, Request]] = {}  # filtered, not bound
+        self._pods: dict[str, _Pending] = {}  # pod uid -> filtered, not bound yet
         self._published_at = np.zeros(0)  # per state index: when the node's inventory was published
         self._lock = threading.Lock()
 
@@ -189,10 +197,16 @@ class Extender:
             return
         with self._lock:
             gpus = tuple(g.index for c in assignment.containers for g in c.gpus)
-            placement = Placement(assignment.node, -1, gpus)
-            self._bound[uid] = (placement, placement_request(pod, request))
-            if self.state is not None and assignment.node in self.state.index:
-                self._rebuild()
+            wanted = placement_request(pod, request)
+            placement = Placement(
+                assignment.node, self.state.index.get(assignment.node, -1) if self.state else -1, gpus
+            )
+            self._bound[uid] = (placement, wanted)
+            if placement.node_index >= 0 and self.state is not None:
+                try:
+                    self.state.allocate(placement, wanted, alloc_id=uid)
+                except SpecError:
+                    del self._bound[uid]  # no longer fits what the node is: the API server's to judge
 
     # -- the verbs -----------------------------------------------------------------------------
 
@@ -216,7 +230,7 @@ class Extender:
             uid = str((pod.get("metadata") or {}).get("uid", ""))
             if len(self._pods) >= MAX_PENDING:
                 self._pods.pop(next(iter(self._pods)))  # the oldest: a pod that never came to bind
-            self._pods[uid] = (pod, request, wanted)
+            self._pods[uid] = _Pending(request, wanted)
             final.update(self._learn(nodes))
             fits = self._sort_nodes([n for n in names if n not in final], wanted, failed, final)
         return _filter_result(nodes, fits, failed, final)
@@ -264,24 +278,21 @@ class Extender:
         nodes = list((args.get("Nodes") or {}).get("items") or [])
         names = [node_name(n) for n in nodes] or list(args.get("NodeNames") or [])
         scores: list[dict[str, Any]] = []  # a node left out scores 0 (the scheduler adds nothing)
-        try:
-            request = pod_request(pod)
-            wanted = placement_request(pod, request) if request is not None else None
-        except PodRequestError:
-            wanted = None  # filter said why
+        uid = str((pod.get("metadata") or {}).get("uid", ""))
         with self._lock:
+            pending = self._pods.get(uid)  # None: a pod without vGPUs, or one filter refused
             self._learn(nodes)
             state = self.state
-            if wanted is not None and state is not None:
+            if pending is not None and state is not None:
                 allowed = np.zeros(len(state.nodes) + 1, dtype=np.bool_)  # the last: unknown names
                 allowed[np.array([state.index.get(name, -1) for name in names], dtype=np.int64)] = True
                 allowed = allowed[:-1]
                 # The policy's decision, with its random tie-break as in the simulator; kept for
                 # the bind. One decision only: the others score 0 (ranking more nodes would cost
                 # a decision each, and the scheduler binds the best).
-                got = decide(state, wanted, self.policy, self.rng, allowed)
+                got = decide(state, pending.wanted, self.policy, self.rng, allowed)
                 if isinstance(got, Placement):
-                    self._chosen[str((pod.get("metadata") or {}).get("uid", ""))] = got
+                    pending.chosen = got
                     scores.append({"Host": got.node, "Score": MAX_SCORE})
         return scores
 
@@ -297,13 +308,13 @@ class Extender:
                 return {
                     "Error": f"pod {namespace}/{name} was not filtered by this extender: scheduling it again"
                 }
-            _, request, wanted = seen
+            request, wanted = seen.request, seen.wanted
             state, known = self.state, self._known.get(node)
             if state is None or known is None or node not in state.index:
                 return {
                     "Error": f"node {node} has no sharegpu inventory: scheduling {namespace}/{name} again"
                 }
-            chosen = self._chosen.pop(uid, None)
+            chosen = seen.chosen
             if chosen is None or chosen.node != node:
                 allowed = np.zeros(len(state.nodes), dtype=np.bool_)
                 allowed[state.index[node]] = True
