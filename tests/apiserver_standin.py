@@ -1,38 +1,38 @@
 """A stand-in for the few Kubernetes API-server endpoints that sharegpu uses, for tests that drive
-the real `kubernetes` client against it: no kube-apiserver binary can be installed where the tests
-run. It is written from the API conventions (docs/reference/using-api/api-concepts), not from the
-server's code, and models only what sharegpu's extender, binder, leader election and node component
-rely on.
+the real `kubernetes` client against it (no kube-apiserver can be installed where the tests run).
+Written from the API conventions (api-concepts: resourceVersion, watch, Status, patches), not from
+the server's code; it models what sharegpu's binder, leader election and node component rely on.
 
 What it implements:
 - nodes (cluster-scoped), pods, events and configmaps in core/v1, leases in coordination.k8s.io/v1
-  (the table `RESOURCES`: one line a resource): list, create, get, replace (PUT), patch, delete;
-  `pods/{name}/status` and `nodes/{name}/status`; pod bindings, both `pods/{name}/binding` and the
-  namespace's `bindings` collection (what `CoreV1Api.create_namespaced_binding` posts to);
-- one resourceVersion counter for the whole store, bumped by every write; an object's
+  (the table `RESOURCES`, one line a resource): list, create, get, replace (PUT), patch, delete;
+  `pods/{name}/status` and `nodes/{name}/status`; pod bindings, at `pods/{name}/binding` and at the
+  namespace's `bindings` (where `CoreV1Api.create_namespaced_binding` posts), answered as the server
+  does with a Status of Success (201); a binding's annotations are copied onto the pod;
+- one resourceVersion counter for the whole store, bumped by every write: an object's
   `metadata.resourceVersion` is the counter at its last write, a list's is the counter now;
 - optimistic concurrency: a PUT, or a patch whose result carries a resourceVersion, other than the
-  stored one is a 409 Conflict; without one the write is unconditional. A uid in a PUT, a binding
-  or DeleteOptions.preconditions is a precondition too (409). A write that changes nothing is no
-  write (no new resourceVersion, no event), as on the real server;
-- errors as the real server's `Status` objects (reasons, codes, message styles);
+  stored one is a 409 Conflict; without one the write is unconditional. A uid in a PUT, a Binding or
+  DeleteOptions.preconditions is a precondition too (409); in a patch it is immutable (422). A
+  write that changes nothing is no write (no new resourceVersion, no event), as on the server;
+- errors as the server's `Status` objects (reasons, codes, message styles);
 - patches: merge-patch+json and strategic-merge-patch+json both as RFC 7386 JSON merge patch (null
   deletes a key), json-patch+json as RFC 6902 (add, remove, replace, move, copy, test);
 - fieldSelector (metadata.name, metadata.namespace and the fields each resource lists) with `=`,
-  `==`, `!=`; labelSelector with `=`, `==`, `!=`, `k`, `!k`, `in`, `notin`; comma means AND;
-- watches (`?watch=true`) as newline-delimited JSON over HTTP/1.1 chunked encoding: from a
-  resourceVersion, or (none or "0") the current objects as ADDED first; selectors applied as the
-  watch cache applies them (an object that stops matching is sent as DELETED, one that starts as
-  ADDED); `timeoutSeconds`; a bounded history (`history=`), a watch from before it gets one ERROR
-  event (410 Expired) and ends.
+  `==`, `!=`; labelSelector with `=`, `==`, `!=`, `k`, `!k`, `in`, `notin`; a comma means AND;
+- watches (`?watch=true`): newline-delimited JSON events over chunked HTTP/1.1, from a
+  resourceVersion, or (none or "0") the matching objects as ADDED first; selectors applied as the
+  watch cache applies them (an object that stops matching is sent as DELETED, with the content it
+  last matched); `timeoutSeconds`; from a version older than the bounded history (`history=`), one
+  ERROR event (410 Expired), then the end.
 
 What it does not: authentication, authorization, admission, API discovery, validation beyond
-names, defaulting (except a pod's `status.phase`, Pending when missing; the real server also
-discards a status given on create, kept here so that a test can make a Running pod in one call),
-strategic merge of lists by their merge keys (lists are replaced whole), server-side apply,
-graceful deletion and finalizers (a DELETE removes the object at once, pods included), generation,
+names, defaulting (but a pod's `status.phase`, Pending when missing: the server also discards a
+status given on create, kept here so that a test can make a Running pod in one call), strategic
+merge of lists by merge key (a list in a patch replaces the list), server-side apply, graceful
+deletion and finalizers (a DELETE removes the object at once, a pod too), generation,
 managedFields, pagination (`limit` is ignored, no `continue`), resourceVersion on reads (always
-the latest), bookmarks, YAML/protobuf/CBOR. The `/status` endpoints read and write the whole object.
+the latest), bookmarks, YAML/protobuf/CBOR. `/status` endpoints read and write the whole object.
 """
 
 from __future__ import annotations
@@ -81,84 +81,76 @@ class Resource:
     def group(self) -> str:
         return self.group_version.rpartition("/")[0]
 
-    @property
-    def qualified(self) -> str:  # how the server names the resource in messages
-        return f"{self.plural}.{self.group}" if self.group else self.plural
+    def named(self, kind: str = "") -> str:  # as messages name it: pods, leases.coordination.k8s.io
+        kind = kind or self.plural
+        return f"{kind}.{self.group}" if self.group else kind
+
+    def details(self, name: str, kind: str = "") -> Obj:
+        return {"name": name, **({"group": self.group} if self.group else {}), "kind": kind or self.plural}
 
 
+POD_FIELDS = ("spec.nodeName", "spec.schedulerName", "status.phase")
+EVENT_FIELDS = ("involvedObject.kind", "involvedObject.name", "reason", "type")
 RESOURCES = {
     r.plural: r
     for r in (
-        Resource(
-            "nodes", "Node", "v1", namespaced=False, fields=("spec.unschedulable",), subresources=("status",)
-        ),
-        Resource(
-            "pods",
-            "Pod",
-            "v1",
-            fields=("spec.nodeName", "spec.schedulerName", "status.phase"),
-            subresources=("status", "binding"),
-        ),
-        Resource(
-            "events", "Event", "v1", fields=("involvedObject.kind", "involvedObject.name", "reason", "type")
-        ),
+        Resource("nodes", "Node", "v1", False, ("spec.unschedulable",), ("status",)),
+        Resource("pods", "Pod", "v1", True, POD_FIELDS, ("status", "binding")),
+        Resource("events", "Event", "v1", True, EVENT_FIELDS),
         Resource("configmaps", "ConfigMap", "v1"),
         Resource("leases", "Lease", "coordination.k8s.io/v1"),
     )
 }
 
+FIRST_VERSION = 1000  # the store's resourceVersion before its first write
 _PATH = re.compile(
     r"^(?P<prefix>/api/v1|/apis/[^/]+/[^/]+)(?:/namespaces/(?P<ns>[^/]+))?"
     r"/(?P<plural>[^/]+)(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?/?$"
 )
 _MERGE_PATCHES = ("application/merge-patch+json", "application/strategic-merge-patch+json")
 _JSON_PATCH = "application/json-patch+json"
-FIRST_VERSION = 1000  # the store's resourceVersion before its first write
 _MODIFIED = "the object has been modified; please apply your changes to the latest version and try again"
+_OTHER_NAMESPACE = "the namespace of the provided object does not match the namespace sent on the request"
+_NO_NAME = "metadata.name: Required value: name or generateName is required"
 
 
 class ApiError(Exception):
     """An answer that is a `Status` of failure."""
 
-    def __init__(
-        self, code: int, reason: str, message: str, name: str = "", kind: str = "", *, group: str = ""
-    ):
+    def __init__(self, code: int, reason: str, message: str, details: Obj | None = None) -> None:
         super().__init__(message)
-        self.code, self.reason, self.message = code, reason, message
-        self.details = {k: v for k, v in (("name", name), ("group", group), ("kind", kind)) if v}
+        self.code, self.reason, self.message, self.details = code, reason, message, details
 
     def status(self) -> Obj:
-        out: Obj = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
-        out.update(message=self.message, reason=self.reason)
-        if self.details:
-            out["details"] = self.details
-        out["code"] = self.code
-        return out
+        out = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
+        out |= {"message": self.message, "reason": self.reason}
+        return out | ({"details": self.details} if self.details else {}) | {"code": self.code}
 
 
 def _not_found(res: Resource, name: str) -> ApiError:
-    return ApiError(404, "NotFound", f'{res.qualified} "{name}" not found', name, res.plural, group=res.group)
+    return ApiError(404, "NotFound", f'{res.named()} "{name}" not found', res.details(name))
 
 
 def _conflict(res: Resource, name: str, why: str, kind: str = "") -> ApiError:
-    kind = kind or res.plural
-    qualified = f"{kind}.{res.group}" if res.group else kind
-    return ApiError(
-        409,
-        "Conflict",
-        f'Operation cannot be fulfilled on {qualified} "{name}": {why}',
-        name,
-        kind,
-        group=res.group,
+    message = f'Operation cannot be fulfilled on {res.named(kind)} "{name}": {why}'
+    return ApiError(409, "Conflict", message, res.details(name, kind))
+
+
+def _uid_conflict(res: Resource, name: str, given: str, stored: str, kind: str = "") -> ApiError:
+    return _conflict(
+        res, name, f"Precondition failed: UID in precondition: {given}, UID in object meta: {stored}", kind
     )
 
 
 def _invalid(kind: str, name: str, why: str) -> ApiError:
-    return ApiError(422, "Invalid", f'{kind} "{name}" is invalid: {why}', name, kind)
+    return ApiError(422, "Invalid", f'{kind} "{name}" is invalid: {why}', {"name": name, "kind": kind})
 
 
 def _bad_request(message: str) -> ApiError:
     return ApiError(400, "BadRequest", message)
+
+
+_NO_PATH = ApiError(404, "NotFound", "the server could not find the requested resource")
 
 
 class _Change(NamedTuple):
@@ -177,8 +169,8 @@ class _Fault:
 
 
 class ApiServerStandIn:
-    """An in-memory API server on 127.0.0.1 (a free port). Stored objects are never changed in
-    place (every write stores a new dict), so they can be serialised outside the lock."""
+    """An in-memory API server on 127.0.0.1 (a free port), until close(). Stored objects are never
+    changed in place (every write stores a new dict), so they are serialised outside the lock."""
 
     def __init__(self, history: int = 1000, watch_timeout: float = 300.0) -> None:
         if history < 1:
@@ -186,19 +178,17 @@ class ApiServerStandIn:
         self.watch_timeout = watch_timeout  # a watch's length when it names no timeoutSeconds
         self._cond = threading.Condition()  # the one lock; wakes watchers on every write
         self._objects: dict[Key, Obj] = {}
-        # Not 0, which a watch or list reads as "any version": as on a real cluster, no version
-        # handed out is ever 0, and versions before the first write are gone from the history.
-        self._rv = FIRST_VERSION
+        # Not 0, which a watch reads as "any version": as on a cluster, no version handed out is
+        # 0, and those before the first write are gone from the history.
+        self._rv = self._evicted = FIRST_VERSION  # _evicted: the newest version not in _history
         self._history: deque[_Change] = deque(maxlen=history)
-        self._evicted = FIRST_VERSION  # the newest resourceVersion no longer in the history
         self._requests: list[tuple[str, str]] = []
         self._faults: list[_Fault] = []
         self._closed = False
+        self._streams = 0  # watches still writing their answer
         self._server = _Server(self)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
         self._thread.start()
 
     def __enter__(self) -> ApiServerStandIn:
@@ -214,6 +204,8 @@ class ApiServerStandIn:
                 return
             self._closed = True
             self._cond.notify_all()
+            # Let open watches write their last chunk, so that clients see them end, not break.
+            self._cond.wait_for(lambda: not self._streams, timeout=2.0)
         self._server.shutdown()
         self._server.cut_connections()
         self._server.server_close()
@@ -239,9 +231,10 @@ class ApiServerStandIn:
             return str(self._rv)
 
     def create(self, resource: str, obj: Obj) -> Obj:
-        """Stores obj as a POST would (uid, timestamps, resourceVersion); namespace default "default"."""
-        res = RESOURCES[resource]
-        obj = copy.deepcopy(obj)
+        """Stores obj as a POST would (uid, timestamps, resourceVersion), in its namespace or
+        "default". The client reads it back into its models only if it is complete enough for them
+        (a pod needs spec.containers)."""
+        res, obj = RESOURCES[resource], copy.deepcopy(obj)
         ns = ((obj.get("metadata") or {}).get("namespace") or "default") if res.namespaced else ""
         obj.setdefault("metadata", {}).pop("resourceVersion", None)
         with self._cond:
@@ -259,18 +252,15 @@ class ApiServerStandIn:
     def bump(
         self, resource: str, namespace: str | None, name: str, mutate: Callable[[Obj], None] | None = None
     ) -> str:
-        """A write to the object (changed by `mutate` if given, else only its resourceVersion), as
-        a kubelet's status update racing a writer would be; the new resourceVersion."""
+        """A write to the object (by `mutate` if given, else of its resourceVersion alone), as a
+        kubelet's status update racing a writer would be. Returns the new resourceVersion."""
         key = (resource, namespace or "", name)
         with self._cond:
-            if key not in self._objects:
-                raise KeyError(key)
-            new = copy.deepcopy(self._objects[key])
+            new = copy.deepcopy(self._objects[key])  # KeyError if there is none
             if mutate is not None:
                 mutate(new)
-            return str(
-                self._commit(RESOURCES[resource], key, self._objects[key], new)["metadata"]["resourceVersion"]
-            )
+            self._commit(RESOURCES[resource], key, self._objects[key], new)
+            return str(self._rv)
 
     def fail_next(
         self,
@@ -282,8 +272,8 @@ class ApiServerStandIn:
         times: int = 1,
         message: str = "injected failure",
     ) -> None:
-        """The next `times` requests with `method` ("*": any) whose path matches `path_regex`
-        (re.search) are answered with that failure Status instead."""
+        """The next `times` requests by `method` ("*": any) whose path matches `path_regex`
+        (re.search) get that failure Status instead of an answer."""
         fault = _Fault(method.upper(), re.compile(path_regex), ApiError(status, reason, message), times)
         with self._cond:
             self._faults.append(fault)
@@ -305,9 +295,9 @@ class ApiServerStandIn:
                     raise fault.error
         m = _PATH.match(url.path)
         if m is None:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            raise _NO_PATH
         prefix, ns, plural, name, sub = (
-            unquote(g) if g else g for g in m.group("prefix", "ns", "plural", "name", "sub")
+            g and unquote(g) for g in m.group("prefix", "ns", "plural", "name", "sub")
         )
         ns = ns or ""
         if prefix == "/api/v1" and plural == "bindings" and ns and name is None:
@@ -322,7 +312,7 @@ class ApiServerStandIn:
             or (name is not None and res.namespaced and not ns)
             or (sub is not None and sub not in res.subresources)
         ):
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            raise _NO_PATH
         if name is None:
             # A namespaced resource is listed across namespaces, but created in one.
             _allow(method, "GET", *(("POST",) if ns or not res.namespaced else ()))
@@ -330,7 +320,7 @@ class ApiServerStandIn:
                 with self._cond:
                     return 201, self._create(res, ns, _json(body), from_api=True)
             selected = _selection(res, ns, query)
-            if _parse_bool(query.get("watch", "false")):
+            if _parse_bool(query.get("watch", "")):
                 timeout = _number(query.get("timeoutSeconds")) or self.watch_timeout
                 return self._watch(res, selected, query.get("resourceVersion", ""), timeout)
             with self._cond:
@@ -375,30 +365,18 @@ class ApiServerStandIn:
             )
         name = meta.get("name") or ""
         if not name:
-            raise _invalid(res.kind, "", "metadata.name: Required value: name or generateName is required")
-        if res.namespaced:
-            if meta.get("namespace", ns) != ns:
-                raise _bad_request(
-                    "the namespace of the provided object does not match the namespace sent on the request"
-                )
-            meta["namespace"] = ns
-        else:
-            meta.pop("namespace", None)
+            raise _invalid(res.kind, "", _NO_NAME)
+        if res.namespaced and meta.get("namespace", ns) != ns:
+            raise _bad_request(_OTHER_NAMESPACE)
+        meta.pop("namespace", None)
         if from_api and meta.get("resourceVersion"):
             raise _bad_request("resourceVersion should not be set on objects to be created")
         key = (res.plural, ns, name)
         if key in self._objects:
-            raise ApiError(
-                409,
-                "AlreadyExists",
-                f'{res.qualified} "{name}" already exists',
-                name,
-                res.plural,
-                group=res.group,
-            )
-        meta.setdefault("uid", str(uuid.uuid4()))
-        meta["creationTimestamp"] = _now()
-        obj["kind"], obj["apiVersion"] = res.kind, res.group_version
+            raise ApiError(409, "AlreadyExists", f'{res.named()} "{name}" already exists', res.details(name))
+        meta |= {"namespace": ns} if res.namespaced else {}
+        meta |= {"uid": meta.get("uid") or str(uuid.uuid4()), "creationTimestamp": _now()}
+        obj |= {"kind": res.kind, "apiVersion": res.group_version}
         if res.plural == "pods":
             obj.setdefault("status", {}).setdefault("phase", "Pending")
         return self._commit(res, key, None, obj)
@@ -410,31 +388,27 @@ class ApiServerStandIn:
                 f"the name of the object ({meta['name']}) does not match the name on the URL ({cur['name']})"
             )
         if meta.get("namespace", cur.get("namespace")) != cur.get("namespace"):
-            raise _bad_request(
-                "the namespace of the provided object does not match the namespace sent on the request"
-            )
+            raise _bad_request(_OTHER_NAMESPACE)
         if meta.get("uid") and meta["uid"] != cur["uid"]:
-            why = f"Precondition failed: UID in precondition: {meta['uid']}, UID in object meta: {cur['uid']}"
-            raise _conflict(res, cur["name"], why)
+            raise _uid_conflict(res, cur["name"], meta["uid"], cur["uid"])
         return self._update(res, current, obj)
 
     def _patch(self, res: Resource, current: Obj, content_type: str, patch: Any) -> Obj:
         media = content_type.split(";", maxsplit=1)[0].strip().lower()
-        if media in _MERGE_PATCHES:
-            if not isinstance(patch, dict):
-                raise _bad_request("a merge patch must be a JSON object")
+        if media in _MERGE_PATCHES and isinstance(patch, dict):
             patched = merge_patch(current, patch)
-        elif media == _JSON_PATCH:
-            if not isinstance(patch, list):
-                raise _bad_request("a JSON patch must be a list of operations")
+        elif media == _JSON_PATCH and isinstance(patch, list):
             patched = json_patch(current, patch)
+        elif media in (*_MERGE_PATCHES, _JSON_PATCH):
+            raise _bad_request(
+                f"a {media} body must be a JSON {'array' if media == _JSON_PATCH else 'object'}"
+            )
         else:
             accepted = ", ".join((_JSON_PATCH, *_MERGE_PATCHES))
-            raise ApiError(
-                415,
-                "UnsupportedMediaType",
-                f"the body of the request was in an unknown format - accepted media types include {accepted}",
+            message = (
+                f"the body of the request was in an unknown format - accepted media types include: {accepted}"
             )
+            raise ApiError(415, "UnsupportedMediaType", message)
         meta, cur = _metadata(patched, res), current["metadata"]
         for field in ("name", "uid"):
             if meta.get(field) != cur[field]:
@@ -446,10 +420,12 @@ class ApiServerStandIn:
         meta, cur = obj["metadata"], current["metadata"]
         if meta.get("resourceVersion") and meta["resourceVersion"] != cur["resourceVersion"]:
             raise _conflict(res, cur["name"], _MODIFIED)
-        for field in ("name", "namespace", "uid", "creationTimestamp", "resourceVersion"):
-            if field in cur:
-                meta[field] = cur[field]
-        obj["kind"], obj["apiVersion"] = res.kind, res.group_version
+        meta |= {
+            k: cur[k]
+            for k in ("name", "namespace", "uid", "creationTimestamp", "resourceVersion")
+            if k in cur
+        }
+        obj |= {"kind": res.kind, "apiVersion": res.group_version}
         if obj == current:
             return current
         return self._commit(res, _key(res, current), current, obj)
@@ -457,22 +433,22 @@ class ApiServerStandIn:
     def _delete(self, res: Resource, current: Obj, options: Any) -> Obj:
         pre = (options.get("preconditions") if isinstance(options, dict) else None) or {}
         cur = current["metadata"]
-        for field, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
-            if pre.get(field) and pre[field] != cur[field]:
-                why = f"Precondition failed: {label} in precondition: {pre[field]}, "
-                why += f"{label} in object meta: {cur[field]}"
-                raise _conflict(res, cur["name"], why)
+        if pre.get("uid") and pre["uid"] != cur["uid"]:
+            raise _uid_conflict(res, cur["name"], pre["uid"], cur["uid"])
+        if pre.get("resourceVersion") and pre["resourceVersion"] != cur["resourceVersion"]:
+            why = f"Precondition failed: ResourceVersion in precondition: {pre['resourceVersion']}, "
+            raise _conflict(
+                res, cur["name"], why + f"ResourceVersion in object meta: {cur['resourceVersion']}"
+            )
         return self._commit(res, _key(res, current), current, None)
 
     def _bind(self, ns: str, name: str | None, binding: Any) -> Obj:
         pods = RESOURCES["pods"]
-        meta = (binding.get("metadata") if isinstance(binding, dict) else None) or {}
+        meta = _metadata(binding, pods)
         if name is None:
             name = meta.get("name") or ""
             if not name:
-                raise _invalid(
-                    "Binding", "", "metadata.name: Required value: name or generateName is required"
-                )
+                raise _invalid("Binding", "", _NO_NAME)
         elif meta.get("name", name) != name:
             raise _bad_request("name in URL does not match name in Binding object")
         node = (binding.get("target") or {}).get("name") or ""
@@ -483,8 +459,7 @@ class ApiServerStandIn:
             raise _not_found(pods, name)
         uid = current["metadata"]["uid"]
         if meta.get("uid") and meta["uid"] != uid:
-            why = f"Precondition failed: UID in precondition: {meta['uid']}, UID in object meta: {uid}"
-            raise _conflict(pods, name, why, "pods/binding")
+            raise _uid_conflict(pods, name, meta["uid"], uid, "pods/binding")
         assigned = (current.get("spec") or {}).get("nodeName")
         if assigned:
             raise _conflict(
@@ -495,38 +470,46 @@ class ApiServerStandIn:
         if meta.get("annotations"):
             pod["metadata"].setdefault("annotations", {}).update(meta["annotations"])
         status = pod.setdefault("status", {})
-        others = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
+        conditions = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
         status["conditions"] = [
-            *others,
+            *conditions,
             {"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()},
         ]
         self._commit(pods, ("pods", ns, name), current, pod)
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 
     def _list(self, res: Resource, selected: Predicate) -> Obj:
-        # List items carry no kind/apiVersion: the list's say it.
+        # Items carry no kind/apiVersion: the list's say it.
         items = [
             {k: v for k, v in o.items() if k not in ("kind", "apiVersion")}
-            for k, o in sorted(self._objects.items())
-            if k[0] == res.plural and selected(o)
+            for o in self._matching(res, selected)
         ]
         meta = {"resourceVersion": str(self._rv)}
         return {"kind": f"{res.kind}List", "apiVersion": res.group_version, "metadata": meta, "items": items}
 
+    def _matching(self, res: Resource, selected: Predicate) -> list[Obj]:
+        return [o for k, o in sorted(self._objects.items()) if k[0] == res.plural and selected(o)]
+
     def _watch(self, res: Resource, selected: Predicate, since: str, timeout: float) -> Iterator[Obj]:
         with self._cond:
             if since in ("", "0"):
-                pos = self._rv
-                initial = [o for k, o in sorted(self._objects.items()) if k[0] == res.plural and selected(o)]
+                pos, initial = self._rv, self._matching(res, selected)
+            elif since.isdigit():
+                pos, initial = int(since), []
             else:
-                try:
-                    pos = int(since)
-                except ValueError:
-                    raise _bad_request(
-                        f'resourceVersion: Invalid value: "{since}": must be an integer'
-                    ) from None
-                initial = []
+                raise _bad_request(f'resourceVersion: Invalid value: "{since}": must be an integer')
         return self._events(res, selected, pos, initial, time.monotonic() + timeout)
+
+    @contextlib.contextmanager
+    def _streaming(self) -> Iterator[None]:
+        with self._cond:
+            self._streams += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._streams -= 1
+                self._cond.notify_all()
 
     def _past(self, pos: int) -> bool:
         return self._closed or self._rv > pos
@@ -541,7 +524,8 @@ class ApiServerStandIn:
                 self._cond.wait_for(functools.partial(self._past, pos), deadline - time.monotonic())
                 if self._closed or self._rv <= pos:
                     return
-                expired = _expired(pos, self._evicted) if pos < self._evicted else None
+                message = f"too old resource version: {pos} ({self._evicted})"
+                expired = ApiError(410, "Expired", message).status() if pos < self._evicted else None
                 changes = [] if expired else list(self._history)[len(self._history) - (self._rv - pos) :]
                 pos = self._rv
             if expired is not None:
@@ -558,17 +542,11 @@ def _event(change: _Change, res: Resource, selected: Predicate) -> Obj | None:
     if change.resource != res.plural:
         return None
     was = change.old is not None and selected(change.old)
-    now = change.new is not None and selected(change.new)
-    if now:
+    if change.new is not None and selected(change.new):
         return {"type": "MODIFIED" if was else "ADDED", "object": change.new}
     if was and change.old is not None:
-        # Gone from the selection: the last content it matched with, at the change's version.
         return {"type": "DELETED", "object": _at_version(change.old, change.rv)}
     return None
-
-
-def _expired(since: int, evicted: int) -> Obj:
-    return ApiError(410, "Expired", f"too old resource version: {since} ({evicted})").status()
 
 
 def _selection(res: Resource, ns: str, query: dict[str, str]) -> Predicate:
@@ -576,14 +554,14 @@ def _selection(res: Resource, ns: str, query: dict[str, str]) -> Predicate:
     labels = _label_selector(query.get("labelSelector", ""))
 
     def selected(obj: Obj) -> bool:
-        in_ns = not ns or obj["metadata"].get("namespace") == ns
-        return in_ns and fields(obj) and labels(obj.get("metadata", {}).get("labels") or {})
+        meta = obj["metadata"]
+        return (not ns or meta.get("namespace") == ns) and fields(obj) and labels(meta.get("labels") or {})
 
     return selected
 
 
 def _field_selector(res: Resource, text: str) -> Predicate:
-    terms: list[tuple[list[str], bool, str]] = []
+    terms: list[tuple[list[str], bool, str]] = []  # (path, negated, value)
     for term in filter(None, (t.strip() for t in text.split(","))):
         m = re.fullmatch(r"([^=!]+?)\s*(==|!=|=)\s*(.*)", term)
         if m is None:
@@ -592,11 +570,7 @@ def _field_selector(res: Resource, text: str) -> Predicate:
         if field not in ("metadata.name", "metadata.namespace", *res.fields):
             raise _bad_request(f"field label not supported: {field}")
         terms.append((field.split("."), op == "!=", value))
-
-    def match(obj: Obj) -> bool:
-        return all((_field(obj, path) == value) != negated for path, negated, value in terms)
-
-    return match
+    return lambda obj: all((_field(obj, path) == value) != negated for path, negated, value in terms)
 
 
 def _field(obj: Any, path: list[str]) -> str:
@@ -608,7 +582,7 @@ def _field(obj: Any, path: list[str]) -> str:
 
 
 _LABEL_TERM = re.compile(
-    r"\s*(?:(?P<not>!)\s*(?P<absent>[\w./-]+)|(?P<key>[\w./-]+)\s*(?:(?P<op>==|!=|=)\s*(?P<value>[\w.-]*)"
+    r"\s*(?:!\s*(?P<absent>[\w./-]+)|(?P<key>[\w./-]+)\s*(?:(?P<op>==|!=|=)\s*(?P<value>[\w.-]*)"
     r"|\s+(?P<set>in|notin)\s*\((?P<values>[^)]*)\))?)\s*"
 )
 
@@ -657,24 +631,18 @@ class _PatchError(Exception):
 
 
 def json_patch(doc: Any, ops: list[Any]) -> Any:
-    """RFC 6902 on a copy of doc; a failed operation (a `test` included) is a 422, as on the server."""
+    """RFC 6902 on a copy of doc; an operation that fails (a `test` too) is a 422, as on the server."""
     doc = copy.deepcopy(doc)
     try:
         for op in ops:
             if not isinstance(op, dict) or not isinstance(op.get("path"), str):
                 raise _PatchError(f"invalid operation {op!r}")
             kind, path = op.get("op"), _pointer(op["path"])
-            if kind == "test":
-                if _resolve(doc, path) != op.get("value"):
-                    raise _PatchError(f"testing value {op['path']} failed")
-            elif kind == "remove":
+            if kind == "test" and _resolve(doc, path) != op.get("value"):
+                raise _PatchError(f"testing value {op['path']} failed")
+            if kind in ("remove", "replace"):
                 _remove(doc, path)
-            elif kind == "add":
-                doc = _add(doc, path, op.get("value"))
-            elif kind == "replace":
-                _resolve(doc, path)  # must exist
-                if path:
-                    _remove(doc, path)
+            if kind in ("add", "replace"):
                 doc = _add(doc, path, op.get("value"))
             elif kind in ("move", "copy"):
                 source = _pointer(str(op.get("from", "")))
@@ -682,7 +650,7 @@ def json_patch(doc: Any, ops: list[Any]) -> Any:
                 if kind == "move":
                     _remove(doc, source)
                 doc = _add(doc, path, value)
-            else:
+            elif kind not in ("test", "remove"):
                 raise _PatchError(f"unexpected operation {kind!r}")
     except _PatchError as err:
         raise ApiError(
@@ -728,7 +696,9 @@ def _add(doc: Any, path: list[str], value: Any) -> Any:
 
 
 def _remove(doc: Any, path: list[str]) -> None:
-    parent, last = _resolve(doc, path[:-1]), path[-1] if path else ""
+    if not path:
+        raise _PatchError("cannot remove the whole document")
+    parent, last = _resolve(doc, path[:-1]), path[-1]
     if isinstance(parent, dict) and last in parent:
         del parent[last]
     elif isinstance(parent, list):
@@ -741,11 +711,9 @@ def _remove(doc: Any, path: list[str]) -> None:
 
 
 def _metadata(obj: Any, res: Resource) -> Obj:
-    if not isinstance(obj, dict):
-        raise _bad_request(f"the body must be a JSON object (a {res.kind})")
-    if not isinstance(obj.get("metadata", {}), dict):
-        raise _invalid(res.kind, "", "metadata: Invalid value: must be an object")
-    meta: Obj = obj.setdefault("metadata", {})
+    if not isinstance(obj, dict) or not isinstance(obj.setdefault("metadata", {}), dict):
+        raise _bad_request(f"the body must be a JSON object with an object for metadata (a {res.kind})")
+    meta: Obj = obj["metadata"]
     return meta
 
 
@@ -776,10 +744,10 @@ def _number(text: str | None) -> float:
 
 
 def _parse_bool(text: str) -> bool:
-    # As Go's strconv.ParseBool, which the server uses for ?watch=.
+    # As Go's strconv.ParseBool, which the server reads ?watch= with.
     if text in ("1", "t", "T", "true", "TRUE", "True"):
         return True
-    if text in ("0", "f", "F", "false", "FALSE", "False", ""):
+    if text in ("", "0", "f", "F", "false", "FALSE", "False"):
         return False
     raise _bad_request(f'invalid boolean value "{text}"')
 
@@ -834,35 +802,25 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
-        self._handle("GET")
-
-    def do_POST(self) -> None:
-        self._handle("POST")
-
-    def do_PUT(self) -> None:
-        self._handle("PUT")
-
-    def do_PATCH(self) -> None:
-        self._handle("PATCH")
-
-    def do_DELETE(self) -> None:
-        self._handle("DELETE")
-
-    def _handle(self, method: str) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         try:
-            answer = self.server.standin._serve(method, self.path, self.headers.get("Content-Type", ""), body)
+            answer = self.server.standin._serve(
+                self.command, self.path, self.headers.get("Content-Type", ""), body
+            )
         except ApiError as err:
             answer = (err.code, err.status())
-        except Exception as err:  # a bug here: say so as the server would, rather than hang the client
+        except Exception as err:  # a bug in the stand-in: say so as the server would, not hang the client
             answer = (500, ApiError(500, "InternalError", f"stand-in failed: {err!r}").status())
         try:
             if isinstance(answer, tuple):
                 self._send(*answer)
             else:
-                self._stream(answer)
+                with self.server.standin._streaming():
+                    self._stream(answer)
         except OSError:  # the client went away
             self.close_connection = True
+
+    do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
 
     def _send(self, code: int, obj: Obj) -> None:
         data = json.dumps(obj).encode()

@@ -368,7 +368,9 @@ def test_watch_ends_at_timeout_seconds_and_on_close() -> None:
 
         thread = threading.Thread(target=watching, daemon=True)
         thread.start()
-        time.sleep(0.2)  # the watch is open and waiting
+        deadline = time.monotonic() + 10
+        while api.requests.count(("GET", "/api/v1/nodes")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the second watch is open
         core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name="n1")))  # not blocked by it
         api.close()
         assert ended.wait(10)
@@ -444,7 +446,6 @@ def test_fail_next_injects_a_status(api: ApiServerStandIn, core: client.CoreV1Ap
 def test_concurrent_read_modify_writes_lose_no_update(api: ApiServerStandIn) -> None:
     api.create("pods", {"metadata": {"name": "counter", "annotations": {"n": "0"}}})
     writers, increments = 4, 15
-    conflicts: list[int] = []
 
     def write() -> None:
         with api.api_client() as api_client:
@@ -459,7 +460,6 @@ def test_concurrent_read_modify_writes_lose_no_update(api: ApiServerStandIn) -> 
                 except ApiException as err:
                     if err.status != 409:
                         raise
-                    conflicts.append(1)
 
     threads = [threading.Thread(target=write) for _ in range(writers)]
     for thread in threads:
