@@ -11,6 +11,7 @@ hurt. Only ``offline`` allocations are ever victims; ``normal`` and ``online`` o
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,35 +96,19 @@ def plan_preemption(state: ClusterState, request: Request, *, max_victims: int =
                 best_free = ((0, got[1], int(n)), plan)
         if best_free is not None:
             return best_free[1]
-    best: tuple[tuple[int, float, int], PreemptionPlan] | None = None
+    best: PreemptionPlan | None = None
     helpful = False
     for n, allocs in enumerate(state.node_allocations):
-        offline = sorted(
-            (a for a in allocs.values() if a.request.priority is Priority.offline),
-            key=lambda a: (-a.request.gpu_milli, -a.request.cpu_milli, a.id),
-        )
+        offline = [a for a in allocs.values() if a.request.priority is Priority.offline]
         if not offline or _try_node(state, request, n, tuple(offline)) is None:
             continue
         helpful = True
-        limit = min(len(offline), max_victims, best[0][0] if best else max_victims)
-        for k in range(1, limit + 1):
-            subsets = itertools.islice(itertools.combinations(offline, k), MAX_SUBSETS_PER_NODE)
-            found = False
-            for subset in subsets:
-                got = _try_node(state, request, n, subset)
-                if got is None:
-                    continue
-                found = True
-                key = (k, got[1], n)
-                if best is None or key < best[0]:
-                    plan = PreemptionPlan(
-                        Placement(state.nodes[n].name, n, got[0]), tuple(a.id for a in subset), got[1]
-                    )
-                    best = (key, plan)
-            if found:
-                break
+        limit = min(max_victims, len(best.victims) if best else max_victims)
+        found = plan_on_node(state, request, n, offline, max_victims=limit)
+        if found is not None and (best is None or _rank(found) < _rank(best)):
+            best = found
     if best is not None:
-        return best[1]
+        return best
     if helpful:
         return NoFit(
             NoFitReason.gpu_resources,
@@ -133,3 +118,30 @@ def plan_preemption(state: ClusterState, request: Request, *, max_victims: int =
         NoFitReason.gpu_resources,
         f"evicting every offline tenant would still not make room for {request.describe()}",
     )
+
+
+def _rank(plan: PreemptionPlan) -> tuple[int, float, int]:
+    return (len(plan.victims), plan.fragmentation, plan.placement.node_index)
+
+
+def plan_on_node(
+    state: ClusterState, request: Request, n: int, allowed: Sequence[Allocation], *, max_victims: int = 8
+) -> PreemptionPlan | None:
+    """The fewest of `allowed` (allocations on node `n`) whose eviction makes room there for
+    `request`, the least fragmentation left breaking ties; None when no set of at most
+    `max_victims` does. Larger allocations are tried first."""
+    ordered = sorted(allowed, key=lambda a: (-a.request.gpu_milli, -a.request.cpu_milli, a.id))
+    free = _try_node(state, request, n, ())
+    if free is not None:
+        return PreemptionPlan(Placement(state.nodes[n].name, n, free[0]), (), free[1])
+    for k in range(1, min(len(ordered), max_victims) + 1):
+        best: PreemptionPlan | None = None
+        for subset in itertools.islice(itertools.combinations(ordered, k), MAX_SUBSETS_PER_NODE):
+            got = _try_node(state, request, n, subset)
+            if got is not None and (best is None or got[1] < best.fragmentation):
+                best = PreemptionPlan(
+                    Placement(state.nodes[n].name, n, got[0]), tuple(a.id for a in subset), got[1]
+                )
+        if best is not None:
+            return best
+    return None
