@@ -12,61 +12,12 @@ import httpx
 import pytest
 from kubernetes import client
 
+from kubeobjects import H100, NOW, SERIALISE, node, pod
 from sharegpu.kube.assignment import Assignment
+from sharegpu.kube.bindings import BindError, Fits, PodRef
 from sharegpu.kube.extender import MAX_SCORE, Extender, placement_request, serve
-from sharegpu.kube.inventory import ANNOTATION_INVENTORY, Inventory, InventoryGpu
 from sharegpu.kube.request import ANNOTATION_ASSIGNMENT, pod_request
 from sharegpu.placement import ClusterState, Placement, place
-
-SERIALISE = client.ApiClient().sanitize_for_serialization
-NOW = 1_000_000.0
-H100 = "NVIDIA H100 80GB HBM3"
-
-
-def node(name: str, gpus: int = 2, model: str = H100, *, age_s: float = 0.0, inventory: bool = True) -> Any:
-    annotations = {}
-    if inventory:
-        inv = Inventory(
-            gpus=tuple(
-                InventoryGpu(index=i, uuid=f"GPU-{name}-{i}", model=model, memory_mib=81559)
-                for i in range(gpus)
-            ),
-            published_at=NOW - age_s,
-        )
-        annotations[ANNOTATION_INVENTORY] = inv.to_annotation()
-    return client.V1Node(
-        metadata=client.V1ObjectMeta(name=name, annotations=annotations),
-        status=client.V1NodeStatus(allocatable={"cpu": "32", "memory": "256Gi", "pods": "110"}),
-    )
-
-
-def pod(
-    name: str, memory: int | None = 4096, compute: int = 30, count: int = 1, **annotations: str
-) -> dict[str, Any]:
-    limits = {"sharegpu.io/vgpu": str(count), "sharegpu.io/vgpu-compute": str(compute)}
-    if memory is not None:
-        limits["sharegpu.io/vgpu-memory"] = str(memory)
-    body = client.V1Pod(
-        metadata=client.V1ObjectMeta(
-            name=name,
-            namespace="ml",
-            uid=f"uid-{name}",
-            annotations={f"sharegpu.io/{k.replace('_', '-')}": v for k, v in annotations.items()} or None,
-        ),
-        spec=client.V1PodSpec(
-            containers=[
-                client.V1Container(
-                    name="serve",
-                    image="serve:1",
-                    resources=client.V1ResourceRequirements(
-                        limits=limits, requests={"cpu": "2", "memory": "8Gi"}
-                    ),
-                )
-            ]
-        ),
-    )
-    serialised: dict[str, Any] = SERIALISE(body)
-    return serialised
 
 
 def args(the_pod: dict[str, Any], nodes: list[Any]) -> dict[str, Any]:
@@ -80,11 +31,15 @@ class RecordingBinder:
         self.fail = fail
         self.lock = threading.Lock()
 
-    def bind(self, namespace: str, name: str, uid: str, assignment: Assignment) -> None:
+    def bind(self, pod: PodRef, assignment: Assignment, fits: Fits) -> str:
         if self.fail:
             raise RuntimeError(self.fail)
+        why = fits([])
+        if why is not None:
+            raise BindError(why)
         with self.lock:
-            self.bound.append((f"{namespace}/{name}", uid, assignment))
+            self.bound.append((pod.key, pod.uid, assignment))
+        return ""
 
 
 def kept(result: dict[str, Any]) -> list[str]:
@@ -270,20 +225,92 @@ def test_the_http_api_speaks_the_extender_json(http: tuple[httpx.Client, Recordi
     assert c.post("/preempt", json={}).status_code == 404
 
 
-def test_the_command_refuses_to_bind_for_real_and_a_bad_workload_file(tmp_path: Any) -> None:
+def test_the_command_says_what_is_wrong_before_serving(tmp_path: Any) -> None:
+    import os
     import subprocess
     import sys
 
-    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+    def run(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
         cmd = [sys.executable, "-m", "sharegpu.kube.extender", *argv]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+        return subprocess.run(
+            cmd, capture_output=True, text=True, timeout=60, check=False, env={**os.environ, **env}
+        )
 
-    real = run("--port", "0")
-    assert real.returncode == 2
-    assert "binding through the API server is not built yet: run with --dry-run" in real.stderr
+    # Not in a pod, no kubeconfig: one line saying so, not a traceback.
+    alone = run("--port", "0", KUBECONFIG=str(tmp_path / "none"), KUBERNETES_SERVICE_HOST="")
+    assert alone.returncode == 2
+    assert "sharegpu: error: no Kubernetes API server to talk to" in alone.stderr
+    assert "Traceback" not in alone.stderr
     bad = tmp_path / "workload.json"
     bad.write_text('[{"shape": {"count": -1}, "weight": 1}]')
     refused = run("--dry-run", "--port", "0", "--workload", str(bad))
     assert refused.returncode == 2
     assert f"--workload {bad}" in refused.stderr
     assert "GPU count must not be negative" in refused.stderr
+
+
+def test_preempt_keeps_the_fewest_victims_whose_gpus_make_room() -> None:
+    ext = Extender(RecordingBinder(), clock=lambda: NOW)
+    nodes = [node("one", gpus=1), node("two", gpus=1)]
+    for name, where, compute in (("o1", "one", 50), ("o2", "one", 40), ("o3", "two", 20)):
+        p = pod(name, memory=10000, compute=compute, priority="offline")
+        ext.filter(args(p, [n for n in nodes if n.metadata.name == where]))
+        assert ext.bind({"PodName": name, "PodNamespace": "ml", "PodUID": f"uid-{name}", "Node": where}) == {
+            "Error": ""
+        }
+    big = pod("big", memory=10000, compute=90, priority="online")
+    assert kept(ext.filter(args(big, nodes))) == []
+    victims = {
+        "one": {"Pods": [{"UID": "uid-o1"}, {"UID": "uid-o2"}, {"UID": "uid-plain"}], "NumPDBViolations": 0},
+        "two": {"Pods": [{"UID": "uid-plain-2"}], "NumPDBViolations": 1},  # o3 (20%) is not offered
+    }
+    result = ext.preempt({"Pod": big, "NodeNameToMetaVictims": victims})["NodeNameToMetaVictims"]
+    # On one, evicting o1 (50%) leaves 40% + 10% free: not enough; both GPU pods go. The pod
+    # without vGPUs the scheduler chose stays. On two, its offer frees no GPU: the node is out.
+    assert set(result) == {"one"}
+    assert sorted(v["UID"] for v in result["one"]["Pods"]) == ["uid-o1", "uid-o2", "uid-plain"]
+    small = pod("small", memory=10000, compute=50, priority="online")
+    trimmed = ext.preempt({"Pod": small, "NodeNameToMetaVictims": victims})["NodeNameToMetaVictims"]
+    assert [v["UID"] for v in trimmed["one"]["Pods"]] == ["uid-o2", "uid-plain"]  # o2's 40% + 10% free
+    plain = SERIALISE(
+        client.V1Pod(
+            metadata=client.V1ObjectMeta(name="nginx", namespace="web", uid="u"),
+            spec=client.V1PodSpec(containers=[client.V1Container(name="c", image="nginx")]),
+        )
+    )
+    assert ext.preempt({"Pod": plain, "NodeNameToMetaVictims": victims})["NodeNameToMetaVictims"] == victims
+
+
+def test_the_preempt_verb_is_served_only_when_asked() -> None:
+    for preempt, status in ((False, 404), (True, 200)):
+        server = serve(Extender(clock=lambda: NOW), "127.0.0.1", 0, preempt=preempt)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            url = f"http://127.0.0.1:{server.server_address[1]}"
+            got = httpx.post(url + "/preempt", json={"Pod": pod("x"), "NodeNameToMetaVictims": {}})
+            assert got.status_code == status
+        finally:
+            server.shutdown()
+            server.server_close()
+
+
+def test_a_pod_of_several_vgpu_containers_gets_a_gpu_per_vgpu_or_a_reason() -> None:
+    binder = RecordingBinder()
+    ext = Extender(binder, clock=lambda: NOW)
+    nodes = [node("four", gpus=4)]
+    pair = pod("pair", memory=20000, compute=50, count=2, containers=2)
+    assert kept(ext.filter(args(pair, nodes))) == ["four"]
+    assert ext.bind({"PodName": "pair", "PodNamespace": "ml", "PodUID": "uid-pair", "Node": "four"}) == {
+        "Error": ""
+    }
+    (_, _, assignment) = binder.bound[0]
+    assert [(c.name, len(c.gpus)) for c in assignment.containers] == [("serve", 2), ("serve-1", 2)]
+    assert len({g.index for c in assignment.containers for g in c.gpus}) == 4
+    mixed = pod("mixed", memory=20000, compute=50, containers=2)
+    mixed["spec"]["containers"][1]["resources"]["limits"]["sharegpu.io/vgpu-compute"] = "30"
+    refused = ext.filter(args(mixed, nodes))["FailedAndUnresolvableNodes"]["four"]
+    assert (
+        "containers ask vGPUs of different sizes (serve: 20000 MiB / 50%, serve-1: 20000 MiB / 30%)"
+        in refused
+    )

@@ -214,7 +214,7 @@ def test_the_scheduler_configuration_calls_the_extender_for_sharegpu_resources()
         "weight": 5,
         "enableHTTPS": False,
         "httpTimeout": "5s",
-        "nodeCacheCapable": False,
+        "nodeCacheCapable": True,
         "ignorable": False,
         "managedResources": [
             {"name": "sharegpu.io/vgpu", "ignoredByScheduler": False},
@@ -238,6 +238,9 @@ def test_the_extender_url_is_its_service() -> None:
     assert container["command"] == ["python", "-m", "sharegpu.kube.extender"]
     assert container["args"] == [f"--port={port['port']}"]
     assert extender["spec"]["replicas"] == 2
+    # Only the leader is ready, so the Service reaches it alone; the probes are the command's own.
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
 
 
 def test_the_scheduler_runs_its_configuration() -> None:

@@ -17,9 +17,16 @@ appears or its GPUs change, with the allocations re-applied.
   is kept for the bind, so a bind on that node is the simulator's decision.
 - `bind` places the pod on the chosen node (that placement, or the policy's best on the node),
   writes the assignment (assignment.py) through the `Binder`, and records the allocation; the
-  lock makes two binds at once decide one after the other, so they never share free room.
+  lock makes two binds at once decide one after the other, so they never share free room. The
+  API binder (bindings.py) checks the assignment against what the API server says the node's
+  GPUs hold (`fits`), so binds by another replica cannot oversubscribe a GPU either; what it
+  finds there that this extender did not know is taken in.
 
-The HTTP server (`serve`) speaks the extender API's JSON (capitalised keys: `Pod`, `Nodes`,
+The state follows the API server when a `ClusterSync` (sync.py) feeds it (`resync` after a
+start or a broken watch, `learn`/`observe`/`forget` for each change); without one it learns the
+nodes the scheduler passes.
+
+The HTTP server (http.py) speaks the extender API's JSON (capitalised keys: `Pod`, `Nodes`,
 `NodeNames`, `FailedNodes`, ...).
 """
 
@@ -27,12 +34,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -40,6 +45,7 @@ import numpy as np
 
 from sharegpu.errors import SpecError
 from sharegpu.kube.assignment import AssignedContainer, AssignedGpu, Assignment, read_assignment
+from sharegpu.kube.bindings import BindError, Fits, PodRef, held
 from sharegpu.kube.inventory import (
     STALE_AFTER_S,
     Inventory,
@@ -61,6 +67,7 @@ from sharegpu.placement import (
     make_policy,
 )
 from sharegpu.placement.engine import decide
+from sharegpu.placement.preempt import plan_on_node
 
 MAX_SCORE = 10  # the extender API's MaxExtenderPriority
 MAX_PENDING = 10_000  # pods filtered and not bound yet, remembered for their bind
@@ -68,9 +75,12 @@ _NO_INVENTORY = "no sharegpu inventory on this node (is the sharegpu agent runni
 
 
 class Binder(Protocol):
-    """Writes a decision to the API server: the assignment annotation and the binding."""
+    """Writes a decision to the API server: the assignment annotation and the binding, if
+    `fits` finds no reason against it beside what the node's GPUs hold; BindError if not."""
 
-    def bind(self, namespace: str, name: str, uid: str, assignment: Assignment) -> None: ...
+    def bind(self, pod: PodRef, assignment: Assignment, fits: Fits) -> str:
+        """The pod's resourceVersion once its assignment is written ("" when not known)."""
+        ...
 
 
 @dataclass
@@ -79,6 +89,7 @@ class _Pending:
 
     request: PodRequest
     wanted: Request
+    resource_version: str  # of the pod filtered: a pod edited since is not bound on it
     chosen: Placement | None = None
 
 
@@ -89,13 +100,20 @@ class _Known:
 
 
 def placement_request(pod: Mapping[str, Any], request: PodRequest) -> Request:
-    """The placement request of a pod: its one vGPU container's vGPUs and the pod's CPU and memory."""
-    if len(request.containers) != 1:
-        raise PodRequestError(
-            f"pod {request.key}: vGPUs in {len(request.containers)} containers; one container per pod "
-            "may have vGPUs so far"
+    """The placement request of a pod: the vGPUs of all its containers, each on a GPU of its own
+    (a placement request has one size of vGPU, so the containers' vGPUs must be the same size),
+    and the pod's CPU and memory."""
+    sizes = {(c.memory_mib, c.compute_pct) for c in request.containers}
+    if len(sizes) != 1:
+        shown = ", ".join(
+            f"{c.name}: {c.memory_mib or 'whole'} MiB / {c.compute_pct}%" for c in request.containers
         )
-    (container,) = request.containers
+        raise PodRequestError(
+            f"pod {request.key}: its containers ask vGPUs of different sizes ({shown}); the vGPUs "
+            "of one pod must be the same size (give each size a pod of its own)"
+        )
+    container = request.containers[0]
+    count = sum(c.count for c in request.containers)
     cpu = memory = 0.0
     for spec in (pod.get("spec") or {}).get("containers") or []:
         asked = (spec.get("resources") or {}).get("requests") or {}
@@ -105,7 +123,7 @@ def placement_request(pod: Mapping[str, Any], request: PodRequest) -> Request:
         except SpecError as err:
             raise PodRequestError(f"pod {request.key}: requests {err}") from err
     return Request(
-        count=container.count,
+        count=count,
         compute_milli=container.compute_pct * 10,
         memory_mib=container.memory_mib or 0,
         cpu_milli=round(cpu * 1000),
@@ -126,6 +144,7 @@ class Extender:
         clock: Callable[[], float] = time.time,
         seed: int | Sequence[int] = 0,
         workload: Workload | None = None,
+        leader: Callable[[], bool] | None = None,
     ) -> None:
         self.binder = binder
         self.policy = make_policy(policy)
@@ -134,18 +153,27 @@ class Extender:
         self.rng = np.random.default_rng(seed)
         # The request shapes fragmentation is measured against (the cluster's pod mix).
         self.workload = workload if workload is not None else Workload.default()
+        self.leader = leader  # None: a single extender, always the leader
+        self.synced = True  # False while a ClusterSync has not read the API server yet
         self.state: ClusterState | None = None
         self._known: dict[str, _Known] = {}
         self._layout: dict[str, tuple[object, ...]] = {}
         self._bound: dict[str, tuple[Placement, Request]] = {}  # pod uid -> where it went
+        # pod uid -> the resourceVersion of this extender's write of its assignment: a watch
+        # event older than that (the pod before the bind) must not undo the bind.
+        self._written: dict[str, int] = {}
         self._pods: dict[str, _Pending] = {}  # pod uid -> filtered, not bound yet
         self._published_at = np.zeros(0)  # per state index: when the node's inventory was published
         self._lock = threading.Lock()
 
     # -- the state ---------------------------------------------------------------------------
 
-    def _learn(self, nodes: list[Mapping[str, Any]]) -> dict[str, str]:
-        """Take in the nodes the scheduler passed; {name: why it cannot be used, permanently}."""
+    def learn(self, nodes: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+        """Take in nodes (new, or changed); {name: why it cannot be used, permanently}."""
+        with self._lock:
+            return self._learn(nodes)
+
+    def _learn(self, nodes: Iterable[Mapping[str, Any]]) -> dict[str, str]:
         unusable: dict[str, str] = {}
         changed = False
         for node in nodes:
@@ -153,13 +181,13 @@ class Extender:
             try:
                 inventory = read_inventory(node)
                 if inventory is None:
-                    unusable[name] = (
-                        "no sharegpu inventory on this node (is the sharegpu agent running on it?)"
-                    )
+                    unusable[name] = _NO_INVENTORY
+                    changed |= self._drop(name)
                     continue
                 layout = (placement_node(node, inventory), tuple(inventory.gpus))
             except InventoryError as err:
                 unusable[name] = str(err)
+                changed |= self._drop(name)
                 continue
             self._known[name] = _Known(node=node, inventory=inventory)
             if self.state is not None and name in self.state.index:
@@ -171,8 +199,18 @@ class Extender:
             self._rebuild()
         return unusable
 
+    def _drop(self, name: str) -> bool:
+        """Forget a node (gone, or no longer publishing a usable inventory); whether it was known."""
+        self._layout.pop(name, None)
+        return self._known.pop(name, None) is not None
+
+    def forget_node(self, name: str) -> None:
+        with self._lock:
+            if self._drop(name):
+                self._rebuild()
+
     def _rebuild(self) -> None:
-        # In the order the scheduler first listed them: ties between nodes go as in the simulator.
+        # In the order the nodes were first seen: ties between nodes go as in the simulator.
         nodes = [placement_node(k.node, k.inventory) for k in self._known.values()]
         self.state = ClusterState(nodes, self.workload)
         self.policy.warm(self.state, self.workload.shapes)
@@ -186,27 +224,83 @@ class Extender:
             except SpecError:
                 del self._bound[uid]  # its node went or changed: the pod is the API server's to judge
 
+    def resync(
+        self,
+        nodes: Sequence[Mapping[str, Any]] | None = None,
+        pods: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
+        """Start again from the API server's lists: all its nodes, or all the pods (those that
+        hold GPUs are taken in); a kind not given is kept."""
+        with self._lock:
+            if nodes is not None:
+                self._known.clear()
+                self._layout.clear()
+                self.state = None
+                self._learn(nodes)
+            if pods is not None:
+                self._written.clear()
+                for uid in list(self._bound):
+                    self._release(uid)
+                for pod in pods:
+                    self._observe(pod)
+
     def observe(self, pod: Mapping[str, Any]) -> None:
-        """Record a pod bound already (by an earlier run, or another replica) from its assignment."""
+        """Record a pod bound already (by an earlier run, or another replica) from its assignment;
+        a pod that finished or lost its assignment frees what it held."""
+        with self._lock:
+            self._observe(pod)
+
+    def _observe(self, pod: Mapping[str, Any]) -> None:
         meta = pod.get("metadata") or {}
         uid = str(meta.get("uid", ""))
+        version, written = _version(meta.get("resourceVersion")), self._written.get(uid)
+        if written is not None and version is not None and version < written:
+            return  # the pod as it was before this extender bound it
         key = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
-        assignment = read_assignment(meta.get("annotations"), key)
-        request = pod_request(pod)
-        if assignment is None or request is None or uid in self._bound:
+        try:
+            assignment = read_assignment(meta.get("annotations"), key)
+            request = pod_request(pod)
+            wanted = placement_request(pod, request) if request is not None else None
+        except PodRequestError:
+            assignment = None  # not one of ours to count: the device plugin refuses it too
+        if assignment is None or wanted is None or not held([dict(pod)], assignment.node, self.clock()):
+            self._release(uid)  # not (or no longer) holding GPUs; a pod filtered stays pending
             return
+        gpus = tuple(g.index for c in assignment.containers for g in c.gpus)
+        previous = self._bound.get(uid)
+        if previous is not None and previous[0].node == assignment.node and previous[0].gpus == gpus:
+            return  # known already (bound by this extender, or seen before)
+        self._release(uid)
+        index = self.state.index.get(assignment.node, -1) if self.state is not None else -1
+        placement = Placement(assignment.node, index, gpus)
+        self._bound[uid] = (placement, wanted)
+        if index >= 0 and self.state is not None:
+            try:
+                self.state.allocate(placement, wanted, alloc_id=uid)
+            except SpecError:
+                del self._bound[uid]  # no longer fits what the node is: the API server's to judge
+
+    def forget(self, uid: str) -> None:
+        """A pod deleted or finished: what it held is free."""
         with self._lock:
-            gpus = tuple(g.index for c in assignment.containers for g in c.gpus)
-            wanted = placement_request(pod, request)
-            placement = Placement(
-                assignment.node, self.state.index.get(assignment.node, -1) if self.state else -1, gpus
-            )
-            self._bound[uid] = (placement, wanted)
-            if placement.node_index >= 0 and self.state is not None:
-                try:
-                    self.state.allocate(placement, wanted, alloc_id=uid)
-                except SpecError:
-                    del self._bound[uid]  # no longer fits what the node is: the API server's to judge
+            self._forget(uid)
+
+    def _forget(self, uid: str) -> None:
+        self._pods.pop(uid, None)
+        self._written.pop(uid, None)
+        self._release(uid)
+
+    def _release(self, uid: str) -> None:
+        if (
+            self._bound.pop(uid, None) is not None
+            and self.state is not None
+            and uid in self.state.allocations
+        ):
+            self.state.release(uid)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leader is None or self.leader()
 
     # -- the verbs -----------------------------------------------------------------------------
 
@@ -226,11 +320,12 @@ class Extender:
             wanted = placement_request(pod, request)
         except PodRequestError as err:
             return _filter_result(nodes, [], {}, {n: str(err) for n in names})
+        meta = pod.get("metadata") or {}
         with self._lock:
-            uid = str((pod.get("metadata") or {}).get("uid", ""))
+            uid = str(meta.get("uid", ""))
             if len(self._pods) >= MAX_PENDING:
                 self._pods.pop(next(iter(self._pods)))  # the oldest: a pod that never came to bind
-            self._pods[uid] = _Pending(request, wanted)
+            self._pods[uid] = _Pending(request, wanted, str(meta.get("resourceVersion") or ""))
             final.update(self._learn(nodes))
             fits = self._sort_nodes([n for n in names if n not in final], wanted, failed, final)
         return _filter_result(nodes, fits, failed, final)
@@ -296,12 +391,48 @@ class Extender:
                     scores.append({"Host": got.node, "Score": MAX_SCORE})
         return scores
 
+    def preempt(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """ExtenderPreemptionArgs -> ExtenderPreemptionResult. For each node where the scheduler
+        would preempt, its victims that hold no vGPU stay (the scheduler chose them for what it
+        judges: CPU, memory, pods) and of those that do, the fewest whose eviction makes room for
+        the pod's vGPUs (sharegpu.placement.preempt); a node where evicting all of them would
+        not is left out. A pod without vGPUs keeps the scheduler's choice."""
+        pod = args.get("Pod") or {}
+        proposed = _victims(args)
+        try:
+            request = pod_request(pod)
+            wanted = placement_request(pod, request) if request is not None else None
+        except PodRequestError:
+            return {"NodeNameToMetaVictims": {}}  # filter told the pod why already
+        if wanted is None:
+            return {"NodeNameToMetaVictims": {n: _meta(u, pdb) for n, (u, pdb) in proposed.items()}}
+        result: dict[str, Any] = {}
+        with self._lock:
+            state = self.state
+            if state is None:
+                return {"NodeNameToMetaVictims": {}}
+            now = self.clock()
+            for node, (uids, pdb) in proposed.items():
+                n = state.index.get(node)
+                if n is None or now - self._published_at[n] > self.stale_after_s:
+                    continue  # no usable inventory: nothing may be placed there, evicted or not
+                on_gpus = [state.allocations[u] for u in uids if u in state.node_allocations[n]]
+                plan = plan_on_node(state, wanted, n, on_gpus)
+                if plan is None:
+                    continue
+                chosen = set(plan.victims)
+                keep = [u for u in uids if u not in state.node_allocations[n] or u in chosen]
+                result[node] = _meta(keep, pdb)
+        return {"NodeNameToMetaVictims": result}
+
     def bind(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """ExtenderBindingArgs (PodName, PodNamespace, PodUID, Node) -> {"Error": ""} or the reason."""
         name, namespace = str(args.get("PodName") or ""), str(args.get("PodNamespace") or "default")
         uid, node = str(args.get("PodUID") or ""), str(args.get("Node") or "")
         if not (name and uid and node):
             return {"Error": "malformed bind request: PodName, PodUID and Node are required"}
+        if not self.is_leader:
+            return {"Error": f"this extender replica is not the leader: scheduling {namespace}/{name} again"}
         with self._lock:
             seen = self._pods.get(uid)
             if seen is None:
@@ -325,14 +456,99 @@ class Extender:
             if self.binder is None:
                 return {"Error": "this extender has no binder (it was started without an API server)"}
             assignment = assignment_for(known.inventory, node, chosen, request, self.clock())
+            ref = PodRef(namespace, name, uid, seen.resource_version)
+
+            def fits(others: Sequence[tuple[Mapping[str, Any], Assignment]]) -> str | None:
+                for pod, _ in others:
+                    self._observe(pod)  # bound by another replica, or before a restart: now known
+                return _oversubscribed(known.inventory, assignment, others) or self._no_room(chosen, wanted)
+
             try:
-                self.binder.bind(namespace, name, uid, assignment)
+                written = _version(self.binder.bind(ref, assignment, fits))
+            except BindError as err:
+                return {"Error": f"binding {ref.key} to {node} failed: {err}"}
             except Exception as err:  # the API server's refusal, whatever its type: the pod is retried
-                return {"Error": f"binding {namespace}/{name} to {node} failed: {err}"}
+                return {"Error": f"binding {ref.key} to {node} failed: {type(err).__name__}: {err}"}
+            self._release(uid)  # what a watch event about the pod may have recorded meanwhile
             state.allocate(chosen, wanted, alloc_id=uid)
             self._bound[uid] = (chosen, wanted)
+            if written is not None:
+                self._written[uid] = written
             self._pods.pop(uid, None)
         return {"Error": ""}
+
+    def _no_room(self, chosen: Placement, wanted: Request) -> str | None:
+        """Why the state has no room for the placement now (pods observed since it was decided)."""
+        state = self.state
+        if state is None or state.index.get(chosen.node) != chosen.node_index:
+            return f"node {chosen.node} changed since the pod was placed"
+        n, gpus = chosen.node_index, list(chosen.gpus)
+        if (state.free_c[n, gpus] < wanted.compute_milli).any() or (
+            state.free_m[n, gpus] < wanted.memory_mib
+        ).any():
+            return (
+                f"GPUs {list(chosen.gpus)} of node {chosen.node} were taken meanwhile by pods bound elsewhere"
+            )
+        if state.cpu_free[n] < wanted.cpu_milli or state.mem_free[n] < wanted.host_memory_mib:
+            return f"node {chosen.node} lacks the CPU or memory for {wanted.describe()} now"
+        return None
+
+
+def _oversubscribed(
+    inventory: Inventory, mine: Assignment, others: Sequence[tuple[Mapping[str, Any], Assignment]]
+) -> str | None:
+    """Why `mine` beside `others` (what the API server says the node holds) would oversubscribe
+    a GPU: its memory, or 100% of its compute; None if it would not. Independent of the state."""
+    memory = {g.index: g.memory_mib for g in inventory.gpus}
+    used: dict[int, list[int]] = {i: [0, 0, 0] for i in memory}  # memory MiB, compute %, pods
+    for _, other in others:
+        for container in other.containers:
+            for gpu in container.gpus:
+                if gpu.index in used:
+                    row = used[gpu.index]
+                    row[0] += gpu.memory_mib
+                    row[1] += gpu.compute_pct
+                    row[2] += 1
+    for container in mine.containers:
+        for gpu in container.gpus:
+            held_m, held_c, pods = used.get(gpu.index, [0, 0, 0])
+            if gpu.index not in memory:
+                return f"node {mine.node} has no GPU {gpu.index} in its inventory"
+            if held_m + gpu.memory_mib > memory[gpu.index] or held_c + gpu.compute_pct > 100:
+                return (
+                    f"GPU {gpu.index} of node {mine.node} holds {held_m} MiB / {held_c}% for {pods} pod(s) "
+                    f"bound meanwhile; {gpu.memory_mib} MiB / {gpu.compute_pct}% more would exceed "
+                    f"its {memory[gpu.index]} MiB / 100%"
+                )
+    return None
+
+
+def _victims(args: Mapping[str, Any]) -> dict[str, tuple[list[str], int]]:
+    """{node: (victim pod uids, PDB violations)} from NodeNameToMetaVictims (a node-cache
+    capable extender's) or NodeNameToVictims (whole pods)."""
+    out: dict[str, tuple[list[str], int]] = {}
+    for node, victims in (args.get("NodeNameToVictims") or {}).items():
+        pods = (victims or {}).get("Pods") or []
+        uids = [str((p.get("metadata") or {}).get("uid", "")) for p in pods]
+        out[node] = (uids, int((victims or {}).get("NumPDBViolations") or 0))
+    for node, victims in (args.get("NodeNameToMetaVictims") or {}).items():
+        pods = (victims or {}).get("Pods") or []
+        out[node] = ([str(p.get("UID", "")) for p in pods], int((victims or {}).get("NumPDBViolations") or 0))
+    return out
+
+
+def _meta(uids: list[str], pdb: int) -> dict[str, Any]:
+    """MetaVictims; the PDB count is the scheduler's, an upper bound once victims are dropped."""
+    return {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": pdb}
+
+
+def _version(text: object) -> int | None:
+    """A resourceVersion as a number, to tell older from newer. The API server calls them
+    opaque; etcd-backed ones are numbers. Any other is never compared (events apply as they come)."""
+    try:
+        return int(str(text))
+    except ValueError:
+        return None
 
 
 def _filter_result(
@@ -353,77 +569,29 @@ def _filter_result(
 def assignment_for(
     known: Inventory, node: str, placement: Placement, request: PodRequest, bound_at: float
 ) -> Assignment:
-    """The assignment of a placement on a node, its GPUs named by the node's inventory."""
-    (container,) = request.containers
+    """The assignment of a placement on a node, its GPUs named by the node's inventory and dealt
+    to the pod's containers in their order (placement_request made them one request)."""
     by_index = {g.index: g for g in known.gpus}
-    gpus = tuple(
-        AssignedGpu(
-            index=i,
-            uuid=by_index[i].uuid,
-            memory_mib=container.memory_mib or by_index[i].memory_mib,
-            compute_pct=container.compute_pct,
+    dealt = iter(placement.gpus)
+    containers = []
+    for container in request.containers:
+        gpus = tuple(
+            AssignedGpu(
+                index=i,
+                uuid=by_index[i].uuid,
+                memory_mib=container.memory_mib or by_index[i].memory_mib,
+                compute_pct=container.compute_pct,
+            )
+            for i in (next(dealt) for _ in range(container.count))
         )
-        for i in placement.gpus
-    )
+        containers.append(AssignedContainer(name=container.name, gpus=gpus))
     return Assignment(
         node=node,
         priority=request.priority,  # type: ignore[arg-type]
         policy=request.policy,  # type: ignore[arg-type]
-        containers=(AssignedContainer(name=container.name, gpus=gpus),),
+        containers=tuple(containers),
         bound_at=bound_at,
     )
-
-
-class _Handler(BaseHTTPRequestHandler):
-    extender: Extender  # set on the subclass serve() makes
-
-    def do_POST(self) -> None:
-        verbs: dict[str, Callable[[Mapping[str, Any]], Any]] = {
-            "/filter": self.extender.filter,
-            "/prioritize": self.extender.prioritize,
-            "/bind": self.extender.bind,
-        }
-        verb = verbs.get(self.path.rstrip("/") or "/")
-        if verb is None:
-            self._reply(404, {"Error": f"no extender verb {self.path}: use /filter, /prioritize or /bind"})
-            return
-        try:
-            length = int(self.headers.get("Content-Length", "0"))
-            args = json.loads(self.rfile.read(length) or b"{}")
-            if not isinstance(args, dict):
-                raise ValueError("the body is not a JSON object")
-        except ValueError as err:
-            self._reply(400, {"Error": f"malformed extender request: {err}"})
-            return
-        self._reply(200, verb(args))
-
-    def _reply(self, status: int, body: object) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # one line per scheduling cycle would drown the log
-
-
-def serve(extender: Extender, host: str = "0.0.0.0", port: int = 8998) -> ThreadingHTTPServer:
-    """An HTTP server of the extender API (not started: call serve_forever)."""
-    handler = type("Handler", (_Handler,), {"extender": extender})
-    return ThreadingHTTPServer((host, port), handler)
-
-
-class DryRunBinder:
-    """Decides and records, writes nothing: shadow scheduling next to another scheduler, and
-    the benchmark. (Binding through the API server comes with the extender's next increment.)"""
-
-    def __init__(self) -> None:
-        self.bound = 0
-
-    def bind(self, namespace: str, name: str, uid: str, assignment: Assignment) -> None:
-        self.bound += 1
 
 
 def workload_json(workload: Workload) -> str:
@@ -444,55 +612,3 @@ def read_workload(path: Path) -> Workload:
         Request(**{**row["shape"], "models": frozenset(row["shape"].get("models", ()))}) for row in rows
     )
     return Workload(shapes=shapes, weights=tuple(float(row["weight"]) for row in rows))
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(
-        prog="python -m sharegpu.kube.extender", description=__doc__.split("\n\n")[0]
-    )
-    ap.add_argument("--host", default="0.0.0.0")
-    ap.add_argument("--port", type=int, default=8998)
-    ap.add_argument("--policy", default=DEFAULT_POLICY)
-    ap.add_argument(
-        "--stale-after", type=float, default=STALE_AFTER_S, help="seconds an inventory stays fresh"
-    )
-    ap.add_argument("--dry-run", action="store_true", help="decide and record, bind nothing (shadow mode)")
-    ap.add_argument("--seed", type=int, nargs="+", default=[0], help="of the policy's random tie-breaks")
-    ap.add_argument(
-        "--workload",
-        type=Path,
-        help="the cluster's pod mix fragmentation is measured against: JSON [{shape: {count, "
-        "compute_milli, memory_mib, cpu_milli, host_memory_mib, models}, weight}] (default: a generic mix)",
-    )
-    args = ap.parse_args(argv)
-    if not args.dry_run:
-        print(
-            "sharegpu: error: binding through the API server is not built yet: run with --dry-run",
-            file=sys.stderr,
-        )
-        return 2
-    try:
-        workload = read_workload(args.workload) if args.workload else None
-    except (OSError, ValueError, TypeError, KeyError, SpecError) as err:
-        print(f"sharegpu: error: --workload {args.workload}: {err}", file=sys.stderr)
-        return 2
-    extender = Extender(
-        DryRunBinder(), policy=args.policy, stale_after_s=args.stale_after, seed=args.seed, workload=workload
-    )
-    server = serve(extender, args.host, args.port)
-    print(
-        f"sharegpu extender on {args.host}:{server.server_address[1]} (dry run)", file=sys.stderr, flush=True
-    )
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

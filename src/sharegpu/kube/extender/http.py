@@ -1,0 +1,79 @@
+"""The extender's HTTP server: the kube-scheduler's extender API (POST /filter, /prioritize,
+/bind with its JSON), and the probes: GET /healthz (the process answers) and GET /readyz (200
+only on the leader, with its state read from the API server, so a Service sends the scheduler's
+calls there only)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from sharegpu.kube.extender.core import Extender
+
+
+class _Handler(BaseHTTPRequestHandler):
+    extender: Extender  # set on the subclass serve() makes
+    preempt: bool = False
+    # The scheduler keeps its connection open (a handshake per verb would cost more than the
+    # decision), and each reply leaves in one write (buffered, flushed after each request): a
+    # reply written as headers then body waits on the client's delayed ACK (Nagle's algorithm).
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    wbufsize = -1
+
+    def do_POST(self) -> None:
+        verbs: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+            "/filter": self.extender.filter,
+            "/prioritize": self.extender.prioritize,
+            "/bind": self.extender.bind,
+        }
+        if self.preempt:
+            verbs["/preempt"] = self.extender.preempt
+        verb = verbs.get(self.path.rstrip("/") or "/")
+        if verb is None:
+            served = ", ".join(verbs)
+            self._reply(404, {"Error": f"no extender verb {self.path}: this extender serves {served}"})
+            return
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+            args = json.loads(self.rfile.read(length) or b"{}")
+            if not isinstance(args, dict):
+                raise ValueError("the body is not a JSON object")
+        except ValueError as err:
+            self._reply(400, {"Error": f"malformed extender request: {err}"})
+            return
+        self._reply(200, verb(args))
+
+    def do_GET(self) -> None:
+        path = self.path.rstrip("/")
+        if path == "/healthz":
+            self._reply(200, {"ok": True})
+        elif path == "/readyz":
+            ext = self.extender
+            ready = ext.is_leader and ext.synced
+            why = "" if ready else ("not the leader" if not ext.is_leader else "reading the API server")
+            self._reply(200 if ready else 503, {"ready": ready, "why": why})
+        else:
+            self._reply(404, {"Error": f"no endpoint {self.path}: GET /healthz or /readyz"})
+
+    def _reply(self, status: int, body: object) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # one line per scheduling cycle would drown the log
+
+
+def serve(
+    extender: Extender, host: str = "0.0.0.0", port: int = 8998, *, preempt: bool = False
+) -> ThreadingHTTPServer:
+    """An HTTP server of the extender API (not started: call serve_forever); `preempt` adds the
+    preempt verb (the scheduler's configuration must name it too: preemptVerb)."""
+    handler = type("Handler", (_Handler,), {"extender": extender, "preempt": preempt})
+    return ThreadingHTTPServer((host, port), handler)
