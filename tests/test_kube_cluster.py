@@ -23,6 +23,7 @@ from apiserver_standin import ApiServerStandIn
 from kubeobjects import SERIALISE, node, pod
 from sharegpu.kube.assignment import read_assignment
 from sharegpu.kube.bindings import ApiBinder, fence_name
+from sharegpu.kube.events import EventRecorder
 from sharegpu.kube.extender import Extender
 from sharegpu.kube.extender.sync import ClusterSync
 from sharegpu.kube.leader import LeaderElector
@@ -50,7 +51,8 @@ class Replica:
 
     def __init__(self, api: ApiServerStandIn, identity: str = "a", watch_timeout_s: int = 300) -> None:
         self.client = api.api_client()
-        self.extender = Extender(ApiBinder(self.client, NS, identity), clock=time.time)
+        self.events = EventRecorder(self.client)
+        self.extender = Extender(ApiBinder(self.client, NS, identity), clock=time.time, events=self.events)
         self.sync = ClusterSync(self.extender, self.client, watch_timeout_s=watch_timeout_s)
         self.sync.start()
 
@@ -75,6 +77,7 @@ class Replica:
 
     def close(self) -> None:
         self.sync.stop()
+        self.events.stop()
         self.client.close()
 
 
@@ -272,6 +275,31 @@ def test_multi_container_pods_get_a_gpu_per_vgpu_through_the_api_server(
     assert [c.name for c in assignment.containers] == ["serve", "serve-1"]
     gpus = [g.index for c in assignment.containers for g in c.gpus]
     assert len(set(gpus)) == 2
+
+
+def test_an_unschedulable_pod_says_why_in_its_events(
+    api: ApiServerStandIn, replicas: Callable[..., Replica]
+) -> None:
+    add_node(api, "one", gpus=1)
+    api.create("nodes", SERIALISE(node("old", 1, now=time.time() - 600)))
+    r = replicas()
+    huge = add_pod(api, "huge", memory=90000, compute=30)
+    for _ in range(3):  # the scheduler retries; one event says it
+        assert r.schedule(huge, ["one", "old"]).startswith("filtered out")
+    bad = add_pod(api, "bad", compute=150)
+    r.schedule(bad, ["one"])
+    r.events.flush()
+    events = {e["involvedObject"]["name"]: e for e in api.objects("events")}
+    assert len(api.objects("events")) == 2
+    assert events["huge"]["reason"] == "VGPUUnschedulable"
+    assert events["huge"]["type"] == "Warning"
+    assert events["huge"]["involvedObject"]["uid"] == "uid-huge"
+    message = events["huge"]["message"]
+    assert message.startswith("no node can take 1 x 30% GPU / 90000 MiB")
+    assert "1 node(s): its GPUs cannot hold 1 vGPU(s) of 90000 MiB / 30% even when empty" in message
+    assert "1 node(s): sharegpu inventory older than 60 s (its agent is down or cut off)" in message
+    assert events["bad"]["reason"] == "InvalidVGPURequest"
+    assert "must be 1 to 100" in events["bad"]["message"]
 
 
 # -- leader election ----------------------------------------------------------------------

@@ -56,7 +56,7 @@ def test_filter_keeps_the_nodes_with_room_and_says_why_of_the_others() -> None:
     ]
     result = ext.filter(args(pod("web", gpu_model=H100), nodes))
     assert kept(result) == ["a"]
-    assert "inventory is 600 s old" in result["FailedNodes"]["stale"]
+    assert "inventory older than 60 s" in result["FailedNodes"]["stale"]
     final = result["FailedAndUnresolvableNodes"]
     assert "no sharegpu inventory" in final["bare"]
     assert f"GPU model Tesla T4 is not one of {H100}" in final["t4"]

@@ -24,8 +24,9 @@ from typing import Protocol
 from sharegpu.errors import SharegpuError, SpecError
 from sharegpu.kube.assignment import Assignment
 from sharegpu.kube.bindings import ApiBinder, BindError, Fits, PodRef
-from sharegpu.kube.extender.core import Binder, Extender, read_workload
+from sharegpu.kube.extender.core import Binder, Extender
 from sharegpu.kube.extender.http import serve
+from sharegpu.kube.extender.translate import read_workload
 from sharegpu.kube.inventory import STALE_AFTER_S
 from sharegpu.kube.leader import LEASE_S, RENEW_S
 from sharegpu.placement import DEFAULT_POLICY, Workload
@@ -136,6 +137,7 @@ def _connected(args: argparse.Namespace, workload: Workload | None) -> tuple[Ext
     """The extender of a cluster: its state read from the API server, binding through it, leading
     or waiting its turn."""
     from sharegpu.kube.apiclient import api_client, failure
+    from sharegpu.kube.events import EventRecorder
     from sharegpu.kube.extender.sync import ClusterSync
     from sharegpu.kube.leader import LeaderElector
 
@@ -151,6 +153,7 @@ def _connected(args: argparse.Namespace, workload: Workload | None) -> tuple[Ext
         renew_s=args.renew_seconds,
     )
     binder = ApiBinder(api, args.namespace, args.identity)
+    events = EventRecorder(api)
     extender = Extender(
         binder,
         policy=args.policy,
@@ -158,6 +161,7 @@ def _connected(args: argparse.Namespace, workload: Workload | None) -> tuple[Ext
         seed=args.seed,
         workload=workload,
         leader=lambda: elector.is_leader,
+        events=events,
     )
     extender.synced = False
     sync = ClusterSync(extender, api)
@@ -166,7 +170,7 @@ def _connected(args: argparse.Namespace, workload: Workload | None) -> tuple[Ext
     except Exception as err:  # the API server refused or did not answer: say which, and stop
         raise SharegpuError(f"cannot read the cluster's nodes and pods: {failure(err, api)}") from err
     threading.Thread(target=elector.run, name="leader", daemon=True).start()
-    return extender, [sync, elector]
+    return extender, [sync, elector, events]
 
 
 if __name__ == "__main__":

@@ -32,27 +32,26 @@ The HTTP server (http.py) speaks the extender API's JSON (capitalised keys: `Pod
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
 from sharegpu.errors import SpecError
-from sharegpu.kube.assignment import AssignedContainer, AssignedGpu, Assignment, read_assignment
+from sharegpu.kube.assignment import Assignment, read_assignment
 from sharegpu.kube.bindings import BindError, Fits, PodRef, held
+from sharegpu.kube.events import EventSink, NoEvents
+from sharegpu.kube.extender.translate import assignment_for, oversubscribed, placement_request
+from sharegpu.kube.extender.wire import filter_result, meta_victims, resource_version, unschedulable, victims
 from sharegpu.kube.inventory import (
     STALE_AFTER_S,
     Inventory,
     InventoryError,
     node_name,
     placement_node,
-    quantity,
     read_inventory,
 )
 from sharegpu.kube.request import PodRequest, PodRequestError, pod_request
@@ -60,7 +59,6 @@ from sharegpu.placement import (
     DEFAULT_POLICY,
     ClusterState,
     Placement,
-    Priority,
     Request,
     Workload,
     engine,
@@ -99,41 +97,6 @@ class _Known:
     inventory: Inventory
 
 
-def placement_request(pod: Mapping[str, Any], request: PodRequest) -> Request:
-    """The placement request of a pod: the vGPUs of all its containers, each on a GPU of its own
-    (a placement request has one size of vGPU, so the containers' vGPUs must be the same size),
-    and the pod's CPU and memory."""
-    sizes = {(c.memory_mib, c.compute_pct) for c in request.containers}
-    if len(sizes) != 1:
-        shown = ", ".join(
-            f"{c.name}: {c.memory_mib or 'whole'} MiB / {c.compute_pct}%" for c in request.containers
-        )
-        raise PodRequestError(
-            f"pod {request.key}: its containers ask vGPUs of different sizes ({shown}); the vGPUs "
-            "of one pod must be the same size (give each size a pod of its own)"
-        )
-    container = request.containers[0]
-    count = sum(c.count for c in request.containers)
-    cpu = memory = 0.0
-    for spec in (pod.get("spec") or {}).get("containers") or []:
-        asked = (spec.get("resources") or {}).get("requests") or {}
-        try:
-            cpu += quantity(asked.get("cpu", "0"))
-            memory += quantity(asked.get("memory", "0"))
-        except SpecError as err:
-            raise PodRequestError(f"pod {request.key}: requests {err}") from err
-    return Request(
-        count=count,
-        compute_milli=container.compute_pct * 10,
-        memory_mib=container.memory_mib or 0,
-        cpu_milli=round(cpu * 1000),
-        host_memory_mib=int(memory // (1 << 20)),
-        models=request.models,
-        priority=Priority(request.priority),
-        name=request.key,
-    )
-
-
 class Extender:
     def __init__(
         self,
@@ -145,6 +108,7 @@ class Extender:
         seed: int | Sequence[int] = 0,
         workload: Workload | None = None,
         leader: Callable[[], bool] | None = None,
+        events: EventSink | None = None,
     ) -> None:
         self.binder = binder
         self.policy = make_policy(policy)
@@ -154,6 +118,7 @@ class Extender:
         # The request shapes fragmentation is measured against (the cluster's pod mix).
         self.workload = workload if workload is not None else Workload.default()
         self.leader = leader  # None: a single extender, always the leader
+        self.events = events if events is not None else NoEvents()
         self.synced = True  # False while a ClusterSync has not read the API server yet
         self.state: ClusterState | None = None
         self._known: dict[str, _Known] = {}
@@ -253,7 +218,7 @@ class Extender:
     def _observe(self, pod: Mapping[str, Any]) -> None:
         meta = pod.get("metadata") or {}
         uid = str(meta.get("uid", ""))
-        version, written = _version(meta.get("resourceVersion")), self._written.get(uid)
+        version, written = resource_version(meta.get("resourceVersion")), self._written.get(uid)
         if written is not None and version is not None and version < written:
             return  # the pod as it was before this extender bound it
         key = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
@@ -312,14 +277,12 @@ class Extender:
         final: dict[str, str] = {}
         try:
             request = pod_request(pod)
-        except PodRequestError as err:
-            return _filter_result(nodes, [], {}, {n: str(err) for n in names})
-        if request is None:  # no vGPU: every node the scheduler chose will do
-            return _filter_result(nodes, names, {}, {})
-        try:
+            if request is None:  # no vGPU: every node the scheduler chose will do
+                return filter_result(nodes, names, {}, {})
             wanted = placement_request(pod, request)
         except PodRequestError as err:
-            return _filter_result(nodes, [], {}, {n: str(err) for n in names})
+            self.events.warn(pod, "InvalidVGPURequest", str(err))
+            return filter_result(nodes, [], {}, {n: str(err) for n in names})
         meta = pod.get("metadata") or {}
         with self._lock:
             uid = str(meta.get("uid", ""))
@@ -328,7 +291,9 @@ class Extender:
             self._pods[uid] = _Pending(request, wanted, str(meta.get("resourceVersion") or ""))
             final.update(self._learn(nodes))
             fits = self._sort_nodes([n for n in names if n not in final], wanted, failed, final)
-        return _filter_result(nodes, fits, failed, final)
+        if not fits:
+            self.events.warn(pod, "VGPUUnschedulable", unschedulable(wanted, failed, final))
+        return filter_result(nodes, fits, failed, final)
 
     def _sort_nodes(
         self, names: list[str], request: Request, failed: dict[str, str], final: dict[str, str]
@@ -354,10 +319,12 @@ class Extender:
         full = ~unknown & ~stale & ~wrong_model & ~too_small & ~fit[n]
         size = f"{request.count} vGPU(s) of {request.memory_mib} MiB / {request.compute_milli / 10:g}%"
         allowed = ", ".join(sorted(request.models))
+        # Reasons that read the same on every node they apply to: the scheduler counts them.
+        stale_why = f"sharegpu inventory older than {self.stale_after_s:.0f} s (its agent is down or cut off)"
         for k in np.flatnonzero(unknown):
             failed[names[k]] = _NO_INVENTORY
         for k in np.flatnonzero(stale):
-            failed[names[k]] = f"sharegpu inventory is {age[k]:.0f} s old (its agent is down or cut off)"
+            failed[names[k]] = stale_why
         for k in np.flatnonzero(wrong_model):
             final[names[k]] = f"GPU model {state.nodes[n[k]].model} is not one of {allowed}"
         for k in np.flatnonzero(too_small):
@@ -398,14 +365,14 @@ class Extender:
         the pod's vGPUs (sharegpu.placement.preempt); a node where evicting all of them would
         not is left out. A pod without vGPUs keeps the scheduler's choice."""
         pod = args.get("Pod") or {}
-        proposed = _victims(args)
+        proposed = victims(args)
         try:
             request = pod_request(pod)
             wanted = placement_request(pod, request) if request is not None else None
         except PodRequestError:
             return {"NodeNameToMetaVictims": {}}  # filter told the pod why already
         if wanted is None:
-            return {"NodeNameToMetaVictims": {n: _meta(u, pdb) for n, (u, pdb) in proposed.items()}}
+            return {"NodeNameToMetaVictims": {n: meta_victims(u, pdb) for n, (u, pdb) in proposed.items()}}
         result: dict[str, Any] = {}
         with self._lock:
             state = self.state
@@ -422,7 +389,7 @@ class Extender:
                     continue
                 chosen = set(plan.victims)
                 keep = [u for u in uids if u not in state.node_allocations[n] or u in chosen]
-                result[node] = _meta(keep, pdb)
+                result[node] = meta_victims(keep, pdb)
         return {"NodeNameToMetaVictims": result}
 
     def bind(self, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -461,10 +428,10 @@ class Extender:
             def fits(others: Sequence[tuple[Mapping[str, Any], Assignment]]) -> str | None:
                 for pod, _ in others:
                     self._observe(pod)  # bound by another replica, or before a restart: now known
-                return _oversubscribed(known.inventory, assignment, others) or self._no_room(chosen, wanted)
+                return oversubscribed(known.inventory, assignment, others) or self._no_room(chosen, wanted)
 
             try:
-                written = _version(self.binder.bind(ref, assignment, fits))
+                written = resource_version(self.binder.bind(ref, assignment, fits))
             except BindError as err:
                 return {"Error": f"binding {ref.key} to {node} failed: {err}"}
             except Exception as err:  # the API server's refusal, whatever its type: the pod is retried
@@ -492,123 +459,3 @@ class Extender:
         if state.cpu_free[n] < wanted.cpu_milli or state.mem_free[n] < wanted.host_memory_mib:
             return f"node {chosen.node} lacks the CPU or memory for {wanted.describe()} now"
         return None
-
-
-def _oversubscribed(
-    inventory: Inventory, mine: Assignment, others: Sequence[tuple[Mapping[str, Any], Assignment]]
-) -> str | None:
-    """Why `mine` beside `others` (what the API server says the node holds) would oversubscribe
-    a GPU: its memory, or 100% of its compute; None if it would not. Independent of the state."""
-    memory = {g.index: g.memory_mib for g in inventory.gpus}
-    used: dict[int, list[int]] = {i: [0, 0, 0] for i in memory}  # memory MiB, compute %, pods
-    for _, other in others:
-        for container in other.containers:
-            for gpu in container.gpus:
-                if gpu.index in used:
-                    row = used[gpu.index]
-                    row[0] += gpu.memory_mib
-                    row[1] += gpu.compute_pct
-                    row[2] += 1
-    for container in mine.containers:
-        for gpu in container.gpus:
-            held_m, held_c, pods = used.get(gpu.index, [0, 0, 0])
-            if gpu.index not in memory:
-                return f"node {mine.node} has no GPU {gpu.index} in its inventory"
-            if held_m + gpu.memory_mib > memory[gpu.index] or held_c + gpu.compute_pct > 100:
-                return (
-                    f"GPU {gpu.index} of node {mine.node} holds {held_m} MiB / {held_c}% for {pods} pod(s) "
-                    f"bound meanwhile; {gpu.memory_mib} MiB / {gpu.compute_pct}% more would exceed "
-                    f"its {memory[gpu.index]} MiB / 100%"
-                )
-    return None
-
-
-def _victims(args: Mapping[str, Any]) -> dict[str, tuple[list[str], int]]:
-    """{node: (victim pod uids, PDB violations)} from NodeNameToMetaVictims (a node-cache
-    capable extender's) or NodeNameToVictims (whole pods)."""
-    out: dict[str, tuple[list[str], int]] = {}
-    for node, victims in (args.get("NodeNameToVictims") or {}).items():
-        pods = (victims or {}).get("Pods") or []
-        uids = [str((p.get("metadata") or {}).get("uid", "")) for p in pods]
-        out[node] = (uids, int((victims or {}).get("NumPDBViolations") or 0))
-    for node, victims in (args.get("NodeNameToMetaVictims") or {}).items():
-        pods = (victims or {}).get("Pods") or []
-        out[node] = ([str(p.get("UID", "")) for p in pods], int((victims or {}).get("NumPDBViolations") or 0))
-    return out
-
-
-def _meta(uids: list[str], pdb: int) -> dict[str, Any]:
-    """MetaVictims; the PDB count is the scheduler's, an upper bound once victims are dropped."""
-    return {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": pdb}
-
-
-def _version(text: object) -> int | None:
-    """A resourceVersion as a number, to tell older from newer. The API server calls them
-    opaque; etcd-backed ones are numbers. Any other is never compared (events apply as they come)."""
-    try:
-        return int(str(text))
-    except ValueError:
-        return None
-
-
-def _filter_result(
-    nodes: list[Mapping[str, Any]], fits: list[str], failed: dict[str, str], final: dict[str, str]
-) -> dict[str, Any]:
-    """ExtenderFilterResult: the nodes in the form they came (objects, or names when the
-    extender is node-cache capable)."""
-    keep = set(fits)
-    return {
-        "Nodes": {"items": [n for n in nodes if node_name(n) in keep]} if nodes else None,
-        "NodeNames": None if nodes else fits,
-        "FailedNodes": failed,
-        "FailedAndUnresolvableNodes": final,
-        "Error": "",
-    }
-
-
-def assignment_for(
-    known: Inventory, node: str, placement: Placement, request: PodRequest, bound_at: float
-) -> Assignment:
-    """The assignment of a placement on a node, its GPUs named by the node's inventory and dealt
-    to the pod's containers in their order (placement_request made them one request)."""
-    by_index = {g.index: g for g in known.gpus}
-    dealt = iter(placement.gpus)
-    containers = []
-    for container in request.containers:
-        gpus = tuple(
-            AssignedGpu(
-                index=i,
-                uuid=by_index[i].uuid,
-                memory_mib=container.memory_mib or by_index[i].memory_mib,
-                compute_pct=container.compute_pct,
-            )
-            for i in (next(dealt) for _ in range(container.count))
-        )
-        containers.append(AssignedContainer(name=container.name, gpus=gpus))
-    return Assignment(
-        node=node,
-        priority=request.priority,  # type: ignore[arg-type]
-        policy=request.policy,  # type: ignore[arg-type]
-        containers=tuple(containers),
-        bound_at=bound_at,
-    )
-
-
-def workload_json(workload: Workload) -> str:
-    return json.dumps(
-        [
-            {
-                "shape": {**dataclasses.asdict(r), "models": sorted(r.models), "priority": str(r.priority)},
-                "weight": w,
-            }
-            for r, w in zip(workload.shapes, workload.weights, strict=True)
-        ]
-    )
-
-
-def read_workload(path: Path) -> Workload:
-    rows = json.loads(path.read_text())
-    shapes = tuple(
-        Request(**{**row["shape"], "models": frozenset(row["shape"].get("models", ()))}) for row in rows
-    )
-    return Workload(shapes=shapes, weights=tuple(float(row["weight"]) for row in rows))

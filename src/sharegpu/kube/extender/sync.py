@@ -35,7 +35,7 @@ class ClusterSync:
         self._core = client.CoreV1Api(api_client)
         self.watch_timeout_s = watch_timeout_s
         self._stop = threading.Event()
-        self._watches: list[Any] = []
+        self._watches: dict[str, Any] = {}
         self._threads: list[threading.Thread] = []
         self.relists = {"nodes": 0, "pods": 0}  # how often each was listed whole (after 410s)
 
@@ -99,7 +99,7 @@ class ClusterSync:
                 if not version:
                     version = lister()
                 w = watch.Watch()
-                self._watches.append(w)
+                self._watches[method.__name__] = w  # the current one of its kind, for stop()
                 for event in w.stream(method, resource_version=version, timeout_seconds=self.watch_timeout_s):
                     raw = event.get("raw_object") or {}
                     if event.get("type") == "ERROR":
@@ -108,21 +108,22 @@ class ClusterSync:
                     version = str((raw.get("metadata") or {}).get("resourceVersion") or version)
                     if self._stop.is_set():
                         break
-            except ApiException as err:
-                if err.status == 410:
+            except Exception as err:
+                if self._stop.is_set():
+                    return  # stopped: the stream was cut on purpose
+                if isinstance(err, ApiException) and err.status == 410:
                     log.info("watch expired (%s): listing again", err.reason)
-                else:
-                    log.warning(
-                        "watch refused (%s %s): listing again in %.0f s", err.status, err.reason, RETRY_S
+                else:  # refused, a broken stream, an unreachable API server: list again soon
+                    why = (
+                        f"{err.status} {err.reason}"
+                        if isinstance(err, ApiException)
+                        else f"{type(err).__name__}: {err}"
                     )
+                    log.warning("watch failed (%s): listing again in %.0f s", why, RETRY_S)
                     self._stop.wait(RETRY_S)
                 version = ""  # list again: changes may have been missed
-            except Exception as err:  # a broken stream, an unreachable API server: resume by listing
-                log.warning("watch broke (%s: %s): listing again in %.0f s", type(err).__name__, err, RETRY_S)
-                self._stop.wait(RETRY_S)
-                version = ""
 
     def stop(self) -> None:
         self._stop.set()
-        for w in self._watches:
+        for w in list(self._watches.values()):
             w.stop()
