@@ -277,6 +277,26 @@ def test_multi_container_pods_get_a_gpu_per_vgpu_through_the_api_server(
     assert len(set(gpus)) == 2
 
 
+def test_an_assignment_edited_after_bind_changes_nothing_held(
+    api: ApiServerStandIn, replicas: Callable[..., Replica]
+) -> None:
+    add_node(api, "one", gpus=1)
+    r = replicas()
+    assert r.schedule(add_pod(api, "web", memory=60000, compute=70), ["one"]) == ""
+
+    def edit(obj: dict[str, Any]) -> None:
+        obj["metadata"]["annotations"][ANNOTATION_ASSIGNMENT] = '{"version": 1, "node": "one"'  # cut short
+
+    api.bump("pods", "ml", "web", edit)
+    r.events.flush()
+    wait_until(
+        lambda: any(e["reason"] == "AssignmentEdited" for e in api.objects("events")), what="the event"
+    )
+    (event,) = [e for e in api.objects("events") if e["reason"] == "AssignmentEdited"]
+    assert "after bind: GPUs [0] of node one stay held" in event["message"]
+    assert "no room now" in r.schedule(add_pod(api, "next", memory=30000, compute=40), ["one"])
+
+
 def test_an_unschedulable_pod_says_why_in_its_events(
     api: ApiServerStandIn, replicas: Callable[..., Replica]
 ) -> None:

@@ -222,17 +222,31 @@ class Extender:
         if written is not None and version is not None and version < written:
             return  # the pod as it was before this extender bound it
         key = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
+        problem = ""
         try:
             assignment = read_assignment(meta.get("annotations"), key)
             request = pod_request(pod)
             wanted = placement_request(pod, request) if request is not None else None
-        except PodRequestError:
-            assignment = None  # not one of ours to count: the device plugin refuses it too
+        except PodRequestError as err:
+            assignment, problem = None, str(err)  # not one of ours to count: the device plugin refuses it too
+        previous = self._bound.get(uid)
+        finished = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        bound_to = (pod.get("spec") or {}).get("nodeName") or ""
+        gpus = tuple(g.index for c in assignment.containers for g in c.gpus) if assignment else ()
+        if previous is not None and not finished and bound_to == previous[0].node:
+            # Bound, and its node made its tenant from the assignment it had then: an edit of
+            # the annotation since changes nothing there, so it changes nothing here.
+            if assignment is None or assignment.node != bound_to or gpus != previous[0].gpus:
+                was = f"GPUs {list(previous[0].gpus)} of node {bound_to}"
+                self.events.warn(
+                    pod,
+                    "AssignmentEdited",
+                    f"{problem or 'its sharegpu.io/assignment changed'} after bind: {was} stay held",
+                )
+            return
         if assignment is None or wanted is None or not held([dict(pod)], assignment.node, self.clock()):
             self._release(uid)  # not (or no longer) holding GPUs; a pod filtered stays pending
             return
-        gpus = tuple(g.index for c in assignment.containers for g in c.gpus)
-        previous = self._bound.get(uid)
         if previous is not None and previous[0].node == assignment.node and previous[0].gpus == gpus:
             return  # known already (bound by this extender, or seen before)
         self._release(uid)
