@@ -129,6 +129,7 @@ class Extender:
         self._written: dict[str, int] = {}
         self._pods: dict[str, _Pending] = {}  # pod uid -> filtered, not bound yet
         self._published_at = np.zeros(0)  # per state index: when the node's inventory was published
+        self._index_cache: list[tuple[list[str], np.ndarray[Any, np.dtype[np.int64]]]] = []
         self._lock = threading.Lock()
 
     # -- the state ---------------------------------------------------------------------------
@@ -174,10 +175,23 @@ class Extender:
             if self._drop(name):
                 self._rebuild()
 
+    def _indexes(self, names: list[str]) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """The state index of each name (-1: unknown). The scheduler sends the same names call
+        after call (all nodes to filter, what filter kept to prioritize): the last two are kept."""
+        for known, index in self._index_cache:
+            if known == names:
+                return index
+        state = self.state
+        assert state is not None
+        index = np.array([state.index.get(name, -1) for name in names], dtype=np.int64)
+        self._index_cache = [(names, index), *self._index_cache[:1]]
+        return index
+
     def _rebuild(self) -> None:
         # In the order the nodes were first seen: ties between nodes go as in the simulator.
         nodes = [placement_node(k.node, k.inventory) for k in self._known.values()]
         self.state = ClusterState(nodes, self.workload)
+        self._index_cache = []
         self.policy.warm(self.state, self.workload.shapes)
         self._published_at = np.array([k.inventory.published_at for k in self._known.values()])
         for uid, (placement, request) in list(self._bound.items()):
@@ -318,7 +332,7 @@ class Extender:
         if state is None:
             failed.update(dict.fromkeys(names, _NO_INVENTORY))
             return []
-        index = np.array([state.index.get(name, -1) for name in names], dtype=np.int64)
+        index = self._indexes(names)
         unknown = index < 0
         n = np.where(unknown, 0, index)
         fit = np.zeros(len(state.nodes), dtype=np.bool_)
@@ -361,7 +375,7 @@ class Extender:
             state = self.state
             if pending is not None and state is not None:
                 allowed = np.zeros(len(state.nodes) + 1, dtype=np.bool_)  # the last: unknown names
-                allowed[np.array([state.index.get(name, -1) for name in names], dtype=np.int64)] = True
+                allowed[self._indexes(names)] = True
                 allowed = allowed[:-1]
                 # The policy's decision, with its random tie-break as in the simulator; kept for
                 # the bind. One decision only: the others score 0 (ranking more nodes would cost
