@@ -188,6 +188,12 @@ def test_bind_refuses_what_it_cannot_do_with_a_reason() -> None:
     )
     failed = ext.bind({"PodName": "web", "PodNamespace": "ml", "PodUID": "uid-web", "Node": "a"})["Error"]
     assert "409 Conflict" in failed
+    # The node's agent went down between filter and bind: its inventory is stale by then.
+    late = Extender(RecordingBinder(), clock=lambda: NOW + 120)
+    late.learn([SERIALISE(node("a"))])
+    late.filter(args(pod("web"), [node("a")]))
+    stale = late.bind({"PodName": "web", "PodNamespace": "ml", "PodUID": "uid-web", "Node": "a"})["Error"]
+    assert "node a's sharegpu inventory is 120 s old (its agent is down or cut off)" in stale
     assert ext.state is not None
     assert ext.state.allocated_milli == 0  # nothing recorded for a bind that did not happen
 

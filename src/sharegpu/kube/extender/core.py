@@ -440,6 +440,12 @@ class Extender:
                 return {
                     "Error": f"node {node} has no sharegpu inventory: scheduling {namespace}/{name} again"
                 }
+            age = self.clock() - known.inventory.published_at
+            if age > self.stale_after_s:  # its agent went down since the pod was filtered
+                return {
+                    "Error": f"node {node}'s sharegpu inventory is {age:.0f} s old (its agent is down or cut "
+                    f"off): scheduling {namespace}/{name} again"
+                }
             chosen = seen.chosen
             if chosen is None or chosen.node != node:
                 allowed = np.zeros(len(state.nodes), dtype=np.bool_)
