@@ -2,9 +2,10 @@
 container was allocated.
 
 Pods are the API server's JSON (`metadata`, `spec`, `status`), as kube/request.py reads them.
-`KubePodSource` asks the API server (in-cluster credentials, else the kubeconfig); `FilePodSource`
-reads a JSON file of pods (a list, or a PodList's `items`) and writes the allocation back into
-it: for a node without an API server, and for the tests.
+`KubePodSource` asks the API server (kube/apiclient.py: in-cluster credentials, else the
+kubeconfig); `FilePodSource` reads a JSON file of pods (a list, or a PodList's `items`) and writes
+the allocation back into it: for a node without an API server, and for the tests. The file is
+also what the pod reaper reconciles with then (`pods_on`, podwatch.py).
 """
 
 from __future__ import annotations
@@ -16,11 +17,15 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sharegpu.errors import ConfigError
+from sharegpu.kube.apiclient import api_client
 from sharegpu.kube.assignment import allocated_containers
 from sharegpu.kube.request import ANNOTATION_ALLOCATED
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 Pod = dict[str, Any]
 
@@ -72,6 +77,12 @@ class FilePodSource:
         with self._locked():
             return [p for p in self._read() if _pending_on(p, node)]
 
+    def pods_on(self, node: str) -> list[Pod]:
+        """Every pod bound to `node`, whatever its phase; ConfigError when the file cannot be
+        read (never "no pods")."""
+        with self._locked():
+            return [p for p in self._read() if (p.get("spec") or {}).get("nodeName") == node]
+
     def mark_allocated(self, pod: Pod, container: str) -> None:
         uid = (pod.get("metadata") or {}).get("uid")
         with self._locked():
@@ -94,15 +105,11 @@ class KubePodSource:
     """The API server through the `kubernetes` client. Lists are read from the API server, not
     a cache; the plugin also remembers what it allocated, so a list that lags a patch is safe."""
 
-    def __init__(self) -> None:
-        from kubernetes import client, config
+    def __init__(self, api: ApiClient | None = None) -> None:
+        from kubernetes import client
 
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
-        self._api = client.CoreV1Api()
-        self._client = client.ApiClient()
+        self._client = api or api_client()
+        self._api = client.CoreV1Api(self._client)
 
     def pending_pods(self, node: str) -> list[Pod]:
         selector = f"spec.nodeName={node},status.phase=Pending"
