@@ -16,10 +16,9 @@ The CDI spec is written here, not left to the agent's keeper: the keeper rewrite
 a second of a new tenant, but the kubelet creates the container as soon as `Allocate` returns,
 and the runtime must find the device then.
 
-TODO (pod watch, next increment): nothing removes the tenant when its pod goes. No supervisor
-process exists at `Allocate` (the container is not created yet), so the agent's reaper cannot
-do it; the plugin's pod watch will remove `pod-<uid>-*` tenants whose pod is gone (the
-`pod_uid` label says which).
+The tenant outlives `Allocate` with no supervisor process (the container is not created yet),
+so the agent's reaper cannot tell when it is done: the plugin's pod reaper (podwatch.py)
+removes it when its pod is deleted or finishes, by the `pod_uid` label.
 """
 
 from __future__ import annotations
