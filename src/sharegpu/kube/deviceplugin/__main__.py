@@ -1,5 +1,10 @@
 """`python -m sharegpu.kube.deviceplugin --node NAME [...]`: the device plugin of one node, until
-SIGTERM or SIGINT. Errors before serving are one `sharegpu: error:` line (exit 2)."""
+SIGTERM or SIGINT. Errors before serving are one `sharegpu: error:` line (exit 2).
+
+Beside the plugin, two threads: the inventory publisher (the node's GPUs on its Node object,
+kube/publisher.py; `--no-publish`) and the pod reaper (the tenants of pods that are gone,
+podwatch.py; `--no-reap`). With `--pods-file` there is no API server: nothing is published and
+the reaper reconciles with the file."""
 
 from __future__ import annotations
 
@@ -14,11 +19,15 @@ from types import FrameType
 
 from sharegpu.devices import list_gpus
 from sharegpu.errors import SharegpuError
+from sharegpu.kube.apiclient import api_client
 from sharegpu.kube.deviceplugin.allocate import Allocator
 from sharegpu.kube.deviceplugin.pods import FilePodSource, KubePodSource, PodSource
+from sharegpu.kube.deviceplugin.podwatch import FilePodReaper, PodReaper
 from sharegpu.kube.deviceplugin.registration import DEFAULT_DIR, Registrar
 from sharegpu.kube.deviceplugin.service import DevicePluginService
 from sharegpu.kube.deviceplugin.slots import SLOTS_PER_GPU, Inventory
+from sharegpu.kube.inventory import PUBLISH_INTERVAL_S, STALE_AFTER_S
+from sharegpu.kube.publisher import InventoryPublisher
 from sharegpu.kube.request import RESOURCE_VGPU
 from sharegpu.runtime.cdi.generate import DEFAULT_SPEC_DIR, SPEC_FILE
 from sharegpu.tenant import runtime_dir
@@ -42,6 +51,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--pods-file", type=Path, help="read pods from this JSON file, not the API server")
     p.add_argument("--cdi-only", action="store_true", help="answer with the CDI device name only")
+    p.add_argument(
+        "--no-publish", action="store_true", help="do not publish the node's GPU inventory and labels"
+    )
+    p.add_argument(
+        "--publish-interval",
+        type=float,
+        default=PUBLISH_INTERVAL_S,
+        help="seconds between publications of the GPU inventory (the extender's liveness signal)",
+    )
+    p.add_argument("--no-reap", action="store_true", help="do not remove the tenants of pods that are gone")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -54,7 +73,33 @@ def main(argv: list[str] | None = None) -> int:
             raise SharegpuError(
                 "give --node NAME (or set NODE_NAME): the node whose pods this plugin allocates"
             )
-        pods: PodSource = FilePodSource(args.pods_file) if args.pods_file else KubePodSource()
+        if not 0 < args.publish_interval < STALE_AFTER_S:
+            raise SharegpuError(
+                f"--publish-interval must be above 0 and below {STALE_AFTER_S:g} s, when the extender "
+                f"takes a node's inventory for stale; not {args.publish_interval:g}"
+            )
+        pods: PodSource
+        helpers: list[InventoryPublisher | PodReaper | FilePodReaper] = []
+        if args.pods_file:
+            pods = FilePodSource(args.pods_file)
+            if not args.no_reap:
+                helpers.append(FilePodReaper(args.node, pods, runtime_dir()))
+        else:
+            from kubernetes.client import CoreV1Api
+
+            api = CoreV1Api(api_client())
+            pods = KubePodSource(api.api_client)
+            if not args.no_publish:
+                helpers.append(
+                    InventoryPublisher(
+                        args.node,
+                        api,
+                        interval_s=args.publish_interval,
+                        check_s=args.health_interval,
+                    )
+                )
+            if not args.no_reap:
+                helpers.append(PodReaper(args.node, api, runtime_dir()))
         allocator = Allocator(
             node=args.node,
             pods=pods,
@@ -74,10 +119,18 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    # Daemon threads: a helper stuck on the API server does not hold up the plugin's exit.
+    threads = [threading.Thread(target=h.run, name=type(h).__name__, daemon=True) for h in helpers]
+    for thread in threads:
+        thread.start()
     runner = threading.Thread(target=registrar.run, name="registrar")
     runner.start()
     while runner.is_alive():
         runner.join(0.5)  # the main thread stays free for the signal handlers
+    for helper in helpers:
+        helper.stop()
+    for thread in threads:
+        thread.join(5)
     return 0
 
 
