@@ -211,6 +211,9 @@ class PodReaper:
             try:
                 if version is None or time.monotonic() - listed_at >= self.relist_s:
                     version, listed_at = self.reconcile(), time.monotonic()
+                    if self._said:
+                        log.info("listed the pods of node %s again", self.node)
+                        self._said = ""
                 version = self._follow(version)
                 self.reaper.retry()
             except Exception as err:
@@ -224,10 +227,6 @@ class PodReaper:
                 failed = failure(err, self.api.api_client)
                 self._say(f"cannot list or watch the pods of node {self.node}: {failed}")
                 self._stopping.wait(self.retry_s)
-                continue
-            if self._said:
-                log.info("watching the pods of node %s again", self.node)
-                self._said = ""
 
     def _follow(self, version: str) -> str:
         """Watch from resourceVersion `version` until the watch's timeout; the last one seen.
