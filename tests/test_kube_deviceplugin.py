@@ -105,6 +105,15 @@ class Node:
     cdi: Path
     proc: subprocess.Popen[str]
     client: PluginClient
+    start: Any  # () -> a new plugin process, as the fixture started it
+
+    def restart(self) -> None:
+        """The plugin killed (no clean exit) and started again; a client of the new one."""
+        self.client.close()
+        self.proc.kill()
+        self.proc.wait()
+        self.proc = self.start()
+        self.client = self.kubelet.plugin(self.kubelet.registration())
 
     def pods(self, *pods: dict[str, Any]) -> None:
         self.pods_file.write_text(json.dumps(list(pods)))
@@ -137,22 +146,26 @@ def node(sim: Sim, kubelet_dir: Path) -> Iterator[Node]:
     log = open(sim.root / "plugin.log", "w")  # noqa: SIM115 (closed below)
     args = ["--node", NODE, "--kubelet-dir", str(kubelet_dir), "--pods-file", str(pods_file)]
     args += ["--cdi-spec", str(cdi), "--health-interval", "0.2", "--check-interval", "0.2"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sharegpu.kube.deviceplugin", *args],
-        env=sim.env(SHAREGPU_NO_AGENT="1"),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+
+    def start() -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "sharegpu.kube.deviceplugin", *args],
+            env=sim.env(SHAREGPU_NO_AGENT="1"),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    node = Node(sim, kubelet, pods_file, cdi, start(), None, start)  # type: ignore[arg-type]
     try:
-        request = kubelet.registration()
-        yield Node(sim, kubelet, pods_file, cdi, proc, kubelet.plugin(request))
+        node.client = kubelet.plugin(kubelet.registration())
+        yield node
     finally:
-        proc.send_signal(signal.SIGTERM)
+        node.proc.send_signal(signal.SIGTERM)
         try:
-            assert proc.wait(timeout=30) == 0, (sim.root / "plugin.log").read_text()
+            assert node.proc.wait(timeout=30) == 0, (sim.root / "plugin.log").read_text()
         finally:
-            proc.kill()
+            node.proc.kill()
             log.close()
             kubelet.stop()
 
@@ -383,6 +396,36 @@ def test_failures_are_one_clear_error_and_leave_nothing(node: Node) -> None:
     err = error_of(lambda: node.client.allocate(["nvidia0"]))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert list(iter_tenants(node.sim.runtime)) == []
+
+
+def test_a_plugin_restarted_mid_allocation_answers_with_the_tenant_it_made(node: Node) -> None:
+    """The plugin made the tenant and died before the kubelet had its answer (and before it
+    marked the pod): the kubelet asks again, and gets the same tenant, not a second one or an
+    error. A tenant of that name that is another container's is refused, not reused."""
+    uuids = node.sim.uuids()
+    web = pod("web-0", "7a7a7a7a-0", [(0, uuids[0], 256, 30)])
+    node.pods(web)
+    devices = node.devices()
+    first = node.client.allocate([devices[0]]).container_responses[0]
+    name = tenant_name("7a7a7a7a-0", "main")
+    made = tenant_path(name, node.sim.runtime)
+    inode = made.stat().st_ino
+    node.pods(web)  # the mark never reached the API server
+    node.restart()
+    again = node.client.allocate([node.devices()[0]]).container_responses[0]
+    assert [d.name for d in again.cdi_devices] == [d.name for d in first.cdi_devices]
+    assert [p.name for p in iter_tenants(node.sim.runtime)] == [name]
+    assert made.stat().st_ino == inode  # the same tenant, not made again
+    assert node.read_pods()["web-0"]["metadata"]["annotations"][ANNOTATION_ALLOCATED] == "main"
+
+    # Same name, other limits (an assignment of 512 MiB): not this allocation's tenant.
+    other = pod("web-0", "7a7a7a7a-0", [(0, uuids[0], 512, 30)])
+    node.pods(other)
+    node.restart()
+    err = error_of(lambda: node.client.allocate([node.devices()[0]]))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"a tenant {name} exists that is not this container's" in (err.details() or "")
+    assert made.stat().st_ino == inode  # left as it was
 
 
 def test_tenant_names_keep_to_the_tenant_id_rules() -> None:

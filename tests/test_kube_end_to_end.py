@@ -170,8 +170,8 @@ def test_an_online_and_an_offline_pod_share_one_card_each_with_its_vgpu(
                 assert int(seen["total"]) == memory * MIB
 
             # The inference pod goes: its tenant goes, and the extender frees its room.
-            client.CoreV1Api(api_client).delete_namespaced_pod("inference", "ml")
             inference_tenant = tenant_path(tenant_name(inference["metadata"]["uid"], "serve"), sim.runtime)
+            client.CoreV1Api(api_client).delete_namespaced_pod("inference", "ml")
             wait_for(lambda: not inference_tenant.exists(), "the deleted pod's tenant removed")
             wait_for(
                 lambda: (

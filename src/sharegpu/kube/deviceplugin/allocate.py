@@ -49,6 +49,7 @@ from sharegpu.runtime.cdi.generate import (
 )
 from sharegpu.runtime.cdi.model import ContainerEdits
 from sharegpu.spec import MIB, ComputeSpec, GpuSelector, validate_tenant_id
+from sharegpu.tenant import read_device_limits, read_meta, tenants_dir
 
 log = logging.getLogger(__name__)
 _NOT_IN_ID = re.compile(r"[^a-z0-9_.-]+")
@@ -132,7 +133,7 @@ def container_response(
 @dataclass
 class _Made:
     name: str
-    created: tenants.Created
+    created: tenants.Created | None  # None: made by an earlier Allocate (kept if this one fails)
     match: Match
 
 
@@ -190,6 +191,9 @@ class Allocator:
         )
         name = tenant_name(m.uid, m.container.name)
         labels = _labels(m)
+        if self._made_before(name, m, memory_mib, compute.share_permille, gpus):
+            made.append(_Made(name, None, m))
+            return container_response(self.root, name, gpus, legacy_edits=self.legacy_edits)
         try:
             created = tenants.create(
                 name,
@@ -206,8 +210,43 @@ class Allocator:
             write_spec(build_spec(self.root, gpus=gpus), self.cdi_spec)
         return container_response(self.root, name, gpus, legacy_edits=self.legacy_edits)
 
+    def _made_before(
+        self, name: str, m: Match, memory_mib: int, share_permille: int, gpus: Sequence[Gpu]
+    ) -> bool:
+        """Whether an earlier Allocate of this very container made its tenant already: the plugin
+        died after making it and before the kubelet had its answer, and the kubelet asks again.
+        That tenant is answered with again; a tenant of that name that is not this container's
+        (another pod's labels, other limits) is an error, never reused."""
+        path = tenants_dir(self.root) / name
+        if not path.is_dir():
+            return False
+        by_index = {g.index: g.uuid for g in gpus}
+        wanted = sorted(
+            (by_index.get(a.index, "?"), memory_mib * MIB, share_permille) for a in m.container.gpus
+        )
+        try:
+            have = sorted((d.uuid, d.mem_cap_bytes, d.share_permille) for d in read_device_limits(path))
+        except (OSError, SharegpuError) as err:
+            raise AllocationError(
+                f"pod {m.key} container {m.container.name}: tenant {name} exists and cannot be read: {err}"
+            ) from err
+        if read_meta(path).get("labels") != _labels(m) or have != wanted:
+            raise AllocationError(
+                f"pod {m.key} container {m.container.name}: a tenant {name} exists that is not this "
+                f"container's (labels {read_meta(path).get('labels')}, limits {have}; wanted {wanted})"
+            )
+        log.info(
+            "pod %s container %s: tenant %s was made by an earlier Allocate; answering with it",
+            m.key,
+            m.container.name,
+            name,
+        )
+        return True
+
     def _undo(self, made: list[_Made]) -> None:
         for done in made:
+            if done.created is None:
+                continue
             try:
                 tenants.delete(done.name, done.created.path, through_agent=done.created.through_agent)
             except Exception:
