@@ -293,7 +293,6 @@ def test_the_node_component_may_read_pods_and_patch_its_node() -> None:
         *(("cluster", "", "pods", verb) for verb in ("get", "list", "watch", "patch")),
         ("cluster", "", "nodes", "get"),
         ("cluster", "", "nodes", "patch"),
-        ("cluster", "", "nodes/status", "patch"),
         ("cluster", "", "events", "create"),
     }
 
