@@ -177,15 +177,21 @@ class Extender:
 
     def _indexes(self, names: list[str]) -> np.ndarray[Any, np.dtype[np.int64]]:
         """The state index of each name (-1: unknown). The scheduler sends the same names call
-        after call (all nodes to filter, what filter kept to prioritize): the last two are kept."""
-        for known, index in self._index_cache:
+        after call (every node to filter, then what filter kept to prioritize), so the last few
+        lists are kept, the most recently used first; filter adds the list it answers with."""
+        for k, (known, index) in enumerate(self._index_cache):
             if known == names:
+                if k:
+                    self._index_cache.insert(0, self._index_cache.pop(k))
                 return index
         state = self.state
         assert state is not None
         index = np.array([state.index.get(name, -1) for name in names], dtype=np.int64)
-        self._index_cache = [(names, index), *self._index_cache[:1]]
+        self._remember(names, index)
         return index
+
+    def _remember(self, names: list[str], index: np.ndarray[Any, np.dtype[np.int64]]) -> None:
+        self._index_cache = [(names, index), *self._index_cache[:2]]
 
     def _rebuild(self) -> None:
         # In the order the nodes were first seen: ties between nodes go as in the simulator.
@@ -360,8 +366,10 @@ class Extender:
         busy = f"no room now for {request.describe()}"
         for k in np.flatnonzero(full):
             failed[names[k]] = busy
-        ok = ~(unknown | stale | wrong_model | too_small | full)
-        return [names[k] for k in np.flatnonzero(ok)]
+        ok = np.flatnonzero(~(unknown | stale | wrong_model | too_small | full))
+        fits = [names[k] for k in ok]
+        self._remember(fits, index[ok])  # the names prioritize will be sent
+        return fits
 
     def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
         pod = args.get("Pod") or {}
