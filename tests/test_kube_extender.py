@@ -320,3 +320,46 @@ def test_a_pod_of_several_vgpu_containers_gets_a_gpu_per_vgpu_or_a_reason() -> N
         "containers ask vGPUs of different sizes (serve: 20000 MiB / 50%, serve-1: 20000 MiB / 30%)"
         in refused
     )
+
+
+def test_a_slow_bind_holds_its_room_and_never_blocks_a_filter() -> None:
+    """The API server is slow to answer a bind: the scheduler's next pods are filtered
+    meanwhile, and the room being bound counts as taken; a bind that fails gives it back."""
+    release = threading.Event()
+    entered = threading.Event()
+
+    class SlowBinder(RecordingBinder):
+        def bind(self, pod: PodRef, assignment: Assignment, fits: Fits) -> str:
+            entered.set()
+            assert release.wait(30)
+            if self.fail:
+                raise BindError(self.fail)
+            return super().bind(pod, assignment, fits)
+
+    for fail in (None, "the API server said no"):
+        binder = SlowBinder(fail=fail)
+        ext = Extender(binder, clock=lambda: NOW)
+        nodes = [node("one", gpus=1)]
+        first, second = pod("first", memory=50000, compute=60), pod("second", memory=40000, compute=50)
+        ext.filter(args(first, nodes))
+        ext.prioritize(args(first, nodes))
+        result: list[dict[str, Any]] = []
+        entered.clear()
+        release.clear()
+        bind_args = {"PodName": "first", "PodNamespace": "ml", "PodUID": "uid-first", "Node": "one"}
+        thread = threading.Thread(target=lambda: result.append(ext.bind(bind_args)))  # noqa: B023 (joined below)
+        thread.start()
+        assert entered.wait(30)
+        began = time.monotonic()
+        during = ext.filter(args(second, nodes))
+        assert time.monotonic() - began < 5  # not held up by the bind in flight
+        assert "no room now" in during["FailedNodes"]["one"]
+        release.set()
+        thread.join(30)
+        after = ext.filter(args(second, nodes))
+        if fail is None:
+            assert result == [{"Error": ""}]
+            assert "no room now" in after["FailedNodes"]["one"]
+        else:
+            assert "the API server said no" in result[0]["Error"]
+            assert kept(after) == ["one"]  # the reservation was given back

@@ -127,6 +127,7 @@ class Extender:
         # pod uid -> the resourceVersion of this extender's write of its assignment: a watch
         # event older than that (the pod before the bind) must not undo the bind.
         self._written: dict[str, int] = {}
+        self._binding: set[str] = set()  # pod uids whose bind is with the API server now
         self._pods: dict[str, _Pending] = {}  # pod uid -> filtered, not bound yet
         self._published_at = np.zeros(0)  # per state index: when the node's inventory was published
         self._index_cache: list[tuple[list[str], np.ndarray[Any, np.dtype[np.int64]]]] = []
@@ -238,6 +239,8 @@ class Extender:
     def _observe(self, pod: Mapping[str, Any]) -> None:
         meta = pod.get("metadata") or {}
         uid = str(meta.get("uid", ""))
+        if uid in self._binding:
+            return  # being bound by this extender: its reservation stands until the bind ends
         version, written = resource_version(meta.get("resourceVersion")), self._written.get(uid)
         if written is not None and version is not None and version < written:
             return  # the pod as it was before this extender bound it
@@ -455,49 +458,60 @@ class Extender:
                     f"off): scheduling {namespace}/{name} again"
                 }
             chosen = seen.chosen
-            if chosen is None or chosen.node != node:
+            if self.binder is None:
+                return {"Error": "this extender has no binder (it was started without an API server)"}
+            # Reserved in the state before the API server is asked, as the kube-scheduler assumes
+            # a pod before binding it: the lock is not held through the API round trips, and no
+            # other decision meanwhile counts this room as free.
+            self._release(uid)  # anything a watch event recorded of it
+            try:
+                if chosen is None or chosen.node != node:
+                    raise SpecError("not decided for this node")
+                state.allocate(chosen, wanted, alloc_id=uid)
+            except SpecError:  # decided elsewhere, or its room was taken since: decide on this node
                 allowed = np.zeros(len(state.nodes), dtype=np.bool_)
                 allowed[state.index[node]] = True
                 got = decide(state, wanted, self.policy, None, allowed)
                 if not isinstance(got, Placement):
                     return {"Error": f"no room on node {node} now for {wanted.describe()}: {got.message}"}
                 chosen = got
-            if self.binder is None:
-                return {"Error": "this extender has no binder (it was started without an API server)"}
+                state.allocate(chosen, wanted, alloc_id=uid)
+            self._bound[uid] = (chosen, wanted)
+            self._binding.add(uid)
             assignment = assignment_for(known.inventory, node, chosen, request, self.clock())
             ref = PodRef(namespace, name, uid, seen.resource_version)
 
-            def fits(others: Sequence[tuple[Mapping[str, Any], Assignment]]) -> str | None:
+        def fits(others: Sequence[tuple[Mapping[str, Any], Assignment]]) -> str | None:
+            with self._lock:
                 for pod, _ in others:
                     self._observe(pod)  # bound by another replica, or before a restart: now known
-                return oversubscribed(known.inventory, assignment, others) or self._no_room(chosen, wanted)
+            return oversubscribed(known.inventory, assignment, others)
 
-            try:
-                written = resource_version(self.binder.bind(ref, assignment, fits))
-            except BindError as err:
-                return {"Error": f"binding {ref.key} to {node} failed: {err}"}
-            except Exception as err:  # the API server's refusal, whatever its type: the pod is retried
-                return {"Error": f"binding {ref.key} to {node} failed: {type(err).__name__}: {err}"}
-            self._release(uid)  # what a watch event about the pod may have recorded meanwhile
-            state.allocate(chosen, wanted, alloc_id=uid)
-            self._bound[uid] = (chosen, wanted)
+        error, written = "", None
+        try:
+            written = resource_version(self.binder.bind(ref, assignment, fits))
+        except BindError as err:
+            error = f"binding {ref.key} to {node} failed: {err}"
+        except Exception as err:  # the API server's refusal, whatever its type: the pod is retried
+            error = f"binding {ref.key} to {node} failed: {type(err).__name__}: {err}"
+        with self._lock:
+            self._binding.discard(uid)
+            if error:
+                self._release(uid)  # the reservation
+                return {"Error": error}
+            if uid not in self._bound:  # a resync meanwhile read the pod before its bind
+                self._reserve(uid, chosen, wanted)
             if written is not None:
                 self._written[uid] = written
             self._pods.pop(uid, None)
         return {"Error": ""}
 
-    def _no_room(self, chosen: Placement, wanted: Request) -> str | None:
-        """Why the state has no room for the placement now (pods observed since it was decided)."""
-        state = self.state
-        if state is None or state.index.get(chosen.node) != chosen.node_index:
-            return f"node {chosen.node} changed since the pod was placed"
-        n, gpus = chosen.node_index, list(chosen.gpus)
-        if (state.free_c[n, gpus] < wanted.compute_milli).any() or (
-            state.free_m[n, gpus] < wanted.memory_mib
-        ).any():
-            return (
-                f"GPUs {list(chosen.gpus)} of node {chosen.node} were taken meanwhile by pods bound elsewhere"
-            )
-        if state.cpu_free[n] < wanted.cpu_milli or state.mem_free[n] < wanted.host_memory_mib:
-            return f"node {chosen.node} lacks the CPU or memory for {wanted.describe()} now"
-        return None
+    def _reserve(self, uid: str, chosen: Placement, wanted: Request) -> None:
+        index = self.state.index.get(chosen.node) if self.state is not None else None
+        if self.state is None or index is None:
+            return  # its node went meanwhile: the API server's to judge
+        try:
+            self.state.allocate(Placement(chosen.node, index, chosen.gpus), wanted, alloc_id=uid)
+            self._bound[uid] = (chosen, wanted)
+        except SpecError:
+            pass  # what this extender knows says it does not fit; the API server's fence said it does
