@@ -14,7 +14,8 @@ paths: harmless, and `--cdi-only` drops the plain fields.)
 
 The CDI spec is written here, not left to the agent's keeper: the keeper rewrites it within about
 a second of a new tenant, but the kubelet creates the container as soon as `Allocate` returns,
-and the runtime must find the device then.
+and the runtime must find the device then. Both write it under the node lock, so neither drops
+a tenant the other has just listed.
 
 The tenant outlives `Allocate` with no supervisor process (the container is not created yet),
 so the agent's reaper cannot tell when it is done: the plugin's pod reaper (podwatch.py)
@@ -39,14 +40,7 @@ from sharegpu.kube.deviceplugin.matching import Match, match
 from sharegpu.kube.deviceplugin.pods import PodSource
 from sharegpu.kube.request import PodRequestError
 from sharegpu.runtime import tenants
-from sharegpu.runtime.cdi.generate import (
-    KIND,
-    build_spec,
-    common_edits,
-    node_driver,
-    tenant_device,
-    write_spec,
-)
+from sharegpu.runtime.cdi.generate import KIND, common_edits, node_driver, tenant_device, write_node_spec
 from sharegpu.runtime.cdi.model import ContainerEdits
 from sharegpu.spec import MIB, ComputeSpec, GpuSelector, validate_tenant_id
 from sharegpu.tenant import read_device_limits, read_meta, tenants_dir
@@ -207,7 +201,7 @@ class Allocator:
             raise AllocationError(f"pod {m.key} container {m.container.name}: {err}") from err
         made.append(_Made(name, created, m))
         if self.cdi_spec is not None:
-            write_spec(build_spec(self.root, gpus=gpus), self.cdi_spec)
+            write_node_spec(self.root, self.cdi_spec, gpus=gpus)
         return container_response(self.root, name, gpus, legacy_edits=self.legacy_edits)
 
     def _made_before(
@@ -253,6 +247,6 @@ class Allocator:
                 log.exception("cannot remove tenant %s after a failed allocation", done.name)
         if made and self.cdi_spec is not None:
             try:  # the spec listed them: drop them again (the keeper would, within a second)
-                write_spec(build_spec(self.root), self.cdi_spec)
+                write_node_spec(self.root, self.cdi_spec)
             except Exception as err:
                 log.warning("cannot rewrite the CDI spec %s: %s", self.cdi_spec, err)

@@ -48,7 +48,7 @@ from sharegpu.runtime.cdi.model import (
 from sharegpu.runtime.cdi.shapes import Shape, default_shapes
 from sharegpu.runtime.run import preload_shim
 from sharegpu.spec import format_size
-from sharegpu.tenant import RUNTIME_ENV, iter_tenants, read_device_limits, tenant_path
+from sharegpu.tenant import RUNTIME_ENV, iter_tenants, node_lock, read_device_limits, tenant_path
 
 KIND = "sharegpu.io/vgpu"
 DEFAULT_SPEC_DIR = Path("/var/run/cdi")
@@ -205,6 +205,16 @@ def _write_atomically(path: Path, text: str, *, mode: int) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_node_spec(root: Path, target: Path, *, gpus: Sequence[Gpu] | None = None) -> Spec:
+    """The node's spec (every tenant, the default shapes) built and written under the node lock,
+    as the agent's keeper writes it: of two writers at once, the last has seen every tenant made
+    before it, so neither drops a tenant the other has just listed."""
+    with node_lock(root):
+        spec = build_spec(root, gpus=gpus)
+        write_spec(spec, target)
+    return spec
 
 
 def write_spec(spec: Spec, target: Path) -> Path:

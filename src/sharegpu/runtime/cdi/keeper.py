@@ -25,7 +25,7 @@ from sharegpu.agent.events import Event
 from sharegpu.errors import SharegpuError, TenantNotFound
 from sharegpu.runtime.cdi.generate import build_spec, write_spec
 from sharegpu.runtime.cdi.shapes import Shape
-from sharegpu.tenant import gpus_dir, iter_tenants
+from sharegpu.tenant import gpus_dir, iter_tenants, node_lock
 
 REFRESH_S = 30.0  # the GPUs and the driver are read again at least this often
 
@@ -71,21 +71,25 @@ class CdiKeeper:
         if unchanged and (self._written is None or self.target.is_file()):  # (None: nothing to list)
             return []
         self._inputs, self._built_at = inputs, now
-        try:
-            spec = build_spec(self.root, None, self.shapes)
-        except TenantNotFound:
-            self.target.unlink(missing_ok=True)
-            self._written = None
-            return []
-        except SharegpuError as err:
-            return self._failure(str(err))
-        text = spec.to_json()
-        if text == self._written and self.target.is_file():
-            return []
-        try:
-            write_spec(spec, self.target)
-        except SharegpuError as err:
-            return self._failure(str(err))
+        # Built and written under the node lock, as the device plugin writes it at Allocate: of
+        # two writers at once, the last has seen every tenant made before it, so neither can
+        # drop a tenant the other has just listed.
+        with node_lock(self.root):
+            try:
+                spec = build_spec(self.root, None, self.shapes)
+            except TenantNotFound:
+                self.target.unlink(missing_ok=True)
+                self._written = None
+                return []
+            except SharegpuError as err:
+                return self._failure(str(err))
+            text = spec.to_json()
+            if text == self._written and self.target.is_file():
+                return []
+            try:
+                write_spec(spec, self.target)
+            except SharegpuError as err:
+                return self._failure(str(err))
         self._written, self._failed = text, None
         names = [d.name for d in spec.devices]
         return [
