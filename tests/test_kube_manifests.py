@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import yaml
 
 from agentutil import Agent
 from conftest import Sim
+from sharegpu import native
 from sharegpu.kube.deviceplugin import registration
 from sharegpu.kube.request import PRIORITY_CLASSES, RESOURCES, pod_request
 
@@ -32,6 +34,7 @@ REPO = Path(__file__).parents[1]
 KUBERNETES = REPO / "deploy" / "kubernetes"
 BASE = KUBERNETES  # what `kubectl apply -k deploy/kubernetes` installs: base/
 MONITORING = KUBERNETES / "monitoring"
+KIND = KUBERNETES / "kind"
 EXAMPLES = KUBERNETES / "examples"
 DASHBOARD = REPO / "deploy" / "grafana" / "sharegpu.json"
 NAMESPACE = "sharegpu-system"
@@ -130,7 +133,7 @@ def test_the_base_holds_the_components_and_the_overlay_adds_monitoring() -> None
 
 @pytest.mark.parametrize("version", KUBE_VERSIONS)
 def test_every_object_is_valid_for_kubernetes(version: str) -> None:
-    objs = [*render(MONITORING), *examples()]
+    objs = [*render(MONITORING), *examples(), one(render(KIND), "DaemonSet", "sharegpu-node")]
     checked = 0
     for obj in objs:
         if (obj["apiVersion"], obj["kind"]) in CUSTOM:
@@ -141,6 +144,29 @@ def test_every_object_is_valid_for_kubernetes(version: str) -> None:
             pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} on Kubernetes {version}: {err.message}")
         checked += 1
     assert checked == len(objs) - 1  # all but the ServiceMonitor
+
+
+def test_the_kind_overlay_runs_the_node_on_the_simulated_gpu_at_the_images_paths() -> None:
+    """The CDI spec names the simulated driver by the package's path in the image, and the node's
+    runtime mounts it from the node: so the overlay puts the image's libraries on the node at
+    that path, and the node's containers use them from there."""
+    base = {(o["kind"], o["metadata"]["name"]) for o in render(BASE)}
+    assert {(o["kind"], o["metadata"]["name"]) for o in render(KIND)} == base
+    spec = pod_spec(one(render(KIND), "DaemonSet", "sharegpu-node"))
+    containerfile = (REPO / "deploy" / "image" / "Containerfile").read_text()
+    python = re.search(r"ARG PYTHON=(\d+\.\d+)-", containerfile)
+    assert python is not None
+    lib = f"/usr/local/lib/python{python[1]}/site-packages/sharegpu/_lib"
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "sharegpu-lib"]
+    assert volume["hostPath"]["path"] == lib
+    (init,) = spec["initContainers"]
+    assert f"cp -a --remove-destination {lib}/. /node-lib/" in init["command"][-1]
+    assert (native.LIB_DIR / "simgpu" / "libcuda.so.1").exists()  # what LD_LIBRARY_PATH names, in the package
+    for container in spec["containers"]:
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["LD_LIBRARY_PATH"] == f"{lib}/simgpu", container["name"]
+        assert env["SIMGPU_STATE"].startswith("/run/sharegpu/")  # the runtime directory, a hostPath
+        assert {m["mountPath"]: m["name"] for m in container["volumeMounts"]}[lib] == "sharegpu-lib"
 
 
 def test_the_schemas_catch_a_misspelt_field() -> None:
