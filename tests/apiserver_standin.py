@@ -53,6 +53,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -216,6 +217,19 @@ class ApiServerStandIn:
         from kubernetes import client
 
         return client.ApiClient(client.Configuration(host=self.url))
+
+    def kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig file naming this server (no auth), for a command under test (`KUBECONFIG`)."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "standin", "cluster": {"server": self.url}}],
+            "users": [{"name": "nobody", "user": {}}],
+            "contexts": [{"name": "standin", "context": {"cluster": "standin", "user": "nobody"}}],
+            "current-context": "standin",
+        }
+        path.write_text(json.dumps(config))  # JSON is YAML
+        return path
 
     # -- helpers for tests -------------------------------------------------------------------
 

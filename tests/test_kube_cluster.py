@@ -382,26 +382,10 @@ def test_of_two_replicas_taking_over_at_once_one_wins(api: ApiServerStandIn, mon
 # -- the command --------------------------------------------------------------------------
 
 
-def kubeconfig(tmp_path: Path, url: str) -> Path:
-    path = tmp_path / "kubeconfig"
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "standin", "cluster": {"server": url}}],
-                "users": [{"name": "u", "user": {}}],
-                "contexts": [{"name": "c", "context": {"cluster": "standin", "user": "u"}}],
-                "current-context": "c",
-            }
-        )
-    )
-    return path
-
-
-def start(tmp_path: Path, url: str, identity: str) -> tuple[subprocess.Popen[bytes], str]:
+def start(tmp_path: Path, api: ApiServerStandIn, identity: str) -> tuple[subprocess.Popen[bytes], str]:
     """The extender command as deployed; its log in a file (a pipe left unread would fill)."""
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig(tmp_path, url)), "KUBERNETES_SERVICE_HOST": ""}
+    config = api.kubeconfig(tmp_path / "kubeconfig")
+    env = {**os.environ, "KUBECONFIG": str(config), "KUBERNETES_SERVICE_HOST": ""}
     cmd = [sys.executable, "-m", "sharegpu.kube.extender", "--host", "127.0.0.1", "--port", "0"]
     cmd += ["--identity", identity, "--namespace", NS, "--lease-seconds", "3", "--renew-seconds", "0.3"]
     log = tmp_path / f"{identity}.log"
@@ -421,7 +405,7 @@ def start(tmp_path: Path, url: str, identity: str) -> tuple[subprocess.Popen[byt
 
 def test_the_command_leads_binds_and_hands_over(api: ApiServerStandIn, tmp_path: Path) -> None:
     add_node(api, "one", gpus=1)
-    first, url1 = start(tmp_path, api.url, "first")
+    first, url1 = start(tmp_path, api, "first")
     procs = [first]
     try:
         with httpx.Client(base_url=url1, timeout=10) as h1:
@@ -432,7 +416,7 @@ def test_the_command_leads_binds_and_hands_over(api: ApiServerStandIn, tmp_path:
             args = {"PodName": "web", "PodNamespace": "ml", "PodUID": "uid-web", "Node": "one"}
             assert h1.post("/bind", json=args).json() == {"Error": ""}
             assert stored(api, "web")["spec"]["nodeName"] == "one"
-            second, url2 = start(tmp_path, api.url, "second")
+            second, url2 = start(tmp_path, api, "second")
             procs.append(second)
             with httpx.Client(base_url=url2, timeout=10) as h2:
                 wait_until(lambda: h2.get("/healthz").status_code == 200)

@@ -7,7 +7,6 @@ assignment on the shared card, and a program in it sees its vGPU; a deleted pod'
 
 from __future__ import annotations
 
-import json
 import shutil
 import signal
 import subprocess
@@ -46,24 +45,6 @@ def wait_for(check: Callable[[], Any], what: str, timeout: float = 60) -> Any:
     return found
 
 
-def kubeconfig(path: Path, server: str) -> Path:
-    cluster = {"name": "standin", "cluster": {"server": server}}
-    context = {"name": "standin", "context": {"cluster": "standin", "user": "nobody"}}
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [cluster],
-                "users": [{"name": "nobody", "user": {}}],
-                "contexts": [context],
-                "current-context": "standin",
-            }
-        )
-    )
-    return path
-
-
 @pytest.fixture
 def cluster(sim_factory: Callable[..., Sim]) -> Iterator[tuple[Sim, ApiServerStandIn, FakeKubelet]]:
     """One GPU node: a simulated card of 8 GiB, its Node in the API server, its kubelet, and the
@@ -79,7 +60,7 @@ def cluster(sim_factory: Callable[..., Sim]) -> Iterator[tuple[Sim, ApiServerSta
                 "status": {"allocatable": {"cpu": "16", "memory": "64Gi", "pods": "110"}},
             },
         )
-        env = sim.env(SHAREGPU_NO_AGENT="1", KUBECONFIG=str(kubeconfig(sim.root / "kubeconfig", api.url)))
+        env = sim.env(SHAREGPU_NO_AGENT="1", KUBECONFIG=str(api.kubeconfig(sim.root / "kubeconfig")))
         env.pop("KUBERNETES_SERVICE_HOST", None)
         args = ["--node", NODE, "--kubelet-dir", str(kubelet_dir), "--cdi-spec", "none"]
         args += ["--publish-interval", "0.5", "--check-interval", "0.2"]

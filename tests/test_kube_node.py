@@ -562,25 +562,12 @@ def test_with_a_pod_file_the_reaper_reconciles_with_the_file(
 # the plugin command: both jobs through the API server
 
 
-def kubeconfig(path: Path, server: str) -> Path:
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "standin", "cluster": {"server": server}}],
-        "users": [{"name": "nobody", "user": {}}],
-        "contexts": [{"name": "standin", "context": {"cluster": "standin", "user": "nobody"}}],
-        "current-context": "standin",
-    }
-    path.write_text(json.dumps(config))  # JSON is YAML
-    return path
-
-
 def test_the_plugin_publishes_the_simulated_gpus_and_reaps_through_the_api_server(
     sim: Sim, standin: ApiServerStandIn, core: client.CoreV1Api
 ) -> None:
     kubelet_dir = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))  # a short socket path
     kubelet = FakeKubelet(kubelet_dir)
-    env = sim.env(SHAREGPU_NO_AGENT="1", KUBECONFIG=str(kubeconfig(sim.root / "kubeconfig", standin.url)))
+    env = sim.env(SHAREGPU_NO_AGENT="1", KUBECONFIG=str(standin.kubeconfig(sim.root / "kubeconfig")))
     for var in (
         "KUBERNETES_SERVICE_HOST",
         "KUBERNETES_SERVICE_PORT",
@@ -660,7 +647,7 @@ def test_the_plugin_without_publishing_or_reaping_asks_the_api_server_for_pendin
 ) -> None:
     kubelet_dir = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))
     kubelet = FakeKubelet(kubelet_dir)
-    env = sim.env(SHAREGPU_NO_AGENT="1", KUBECONFIG=str(kubeconfig(sim.root / "kubeconfig", standin.url)))
+    env = sim.env(SHAREGPU_NO_AGENT="1", KUBECONFIG=str(standin.kubeconfig(sim.root / "kubeconfig")))
     env.pop("KUBERNETES_SERVICE_HOST", None)
     args = [
         "--node",
