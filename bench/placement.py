@@ -16,6 +16,14 @@ No GPU is involved: these are simulated placements.
 
   python bench/placement.py                                  # the full run (make bench)
   python bench/placement.py --traces default --seeds 42-43 --policies fgd,ours
+  python bench/placement.py --variants                       # the workload variants (one table)
+  python bench/placement.py --variants pin20,cpu2 --seeds 42-44
+
+--variants replays variants of the default pod list (sharegpu.sim.variants: GPU-model pins,
+CPU-only share, CPU demand; made in memory from the seed 0 of each spec, as bench/variants.py
+writes them) and prints one row per variant: FGD, ours, best-fit and random at 100% arrived
+demand, and ours minus FGD paired by seed. The variants marked "tuned" are those the policy's
+constants were chosen on; the others are held out.
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ import numpy as np
 from sharegpu.placement.model import Node, Request
 from sharegpu.placement.policies import POLICIES, make_policy
 from sharegpu.sim import load_nodes, load_pods, simulate
+from sharegpu.sim.trace import LoadReport, screen_pods
+from sharegpu.sim.variants import make_variant
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "data" / "alibaba-gpu-v2023"
@@ -48,6 +58,16 @@ PUBLISHED = {  # ATC'23 artifact, default trace, 100% arrived demand, mean of 10
     "fgd": 95.23,
 }
 
+VARIANTS = (
+    "pin5", "pin10", "pin20", "pin25", "pin33",
+    "cpuonly0", "cpuonly0.5", "cpuonly2", "cpuonly3",
+    "cpu0.5", "cpu1.5", "cpu2", "cpu3",
+    "pin20+cpuonly2", "pin33+cpu1.5",
+)  # fmt: skip
+TUNED = frozenset({"pin10", "pin25", "cpuonly2", "cpuonly3", "cpu2"})
+"""Variants the policy's choices were measured on while changing it; every other one is held out."""
+VARIANT_POLICIES = ("fgd", "sharegpu", "best-fit", "random")
+
 _loaded: dict[tuple[str, str], tuple[list[Node], list[Request]]] = {}
 
 
@@ -59,9 +79,17 @@ def traces_in(data: Path) -> list[str]:
 
 
 def _load(data: str, trace: str) -> tuple[list[Node], list[Request]]:
+    """A pod list of the data folder, or ``variant:<spec>`` of the default one."""
     if (data, trace) not in _loaded:
         nodes, _ = load_nodes(Path(data) / NODE_LIST)
-        pods, _ = load_pods(Path(data) / f"openb_pod_list_{trace}.csv", nodes)
+        # Tuning runs may use every n-th node (the same mix, n times faster); latency never does.
+        every = 1 if trace.endswith("@full") else int(os.environ.get("SHAREGPU_BENCH_EVERY_NTH_NODE", "1"))
+        nodes = nodes[::every]
+        spec = trace.removeprefix("variant:").removesuffix("@full")
+        pods, _ = load_pods(Path(data) / f"openb_pod_list_{'default' if spec != trace else trace}.csv", nodes)
+        if spec not in (trace, "default"):
+            made = make_variant(pods, nodes, spec, seed=0)
+            pods = screen_pods(enumerate(made), nodes, LoadReport(spec))
         _loaded[(data, trace)] = (nodes, pods)
     return _loaded[(data, trace)]
 
@@ -112,7 +140,15 @@ def main() -> int:
     parser.add_argument("--policies", default="all", help="e.g. fgd,ours (default all)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     parser.add_argument("--json", action="store_true", help="print every run as JSON instead of tables")
+    parser.add_argument(
+        "--variants",
+        nargs="?",
+        const=",".join(VARIANTS),
+        help=f"replay variants of the default list instead (default: {','.join(VARIANTS)})",
+    )
     args = parser.parse_args()
+    if args.variants:
+        return variants_main(args)
 
     if not (args.data / NODE_LIST).is_file():
         print(
@@ -200,6 +236,69 @@ def main() -> int:
         f"Decision latency on the full cluster ({traces[0]} trace, seed {seeds[0]}, "
         "every decision of one run, one run at a time, decide + commit):"
     )
+    print(f"{'policy':<15} {'p50 (µs)':>9} {'p99 (µs)':>9} {'run (s)':>8}")
+    for r in latency:
+        print(f"{r['policy']:<15} {r['p50_us']:9.0f} {r['p99_us']:9.0f} {r['seconds']:8.1f}")
+    return 0
+
+
+def variants_main(args: argparse.Namespace) -> int:
+    from sharegpu.errors import SpecError
+    from sharegpu.sim.variants import cluster_models, parse_variant
+
+    names = ["default", *(v for v in args.variants.split(",") if v and v != "default")]
+    nodes, _ = load_nodes(args.data / NODE_LIST)
+    try:
+        for name in names[1:]:
+            parse_variant(name, sorted(cluster_models(nodes)))
+    except SpecError as err:
+        print(f"bench/placement.py: {err}", file=sys.stderr)
+        return 2
+    policies = (
+        list(VARIANT_POLICIES)
+        if args.policies == "all"
+        else [make_policy(p).name for p in args.policies.split(",")]
+    )
+    seeds = _seeds(args.seeds)
+    jobs = [(str(args.data), f"variant:{v}", p, s, False) for v in names for p in policies for s in seeds]
+    jobs.sort(key=lambda j: (j[2] not in ("fgd", "sharegpu"), j[1], j[3]))
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        results = list(pool.map(run_one, jobs))
+    wall = time.perf_counter() - t0
+    latency = [
+        run_one((str(args.data), "variant:default@full", p, seeds[0], True)) for p in ("fgd", "sharegpu")
+    ]
+    if args.json:
+        print(json.dumps({"version": 1, "runs": results, "latency": latency, "wall_seconds": wall}, indent=2))
+        return 0
+    by: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
+    for r in results:
+        by.setdefault((r["trace"].removeprefix("variant:"), r["policy"]), {})[r["seed"]] = r
+    every = os.environ.get("SHAREGPU_BENCH_EVERY_NTH_NODE", "1")
+    where = f"{NODE_LIST} ({len(nodes)} nodes)" if every == "1" else f"every {every}th node of {NODE_LIST}"
+    print(
+        f"Workload variants of openb_pod_list_default on {where}, seeds {args.seeds}, {len(results)} runs "
+        f"in {wall:.0f} s with {args.jobs} workers. Simulated placements (no GPU).\n"
+        "GPU allocation at 100% arrived demand (%), mean over seeds; ours-FGD paired by seed "
+        "(mean ± sd, min, wins).\n"
+    )
+    cols = "".join(f"{p:>10}" for p in policies)
+    print(f"{'variant':<16} {'set':<8}{cols} {'ours-FGD':>15} {'min':>7} {'wins':>6}")
+    for v in names:
+        row = "".join(
+            f"{statistics.mean(r['alloc100'] for r in by[(v, p)].values()):10.2f}" for p in policies
+        )
+        diff = ""
+        if "fgd" in policies and "sharegpu" in policies:
+            d = [by[(v, "sharegpu")][s]["alloc100"] - by[(v, "fgd")][s]["alloc100"] for s in seeds]
+            sd = statistics.stdev(d) if len(d) > 1 else 0.0
+            wins = sum(1 for x in d if x > 0)
+            diff = f" {statistics.mean(d):+8.2f} ± {sd:4.2f} {min(d):+7.2f} {wins:>3}/{len(d)}"
+        kind = "base" if v == "default" else ("tuned" if v in TUNED else "held")
+        print(f"{v:<16} {kind:<8}{row}{diff}")
+    print()
+    print(f"Decision latency (default list, seed {seeds[0]}, every decision of one run, decide + commit):")
     print(f"{'policy':<15} {'p50 (µs)':>9} {'p99 (µs)':>9} {'run (s)':>8}")
     for r in latency:
         print(f"{r['policy']:<15} {r['p50_us']:9.0f} {r['p99_us']:9.0f} {r['seconds']:8.1f}")

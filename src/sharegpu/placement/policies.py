@@ -12,8 +12,8 @@ Baselines as the FGD paper (Weng et al., ATC'23, §6.1) describes them:
 * ``gpu-clustering``: GPUs (then nodes) that already host tenants of the same GPU size first.
 * ``fgd``: fragmentation gradient descent, the placement that increases the node's
   fragmentation (sharegpu.placement.fragmentation) the least.
-* ``sharegpu`` (alias ``ours``): FGD's gradient plus the GPU that a node's CPU is expected to
-  strand, then best fit (see ``SharegpuPolicy``).
+* ``sharegpu`` (alias ``ours``): FGD's gradient plus the GPU that a node's host resources are
+  expected to strand plus a reserve on scarce GPU models, then best fit (see ``SharegpuPolicy``).
 
 Exact ties left after a policy's keys go to the first candidate in node order (as a scheduler
 walking its node list does), except for ``random``, which draws from the seeded generator.
@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from sharegpu.errors import SpecError
+from sharegpu.placement.stranding import StrandingModel
 
 if TYPE_CHECKING:
     from sharegpu.placement.cluster import ClusterState, FloatArray, IntArray
@@ -208,52 +209,61 @@ class FgdPolicy(Policy):
                 self.gradient(state, candidates(state, request))
 
 
+MODEL_RESERVE = 3.0
+"""Weight, per milli-GPU, of the popularity of the shapes that may not use a node's GPU model
+(SharegpuPolicy): 1 cancels FGD's reward for filling such GPUs, the rest keeps them for the
+shapes pinned to that model. Tuned on the pin10 and pin25 variants (1, 3, 6, 12 tried)."""
+
+
 class SharegpuPolicy(FgdPolicy):
-    """sharegpu's own policy: FGD's gradient plus the GPU that a node's CPU will strand.
+    """sharegpu's own policy: FGD's gradient, plus the GPU the node's host resources will strand,
+    plus a reserve on GPU models that few shapes may use; then best fit.
 
-    FGD sees CPU only as a step: a node's free GPUs become fragments for a task shape once the
-    node's free CPU drops below that shape's CPU. Until the step is crossed, taking CPU looks
-    free, so CPU-hungry pods land on GPU-dense nodes (8 GPUs, 12 cores per GPU in the trace)
-    and leave their last GPUs with no CPU to run anything. This policy adds the *expected* GPU
-    a node will strand for lack of CPU, in the same unit as the fragmentation (milli-GPU):
-
-        stranded_n = max(0, free_gpu_n - free_cpu_n / rho)
-
-    where rho is the workload's CPU per milli-GPU (popularity-weighted over the shapes that ask
-    for GPUs). The key is FGD's gradient plus the change of stranded_n; then the GPU left with
-    the least free compute, then the node left with the least (best fit) instead of node order.
+    * Stranding. FGD sees CPU only as a step: a node's free GPUs become fragments for a shape
+      once its free CPU drops below that shape's CPU. Until then taking CPU looks free, so
+      CPU-hungry pods (and pods without GPUs) land on GPU-dense nodes and leave their last GPUs
+      with nothing to feed them. The key adds the change of the node's expected stranded GPU
+      (sharegpu.placement.stranding: per node, from the CPU and host memory per GPU of the shapes
+      that can use that node's model and size), in milli-GPU like the fragmentation. A pod
+      without GPUs follows FGD's rule instead, nodes without GPUs first.
+    * Model reserve. For a shape that may not use a node's model FGD counts all its free GPU as a
+      fragment, so filling the GPUs of a model few shapes may use *lowers* F: FGD sends flexible
+      pods to the scarce models, and the pods pinned there fail later. The key adds
+      ``MODEL_RESERVE x (popularity of the shapes excluded by the model) x milli-GPU asked``,
+      which turns that reward into a cost: flexible pods go where most shapes could go anyway.
+    * Ties go to the GPU, then the node, left with the least free (best fit), not node order.
     """
 
     name = "sharegpu"
 
     def __init__(self) -> None:
         super().__init__()
-        self._rho: tuple[ClusterState, float] | None = None
+        self._stranding: StrandingModel | None = None
 
-    def cpu_per_gpu(self, state: ClusterState) -> float:
-        """rho: the workload's CPU (milli-cores) per milli-GPU, over shapes that ask for GPUs."""
-        if self._rho is None or self._rho[0] is not state:
-            wl = state.workload
-            pairs = [(sh, w) for sh, w in zip(wl.shapes, wl.normalised(), strict=True) if sh.count]
-            gpu = sum(w * sh.gpu_milli for sh, w in pairs)
-            cpu = sum(w * sh.cpu_milli for sh, w in pairs)
-            self._rho = (state, cpu / gpu if gpu and cpu else 0.0)
-        return self._rho[1]
+    def stranding(self, state: ClusterState) -> StrandingModel:
+        if self._stranding is None or self._stranding.state is not state:
+            self._stranding = StrandingModel(state)
+        return self._stranding
 
     def keys(self, state: ClusterState, cand: Candidates) -> list[Key]:
         req = cand.request
+        n = cand.nodes
         delta = self.gradient(state, cand)
-        rho = self.cpu_per_gpu(state)
-        if req.count and rho > 0:
-            n = cand.nodes
-            gpu_free = state.frag.total[n].astype(np.float64)
-            cpu_free = state.cpu_free[n].astype(np.float64)
-            before = np.maximum(0.0, gpu_free - cpu_free / rho)
-            after = np.maximum(0.0, gpu_free - req.gpu_milli - (cpu_free - req.cpu_milli) / rho)
-            delta = delta + (after - before)
+        if not req.count:
+            # A pod without GPUs: FGD's rule, nodes without GPUs first, then first fit. Charging
+            # it the stranding and best fit measured worse (cpuonly3: -1.5 points).
+            has_gpus = state.ngpu[n] > 0
+            return [lambda i: delta[i], lambda i: has_gpus[i]]
+        model = self.stranding(state)
+        gpu = state.frag.total[n].astype(np.float64)
+        cpu = state.cpu_free[n].astype(np.float64)
+        mem = state.mem_free[n].astype(np.float64)
+        before = model.host_stranded(n, gpu, cpu, mem)
+        after = model.host_stranded(n, gpu - req.gpu_milli, cpu - req.cpu_milli, mem - req.host_memory_mib)
+        delta = delta + (after - before) + MODEL_RESERVE * req.gpu_milli * model.model_excluded[n]
         left = _node_left(state, cand)
-        gpu = _gpu_after(state, cand)
-        return [lambda i: delta[i], lambda i: gpu[i], lambda i: left[i]]
+        gpu_left = _gpu_after(state, cand)
+        return [lambda i: delta[i], lambda i: gpu_left[i], lambda i: left[i]]
 
 
 POLICIES: dict[str, type[Policy]] = {

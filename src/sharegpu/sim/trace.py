@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import csv
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +32,15 @@ GPU_MEMORY_MIB = {
     "H100": 80 * 1024,
 }
 """Memory per GPU of the models the trace names, where it is public (G1-G3 are undisclosed)."""
+
+QOS_CLASSES = ("LS", "Guaranteed", "Burstable", "BE")
+QOS_PRIORITY = {
+    "ls": Priority.online,  # latency-sensitive: serving, spread away from other online pods
+    "guaranteed": Priority.online,  # reserved resources: treated as latency-sensitive
+    "burstable": Priority.normal,
+    "be": Priority.offline,  # best effort: packs into gaps, evicted first
+}
+"""The trace's qos classes as sharegpu priorities (used with ``qos=True``)."""
 
 NODE_COLUMNS = ("cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
@@ -153,15 +162,22 @@ def load_nodes(path: Path) -> tuple[list[Node], LoadReport]:
     return nodes, report
 
 
-def parse_pod(row: dict[str, str], line: int) -> Request:
-    """One pod row as a Request; ValueError or SpecError for a malformed row."""
+def parse_pod(row: dict[str, str], line: int, *, qos: bool = False) -> Request:
+    """One pod row as a Request; ValueError or SpecError for a malformed row. With ``qos`` a row
+    without a ``priority`` takes its priority from its ``qos`` class (QOS_PRIORITY)."""
     count = _int(row, "num_gpu")
     milli = _int(row, "gpu_milli", 0)
     if count and not 0 < milli <= FULL_GPU:
         raise ValueError(f"gpu_milli={milli} must be 1..{FULL_GPU} for a pod with GPUs")
     spec = (row.get("gpu_spec") or "").strip()
     models = frozenset(m.strip() for m in spec.split("|") if m.strip())
-    priority_text = (row.get("priority") or "normal").strip().lower() or "normal"
+    priority_text = (row.get("priority") or "").strip().lower()
+    qos_text = (row.get("qos") or "").strip()
+    if not priority_text and qos and qos_text:
+        if qos_text.lower() not in QOS_PRIORITY:
+            raise ValueError(f"qos={qos_text!r} is not one of {', '.join(QOS_CLASSES)}")
+        priority_text = QOS_PRIORITY[qos_text.lower()].value
+    priority_text = priority_text or "normal"
     try:
         priority = Priority(priority_text)
     except ValueError:
@@ -178,23 +194,34 @@ def parse_pod(row: dict[str, str], line: int) -> Request:
     )
 
 
-def load_pods(path: Path, nodes: list[Node]) -> tuple[list[Request], LoadReport]:
+def load_pods(path: Path, nodes: list[Node], *, qos: bool = False) -> tuple[list[Request], LoadReport]:
     """Pods that are well formed and could run on some node of ``nodes`` when it is empty.
 
     Skipped, and counted: malformed rows, pods asking for a GPU model no node has, and pods no
-    node could hold even empty (an impossible request would only ever be pending).
+    node could hold even empty (an impossible request would only ever be pending). With ``qos``
+    a row without a ``priority`` takes it from its ``qos`` class (QOS_PRIORITY).
     """
-    empty = ClusterState(nodes)
-    verdicts: dict[tuple[object, ...], str | None] = {}
     report = LoadReport(str(path))
-    pods: list[Request] = []
+    parsed: list[tuple[int, Request]] = []
     for line, row in _rows(path, POD_COLUMNS, ("name",)):
         report.rows += 1
         try:
-            pod = parse_pod(row, line)
+            parsed.append((line, parse_pod(row, line, qos=qos)))
         except (ValueError, SpecError) as err:
             report.skip(line, "malformed row", str(err))
-            continue
+    pods = screen_pods(parsed, nodes, report)
+    if not pods:
+        raise ConfigError(f"{path}: no usable pod ({report.skipped_total} rows skipped)")
+    return pods, report
+
+
+def screen_pods(pods: Iterable[tuple[int, Request]], nodes: list[Node], report: LoadReport) -> list[Request]:
+    """The pods (with their line numbers) that some node of ``nodes`` could hold when empty; the
+    others are counted in ``report``: an unknown GPU model, or an impossible request."""
+    empty = ClusterState(nodes)
+    verdicts: dict[tuple[object, ...], str | None] = {}
+    kept: list[Request] = []
+    for line, pod in pods:
         if pod.shape not in verdicts:
             no_fit = None if len(candidates(empty, pod)) else explain(empty, pod)
             verdicts[pod.shape] = None
@@ -207,8 +234,6 @@ def load_pods(path: Path, nodes: list[Node]) -> tuple[list[Request], LoadReport]
             reason, _, detail = verdict.partition(": ")
             report.skip(line, reason, f"pod {pod.name}: {detail}")
             continue
-        pods.append(pod)
+        kept.append(pod)
         report.loaded += 1
-    if not pods:
-        raise ConfigError(f"{path}: no usable pod ({report.skipped_total} rows skipped)")
-    return pods, report
+    return kept

@@ -1,0 +1,100 @@
+"""Expected stranded GPU: free GPU compute of a node that its host resources will not feed.
+
+FGD (sharegpu.placement.fragmentation) sees a node's CPU only as a step per task shape. The GPU
+a node will strand is estimated here per node, from the shapes of the workload that can *use*
+that node at all:
+
+* a shape can use node n when n has a GPU of a model it accepts, at least as many GPUs as it
+  asks, and (empty) the CPU, host memory and per-GPU compute and memory it needs;
+* W_n is the popularity of those shapes (0 for a node whose model no shape accepts), and rho_n
+  (mu_n) their CPU (host memory) per milli-GPU, popularity-weighted;
+* the free GPU the node can still feed is ``min(free_cpu / rho_n, free_mem / mu_n)``, and
+
+      stranded_n = (1 - W_n) T_n + W_n max(0, T_n - feedable_n)
+
+  with T_n the node's free milli-GPU: the GPU no shape may use, plus, for the shapes that may,
+  the GPU the host resources left will not feed. SharegpuPolicy minimises the change of the second
+  part (the first is already in FGD's fragmentation, which it adds).
+
+Per-node figures depend only on the nodes' capacities and the workload: computed once per state.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from sharegpu.placement.cluster import ClusterState, FloatArray, IntArray
+
+
+class StrandingModel:
+    """W_n, rho_n and mu_n of every node of ``state`` against its workload."""
+
+    def __init__(self, state: ClusterState) -> None:
+        wl = state.workload
+        shapes = [(sh, w) for sh, w in zip(wl.shapes, wl.normalised(), strict=True) if sh.count]
+        n = len(state.nodes)
+        self.state = state
+        if not shapes:
+            self.weight: FloatArray = np.zeros(n)
+            self.model_excluded: FloatArray = np.zeros(n)
+            self.rho: FloatArray = np.zeros(n)
+            self.mu: FloatArray = np.zeros(n)
+            return
+        p = np.array([w for _, w in shapes])
+        count = np.array([sh.count for sh, _ in shapes], dtype=np.int64)
+        compute = np.array([sh.compute_milli for sh, _ in shapes], dtype=np.int64)
+        memory = np.array([sh.memory_mib for sh, _ in shapes], dtype=np.int64)
+        cpu = np.array([sh.cpu_milli for sh, _ in shapes], dtype=np.float64)
+        mem = np.array([sh.host_memory_mib for sh, _ in shapes], dtype=np.float64)
+        gpu = (count * compute).astype(np.float64)
+        # model_ok[model id + 1, shape], row 0 for nodes without GPUs.
+        model_ok = np.zeros((len(state.models) + 1, len(shapes)), dtype=np.bool_)
+        for j, (sh, _) in enumerate(shapes):
+            for i, model in enumerate(state.models):
+                model_ok[i + 1, j] = not sh.models or model in sh.models
+        per_gpu_c = state.cap_c.max(axis=1)
+        per_gpu_m = state.cap_m.max(axis=1)
+        usable = (
+            model_ok[state.model_id + 1]
+            & (state.ngpu[:, None] >= count[None, :])
+            & (state.cpu_cap[:, None] >= cpu[None, :])
+            & (state.mem_cap[:, None] >= mem[None, :])
+            & (per_gpu_c[:, None] >= compute[None, :])
+            & (per_gpu_m[:, None] >= memory[None, :])
+        )
+        pu = usable * p[None, :]
+        # The popularity of the GPU shapes that may not use the node's model (SharegpuPolicy).
+        self.model_excluded = (~model_ok[state.model_id + 1] * p[None, :]).sum(axis=1)
+        self.weight = pu.sum(axis=1)
+        demand = pu @ gpu
+        with np.errstate(divide="ignore", invalid="ignore"):
+            self.rho = np.where(demand > 0, (pu @ cpu) / np.maximum(demand, 1e-12), 0.0)
+            self.mu = np.where(demand > 0, (pu @ mem) / np.maximum(demand, 1e-12), 0.0)
+
+    def feedable(self, nodes: IntArray, cpu_free: FloatArray, mem_free: FloatArray) -> FloatArray:
+        """[d]: milli-GPU the given free host resources of ``nodes`` can still feed (inf: no limit)."""
+        rho, mu = self.rho[nodes], self.mu[nodes]
+        by_cpu = np.where(rho > 0, np.maximum(cpu_free, 0.0) / np.where(rho > 0, rho, 1.0), np.inf)
+        by_mem = np.where(mu > 0, np.maximum(mem_free, 0.0) / np.where(mu > 0, mu, 1.0), np.inf)
+        out: FloatArray = np.minimum(by_cpu, by_mem)
+        return out
+
+    def host_stranded(
+        self, nodes: IntArray, gpu_free: FloatArray, cpu_free: FloatArray, mem_free: FloatArray
+    ) -> FloatArray:
+        """[d]: W_n max(0, T_n - feedable_n), the part of stranding that FGD does not see."""
+        lack = np.maximum(0.0, gpu_free - self.feedable(nodes, cpu_free, mem_free))
+        out: FloatArray = self.weight[nodes] * lack
+        return out
+
+    def stranded(self) -> FloatArray:
+        """[N]: stranded_n of every node now (module docstring), in milli-GPU."""
+        s = self.state
+        nodes = np.arange(len(s.nodes))
+        total = s.frag.total.astype(np.float64)
+        cpu, mem = s.cpu_free.astype(np.float64), s.mem_free.astype(np.float64)
+        out: FloatArray = (1.0 - self.weight) * total + self.host_stranded(nodes, total, cpu, mem)
+        return out
