@@ -44,7 +44,7 @@ from sharegpu.placement.model import Node, Request
 from sharegpu.placement.policies import POLICIES, make_policy
 from sharegpu.sim import load_nodes, load_pods, simulate
 from sharegpu.sim.trace import LoadReport, screen_pods
-from sharegpu.sim.variants import make_variant
+from sharegpu.sim.variants import make_variant, with_assumed_memory
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "data" / "alibaba-gpu-v2023"
@@ -60,9 +60,9 @@ PUBLISHED = {  # ATC'23 artifact, default trace, 100% arrived demand, mean of 10
 
 VARIANTS = (
     "pin5", "pin10", "pin20", "pin25", "pin33",
-    "cpuonly0", "cpuonly0.5", "cpuonly2", "cpuonly3",
-    "cpu0.5", "cpu1.5", "cpu2", "cpu3",
-    "pin20+cpuonly2", "pin33+cpu1.5",
+    "cpuonly0", "cpuonly2", "cpuonly3",
+    "cpu0.5", "cpu2", "cpu3",
+    "pin20+cpuonly2",
 )  # fmt: skip
 TUNED = frozenset({"pin10", "pin25", "cpuonly2", "cpuonly3", "cpu2"})
 """Variants the policy's choices were measured on while changing it; every other one is held out."""
@@ -85,8 +85,12 @@ def _load(data: str, trace: str) -> tuple[list[Node], list[Request]]:
         # Tuning runs may use every n-th node (the same mix, n times faster); latency never does.
         every = 1 if trace.endswith("@full") else int(os.environ.get("SHAREGPU_BENCH_EVERY_NTH_NODE", "1"))
         nodes = nodes[::every]
-        spec = trace.removeprefix("variant:").removesuffix("@full")
-        pods, _ = load_pods(Path(data) / f"openb_pod_list_{'default' if spec != trace else trace}.csv", nodes)
+        qos = trace.startswith("qos:")
+        spec = trace.removeprefix("variant:").removeprefix("qos:").removesuffix("@full")
+        if "mem" in spec.split("+"):
+            nodes = with_assumed_memory(nodes)
+        base = "default" if spec != trace else trace
+        pods, _ = load_pods(Path(data) / f"openb_pod_list_{base}.csv", nodes, qos=qos)
         if spec not in (trace, "default"):
             made = make_variant(pods, nodes, spec, seed=0)
             pods = screen_pods(enumerate(made), nodes, LoadReport(spec))
@@ -109,6 +113,7 @@ def run_one(job: tuple[str, str, str, int, bool]) -> dict[str, Any]:
         "frag100": r.at(1.0).fragmentation_ratio * 100,
         "failed": r.failed_pods,
         "seconds": time.perf_counter() - t0,
+        "colocation": r.colocation.as_dict() if r.colocation else None,
     }
     if timed:
         ns = np.array(r.decision_ns)
@@ -146,9 +151,19 @@ def main() -> int:
         const=",".join(VARIANTS),
         help=f"replay variants of the default list instead (default: {','.join(VARIANTS)})",
     )
+    parser.add_argument(
+        "--memory",
+        action="store_true",
+        help="GPU memory as a second dimension: default list with and without it",
+    )
+    parser.add_argument(
+        "--qos", action="store_true", help="the trace's qos classes as priorities: colocation"
+    )
     args = parser.parse_args()
     if args.variants:
         return variants_main(args)
+    if args.memory or args.qos:
+        return memory_qos_main(args)
 
     if not (args.data / NODE_LIST).is_file():
         print(
@@ -302,6 +317,53 @@ def variants_main(args: argparse.Namespace) -> int:
     print(f"{'policy':<15} {'p50 (µs)':>9} {'p99 (µs)':>9} {'run (s)':>8}")
     for r in latency:
         print(f"{r['policy']:<15} {r['p50_us']:9.0f} {r['p99_us']:9.0f} {r['seconds']:8.1f}")
+    return 0
+
+
+def memory_qos_main(args: argparse.Namespace) -> int:
+    """One table for --memory (the ``mem`` variant: pods ask GPU memory, sim.variants' rule) or
+    --qos (priorities from the qos column, with the colocation at 100% arrived demand)."""
+    policies = ["fgd", "sharegpu", "best-fit"] if args.policies == "all" else [
+        make_policy(p).name for p in args.policies.split(",")
+    ]  # fmt: skip
+    seeds = _seeds(args.seeds)
+    lists = ["variant:default", "variant:mem"] if args.memory else ["variant:default", "qos:default"]
+    jobs = [(str(args.data), t, p, s, False) for t in lists for p in policies for s in seeds]
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        results = list(pool.map(run_one, jobs))
+    wall = time.perf_counter() - t0
+    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in results:
+        by.setdefault((r["trace"], r["policy"]), []).append(r)
+    what = "GPU memory as a second dimension" if args.memory else "qos classes as priorities"
+    print(
+        f"{what}: openb_pod_list_default, seeds {args.seeds}, {len(results)} runs in {wall:.0f} s. "
+        "Simulated placements (no GPU).\n"
+    )
+    if args.memory:
+        print(f"{'policy':<12} {'alloc@100% compute only':>24} {'alloc@100% with memory':>23} {'failed':>7}")
+        for p in policies:
+            a, b = by[("variant:default", p)], by[("variant:mem", p)]
+            failed = statistics.mean(r["failed"] for r in b)
+            print(
+                f"{p:<12} {_ms([r['alloc100'] for r in a]):>24} "
+                f"{_ms([r['alloc100'] for r in b]):>23} {failed:7.0f}"
+            )
+        return 0
+    print(
+        f"{'policy':<12} {'alloc@100% no qos':>18} {'alloc@100% qos':>16} {'online GPUs':>12} "
+        f"{'with offline':>13} {'online pods':>12} {'sharing online':>15}"
+    )
+    for p in policies:
+        a, b = by[("variant:default", p)], by[("qos:default", p)]
+        col = [r["colocation"] for r in b]
+        mean = {k: statistics.mean(c[k] for c in col) for k in col[0]}
+        print(
+            f"{p:<12} {_ms([r['alloc100'] for r in a]):>18} {_ms([r['alloc100'] for r in b]):>16} "
+            f"{mean['online_gpus']:12.0f} {mean['mixed_share'] * 100:12.1f}% {mean['online_pods']:12.0f} "
+            f"{mean['online_pods_sharing']:15.0f}"
+        )
     return 0
 
 

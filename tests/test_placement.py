@@ -275,3 +275,104 @@ def test_topology_validation() -> None:
         Topology.parse(4, "pcie:0,9")
     assert Topology.default(8, "T4").nvlink == ()
     assert Topology.default(8, "A100").nvlink == ((0, 1, 2, 3), (4, 5, 6, 7))
+
+
+# -- model-aware stranding, model reserve, memory, QoS classes ------------------------------------
+
+
+def test_a_node_whose_model_no_shape_may_use_strands_all_its_free_gpus() -> None:
+    from sharegpu.placement.policies import SharegpuPolicy
+
+    pinned = Workload(
+        shapes=(Request(count=1, compute_milli=1000, models=frozenset({"V100M32"})),), weights=(1.0,)
+    )
+    state = cluster(node("v100", 2), node("t4", 2, model="T4"), workload=pinned)
+    put(state, "t4", (0,), Request(compute_milli=300))
+    stranded = SharegpuPolicy().stranding(state).stranded()
+    assert stranded.tolist() == [0.0, 1700.0]
+
+
+def test_stranding_uses_the_cpu_of_the_shapes_that_can_use_each_node() -> None:
+    from sharegpu.placement.policies import SharegpuPolicy
+
+    # CPU-hungry shapes may use only T4, light ones only V100: each node gets its own ratio.
+    workload = Workload(
+        shapes=(
+            Request(count=1, compute_milli=1000, cpu_milli=16000, models=frozenset({"T4"})),
+            Request(count=1, compute_milli=1000, cpu_milli=2000, models=frozenset({"V100M32"})),
+        ),
+        weights=(0.5, 0.5),
+    )
+    state = cluster(node("v100", 4, cpu=16000), node("t4", 4, cpu=16000, model="T4"), workload=workload)
+    model = SharegpuPolicy().stranding(state)
+    assert model.rho.tolist() == [2.0, 16.0]  # milli-cores per milli-GPU
+    # 16 cores feed 1 T4 GPU of the 4 (3000 stranded, weight 0.5) and all 4 V100 GPUs.
+    assert model.stranded().tolist() == [0.5 * 4000, 0.5 * 4000 + 0.5 * 3000]
+
+
+def test_ours_sends_flexible_pods_to_the_model_most_shapes_may_use() -> None:
+    # 40% of the workload may only use V100, 10% only T4. FGD counts the T4's GPUs as fragments
+    # for the V100-only shapes, so filling them lowers F and a flexible pod goes there; ours
+    # keeps the T4 for its pinned pods and fills the V100 (the larger pool in the trace).
+    workload = Workload(
+        shapes=(
+            Request(count=1, compute_milli=1000, models=frozenset({"T4"})),
+            Request(count=1, compute_milli=1000, models=frozenset({"V100M32"})),
+            Request(count=1, compute_milli=1000),
+        ),
+        weights=(0.1, 0.4, 0.5),
+    )
+    state = cluster(node("t4", 2, model="T4"), node("v100", 2), workload=workload)
+    flexible = Request(count=1, compute_milli=1000)
+    assert chosen(state, flexible, "ours").node == "v100"
+    assert chosen(state, flexible, "fgd").node == "t4"
+
+
+def test_gpu_memory_refuses_a_fit_that_compute_alone_would_allow() -> None:
+    state = cluster(node("a", 1), node("b", 1))
+    put(state, "a", (0,), Request(compute_milli=300, memory_mib=30 * 1024))
+    pod = Request(compute_milli=300, memory_mib=4 * 1024)
+    for policy in POLICIES:
+        assert chosen(state, pod, policy).node == "b", policy
+    put(state, "b", (0,), Request(compute_milli=300, memory_mib=30 * 1024))
+    refused = place(state, pod, "ours")
+    assert isinstance(refused, NoFit)
+    assert refused.reason is NoFitReason.gpu_resources
+
+
+def test_ours_best_fit_counts_memory_left() -> None:
+    # Same compute left on both GPUs of "a"; GPU 1 has less memory left: the tighter fit.
+    state = cluster(node("a", 2))
+    put(state, "a", (0,), Request(compute_milli=500, memory_mib=1024))
+    put(state, "a", (1,), Request(compute_milli=500, memory_mib=16 * 1024))
+    assert chosen(state, Request(compute_milli=500, memory_mib=4096), "ours").gpus == (1,)
+
+
+def test_offline_packs_and_online_spreads_under_ours() -> None:
+    state = cluster(node("a", 2), node("b", 2))
+    put(state, "a", (0,), Request(compute_milli=300, priority=Priority.online))
+    assert chosen(state, Request(compute_milli=300, priority=Priority.online), "ours").node == "b"
+    assert chosen(state, Request(compute_milli=300, priority=Priority.offline), "ours").gpus == (0,)
+
+
+def test_preemption_evicts_best_effort_before_burstable() -> None:
+    # The trace's BE pods are offline, Burstable normal. Either victim makes room on its node.
+    state = cluster(node("a", 1), node("b", 1))
+    put(state, "a", (0,), Request(compute_milli=1000, priority=Priority.normal))
+    offline = put(state, "b", (0,), Request(compute_milli=1000, priority=OFFLINE))
+    plan = plan_preemption(state, Request(priority=Priority.online), evictable=(OFFLINE, Priority.normal))
+    assert isinstance(plan, PreemptionPlan)
+    assert plan.victims == (offline,)
+
+
+def test_preemption_takes_burstable_only_when_best_effort_cannot_make_room() -> None:
+    state = cluster(node("a", 1))
+    burstable = put(state, "a", (0,), Request(compute_milli=800, priority=Priority.normal))
+    put(state, "a", (0,), Request(compute_milli=200, priority=OFFLINE))
+    online = Request(compute_milli=500, priority=Priority.online)
+    assert isinstance(plan_preemption(state, online), NoFit)  # offline only, by default
+    plan = plan_preemption(state, online, evictable=(OFFLINE, Priority.normal))
+    assert isinstance(plan, PreemptionPlan)
+    assert plan.victims == (burstable,)
+    with pytest.raises(SpecError, match="never preempted"):
+        plan_preemption(state, online, evictable=(Priority.online,))

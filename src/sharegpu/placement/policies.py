@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from sharegpu.errors import SpecError
+from sharegpu.placement.model import FULL_GPU
 from sharegpu.placement.stranding import StrandingModel
 
 if TYPE_CHECKING:
@@ -61,6 +62,22 @@ def _gpu_after(state: ClusterState, cand: Candidates) -> FloatArray:
         free = (state.free_c[cand.nodes] * cand.sets).sum(axis=1) / max(1, req.count)
         return np.asarray(free - req.compute_milli, dtype=np.float64)
     return np.zeros(len(cand.nodes))
+
+
+def _memory_after(state: ClusterState, cand: Candidates) -> FloatArray:
+    """Free GPU memory of the chosen GPU after placement, as a share of its memory (mean over a
+    set; 1 for a GPU of unknown memory and for no GPU): the second dimension of best fit."""
+    req = cand.request
+    if cand.slots is not None:
+        cap = state.cap_m[cand.nodes, cand.slots]
+        free = state.free_m[cand.nodes, cand.slots] - req.memory_mib
+    elif cand.sets is not None:
+        cap = (state.cap_m[cand.nodes] * cand.sets).sum(axis=1)
+        free = (state.free_m[cand.nodes] * cand.sets).sum(axis=1) - req.count * req.memory_mib
+    else:
+        return np.ones(len(cand.nodes))
+    out: FloatArray = np.where(cap > 0, free / np.maximum(cap, 1), 1.0)
+    return out
 
 
 def _node_left(state: ClusterState, cand: Candidates) -> FloatArray:
@@ -210,9 +227,9 @@ class FgdPolicy(Policy):
 
 
 MODEL_RESERVE = 3.0
-"""Weight, per milli-GPU, of the popularity of the shapes that may not use a node's GPU model
-(SharegpuPolicy): 1 cancels FGD's reward for filling such GPUs, the rest keeps them for the
-shapes pinned to that model. Tuned on the pin10 and pin25 variants (1, 3, 6, 12 tried)."""
+"""Weight, per milli-GPU asked, of the popularity of the shapes that may not use a node's GPU
+model (SharegpuPolicy): 1 cancels FGD's reward for filling such GPUs, the rest sends flexible
+pods to the models most shapes may use. Tuned on the pin10 and pin25 variants (1, 3, 6, 12)."""
 
 
 class SharegpuPolicy(FgdPolicy):
@@ -228,10 +245,15 @@ class SharegpuPolicy(FgdPolicy):
       without GPUs follows FGD's rule instead, nodes without GPUs first.
     * Model reserve. For a shape that may not use a node's model FGD counts all its free GPU as a
       fragment, so filling the GPUs of a model few shapes may use *lowers* F: FGD sends flexible
-      pods to the scarce models, and the pods pinned there fail later. The key adds
-      ``MODEL_RESERVE x (popularity of the shapes excluded by the model) x milli-GPU asked``,
-      which turns that reward into a cost: flexible pods go where most shapes could go anyway.
-    * Ties go to the GPU, then the node, left with the least free (best fit), not node order.
+      pods to the small pools (T4, P100, V100 in the trace), and the pods pinned there fail
+      later while the large pool (G2) keeps free GPUs. The key adds ``MODEL_RESERVE x
+      (popularity of the shapes the model excludes) x milli-GPU asked``, which turns that reward
+      into a cost: flexible pods go to the models most shapes may use. It counts shapes, not
+      demand per GPU of the model: a model that few shapes may use and no pinned shape needs
+      gets flexible pods only once the others are full.
+    * Ties go to the GPU left with the least free compute plus memory (each as a share of the
+      GPU: memory is the second dimension of a vGPU), then the node left with the least (best
+      fit), not to node order.
     """
 
     name = "sharegpu"
@@ -262,7 +284,8 @@ class SharegpuPolicy(FgdPolicy):
         after = model.host_stranded(n, gpu - req.gpu_milli, cpu - req.cpu_milli, mem - req.host_memory_mib)
         delta = delta + (after - before) + MODEL_RESERVE * req.gpu_milli * model.model_excluded[n]
         left = _node_left(state, cand)
-        gpu_left = _gpu_after(state, cand)
+        # Best fit in both GPU dimensions: compute and memory left, each as a share of the GPU.
+        gpu_left = _gpu_after(state, cand) / FULL_GPU + _memory_after(state, cand)
         return [lambda i: delta[i], lambda i: gpu_left[i], lambda i: left[i]]
 
 

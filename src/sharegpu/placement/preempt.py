@@ -5,7 +5,9 @@ of offline allocations whose eviction makes room, and picks across nodes the pla
 fewest victims, then the least fragmentation left on the node afterwards (measured against the
 cluster's workload, sharegpu.placement.fragmentation), then node order. When evicting every
 offline tenant of every node would still not make room, there is no plan: evicting would only
-hurt. Only ``offline`` allocations are ever victims; ``normal`` and ``online`` ones are not.
+hurt. By default only ``offline`` allocations are victims; ``evictable`` widens that in order
+(the trace's BE pods are offline, Burstable normal: ``(offline, normal)`` evicts BE before
+Burstable): a plan that needs a later class is taken only when the earlier ones cannot make room.
 """
 
 from __future__ import annotations
@@ -80,13 +82,38 @@ def _try_node(
     return best, after(best)
 
 
-def plan_preemption(state: ClusterState, request: Request, *, max_victims: int = 8) -> PreemptionPlan | NoFit:
-    """The fewest offline victims that make room for online ``request``, or why there is none.
+EVICTION_ORDER = (Priority.offline, Priority.normal, Priority.online)
+"""Who goes first when several classes may be evicted."""
+
+
+def plan_preemption(
+    state: ClusterState,
+    request: Request,
+    *,
+    max_victims: int = 8,
+    evictable: Sequence[Priority] = (Priority.offline,),
+) -> PreemptionPlan | NoFit:
+    """The fewest victims that make room for online ``request``, or why there is none: victims
+    of the first class of ``evictable`` if that suffices, else of the first two, and so on.
 
     A request that fits already gets a plan without victims.
     """
     if request.priority is not Priority.online:
         raise SpecError(f"only online requests preempt; this one is {request.priority}")
+    if Priority.online in evictable:
+        raise SpecError("online tenants are never preempted")
+    classes = list(dict.fromkeys(evictable))
+    plan: PreemptionPlan | NoFit = NoFit(NoFitReason.gpu_resources, "no class of tenant may be evicted")
+    for tier in range(1, len(classes) + 1):
+        plan = _plan_for(state, request, frozenset(classes[:tier]), max_victims)
+        if isinstance(plan, PreemptionPlan):
+            return plan
+    return plan
+
+
+def _plan_for(
+    state: ClusterState, request: Request, classes: frozenset[Priority], max_victims: int
+) -> PreemptionPlan | NoFit:
     if len(candidates(state, request)):
         best_free: tuple[tuple[int, float, int], PreemptionPlan] | None = None
         for n in np.unique(candidates(state, request).nodes):
@@ -99,7 +126,7 @@ def plan_preemption(state: ClusterState, request: Request, *, max_victims: int =
     best: PreemptionPlan | None = None
     helpful = False
     for n, allocs in enumerate(state.node_allocations):
-        offline = [a for a in allocs.values() if a.request.priority is Priority.offline]
+        offline = [a for a in allocs.values() if a.request.priority in classes]
         if not offline or _try_node(state, request, n, tuple(offline)) is None:
             continue
         helpful = True
@@ -114,9 +141,10 @@ def plan_preemption(state: ClusterState, request: Request, *, max_victims: int =
             NoFitReason.gpu_resources,
             f"making room for {request.describe()} takes more than {max_victims} evictions on every node",
         )
+    who = " or ".join(sorted(c.value for c in classes))
     return NoFit(
         NoFitReason.gpu_resources,
-        f"evicting every offline tenant would still not make room for {request.describe()}",
+        f"evicting every {who} tenant would still not make room for {request.describe()}",
     )
 
 
@@ -129,11 +157,26 @@ def plan_on_node(
 ) -> PreemptionPlan | None:
     """The fewest of `allowed` (allocations on node `n`) whose eviction makes room there for
     `request`, the least fragmentation left breaking ties; None when no set of at most
-    `max_victims` does. Larger allocations are tried first."""
-    ordered = sorted(allowed, key=lambda a: (-a.request.gpu_milli, -a.request.cpu_milli, a.id))
+    `max_victims` does. Classes go in EVICTION_ORDER: offline victims only if they suffice,
+    then offline and normal, and so on. Larger allocations are tried first."""
     free = _try_node(state, request, n, ())
     if free is not None:
         return PreemptionPlan(Placement(state.nodes[n].name, n, free[0]), (), free[1])
+    rank = {c: i for i, c in enumerate(EVICTION_ORDER)}
+    tiers = sorted({rank[a.request.priority] for a in allowed})
+    for tier in tiers:
+        found = _plan_among(
+            state, request, n, [a for a in allowed if rank[a.request.priority] <= tier], max_victims
+        )
+        if found is not None:
+            return found
+    return None
+
+
+def _plan_among(
+    state: ClusterState, request: Request, n: int, allowed: Sequence[Allocation], max_victims: int
+) -> PreemptionPlan | None:
+    ordered = sorted(allowed, key=lambda a: (-a.request.gpu_milli, -a.request.cpu_milli, a.id))
     for k in range(1, min(len(ordered), max_victims) + 1):
         best: PreemptionPlan | None = None
         for subset in itertools.islice(itertools.combinations(ordered, k), MAX_SUBSETS_PER_NODE):

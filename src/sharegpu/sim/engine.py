@@ -20,6 +20,7 @@ from sharegpu.placement.engine import decide
 from sharegpu.placement.model import Node, Placement, Request
 from sharegpu.placement.policies import make_policy
 from sharegpu.placement.workload import Workload
+from sharegpu.sim.colocation import Colocation, colocation
 
 DEFAULT_TARGET = 1.3
 DEFAULT_STEP = 0.01
@@ -51,6 +52,8 @@ class SimResult:
     arrived_pods: int = 0
     failed_pods: int = 0
     decision_ns: list[int] = field(default_factory=list)
+    colocation: Colocation | None = None
+    """Who shares GPUs with whom when arrived demand first reaches 100% (sim.colocation)."""
 
     def at(self, demand: float) -> Point:
         """The recorded point at ``demand`` (or the last one before it)."""
@@ -63,6 +66,7 @@ class SimResult:
     def as_dict(self) -> dict[str, object]:
         out = asdict(self)
         out.pop("decision_ns")
+        out["colocation"] = self.colocation.as_dict() if self.colocation else None
         return out
 
 
@@ -138,6 +142,8 @@ def simulate(
         arrived += pod.gpu_milli
         result.arrived_pods += 1
         while level < len(levels) and arrived >= levels[level] * state.capacity_milli - 1e-6:
+            if result.colocation is None and levels[level] >= 1.0:
+                result.colocation = colocation(state)
             result.points.append(
                 Point(
                     demand=float(levels[level]),
