@@ -14,7 +14,7 @@ from sharegpu.errors import SpecError
 from sharegpu.placement import ClusterState, Node, Placement, Priority, Request
 from sharegpu.sim import load_nodes, load_pods
 from sharegpu.sim.colocation import colocation
-from sharegpu.sim.trace import parse_pod
+from sharegpu.sim.trace import LoadReport, parse_pod, screen_pods
 from sharegpu.sim.variants import (
     REFERENCE_GPU_MEMORY_MIB,
     cluster_models,
@@ -155,3 +155,31 @@ def test_colocation_counts_online_next_to_offline() -> None:
     assert (got.gpus_in_use, got.online_gpus, got.mixed_gpus) == (2, 2, 1)
     assert (got.online_pods, got.online_pods_sharing) == (3, 2)
     assert got.mixed_share == 0.5
+
+
+def test_bench_variants_script_writes_what_the_benchmark_replays(
+    tmp_path: Path, cluster: list[Node], pods: list[Request]
+) -> None:
+    script = str(REPO / "bench" / "variants.py")
+    subprocess.run(
+        [sys.executable, script, "--out", str(tmp_path), "pin10+cpu1.5", "--seed", "3"],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    written, report = load_pods(tmp_path / "openb_pod_list_pin10+cpu1.5.csv", cluster)
+    # 1.5x the CPU of the largest pods is more than any node has: skipped on load, as the bench does.
+    assert set(report.skipped) == {"impossible request"}
+    made = make_variant(pods, cluster, "pin10+cpu1.5", seed=3)
+    expected = screen_pods(enumerate(made), cluster, LoadReport("variant"))
+    assert [p.shape for p in written] == [p.shape for p in expected]
+
+
+def test_bench_variants_script_rejects_a_bad_spec_in_one_line(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "variants.py"), "--out", str(tmp_path), "pin20:H100"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert out.stderr.strip() == (
+        "bench/variants.py: variant 'pin20:H100': no node has GPU model H100 "
+        "(the cluster has: A10, G2, G3, P100, T4, V100M16, V100M32)"
+    )
