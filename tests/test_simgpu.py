@@ -248,18 +248,19 @@ def run_together(
 @pytest.mark.parametrize("mode", ["kernel", "graph", "capture"])
 def test_two_processes_time_slice_one_engine(sim_env: dict[str, str], mode: str) -> None:
     # Each launches a 100 ms kernel at the same moment: the engine alternates 2 ms slices, so
-    # both complete after about 200 ms (a FIFO would finish one at ~100 ms).
+    # both complete after about 205 ms (a FIFO would finish one at ~100 ms): 200 ms of work
+    # and ~100 preemptions of 50 µs.
     _, res = run_together(sim_env, [(1, 100_000, mode, 0)] * 2)
     for r in res:
         assert 180 <= float(r["done_ms"]) <= 300, res
-        assert 170_000 <= int(r["gpu_us"]) <= 205_000, res
+        assert 170_000 <= int(r["gpu_us"]) <= 212_000, res
 
 
 def test_three_processes_share_equally(sim_env: dict[str, str]) -> None:
     _, res = run_together(sim_env, [(1, 100_000, "kernel", 0)] * 3)
     for r in res:
         assert 270 <= float(r["done_ms"]) <= 400, res
-        assert 255_000 <= int(r["gpu_us"]) <= 305_000, res
+        assert 255_000 <= int(r["gpu_us"]) <= 315_000, res  # 300 ms and ~150 preemptions
 
 
 def test_short_kernel_waits_slices_not_a_backlog(sim_env: dict[str, str]) -> None:
@@ -289,7 +290,9 @@ def test_timeslice_setting_applies(sim_env: dict[str, str]) -> None:
     assert 180 <= second <= 300, res
 
 
-def test_a_running_kernel_is_preempted_at_the_slice_end_and_the_switches_cost(sim_env: dict[str, str]) -> None:
+def test_a_running_kernel_is_preempted_at_the_slice_end_and_the_switches_cost(
+    sim_env: dict[str, str],
+) -> None:
     # A 50 ms kernel runs alone; a 1 ms kernel of another process arrives 10 ms in.  It waits
     # for the rest of the running slice (<= 2 ms), the preemption (5 ms here, large so that host
     # noise cannot hide it), and runs; switching back costs ctxsw (3 ms).  Event times are the
@@ -326,7 +329,9 @@ def test_default_switch_costs_are_charged(sim_env: dict[str, str]) -> None:
 @pytest.mark.parametrize("value", ["abc", "10001", "-5"])
 def test_bad_switch_cost_is_refused(sim_env: dict[str, str], var: str, value: str) -> None:
     kv = probe({**sim_env, var: value}, "info", rc=1)
-    assert re.search(rf"^simgpu: .*{var}={re.escape(value)}: expected microseconds \(0\.\.10000\)$", kv["_stderr"], re.M)
+    assert re.search(
+        rf"^simgpu: .*{var}={re.escape(value)}: expected microseconds \(0\.\.10000\)$", kv["_stderr"], re.M
+    )
 
 
 def test_bad_switch_cost_in_the_config_is_refused(sim_env: dict[str, str], tmp_path: Path) -> None:
