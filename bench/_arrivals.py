@@ -23,15 +23,19 @@ REQUEST = {"mean_ms": 20, "kernels": 3, "us": 300}
 OFFLINE_BATCH = 4
 OFFLINE_KERNELS_US = (500, 2000, 8000)
 PATTERNS = {"periodic": "bursts", "poisson": "poisson", "bursty": "bursty"}
-# Each mechanism is a setting of the GPU's arbiter (tune_arbiter); "none" runs without sharegpu.
+# Each mechanism is a setting of the GPU's arbiter (tune_arbiter), and "timeslice_us" a GPU time
+# slice other than the simulated GPU's default 2 ms (what `nvidia-smi compute-policy
+# --set-timeslice` would change; a node of its own); "none" runs without sharegpu.
 MECHANISMS: dict[str, dict[str, Any]] = {
     "drain": {"online_preempt": "drain", "offline_quiet_ns": 0},
     "early": {"online_preempt": "early", "offline_quiet_ns": 0},
     "by-kernel": {"online_preempt": "by-kernel", "preempt_min_kernel_ns": 1_000_000, "offline_quiet_ns": 0},
     "quiet 5 ms": {"online_preempt": "drain", "offline_quiet_ns": 5_000_000},
     "early + quiet 5 ms": {"online_preempt": "early", "offline_quiet_ns": 5_000_000},
+    "early + 0.5 ms slice": {"online_preempt": "early", "offline_quiet_ns": 0, "timeslice_us": 500},
 }
 NONE = "none"
+DEFAULT_SLICE_US = 2000
 
 
 @dataclass
@@ -39,7 +43,7 @@ class Cell:
     pattern: str
     kernel_us: int
     mechanism: str
-    p50: list[float] = field(default_factory=list)  # x alone, per run
+    p50: list[float] = field(default_factory=list)  # µs, per run
     p99: list[float] = field(default_factory=list)
     offline: list[float] = field(default_factory=list)  # share of the idle time, per run
 
@@ -49,6 +53,7 @@ class Cell:
 
 
 RunTogether = Callable[[Node, list[tuple[dict[str, str], list[str]]]], list[dict[str, str]]]
+NodeFor = Callable[[int], Node]  # the node whose GPU has this time slice (µs)
 
 
 def _online_args(pattern: str, requests: int) -> list[str]:
@@ -82,7 +87,8 @@ def shared(
     if mechanism == NONE:
         online_env = offline_env = node.base_env
     else:
-        tune_arbiter(node.arbiter(), **MECHANISMS[mechanism])
+        settings = {k: v for k, v in MECHANISMS[mechanism].items() if k != "timeslice_us"}
+        tune_arbiter(node.arbiter(), **settings)
     window = (requests - 1) * REQUEST["mean_ms"] / 1000
     on, off = run_together(
         node, [(online_env, _online_args(pattern, requests)), (offline_env, _offline_args(window, kernel_us))]
@@ -93,7 +99,7 @@ def shared(
 
 
 def measure(
-    node: Node,
+    node_for: NodeFor,
     run_together: RunTogether,
     *,
     runs: int,
@@ -102,22 +108,30 @@ def measure(
     kernels_us: list[int],
     mechanisms: list[str],
     progress: Callable[[str], None] = lambda _: None,
-) -> list[Cell]:
-    cells = {(p, k, m): Cell(p, k, m) for p in patterns for k in kernels_us for m in [*mechanisms, NONE]}
+) -> tuple[list[Cell], dict[str, Cell]]:
+    """The cells, and per pattern the service alone (a Cell with kernel 0)."""
+    everything = [*mechanisms, NONE]
+    cells = {(p, k, m): Cell(p, k, m) for p in patterns for k in kernels_us for m in everything}
+    alones = {p: Cell(p, 0, "alone") for p in patterns}
+    default = node_for(DEFAULT_SLICE_US)
     for run in range(runs):
         for p in patterns:
-            a50, a99 = alone(node, run_together, p, requests)
+            a50, a99 = alone(default, run_together, p, requests)
+            alones[p].p50.append(a50)
+            alones[p].p99.append(a99)
             for k in kernels_us:
-                for m in [*mechanisms, NONE]:
+                for m in everything:
+                    node = node_for(MECHANISMS.get(m, {}).get("timeslice_us", DEFAULT_SLICE_US))
                     s50, s99, share = shared(node, run_together, p, requests, kernel_us=k, mechanism=m)
                     cell = cells[(p, k, m)]
-                    cell.p50.append(s50 / a50)
-                    cell.p99.append(s99 / a99)
+                    cell.p50.append(s50)
+                    cell.p99.append(s99)
                     cell.offline.append(share)
                     progress(
-                        f"run {run + 1} {p} {k / 1000:g} ms {m}: p99 {s99 / a99:.2f}x, offline {share:.0%}"
+                        f"run {run + 1} {p} {k / 1000:g} ms {m}: p99 {s99:.0f} µs (alone {a99:.0f}), "
+                        f"offline {share:.0%}"
                     )
-    return list(cells.values())
+    return list(cells.values()), alones
 
 
 def goal_p99(kernel_us: int) -> float:
@@ -125,25 +139,29 @@ def goal_p99(kernel_us: int) -> float:
     return 1.5 if kernel_us >= 8000 else 1.2
 
 
-def table(cells: list[Cell], runs: int) -> list[str]:
+def table(cells: list[Cell], alones: dict[str, Cell], runs: int) -> list[str]:
+    """p50 and p99: the medians over the runs divided by the medians of the service alone."""
     head = (
-        f"{'offline kernel':>14}  {'arrivals':<9} {'mechanism':<19} {'p50 x alone':>11} {'p99 x alone':>11}"
+        f"{'offline kernel':>14}  {'arrivals':<9} {'mechanism':<20} {'p50 x alone':>11} {'p99 x alone':>11}"
     )
     head += f" {'offline of idle':>15}  goal (p99, offline >= 70%)"
-    lines = [
-        f"Online latency / arrivals x mechanism — simulated GPU, median of {runs} runs",
-        head,
-        "-" * len(head),
+    lines = [f"Online latency / arrivals x mechanism — simulated GPU, median of {runs} runs"]
+    lines += [
+        f"service alone, {p}: p50 {a.median('p50'):.0f} µs, p99 {a.median('p99'):.0f} µs"
+        for p, a in alones.items()
     ]
+    lines += [head, "-" * len(head)]
     for c in cells:
-        p50, p99, off = c.median("p50"), c.median("p99"), c.median("offline")
+        a = alones[c.pattern]
+        p50, p99 = c.median("p50") / a.median("p50"), c.median("p99") / a.median("p99")
+        off = c.median("offline")
         if c.mechanism == NONE:
             verdict = ""
         else:
             met = p99 <= goal_p99(c.kernel_us) and off >= 0.70
             verdict = f"<= {goal_p99(c.kernel_us):.1f}x: {'met' if met else 'NOT met'}"
         lines.append(
-            f"{c.kernel_us / 1000:>11g} ms  {c.pattern:<9} {c.mechanism:<19} {p50:>10.2f}x {p99:>10.2f}x"
+            f"{c.kernel_us / 1000:>11g} ms  {c.pattern:<9} {c.mechanism:<20} {p50:>10.2f}x {p99:>10.2f}x"
             f" {off * 100:>14.1f}%  {verdict}"
         )
     return lines
@@ -151,11 +169,12 @@ def table(cells: list[Cell], runs: int) -> list[str]:
 
 def periodic_repeats(
     node: Node, run_together: RunTogether, *, repeats: int, requests: int, kernel_us: int, mechanism: str
-) -> list[float]:
-    """p99 / alone of `repeats` periodic runs, each against its own alone run."""
+) -> tuple[float, list[float]]:
+    """The service's periodic p99 alone (median of `repeats` runs) and p99 / that of `repeats`
+    periodic runs next to the offline job."""
+    alone99 = statistics.median(alone(node, run_together, "periodic", requests)[1] for _ in range(repeats))
     ratios = []
     for _ in range(repeats):
-        _, a99 = alone(node, run_together, "periodic", requests)
         _, s99, _ = shared(node, run_together, "periodic", requests, kernel_us=kernel_us, mechanism=mechanism)
-        ratios.append(s99 / a99)
-    return ratios
+        ratios.append(s99 / alone99)
+    return alone99, ratios

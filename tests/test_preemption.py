@@ -128,4 +128,4 @@ def test_tune_rejects_bad_preemption_settings(sim: Sim, pair: tuple[Path, Path])
     with pytest.raises(SpecError, match="preemption threshold"):
         tune_arbiter(path, preempt_min_kernel_ns=2 * 10**9)
     status = read_arbiter(path)
-    assert (status.online_preempt, status.offline_quiet_ns) == ("drain", 0)
+    assert (status.online_preempt, status.offline_quiet_ns) == ("early", 0)  # the defaults

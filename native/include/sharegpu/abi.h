@@ -285,11 +285,12 @@ _Static_assert(sizeof(struct sg_usage) ==
  * in flight, then grants.  EARLY: it grants at once and leaves its work in flight to the GPU,
  * which preempts it at the end of its time slice.  BY_KERNEL: EARLY when the holder's measured
  * kernel is at least preempt_min_kernel_ns, DRAIN otherwise.  Holders under a ceiling always
- * drain (their bucket is spent exactly by their hold). */
+ * drain (their bucket is spent exactly by their hold).  EARLY by default since 1.5: never
+ * slower by the GPU model and much faster with long offline kernels (arbitration.md). */
 #define SG_ARB_PREEMPT_DRAIN 0u
 #define SG_ARB_PREEMPT_EARLY 1u
 #define SG_ARB_PREEMPT_BY_KERNEL 2u
-#define SG_ARB_DEFAULT_ONLINE_PREEMPT SG_ARB_PREEMPT_DRAIN
+#define SG_ARB_DEFAULT_ONLINE_PREEMPT SG_ARB_PREEMPT_EARLY
 #define SG_ARB_DEFAULT_PREEMPT_MIN_KERNEL_NS 1000000ull
 #define SG_ARB_DEFAULT_OFFLINE_QUIET_NS 0ull
 
