@@ -75,11 +75,21 @@ class Node:
 
 
 @contextmanager
-def simulated_node(memory_mib: int = 81920, gpus: int = 1) -> Iterator[Node]:
+def simulated_node(memory_mib: int = 81920, gpus: int = 1, timeslice_us: int | None = None) -> Iterator[Node]:
     with tempfile.TemporaryDirectory(prefix="sharegpu-bench-") as tmp:
         root = Path(tmp)
-        (root / "simgpu.json").write_text(json.dumps({"gpus": gpus, "memory_mib": memory_mib}))
-        base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "SHAREGPU_TENANT")}
+        config: dict[str, int] = {"gpus": gpus, "memory_mib": memory_mib}
+        if timeslice_us is not None:
+            config["timeslice_us"] = timeslice_us
+        (root / "simgpu.json").write_text(json.dumps(config))
+        drop = (
+            "LD_PRELOAD",
+            "SHAREGPU_TENANT",
+            "SIMGPU_TIMESLICE_US",
+            "SIMGPU_CTXSW_US",
+            "SIMGPU_PREEMPT_US",
+        )
+        base = {k: v for k, v in os.environ.items() if k not in drop}
         base |= {
             "LD_LIBRARY_PATH": str(LIB_DIR / "simgpu"),
             "SIMGPU_STATE": str(root / "simgpu.state"),

@@ -191,6 +191,6 @@ def sim_env(sim_factory: Callable[..., Sim], built: Path) -> dict[str, str]:
     """The environment of a node of the shared fixture with the driver's default device size
     (2 GPUs of 80 GiB) and default kernel time and time slice, whatever the caller's environment."""
     env = sim_factory(memory_mib=80 * 1024).env()
-    for var in ("SIMGPU_KERNEL_US", "SIMGPU_TIMESLICE_US"):
+    for var in ("SIMGPU_KERNEL_US", "SIMGPU_TIMESLICE_US", "SIMGPU_CTXSW_US", "SIMGPU_PREEMPT_US"):
         env.pop(var, None)
     return env

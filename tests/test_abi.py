@@ -40,6 +40,12 @@ def _c_layout(tmp_path: Path) -> dict[str, int]:
         "SG_ARB_MAX_QUANTUM_NS",
         "SG_ARB_DEFAULT_OFFLINE_INFLIGHT",
         "SG_ARB_DEFAULT_ONLINE_WINDOW_NS",
+        "SG_ARB_PREEMPT_DRAIN",
+        "SG_ARB_PREEMPT_EARLY",
+        "SG_ARB_PREEMPT_BY_KERNEL",
+        "SG_ARB_DEFAULT_ONLINE_PREEMPT",
+        "SG_ARB_DEFAULT_PREEMPT_MIN_KERNEL_NS",
+        "SG_ARB_DEFAULT_OFFLINE_QUIET_NS",
         "SG_ARB_HOLDING",
         "SG_POLICY_SHARE",
         "SG_POLICY_CAP",
@@ -87,6 +93,14 @@ def test_constants_agree(tmp_path: Path) -> None:
     assert c["SG_ARB_DEFAULT_OFFLINE_INFLIGHT"] == abi.ARB_DEFAULT_OFFLINE_INFLIGHT
     assert c["SG_ARB_DEFAULT_ONLINE_WINDOW_NS"] == abi.ARB_DEFAULT_ONLINE_WINDOW_NS
     assert c["SG_ARB_HOLDING"] == abi.ARB_HOLDING
+    assert [c["SG_ARB_PREEMPT_DRAIN"], c["SG_ARB_PREEMPT_EARLY"], c["SG_ARB_PREEMPT_BY_KERNEL"]] == [
+        abi.ARB_PREEMPT_DRAIN,
+        abi.ARB_PREEMPT_EARLY,
+        abi.ARB_PREEMPT_BY_KERNEL,
+    ]
+    assert c["SG_ARB_DEFAULT_ONLINE_PREEMPT"] == abi.ARB_DEFAULT_ONLINE_PREEMPT
+    assert c["SG_ARB_DEFAULT_PREEMPT_MIN_KERNEL_NS"] == abi.ARB_DEFAULT_PREEMPT_MIN_KERNEL_NS
+    assert c["SG_ARB_DEFAULT_OFFLINE_QUIET_NS"] == abi.ARB_DEFAULT_OFFLINE_QUIET_NS
     assert [
         c["SG_POLICY_SHARE"],
         c["SG_POLICY_CAP"],

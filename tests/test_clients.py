@@ -50,7 +50,7 @@ def node(sim_factory: Callable[..., Sim]) -> Sim:
 
 def node_env(node: Sim) -> dict[str, str]:
     env = node.env()
-    for var in ("SIMGPU_KERNEL_US", "SIMGPU_TIMESLICE_US"):
+    for var in ("SIMGPU_KERNEL_US", "SIMGPU_TIMESLICE_US", "SIMGPU_CTXSW_US", "SIMGPU_PREEMPT_US"):
         env.pop(var, None)
     return env
 

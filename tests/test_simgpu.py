@@ -248,18 +248,19 @@ def run_together(
 @pytest.mark.parametrize("mode", ["kernel", "graph", "capture"])
 def test_two_processes_time_slice_one_engine(sim_env: dict[str, str], mode: str) -> None:
     # Each launches a 100 ms kernel at the same moment: the engine alternates 2 ms slices, so
-    # both complete after about 200 ms (a FIFO would finish one at ~100 ms).
+    # both complete after about 205 ms (a FIFO would finish one at ~100 ms): 200 ms of work
+    # and ~100 preemptions of 50 µs.
     _, res = run_together(sim_env, [(1, 100_000, mode, 0)] * 2)
     for r in res:
         assert 180 <= float(r["done_ms"]) <= 300, res
-        assert 170_000 <= int(r["gpu_us"]) <= 205_000, res
+        assert 170_000 <= int(r["gpu_us"]) <= 212_000, res
 
 
 def test_three_processes_share_equally(sim_env: dict[str, str]) -> None:
     _, res = run_together(sim_env, [(1, 100_000, "kernel", 0)] * 3)
     for r in res:
         assert 270 <= float(r["done_ms"]) <= 400, res
-        assert 255_000 <= int(r["gpu_us"]) <= 305_000, res
+        assert 255_000 <= int(r["gpu_us"]) <= 315_000, res  # 300 ms and ~150 preemptions
 
 
 def test_short_kernel_waits_slices_not_a_backlog(sim_env: dict[str, str]) -> None:
@@ -287,6 +288,56 @@ def test_timeslice_setting_applies(sim_env: dict[str, str]) -> None:
     first, second = sorted(float(r["done_ms"]) for r in res)
     assert 95 <= first <= 150, res
     assert 180 <= second <= 300, res
+
+
+def test_a_running_kernel_is_preempted_at_the_slice_end_and_the_switches_cost(
+    sim_env: dict[str, str],
+) -> None:
+    # A 50 ms kernel runs alone; a 1 ms kernel of another process arrives 10 ms in.  It waits
+    # for the rest of the running slice (<= 2 ms), the preemption (5 ms here, large so that host
+    # noise cannot hide it), and runs; switching back costs ctxsw (3 ms).  Event times are the
+    # engine's, so the switch costs show exactly in the long kernel's GPU time.
+    env = {**sim_env, "SIMGPU_PREEMPT_US": "5000", "SIMGPU_CTXSW_US": "3000"}
+    _, (long, short) = run_together(env, [(1, 50_000, "kernel", 0), (1, 1_000, "kernel", 10)])
+    assert 6_000 <= int(short["gpu_us"]) <= 8_100, short  # preempted, not waited for
+    assert abs(int(long["gpu_us"]) - (50_000 + 1_000 + 5_000 + 3_000)) <= 200, long
+
+
+def test_switches_are_free_when_configured_so(sim_env: dict[str, str]) -> None:
+    env = {**sim_env, "SIMGPU_PREEMPT_US": "0", "SIMGPU_CTXSW_US": "0"}
+    _, (long, short) = run_together(env, [(1, 50_000, "kernel", 0), (1, 1_000, "kernel", 10)])
+    assert 1_000 <= int(short["gpu_us"]) <= 3_100, short
+    assert abs(int(long["gpu_us"]) - 51_000) <= 200, long
+
+
+def test_a_lone_context_is_never_preempted(sim_env: dict[str, str]) -> None:
+    # Slices of 100 µs, a 5 ms preemption cost: a lone 50 ms kernel still takes 50 ms.
+    env = {**sim_env, "SIMGPU_TIMESLICE_US": "100", "SIMGPU_PREEMPT_US": "5000", "SIMGPU_CTXSW_US": "5000"}
+    kv = probe(env, "launch", "1", "50000")
+    assert abs(int(kv["gpu_us"]) - 50_000) <= 200, kv
+
+
+def test_default_switch_costs_are_charged(sim_env: dict[str, str]) -> None:
+    # Two 100 ms kernels at once: about 100 preemptions of 50 µs each (the default) on top of
+    # the 200 ms of work; the kernel finishing last shows them in its event time.
+    _, res = run_together(sim_env, [(1, 100_000, "kernel", 0)] * 2)
+    last = max(int(r["gpu_us"]) for r in res)
+    assert 203_000 <= last <= 208_000, res
+
+
+@pytest.mark.parametrize("var", ["SIMGPU_CTXSW_US", "SIMGPU_PREEMPT_US"])
+@pytest.mark.parametrize("value", ["abc", "10001", "-5"])
+def test_bad_switch_cost_is_refused(sim_env: dict[str, str], var: str, value: str) -> None:
+    kv = probe({**sim_env, var: value}, "info", rc=1)
+    assert re.search(
+        rf"^simgpu: .*{var}={re.escape(value)}: expected microseconds \(0\.\.10000\)$", kv["_stderr"], re.M
+    )
+
+
+def test_bad_switch_cost_in_the_config_is_refused(sim_env: dict[str, str], tmp_path: Path) -> None:
+    kv = probe(small(sim_env, tmp_path, preempt_us=20000), "info", rc=1)
+    assert '"preempt_us" must be between 0 and 10000, got 20000' in kv["_stderr"]
+    assert probe(small(sim_env, tmp_path, ctxsw_us=0, preempt_us=100), "info")["count"] == "2"
 
 
 @pytest.mark.parametrize("value", ["abc", "99", "100001", "-5", "2000us", " 2000"])

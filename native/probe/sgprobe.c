@@ -978,17 +978,33 @@ static int cmd_saturate(int argc, char **argv)
     return 0;
 }
 
-/* Online requests: N bursts of K spin kernels of US µs, each synchronised, at a fixed period
- * (bursts) or with exponentially distributed gaps of that mean (poisson: nothing to predict). */
-static int run_bursts(int argc, char **argv, bool poisson)
+/* How online requests arrive: at a fixed period, with exponential gaps of that mean (poisson:
+ * nothing to predict), or in bursts of BURSTY_N requests, exponential gaps of an eighth of the
+ * mean inside a burst and longer ones between bursts, the same mean overall (bursty). */
+enum arrivals { PERIODIC, POISSON, BURSTY };
+#define BURSTY_N 4
+
+static double next_gap(enum arrivals how, double mean, long i, unsigned short seed[3])
 {
+    if (how == PERIODIC)
+        return mean;
+    double m = mean;
+    if (how == BURSTY) /* BURSTY_N - 1 short gaps and one long one: the mean stays `mean` */
+        m = i % BURSTY_N ? mean / 8 : mean * (BURSTY_N - (BURSTY_N - 1) / 8.0);
+    return m * -log(1.0 - erand48(seed));
+}
+
+/* Online requests: N bursts of K spin kernels of US µs, each synchronised, arriving as `how`. */
+static int run_bursts(int argc, char **argv, enum arrivals how)
+{
+    bool poisson = how != PERIODIC;
     long n, period_ms, k;
     size_t us;
     uint64_t start_at = 0;
     if (argc < 4 || argc > 5 || parse_count(argv[0], &n) < 0 || n < 1 || n > 1000000 ||
         parse_count(argv[1], &period_ms) < 0 || parse_count(argv[2], &k) < 0 || k < 1 ||
         parse_size(argv[3], &us) < 0 || (argc == 5 && parse_start(argv[4], &start_at) < 0))
-        return usage(poisson ? "poisson N MEAN_MS K US [START_NS]" : "bursts N PERIOD_MS K US [START_NS]");
+        return usage(poisson ? "poisson|bursty N MEAN_MS K US [START_NS]" : "bursts N PERIOD_MS K US [START_NS]");
     if (setup(1))
         return 1;
     CUmodule mod;
@@ -998,22 +1014,26 @@ static int run_bursts(int argc, char **argv, bool poisson)
     uint64_t arg = us;
     void *params[] = {&arg};
     uint64_t *lat = calloc((size_t)n, sizeof(*lat));
-    if (!lat)
+    double *gap = calloc((size_t)n, sizeof(*gap));
+    if (!lat || !gap)
         return usage("out of host memory");
+    /* The gaps, scaled so that they add up to (N - 1) means: every run covers the same window
+     * (a benchmark runs the offline job for exactly that long), the pattern stays random. */
+    unsigned short seed[3] = {0x5347, 0x5055, (unsigned short)getpid()};
+    double total = 0;
+    for (long i = 1; i < n; i++)
+        total += gap[i] = next_gap(how, (double)period_ms * 1e6, i, seed);
+    for (long i = 1; i < n && total > 0; i++)
+        gap[i] *= (double)(n - 1) * (double)period_ms * 1e6 / total;
     /* One warm-up burst: the first launch pays for loading and for joining the arbiter. */
     CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
     CK(api.cuStreamSynchronize(stream));
     sleep_until(start_at);
     uint64_t t0 = now_ns(), sum = 0, at = t0;
-    unsigned short seed[3] = {0x5347, 0x5055, (unsigned short)getpid()};
     out("started=1");
     for (long i = 0; i < n; i++) {
-        if (i > 0) {
-            double gap = (double)period_ms * 1e6;
-            if (poisson)
-                gap *= -log(1.0 - erand48(seed));
-            at += (uint64_t)gap;
-        }
+        if (i > 0)
+            at += (uint64_t)gap[i];
         sleep_until(at);
         uint64_t b = now_ns();
         for (long j = 0; j < k; j++)
@@ -1034,18 +1054,24 @@ static int run_bursts(int argc, char **argv, bool poisson)
     out("mean_us=%" PRIu64, sum / (uint64_t)n / 1000u);
     out("wall_ns=%" PRIu64, t1 - t0);
     free(lat);
+    free(gap);
     CK(api.cuModuleUnload(mod));
     return 0;
 }
 
 static int cmd_bursts(int argc, char **argv)
 {
-    return run_bursts(argc, argv, false);
+    return run_bursts(argc, argv, PERIODIC);
 }
 
 static int cmd_poisson(int argc, char **argv)
 {
-    return run_bursts(argc, argv, true);
+    return run_bursts(argc, argv, POISSON);
+}
+
+static int cmd_bursty(int argc, char **argv)
+{
+    return run_bursts(argc, argv, BURSTY);
 }
 
 /* Launch in the parent (it takes the GPU token), fork, launch in the child: the child must ask
@@ -1135,6 +1161,8 @@ static const struct command {
                                    "HOLD_SECONDS; then the parent launches again: parent_launch=OK"},
     {"poisson", cmd_poisson, "N MEAN_MS K US [START_NS]: as bursts, but the gaps between bursts are "
                              "exponentially distributed with mean MEAN_MS (random arrivals)"},
+    {"bursty", cmd_bursty, "N MEAN_MS K US [START_NS]: as poisson, in groups of 4: gaps of mean "
+                           "MEAN_MS/8 inside a group, longer between groups (mean MEAN_MS overall)"},
     {"bursts", cmd_bursts, "N PERIOD_MS K US [START_NS]: every PERIOD_MS launch K spin kernels of "
                            "US µs and sync, N times; lat_us= per burst in order, then p50_us= p99_us= "
                            "max_us= mean_us="},

@@ -377,8 +377,9 @@ static int pick_locked(struct sg_arbiter *a, uint64_t now)
             continue;
         if (!eligible_locked(a, &a->tenants[cl->tenant], now))
             continue;
-        if (cl->priority == SG_PRIORITY_OFFLINE && now < a->offline_hold_until_ns)
-            continue; /* held back ahead of a predicted online request */
+        if (cl->priority == SG_PRIORITY_OFFLINE &&
+            (now < a->offline_hold_until_ns || now < a->offline_quiet_until_ns))
+            continue; /* held back ahead of a predicted online request, or a quiet window */
         if (best < 0 || better_locked(a, c, best, false))
             best = c;
     }
@@ -445,28 +446,36 @@ static void note_online_locked(struct sg_arbiter *a, int c, uint64_t now)
 static void note_arrival_locked(struct sg_arbiter *a, uint64_t now)
 {
     uint64_t last = a->online_last_arrival_ns;
-    __atomic_store_n(&a->online_last_arrival_ns, now, __ATOMIC_RELAXED);
-    if (!last || now <= last)
+    if (!last || now <= last) {
+        __atomic_store_n(&a->online_last_arrival_ns, now, __ATOMIC_RELAXED);
         return;
+    }
     uint64_t iv = now - last, p = a->online_period_ns;
     uint32_t n = a->online_samples;
-    if (iv > __atomic_load_n(&a->online_window_ns, __ATOMIC_RELAXED))
-        return;
     uint64_t k = p ? (iv + p / 2) / p : 0;
-    if (k > 8)
+    if (iv > __atomic_load_n(&a->online_window_ns, __ATOMIC_RELAXED) || k > 8) {
+        __atomic_store_n(&a->online_last_arrival_ns, now, __ATOMIC_RELAXED); /* a pause */
         return;
+    }
     /* Off by more than an eighth of a period from the nearest multiple: an outlier. */
     uint64_t kp = k * p, dev = iv > kp ? iv - kp : kp - iv;
     bool outlier = k == 0 || dev * 8 > p || (k > 1 && n < HOLDBACK_MIN_SAMPLES);
     if (!p || (outlier && (n < 2 || a->online_outliers++ > 0))) {
+        __atomic_store_n(&a->online_last_arrival_ns, now, __ATOMIC_RELAXED);
         __atomic_store_n(&a->online_period_ns, iv, __ATOMIC_RELAXED);
         __atomic_store_n(&a->online_jitter_ns, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&a->online_samples, 1, __ATOMIC_RELAXED);
         a->online_outliers = 0;
         return;
     }
+    /* The first outlier against an established period is ignored, and so is its instant: the
+     * phase stays at the last request on the beat, so that the next one (measured from it, k
+     * periods later) is not a second outlier.  Re-anchoring at a late request made every late
+     * start (a client woken late on a busy host) two outliers in a row and restarted learning,
+     * leaving the next requests unpredicted: the periodic p99 above 1.5x alone in 3 of 10 runs. */
     if (outlier)
-        return; /* the first outlier against an established period */
+        return;
+    __atomic_store_n(&a->online_last_arrival_ns, now, __ATOMIC_RELAXED);
     a->online_outliers = 0;
     dev /= k;
     uint64_t j = n < 2 ? dev : (a->online_jitter_ns * 3 + dev) / 4;
@@ -876,6 +885,54 @@ static void charge_drain_locked(struct sg_arbiter *a, struct sg_gpu *g, int c, u
         t->bucket_ns -= (int64_t)held;
 }
 
+/* Preempted by a higher class: grant it before our drain (the GPU preempts our work in flight
+ * at the end of its time slice) rather than after?  online_preempt decides, by our measured
+ * kernel length for BY_KERNEL (docs/design/arbitration.md, "Random requests"). */
+static bool preempt_early(const struct sg_gpu *g)
+{
+    uint32_t mode = __atomic_load_n(&g->a->online_preempt, __ATOMIC_RELAXED);
+    if (mode == SG_ARB_PREEMPT_EARLY)
+        return true;
+    return mode == SG_ARB_PREEMPT_BY_KERNEL &&
+           __atomic_load_n(&g->kernel_ns, __ATOMIC_RELAXED) >=
+               __atomic_load_n(&g->a->preempt_min_kernel_ns, __ATOMIC_RELAXED);
+}
+
+/* Our drain ran [from, to] after we released, while others may have held the card (a higher
+ * class we handed it to early, or anyone who took the free token meanwhile).  A holder pays for
+ * the wall time it holds, our overlapping work included (it chose not to wait for it); we pay
+ * for the part of the drain that nobody held: from the last release (never before ours) to
+ * `to`, or to the grant of the current holder.  (Charging the whole drain to us as well
+ * charged the overlap twice: 7% of the card with 40 ms offline kernels.) */
+static uint64_t unheld_locked(const struct sg_arbiter *a, uint64_t handed, uint64_t from,
+                              uint64_t to)
+{
+    if (handed && a->token == handed)
+        return 0; /* the preempting holder still holds: all of it was its time */
+    if (a->last_release_ns > from)
+        from = a->last_release_ns;
+    uint64_t end = SG_ARB_TOKEN_HOLDER(a->token) >= 0 && a->grant_ns < to ? a->grant_ns : to;
+    return end > from ? end - from : 0;
+}
+
+/* An online client hands the token on (its request is over): no offline grant for the quiet
+ * window, and the offline waiters are woken to sleep until it ends. */
+static void start_quiet_locked(struct sg_arbiter *a, int c, uint64_t now)
+{
+    uint64_t quiet = __atomic_load_n(&a->offline_quiet_ns, __ATOMIC_RELAXED);
+    if (!quiet || a->clients[c].priority != SG_PRIORITY_ONLINE)
+        return;
+    a->offline_quiet_until_ns = now + quiet;
+    a->quiet_windows++;
+    for (int i = 0; i < SG_ARB_MAX_CLIENTS; i++) {
+        struct sg_arb_client *w = &a->clients[i];
+        if (w->pid && w->state == SG_ARB_WAITING && w->priority == SG_PRIORITY_OFFLINE) {
+            __atomic_fetch_add(&w->wake, 1, __ATOMIC_RELEASE);
+            futex_wake(&w->wake, true);
+        }
+    }
+}
+
 /* Give the token up: stop new fast-path launches, wait for those under way, charge, hand on
  * to the best waiter, and (between tenants of one class without ceilings) only then drain.  Handing on first keeps the card busy: the next
  * holder's first kernels queue behind our last ones instead of the card idling from our last
@@ -899,9 +956,12 @@ static void release(struct sg_gpu *g, bool preempted)
     /* A tenant under a ceiling drains first: its bucket is spent exactly by the time it held
      * the card, which the early handover only approximates (three capped tenants that together
      * use the whole card lost 2-3 points each with it).  So does a holder preempted by a higher
-     * class: the online request then finds the card to itself, not shared with our drain. */
-    bool early = !preempted && g->tenant >= 0 && g->tenant < SG_ARB_MAX_TENANTS &&
-                 !has_ceiling(&a->tenants[g->tenant]);
+     * class, unless online_preempt says to grant it first (early_pre): the request then
+     * waits for the GPU to preempt our work in flight instead of for our drain. */
+    bool ceiling = g->tenant < 0 || g->tenant >= SG_ARB_MAX_TENANTS ||
+                   has_ceiling(&a->tenants[g->tenant]);
+    bool early_pre = preempted && !ceiling && preempt_early(g);
+    bool early = (!preempted && !ceiling) || early_pre;
     if (!early)
         drain(g);
     uint64_t now = sg_mono_ns();
@@ -917,10 +977,13 @@ static void release(struct sg_gpu *g, bool preempted)
                              __ATOMIC_RELEASE);
             a->last_release_ns = now;
             note_online_locked(a, c, now);
+            start_quiet_locked(a, c, now);
             next = pick_locked(a, now);
             if (next >= 0) {
                 grant_locked(a, next, now);
                 handed = a->token;
+                if (early_pre)
+                    a->early_preemptions++;
             }
         }
         arb_unlock(a);
@@ -929,9 +992,20 @@ static void release(struct sg_gpu *g, bool preempted)
         drain(g);
     uint64_t done = sg_mono_ns(), drained = done - now;
     if (early && c >= 0 && drained > 0 && arb_lock(a) == 0) {
-        charge_drain_locked(a, g, c, drained, done);
-        if (next >= 0 && a->token == handed && a->clients[next].grant_ns < done)
-            a->clients[next].grant_ns = done; /* its charge starts where ours ended */
+        uint64_t owed;
+        if (!early_pre && next >= 0 && a->token == handed) {
+            /* Handed on within our class and still held: we pay for our drain (less what the
+             * next holder was already charged), its charge starts where ours ended. */
+            struct sg_arb_client *n = &a->clients[next];
+            uint64_t from = n->grant_ns > now ? n->grant_ns : now;
+            owed = done > from ? done - from : 0;
+            if (n->grant_ns < done)
+                n->grant_ns = done;
+        } else {
+            owed = unheld_locked(a, handed, now, done);
+        }
+        if (owed)
+            charge_drain_locked(a, g, c, owed, done);
         arb_unlock(a);
     }
     if (preempted)
@@ -1081,6 +1155,11 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
                 __atomic_store_n(&h->yield, 1, __ATOMIC_RELAXED);
                 __atomic_fetch_add(&h->watch, 1, __ATOMIC_RELEASE);
                 futex_wake(&h->watch, true);
+            } else if (!slept && me->priority < h->priority) {
+                /* A higher-class holder whose burst ended while nobody waited: its watcher
+                 * hands the card to us after the idle grace (sg_arb_burst_end). */
+                __atomic_fetch_add(&h->watch, 1, __ATOMIC_RELEASE);
+                futex_wake(&h->watch, true);
             }
         }
         bool throttled = has_ceiling(t) && !eligible_locked(a, t, now);
@@ -1093,6 +1172,9 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
         if (me->priority == SG_PRIORITY_OFFLINE && now < a->offline_hold_until_ns &&
             a->offline_hold_until_ns - now < sleep)
             sleep = a->offline_hold_until_ns - now; /* the hold-back ends: ask again */
+        if (me->priority == SG_PRIORITY_OFFLINE && now < a->offline_quiet_until_ns &&
+            a->offline_quiet_until_ns - now < sleep)
+            sleep = a->offline_quiet_until_ns - now; /* the quiet window ends: ask again */
         uint32_t w = __atomic_load_n(&me->wake, __ATOMIC_ACQUIRE);
         arb_unlock(a);
         futex_wait(&me->wake, w, sleep, true);
@@ -1317,9 +1399,18 @@ void sg_arb_offline_bound(struct sg_gpu *g, CUcontext ctx)
 void sg_arb_burst_end(void)
 {
     struct sg_gpu *g = sg_arb_tls.g;
-    if (!g || !__atomic_load_n(&g->token, __ATOMIC_RELAXED) ||
-        !__atomic_load_n(&g->a->waiting, __ATOMIC_RELAXED))
+    if (!g || !__atomic_load_n(&g->token, __ATOMIC_RELAXED))
         return;
+    if (!__atomic_load_n(&g->a->waiting, __ATOMIC_RELAXED)) {
+        /* An online request is over with nobody waiting (the offline client we preempted early
+         * still waits for its kernel in flight): note it, so that the watcher hands the card on
+         * after the idle grace once a lower class asks, not at the end of our quantum. */
+        int c = __atomic_load_n(&g->client, __ATOMIC_RELAXED);
+        if (c >= 0 && c < SG_ARB_MAX_CLIENTS &&
+            __atomic_load_n(&g->a->clients[c].priority, __ATOMIC_RELAXED) == SG_PRIORITY_ONLINE)
+            __atomic_store_n(&g->burst_end_ns, sg_mono_ns(), __ATOMIC_RELAXED);
+        return;
+    }
     sg_in_hook++;
     pthread_mutex_lock(&g->mu);
     if (g->client >= 0 && holding(g)) {

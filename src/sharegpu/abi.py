@@ -11,7 +11,7 @@ import ctypes
 import uuid as uuidlib
 
 ABI_MAJOR = 1
-ABI_MINOR = 4
+ABI_MINOR = 5
 
 MAGIC_LIMITS = 0x4D4C4753  # "SGLM"
 MAGIC_USAGE = 0x53554753  # "SGUS"
@@ -50,6 +50,16 @@ ARB_MAX_QUANTUM_NS = 1_000_000_000
 ARB_DEFAULT_OFFLINE_INFLIGHT = 1
 ARB_DEFAULT_ONLINE_WINDOW_NS = 5_000_000_000
 ARB_DEFAULT_HOLDBACK_MAX_NS = 5_000_000
+# online_preempt (1.5): how a higher class takes the card from a lower-class holder (abi.h)
+ARB_PREEMPT_DRAIN, ARB_PREEMPT_EARLY, ARB_PREEMPT_BY_KERNEL = 0, 1, 2
+ARB_PREEMPT_NAMES = {
+    ARB_PREEMPT_DRAIN: "drain",
+    ARB_PREEMPT_EARLY: "early",
+    ARB_PREEMPT_BY_KERNEL: "by-kernel",
+}
+ARB_DEFAULT_ONLINE_PREEMPT = ARB_PREEMPT_EARLY
+ARB_DEFAULT_PREEMPT_MIN_KERNEL_NS = 1_000_000
+ARB_DEFAULT_OFFLINE_QUIET_NS = 0
 ARB_FREE, ARB_IDLE, ARB_WAITING, ARB_HOLDING = 0, 1, 2, 3
 ARB_STATE_NAMES = {ARB_FREE: "free", ARB_IDLE: "idle", ARB_WAITING: "waiting", ARB_HOLDING: "holding"}
 
@@ -240,7 +250,14 @@ class Arbiter(ctypes.Structure):
         ("pad0", u32),
         ("stall_reclaims", u64),
         ("entry_waits", u64),
-        ("reserved", u8 * 160),
+        ("online_preempt", u32),  # ABI 1.5: unpredicted online requests
+        ("pad1", u32),
+        ("preempt_min_kernel_ns", u64),
+        ("offline_quiet_ns", u64),
+        ("offline_quiet_until_ns", u64),
+        ("early_preemptions", u64),
+        ("quiet_windows", u64),
+        ("reserved", u8 * 112),
         ("tenants", ArbTenant * ARB_MAX_TENANTS),
         ("clients", ArbClient * ARB_MAX_CLIENTS),
     )

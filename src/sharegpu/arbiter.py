@@ -85,6 +85,9 @@ def _init_region(view: mmap.mmap, uuid: str, quantum_ns: int) -> None:
     region.offline_inflight_max = abi.ARB_DEFAULT_OFFLINE_INFLIGHT
     region.online_window_ns = abi.ARB_DEFAULT_ONLINE_WINDOW_NS
     region.holdback_max_ns = abi.ARB_DEFAULT_HOLDBACK_MAX_NS
+    region.online_preempt = abi.ARB_DEFAULT_ONLINE_PREEMPT
+    region.preempt_min_kernel_ns = abi.ARB_DEFAULT_PREEMPT_MIN_KERNEL_NS
+    region.offline_quiet_ns = abi.ARB_DEFAULT_OFFLINE_QUIET_NS
     init_robust_mutex(ctypes.addressof(region) + abi.Arbiter.lock.offset, "GPU arbiter")
     del region  # release the buffer export before the mmap closes
 
@@ -222,8 +225,12 @@ def tune_arbiter(
     offline_inflight_max: int | None = None,
     online_window_ns: int | None = None,
     holdback_max_ns: int | None = None,
+    online_preempt: str | None = None,
+    preempt_min_kernel_ns: int | None = None,
+    offline_quiet_ns: int | None = None,
 ) -> None:
-    """Change the tunables of a live region (single aligned stores; shims read them at grants)."""
+    """Change the tunables of a live region (single aligned stores; shims read them at grants).
+    `online_preempt` is "drain", "early" or "by-kernel" (docs/design/arbitration.md)."""
     _validate_header_only(path)
     if quantum_ns is not None:
         _check_quantum(quantum_ns)
@@ -233,6 +240,13 @@ def tune_arbiter(
         raise SpecError(f"invalid online window {online_window_ns} ns")
     if holdback_max_ns is not None and not 0 <= holdback_max_ns <= 10**9:
         raise SpecError(f"invalid hold-back limit {holdback_max_ns} ns: must be 0 (off) to 1 s")
+    modes = {name: code for code, name in abi.ARB_PREEMPT_NAMES.items()}
+    if online_preempt is not None and online_preempt not in modes:
+        raise SpecError(f"invalid online preemption {online_preempt!r}: one of {', '.join(modes)}")
+    if preempt_min_kernel_ns is not None and not 0 <= preempt_min_kernel_ns <= 10**9:
+        raise SpecError(f"invalid preemption threshold {preempt_min_kernel_ns} ns: must be 0 to 1 s")
+    if offline_quiet_ns is not None and not 0 <= offline_quiet_ns <= 10**9:
+        raise SpecError(f"invalid quiet window {offline_quiet_ns} ns: must be 0 (off) to 1 s")
     fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     try:
         with mmap.mmap(fd, ctypes.sizeof(abi.Arbiter)) as view:
@@ -245,6 +259,12 @@ def tune_arbiter(
                 region.online_window_ns = online_window_ns
             if holdback_max_ns is not None:
                 region.holdback_max_ns = holdback_max_ns
+            if online_preempt is not None:
+                region.online_preempt = modes[online_preempt]
+            if preempt_min_kernel_ns is not None:
+                region.preempt_min_kernel_ns = preempt_min_kernel_ns
+            if offline_quiet_ns is not None:
+                region.offline_quiet_ns = offline_quiet_ns
             del region
     finally:
         os.close(fd)
@@ -325,6 +345,11 @@ class ArbiterStatus:
     recoveries: int
     stall_reclaims: int = 0  # tokens taken back from holders stopped past their quantum (1.3)
     entry_waits: int = 0  # processes that waited for a client entry instead of failing (1.3)
+    online_preempt: str = "drain"  # how a higher class takes the card (1.5)
+    preempt_min_kernel_ns: int = 0
+    offline_quiet_ns: int = 0  # quiet window after each online request (1.5)
+    early_preemptions: int = 0  # grants to a higher class before the holder's drain (1.5)
+    quiet_windows: int = 0
     tenants: list[ArbiterTenant] = field(default_factory=list)
     clients: list[ArbiterClient] = field(default_factory=list)
 
@@ -435,6 +460,11 @@ def read_arbiter(path: Path) -> ArbiterStatus:
         recoveries=region.recoveries,
         stall_reclaims=region.stall_reclaims,
         entry_waits=region.entry_waits,
+        online_preempt=abi.ARB_PREEMPT_NAMES.get(region.online_preempt, str(region.online_preempt)),
+        preempt_min_kernel_ns=region.preempt_min_kernel_ns,
+        offline_quiet_ns=region.offline_quiet_ns,
+        early_preemptions=region.early_preemptions,
+        quiet_windows=region.quiet_windows,
         tenants=tenants,
         clients=clients,
     )

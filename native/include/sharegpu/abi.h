@@ -24,11 +24,13 @@
 #include <stdint.h>
 
 #define SG_ABI_MAJOR 1
-#define SG_ABI_MINOR 4 /* 1.1: the GPU arbiter region and the compute counters;
+#define SG_ABI_MINOR 5 /* 1.1: the GPU arbiter region and the compute counters;
                           1.2: predicted online arrivals (offline hold-back);
                           1.3: liveness locks and pid namespaces of entries, tenant
                                incarnations;
-                          1.4: a process's spare bytes (charged, not allocated) */
+                          1.4: a process's spare bytes (charged, not allocated);
+                          1.5: unpredicted online requests (early preemption, quiet
+                               window after online requests) */
 
 #define SG_MAGIC_LIMITS 0x4d4c4753u  /* "SGLM" little-endian */
 #define SG_MAGIC_USAGE 0x53554753u   /* "SGUS" */
@@ -278,6 +280,19 @@ _Static_assert(sizeof(struct sg_usage) ==
 #define SG_ARB_DEFAULT_ONLINE_WINDOW_NS 5000000000ull
 /* Default for holdback_max_ns (docs/design/arbitration.md, "Predicted online requests"). */
 #define SG_ARB_DEFAULT_HOLDBACK_MAX_NS 5000000ull
+/* online_preempt (1.5): how a higher-class request takes the card from a holder of a lower
+ * class (docs/design/arbitration.md, "Random requests").  DRAIN: the holder waits for its work
+ * in flight, then grants.  EARLY: it grants at once and leaves its work in flight to the GPU,
+ * which preempts it at the end of its time slice.  BY_KERNEL: EARLY when the holder's measured
+ * kernel is at least preempt_min_kernel_ns, DRAIN otherwise.  Holders under a ceiling always
+ * drain (their bucket is spent exactly by their hold).  EARLY by default since 1.5: never
+ * slower by the GPU model and much faster with long offline kernels (arbitration.md). */
+#define SG_ARB_PREEMPT_DRAIN 0u
+#define SG_ARB_PREEMPT_EARLY 1u
+#define SG_ARB_PREEMPT_BY_KERNEL 2u
+#define SG_ARB_DEFAULT_ONLINE_PREEMPT SG_ARB_PREEMPT_EARLY
+#define SG_ARB_DEFAULT_PREEMPT_MIN_KERNEL_NS 1000000ull
+#define SG_ARB_DEFAULT_OFFLINE_QUIET_NS 0ull
 
 #define SG_ARB_TOKEN_HOLDER(t) ((int)((t) & 0xffffu) - 1)
 #define SG_ARB_TOKEN_GEN(t) ((t) >> 16)
@@ -441,7 +456,20 @@ struct sg_arbiter {
                                        docker pause, a debugger) */
     uint64_t entry_waits;           /* [lock] processes that found no client entry they may take
                                        and waited for one (instead of failing) */
-    uint8_t reserved[160];
+    /* ABI 1.5: unpredicted online requests.  A region of ABI <= 1.4 reads zeros: drain, no
+       quiet window (the behaviour of those versions). */
+    uint32_t online_preempt;        /* [atomic relaxed] W: creator, agent.  SG_ARB_PREEMPT_* */
+    uint32_t pad1;
+    uint64_t preempt_min_kernel_ns; /* [atomic relaxed] W: creator, agent.  BY_KERNEL threshold */
+    uint64_t offline_quiet_ns;      /* [atomic relaxed] W: creator, agent.  When an online client
+                                       hands the token on (its request is over), no offline
+                                       client is granted for this long: online requests come in
+                                       bursts.  0: off */
+    uint64_t offline_quiet_until_ns;/* [lock] no offline grant before this (quiet window) */
+    uint64_t early_preemptions;     /* [lock] grants to a higher class made before the lower-class
+                                       holder's drain (EARLY, BY_KERNEL) */
+    uint64_t quiet_windows;         /* [lock] quiet windows started */
+    uint8_t reserved[112];
     struct sg_arb_tenant tenants[SG_ARB_MAX_TENANTS];
     struct sg_arb_client clients[SG_ARB_MAX_CLIENTS];
 };
@@ -467,6 +495,8 @@ _Static_assert(offsetof(struct sg_arbiter, holdback_max_ns) == 256, "arb holdbac
 _Static_assert(offsetof(struct sg_arbiter, online_samples) == 288, "arb online_samples");
 _Static_assert(offsetof(struct sg_arbiter, holdback_ns) == 312, "arb holdback_ns");
 _Static_assert(offsetof(struct sg_arbiter, misses_in_row) == 328, "arb misses_in_row");
+_Static_assert(offsetof(struct sg_arbiter, online_preempt) == 352, "arb online_preempt");
+_Static_assert(offsetof(struct sg_arbiter, quiet_windows) == 392, "arb quiet_windows");
 _Static_assert(offsetof(struct sg_arbiter, tenants) == 512, "arb tenants");
 _Static_assert(offsetof(struct sg_arbiter, clients) == 512 + 192 * SG_ARB_MAX_TENANTS, "arb clients");
 _Static_assert(sizeof(struct sg_arbiter) ==

@@ -23,6 +23,8 @@ void sim_config_defaults(struct sim_config *c)
     c->cc_major = 9;
     c->cc_minor = 0;
     c->timeslice_us = SIM_TIMESLICE_US_DEFAULT;
+    c->ctxsw_us = SIM_CTXSW_US_DEFAULT;
+    c->preempt_us = SIM_PREEMPT_US_DEFAULT;
     /* Not the 512 bytes an interposer might assume: it must read the pitch the driver returns. */
     c->pitch_alignment = 1024;
     strcpy(c->name, "sharegpu simulated H100");
@@ -89,11 +91,14 @@ static int parse_uint(struct parser *ps, const char *key, unsigned long long lo,
     return 0;
 }
 
-enum { K_GPUS, K_MEM, K_NAME, K_SM, K_DRV, K_CUDA, K_SLICE, K_CTXMEM, K_PITCH, K_COUNT };
+enum {
+    K_GPUS, K_MEM, K_NAME, K_SM, K_DRV, K_CUDA, K_SLICE, K_CTXMEM, K_PITCH, K_CTXSW, K_PREEMPT,
+    K_COUNT
+};
 static const char *const keys[K_COUNT] = {"gpus",           "memory_mib",   "name",
                                           "sm_count",       "driver_version", "cuda_version",
                                           "timeslice_us",   "context_overhead_mib",
-                                          "pitch_alignment"};
+                                          "pitch_alignment", "ctxsw_us",    "preempt_us"};
 
 static int parse_value(struct parser *ps, int k, struct sim_config *c)
 {
@@ -133,6 +138,12 @@ static int parse_value(struct parser *ps, int k, struct sim_config *c)
         if (parse_uint(ps, keys[k], SIM_TIMESLICE_US_MIN, SIM_TIMESLICE_US_MAX, &v) < 0)
             return -1;
         c->timeslice_us = (uint32_t)v;
+        return 0;
+    case K_CTXSW:
+    case K_PREEMPT:
+        if (parse_uint(ps, keys[k], 0, SIM_SWITCH_US_MAX, &v) < 0)
+            return -1;
+        *(k == K_CTXSW ? &c->ctxsw_us : &c->preempt_us) = (uint32_t)v;
         return 0;
     case K_CTXMEM:
         /* Checked against memory_mib once the whole object is read (sim_config_parse). */
@@ -175,7 +186,7 @@ int sim_config_parse(struct sim_err *e, const char *text, struct sim_config *c)
                 return sim_fail(e, SIM_ECONFIG,
                                 "unknown key \"%s\" (known: gpus, memory_mib, name, sm_count, "
                                 "driver_version, cuda_version, timeslice_us, "
-                                "context_overhead_mib, pitch_alignment)",
+                                "context_overhead_mib, pitch_alignment, ctxsw_us, preempt_us)",
                                 key);
             if (seen[k]++)
                 return sim_fail(e, SIM_ECONFIG, "duplicate key \"%s\"", key);
@@ -206,20 +217,19 @@ int sim_config_parse(struct sim_err *e, const char *text, struct sim_config *c)
     return 0;
 }
 
-/* SIMGPU_TIMESLICE_US overrides the file's timeslice_us (same range). */
-static int timeslice_env(struct sim_err *e, struct sim_config *c)
+/* An environment variable in microseconds overrides the file's value (same range). */
+static int us_env(struct sim_err *e, const char *name, uint32_t lo, uint32_t hi, uint32_t *out)
 {
-    const char *v = getenv("SIMGPU_TIMESLICE_US");
+    const char *v = getenv(name);
     if (!v || !*v)
         return 0;
     char *end;
     errno = 0;
     unsigned long long us = strtoull(v, &end, 10);
-    if (errno || *end || *v < '0' || *v > '9' || us < SIM_TIMESLICE_US_MIN ||
-        us > SIM_TIMESLICE_US_MAX)
-        return sim_fail(e, SIM_ECONFIG, "SIMGPU_TIMESLICE_US=%.40s: expected microseconds (%u..%u)",
-                        v, SIM_TIMESLICE_US_MIN, SIM_TIMESLICE_US_MAX);
-    c->timeslice_us = (uint32_t)us;
+    if (errno || *end || *v < '0' || *v > '9' || us < lo || us > hi)
+        return sim_fail(e, SIM_ECONFIG, "%s=%.40s: expected microseconds (%u..%u)", name, v, lo,
+                        hi);
+    *out = (uint32_t)us;
     return 0;
 }
 
@@ -269,7 +279,10 @@ static int config_file(struct sim_err *e, struct sim_config *c)
 int sim_config_load(struct sim_err *e, struct sim_config *c)
 {
     sim_config_defaults(c);
-    if (config_file(e, c) < 0)
+    if (config_file(e, c) < 0 ||
+        us_env(e, "SIMGPU_TIMESLICE_US", SIM_TIMESLICE_US_MIN, SIM_TIMESLICE_US_MAX,
+               &c->timeslice_us) < 0 ||
+        us_env(e, "SIMGPU_CTXSW_US", 0, SIM_SWITCH_US_MAX, &c->ctxsw_us) < 0)
         return -1;
-    return timeslice_env(e, c);
+    return us_env(e, "SIMGPU_PREEMPT_US", 0, SIM_SWITCH_US_MAX, &c->preempt_us);
 }

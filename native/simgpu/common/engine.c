@@ -14,8 +14,12 @@
  *    to back, then the next channel with work gets it; a channel whose work runs out yields at
  *    once.  A lone channel runs uninterrupted (its slice is renewed; a newcomer waits at most the
  *    rest of the current slice).  A kernel longer than a slice is preempted and resumed later with
- *    its remaining time.  A newly busy channel joins the end of the round.  Switching costs
- *    nothing here; a real GPU loses some microseconds per context switch.
+ *    its remaining time.  A newly busy channel joins the end of the round.
+ *  - Switch costs.  Passing from one channel straight to another costs engine time during which
+ *    nothing runs: cfg.preempt_us when the slice ended with the running kernel unfinished
+ *    (compute preemption: its state is saved and later restored), cfg.ctxsw_us when the running
+ *    channel ran out of work while another waited.  The next channel's slice starts after it.
+ *    Starting an idle engine costs nothing, and neither does a lone channel (never preempted).
  *  - Laziness.  Nothing runs in the background.  Whoever takes the state lock to launch, query,
  *    synchronize, record or read an event, or ask NVML, first commits the engine up to "now"
  *    (sim_engine_advance_locked: O(run segments + kernels completed since the last advance)).
@@ -53,6 +57,26 @@ static uint64_t slice_ns(const struct sim_state *st)
     return (uint64_t)us * 1000u;
 }
 
+/* The cost of passing straight to another channel: preempted (its kernel unfinished) or not. */
+static uint64_t switch_ns(const struct sim_state *st, int preempted)
+{
+    uint32_t us = preempted ? st->cfg.preempt_us : st->cfg.ctxsw_us;
+    return (uint64_t)(us > SIM_SWITCH_US_MAX ? SIM_SWITCH_US_MAX : us) * 1000u;
+}
+
+/* cur is switched to at g->clock: nothing runs until the switch ends, then its slice starts. */
+static void switch_to(const struct sim_state *st, struct sim_gpu *g, int next, int preempted,
+                      uint64_t ts)
+{
+    g->cur = next;
+    g->switch_end = g->clock + switch_ns(st, preempted);
+    g->seg_start = g->switch_end; /* the switch is nobody's run time */
+    g->slice_end = g->switch_end + ts;
+    g->switches++;
+    if (preempted)
+        g->preemptions++;
+}
+
 /* ---- commit ------------------------------------------------------------------------------ */
 
 /* Closes cur's open run segment at t (merging with the previous one of the same pid). */
@@ -78,11 +102,12 @@ static void seg_close(struct sim_state *st, struct sim_gpu *g, uint64_t t)
 static void list_insert(struct sim_gpu *g, int c, uint64_t now, uint64_t ts)
 {
     struct sim_chan *ch = &g->chan[c];
-    if (g->nactive == 0) {
+    if (g->nactive == 0) { /* an idle engine starts at once */
         ch->next = ch->prev = c;
         g->cur = c;
         g->seg_start = now;
         g->slice_end = now + ts;
+        g->switch_end = 0;
     } else { /* before cur: the end of the round */
         int cur = g->cur, p = g->chan[cur].prev;
         ch->next = cur;
@@ -126,6 +151,10 @@ void sim_engine_advance_locked(struct sim_state *st, int dev, uint64_t t)
             g->clock = t;
             break;
         }
+        if (g->switch_end > g->clock) { /* a context switch: nothing runs */
+            g->clock = g->switch_end < t ? g->switch_end : t;
+            continue;
+        }
         const int c = g->cur;
         if (c < 0 || c >= SIM_MAX_SLOTS) { /* only a corrupted state: rebuild it */
             sim_engine_repair_locked(st);
@@ -150,14 +179,11 @@ void sim_engine_advance_locked(struct sim_state *st, int dev, uint64_t t)
             seg_close(st, g, g->clock);
             int next = ch->next;
             list_remove(g, c);
-            if (g->nactive) {
-                g->cur = next;
-                g->slice_end = g->clock + ts;
-            }
-        } else if (g->nactive > 1 && g->clock >= g->slice_end) { /* slice over: next channel */
+            if (g->nactive)
+                switch_to(st, g, next, 0, ts);
+        } else if (g->nactive > 1 && g->clock >= g->slice_end) { /* slice over: preempted */
             seg_close(st, g, g->clock);
-            g->cur = ch->next;
-            g->slice_end = g->clock + ts;
+            switch_to(st, g, ch->next, 1, ts);
         } else if (g->nactive == 1 && g->slice_end <= g->clock) { /* alone: renew the slice */
             g->slice_end += ((g->clock - g->slice_end) / ts + 1) * ts;
         }
@@ -180,8 +206,10 @@ static void drop_chan(struct sim_state *st, struct sim_gpu *g, int c, uint64_t a
             seg_close(st, g, g->clock);
             int next = ch->next;
             list_remove(g, c);
-            if (g->nactive) {
+            if (g->nactive) { /* a torn-down context has nothing to save: no switch cost */
                 g->cur = next;
+                g->switch_end = 0;
+                g->seg_start = g->clock;
                 g->slice_end = g->clock + ts;
             }
         } else {
@@ -214,6 +242,7 @@ void sim_engine_repair_locked(struct sim_state *st)
             g->clock = now;
         int old = (g->nactive && g->cur >= 0 && g->cur < SIM_MAX_SLOTS) ? g->cur : 0;
         g->nactive = 0;
+        g->switch_end = 0;
         for (int c = 0; c < SIM_MAX_SLOTS; c++) {
             struct sim_chan *ch = &g->chan[c];
             ch->active = 0;
@@ -255,8 +284,9 @@ static uint64_t predict(const struct sim_state *st, int dev, int c, uint64_t cum
     const struct sim_chan *tc = &g->chan[c];
     if (tc->exec_ns >= cum)
         return g->clock;
+    const uint64_t from = g->switch_end > g->clock ? g->switch_end : g->clock;
     if (g->nactive <= 1 || !tc->active)
-        return g->clock + (cum - tc->exec_ns);
+        return from + (cum - tc->exec_ns);
     const uint64_t ts = slice_ns(st);
     uint64_t w[SIM_MAX_SLOTS];
     unsigned m = 0, target = SIM_MAX_SLOTS;
@@ -273,14 +303,16 @@ static uint64_t predict(const struct sim_state *st, int dev, int c, uint64_t cum
     } while (k != g->cur && m < SIM_MAX_SLOTS && k >= 0 && k < SIM_MAX_SLOTS);
     if (target == SIM_MAX_SLOTS)
         return g->clock + (cum - tc->exec_ns); /* not in the list: cannot happen */
-    uint64_t t = g->clock;
+    const uint64_t sw = switch_ns(st, 0), pre = switch_ns(st, 1);
+    uint64_t t = from; /* after a switch under way */
     uint64_t turn = g->slice_end > t ? g->slice_end - t : 0; /* the rest of cur's slice */
     unsigned p = 0;
     for (;;) {
         if (m == 1)
             return t + w[0]; /* alone: runs uninterrupted */
         if (turn == ts) {
-            /* r full rounds in which every channel runs exactly one slice and none runs out. */
+            /* r full rounds in which every channel runs exactly one slice, none runs out, and
+             * each slice ends in a preemption. */
             uint64_t r = UINT64_MAX;
             for (unsigned i = 0; i < m; i++) {
                 uint64_t ri = (w[i] - 1) / ts;
@@ -290,7 +322,7 @@ static uint64_t predict(const struct sim_state *st, int dev, int c, uint64_t cum
             if (r > 0) {
                 for (unsigned i = 0; i < m; i++)
                     w[i] -= r * ts;
-                t += r * m * ts;
+                t += r * m * (ts + pre);
             }
         }
         if (p == target && w[p] <= turn)
@@ -305,8 +337,10 @@ static uint64_t predict(const struct sim_state *st, int dev, int c, uint64_t cum
             m--;
             if (p == m)
                 p = 0;
+            t += sw;
         } else {
             p = (p + 1) % m;
+            t += pre;
         }
         turn = ts;
     }

@@ -70,17 +70,27 @@ struct sim_config {
     /* cuMemAllocPitch rounds a row up to this many bytes (a power of two, 32..4096; state
      * version 4). */
     uint32_t pitch_alignment;
+    /* Engine time lost when the engine passes from one context straight to another (state
+     * version 6; README "Execution"): ctxsw_us when the running one ran out of work, preempt_us
+     * when its slice ended with its kernel unfinished (compute preemption: that kernel's state
+     * is saved, and restored when it resumes).  Nothing runs meanwhile. */
+    uint32_t ctxsw_us;
+    uint32_t preempt_us;
     uint32_t reserved0;
 };
 
 #define SIM_TIMESLICE_US_DEFAULT 2000u
 #define SIM_TIMESLICE_US_MIN 100u
 #define SIM_TIMESLICE_US_MAX 100000u
+#define SIM_CTXSW_US_DEFAULT 10u
+#define SIM_PREEMPT_US_DEFAULT 50u
+#define SIM_SWITCH_US_MAX 10000u
 
 SIM_HIDDEN void sim_config_defaults(struct sim_config *c);
 /* Parses the flat JSON object in text (keys in native/README.md) over the defaults. */
 SIM_HIDDEN int sim_config_parse(struct sim_err *e, const char *text, struct sim_config *c);
-/* Defaults, then SIMGPU_CONFIG if set, then SIMGPU_TIMESLICE_US if set. */
+/* Defaults, then SIMGPU_CONFIG if set, then SIMGPU_TIMESLICE_US, SIMGPU_CTXSW_US and
+ * SIMGPU_PREEMPT_US if set. */
 SIM_HIDDEN int sim_config_load(struct sim_err *e, struct sim_config *c);
 
 /* ---- identity ---------------------------------------------------------------------------- */
@@ -108,8 +118,9 @@ SIM_HIDDEN unsigned sim_pci_bus(unsigned idx);
  * EOWNERDEAD repair rebuilds what a dead holder may have left half-written (engine.c).
  */
 #define SIM_STATE_MAGIC 0x314d495355504753ULL /* "SGPUSIM1" little-endian */
-#define SIM_STATE_VERSION 5u /* 3: cfg.context_overhead_bytes; 4: slot.proc_dev, cfg.pitch_alignment;
-                              * 5: slot.pidns, slot.host_pid */
+#define SIM_STATE_VERSION 6u /* 3: cfg.context_overhead_bytes; 4: slot.proc_dev, cfg.pitch_alignment;
+                              * 5: slot.pidns, slot.host_pid; 6: context-switch costs
+                              * (cfg.ctxsw_us, cfg.preempt_us, gpu.switch_end) */
 #define SIM_MAX_SLOTS 512
 #define SIM_RING 16384 /* run segments kept per GPU (NVML history) */
 #define SIM_CHQ 4096   /* pending kernels per channel before a launch blocks */
@@ -145,7 +156,10 @@ struct sim_gpu {
     int32_t cur;           /* [lock] W advance: the running channel, valid while nactive > 0 */
     uint32_t nactive;      /* [lock] W submit/advance/drop: channels with pending work */
     uint64_t ring_count;   /* [lock] W advance: run segments ever closed */
-    uint64_t reserved[3];
+    uint64_t switch_end;   /* [lock] W advance: a context switch to cur runs until then (nothing
+                            * executes); cur's slice starts when it ends */
+    uint64_t switches;     /* [lock] W advance: switches between contexts with work */
+    uint64_t preemptions;  /* [lock] W advance: of them, kernels preempted at a slice's end */
     struct sim_busy ring[SIM_RING];       /* [lock] W advance R NVML utilization */
     struct sim_chan chan[SIM_MAX_SLOTS];  /* [lock] channel i belongs to slot i */
 };
