@@ -14,7 +14,7 @@
    lost to handovers (100 - the saturating share tenants' sum, worst split; goal < 0.5%) and the
    launch fast path with the token held, over no shim. Goal: < 100 ns added.
 
-5. Random arrivals (--random, not in the default sections; ~20 minutes): online p50/p99 / alone
+5. Random arrivals (--random, not in the default sections; about 30 minutes): online p50/p99 / alone
    and the offline share of idle time per offline kernel length (0.5, 2, 8 ms) x arrival pattern
    (periodic, Poisson, bursty) x mechanism (drain, early preemption, by kernel length, a quiet
    window after online requests, early + quiet) and without sharegpu (bench/_arrivals.py), then

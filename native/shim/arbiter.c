@@ -472,7 +472,7 @@ static void note_arrival_locked(struct sg_arbiter *a, uint64_t now)
      * phase stays at the last request on the beat, so that the next one (measured from it, k
      * periods later) is not a second outlier.  Re-anchoring at a late request made every late
      * start (a client woken late on a busy host) two outliers in a row and restarted learning,
-     * leaving the next requests unpredicted: the periodic p99 above 1.5x alone in 3 of 10 runs. */
+     * leaving the next requests unpredicted (periodic runs at 1.9-2.2x alone had restarted). */
     if (outlier)
         return;
     __atomic_store_n(&a->online_last_arrival_ns, now, __ATOMIC_RELAXED);
