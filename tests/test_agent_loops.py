@@ -430,7 +430,9 @@ def test_qos_lowers_the_offline_bound_when_online_waits_too_long(sim: Sim) -> No
     offline = compute_tenant(sim, "train", abi.PRIORITY_OFFLINE)
     path = arbiter_path(sim.runtime, sim.uuids()[0])
     ensure_arbiter(sim.runtime, sim.uuids()[1])  # a GPU with no tenant: held, said so
-    tune_arbiter(path, offline_inflight_max=8)
+    # Drained handovers: each online request waits for the rest of a 2 ms offline kernel. (With
+    # early preemption, ABI 1.5's default, it is granted at once and may wait under the target.)
+    tune_arbiter(path, offline_inflight_max=8, online_preempt="drain")
     batch = sim.spawn_probe("saturate", "8", "2000", env=sim.tenant_env(offline))
     web = sim.spawn_probe("bursts", "150", "40", "2", "200", env=sim.tenant_env(online))
     try:
