@@ -218,6 +218,37 @@ def _create(path: Path, uuid: str, quantum_ns: int) -> None:
     )
 
 
+PREEMPT_MODES: tuple[str, ...] = tuple(abi.ARB_PREEMPT_NAMES.values())  # "drain", "early", "by-kernel"
+
+
+def check_tunables(
+    *,
+    quantum_ns: int | None = None,
+    offline_inflight_max: int | None = None,
+    online_window_ns: int | None = None,
+    holdback_max_ns: int | None = None,
+    online_preempt: str | None = None,
+    preempt_min_kernel_ns: int | None = None,
+    offline_quiet_ns: int | None = None,
+) -> None:
+    """Raise SpecError (one line) for the first tunable out of its range; None means not given.
+    The one place the ranges are written: tune_arbiter and the agent's settings both call it."""
+    if quantum_ns is not None:
+        _check_quantum(quantum_ns)
+    if offline_inflight_max is not None and not 1 <= offline_inflight_max <= 1 << 20:
+        raise SpecError(f"invalid offline in-flight bound {offline_inflight_max}: must be 1 to {1 << 20}")
+    if online_window_ns is not None and not 0 <= online_window_ns <= 60 * 10**9:
+        raise SpecError(f"invalid online window {online_window_ns} ns: must be 0 to 60 s")
+    if holdback_max_ns is not None and not 0 <= holdback_max_ns <= 10**9:
+        raise SpecError(f"invalid hold-back limit {holdback_max_ns} ns: must be 0 (off) to 1 s")
+    if online_preempt is not None and online_preempt not in PREEMPT_MODES:
+        raise SpecError(f"invalid online preemption {online_preempt!r}: one of {', '.join(PREEMPT_MODES)}")
+    if preempt_min_kernel_ns is not None and not 0 <= preempt_min_kernel_ns <= 10**9:
+        raise SpecError(f"invalid preemption threshold {preempt_min_kernel_ns} ns: must be 0 to 1 s")
+    if offline_quiet_ns is not None and not 0 <= offline_quiet_ns <= 10**9:
+        raise SpecError(f"invalid quiet window {offline_quiet_ns} ns: must be 0 (off) to 1 s")
+
+
 def tune_arbiter(
     path: Path,
     *,
@@ -230,23 +261,20 @@ def tune_arbiter(
     offline_quiet_ns: int | None = None,
 ) -> None:
     """Change the tunables of a live region (single aligned stores; shims read them at grants).
-    `online_preempt` is "drain", "early" or "by-kernel" (docs/design/arbitration.md)."""
+    Only the fields given are written; every one is checked first (check_tunables), so a bad
+    value changes nothing. `online_preempt` is "drain", "early" or "by-kernel"
+    (docs/design/arbitration.md)."""
     _validate_header_only(path)
-    if quantum_ns is not None:
-        _check_quantum(quantum_ns)
-    if offline_inflight_max is not None and not 1 <= offline_inflight_max <= 1 << 20:
-        raise SpecError(f"invalid offline in-flight bound {offline_inflight_max}: must be >= 1")
-    if online_window_ns is not None and not 0 <= online_window_ns <= 60 * 10**9:
-        raise SpecError(f"invalid online window {online_window_ns} ns")
-    if holdback_max_ns is not None and not 0 <= holdback_max_ns <= 10**9:
-        raise SpecError(f"invalid hold-back limit {holdback_max_ns} ns: must be 0 (off) to 1 s")
+    check_tunables(
+        quantum_ns=quantum_ns,
+        offline_inflight_max=offline_inflight_max,
+        online_window_ns=online_window_ns,
+        holdback_max_ns=holdback_max_ns,
+        online_preempt=online_preempt,
+        preempt_min_kernel_ns=preempt_min_kernel_ns,
+        offline_quiet_ns=offline_quiet_ns,
+    )
     modes = {name: code for code, name in abi.ARB_PREEMPT_NAMES.items()}
-    if online_preempt is not None and online_preempt not in modes:
-        raise SpecError(f"invalid online preemption {online_preempt!r}: one of {', '.join(modes)}")
-    if preempt_min_kernel_ns is not None and not 0 <= preempt_min_kernel_ns <= 10**9:
-        raise SpecError(f"invalid preemption threshold {preempt_min_kernel_ns} ns: must be 0 to 1 s")
-    if offline_quiet_ns is not None and not 0 <= offline_quiet_ns <= 10**9:
-        raise SpecError(f"invalid quiet window {offline_quiet_ns} ns: must be 0 (off) to 1 s")
     fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     try:
         with mmap.mmap(fd, ctypes.sizeof(abi.Arbiter)) as view:
@@ -482,10 +510,12 @@ def iter_arbiters(root: Path) -> Iterator[Path]:
 
 
 __all__ = [
+    "PREEMPT_MODES",
     "ArbiterClient",
     "ArbiterStatus",
     "ArbiterTenant",
     "arbiter_path",
+    "check_tunables",
     "ensure_arbiter",
     "iter_arbiters",
     "read_arbiter",
