@@ -63,6 +63,8 @@ EXPECTED = {
     "sharegpu_arbiter_handovers": "counter",
     "sharegpu_arbiter_holdbacks": "counter",
     "sharegpu_arbiter_holdback_misses": "counter",
+    "sharegpu_arbiter_early_preemptions": "counter",
+    "sharegpu_arbiter_quiet_windows": "counter",
 }
 K8S = ("namespace", "pod", "container")
 

@@ -53,10 +53,11 @@ hook_app = typer.Typer(
 )
 app.add_typer(hook_app, name="hook")
 
-# Piped output (scripts, CI logs) is not cut at 80 columns: tables keep whole UUIDs.
-# NO_COLOR (https://no-color.org): no styling at all, not even bold; no tty: rich adds none either.
+# Piped output (scripts, CI logs) is not cut at 80 columns: tables keep whole UUIDs (the widest,
+# `devices -o wide`, is about 240 columns). NO_COLOR (https://no-color.org): no styling at all,
+# not even bold; no tty: rich adds none either.
 console = Console(
-    width=None if sys.stdout.isatty() else 200,
+    width=None if sys.stdout.isatty() else 320,
     color_system=None if os.environ.get("NO_COLOR") else "auto",
 )
 

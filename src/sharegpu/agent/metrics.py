@@ -462,6 +462,14 @@ class SharegpuCollector(Collector):
         )
         held = counter("sharegpu_arbiter_holdback_seconds", "Time offline launches were held back")
         misses = counter("sharegpu_arbiter_holdback_misses", "Hold-backs whose predicted request never came")
+        early = counter(
+            "sharegpu_arbiter_early_preemptions",
+            "Grants to a higher class made before the lower-class holder drained (online_preempt early)",
+        )
+        quiet = counter(
+            "sharegpu_arbiter_quiet_windows",
+            "Quiet windows after online requests (no offline grant meanwhile)",
+        )
         reclaims = counter("sharegpu_arbiter_reclaims", "Tokens reclaimed from a dead or stuck holder")
         recoveries = counter("sharegpu_arbiter_recoveries", "Arbiter regions recovered after a crash")
         for uuid, a in sorted(arbiters.items()):
@@ -472,9 +480,23 @@ class SharegpuCollector(Collector):
             holdbacks.add_metric([uuid], float(a.holdbacks))
             held.add_metric([uuid], a.holdback_ns / _NS)
             misses.add_metric([uuid], float(a.holdback_misses))
+            early.add_metric([uuid], float(a.early_preemptions))
+            quiet.add_metric([uuid], float(a.quiet_windows))
             reclaims.add_metric([uuid], float(a.reclaims))
             recoveries.add_metric([uuid], float(a.recoveries))
-        yield from (waiting, grants, handovers, idle, holdbacks, held, misses, reclaims, recoveries)
+        yield from (
+            waiting,
+            grants,
+            handovers,
+            idle,
+            holdbacks,
+            held,
+            misses,
+            early,
+            quiet,
+            reclaims,
+            recoveries,
+        )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -339,6 +339,20 @@ class ArbiterView(BaseModel):
     online_jitter_ns: int
     holdbacks: int = Field(description="Offline launches held back ahead of a predicted online request")
     holdback_misses: int = Field(description="Hold-backs whose predicted request never came")
+    online_preempt: str = Field(
+        description="How a higher-class request takes the card from a lower-class holder: "
+        "drain, early or by-kernel (ABI 1.5)"
+    )
+    preempt_min_kernel_ns: int = Field(
+        description="by-kernel: the holder's kernel length from which it is preempted early"
+    )
+    offline_quiet_ns: int = Field(
+        description="No offline grant for this long after an online request; 0: off"
+    )
+    early_preemptions: int = Field(
+        description="Grants to a higher class made before the lower-class holder drained"
+    )
+    quiet_windows: int = Field(description="Quiet windows started after online requests")
 
 
 class GpuView(BaseModel):

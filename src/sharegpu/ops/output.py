@@ -16,7 +16,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from sharegpu.agent.models import DeviceView, GpuView, TenantView
+from sharegpu.agent.models import ArbiterView, DeviceView, GpuView, TenantView
 from sharegpu.errors import SharegpuError
 from sharegpu.ops.snapshot import Snapshot
 
@@ -49,6 +49,29 @@ def pct(ratio: float) -> str:
     return f"{ratio * 100:g}%"
 
 
+def duration(ns: int) -> str:
+    """A time from the regions' nanoseconds, shortest unit that keeps it whole: 5ms, 300us, 1.5ms."""
+    for unit, scale in (("s", 10**9), ("ms", 10**6), ("us", 10**3)):
+        if ns >= scale:
+            return f"{ns / scale:g}{unit}"
+    return f"{ns}ns"
+
+
+def preemption(arb: ArbiterView) -> str:
+    """How an online request takes the card, with the early preemptions so far: 'early (12)',
+    'by-kernel>=1ms (3)', 'drain (0)'."""
+    mode = arb.online_preempt
+    if mode == "by-kernel":
+        mode += f">={duration(arb.preempt_min_kernel_ns)}"
+    return f"{mode} ({arb.early_preemptions})"
+
+
+def quiet(arb: ArbiterView) -> str:
+    """The quiet window after online requests, with the windows so far: 'off (0)', '5ms (31)'."""
+    window = duration(arb.offline_quiet_ns) if arb.offline_quiet_ns else "off"
+    return f"{window} ({arb.quiet_windows})"
+
+
 def configured(d: DeviceView) -> str:
     if d.policy == "native":
         return "native"
@@ -76,7 +99,8 @@ def devices_items(gpus: list[GpuView]) -> list[dict[str, Any]]:
 def devices_table(gpus: list[GpuView], *, wide: bool = False) -> Table:
     columns = ["INDEX", "UUID", "NAME", "MEMORY USED / TOTAL", "UTIL", "CAPS", "GUARANTEED", "TENANTS"]
     if wide:
-        columns += ["TENANTS USE", "GPU TIME (1s)", "HOLDER", "WAITING", "HANDOVERS", "TENANT NAMES"]
+        columns += ["TENANTS USE", "GPU TIME (1s)", "HOLDER", "WAITING", "HANDOVERS", "PREEMPT (EARLY)"]
+        columns += ["QUIET (WINDOWS)", "TENANT NAMES"]
     table = Table(*columns, box=None)
     for g in gpus:
         caps = size(g.memory_allocated_bytes) + (" [overcommitted]" if g.memory_overcommitted else "")
@@ -98,6 +122,8 @@ def devices_table(gpus: list[GpuView], *, wide: bool = False) -> Table:
                 "-" if arb is None or arb.holder_pid is None else str(arb.holder_pid),
                 "-" if arb is None else str(arb.waiting),
                 "-" if arb is None else str(arb.handovers),
+                "-" if arb is None else preemption(arb),
+                "-" if arb is None else quiet(arb),
                 ",".join(g.tenants) or "-",
             ]
         table.add_row(*row)
