@@ -30,6 +30,7 @@ from sharegpu.agent.procs import proc_info
 from sharegpu.agent.qos import QosLoop
 from sharegpu.agent.reaper import Reaper
 from sharegpu.agent.reconcile import Reconciler
+from sharegpu.agent.tuning import ArbiterTuner, ArbiterTuning
 from sharegpu.arbiter import arbiter_path, ensure_arbiter, read_arbiter, tune_arbiter
 from sharegpu.devices import GpuProcess
 from sharegpu.spec import MIB
@@ -432,7 +433,11 @@ def test_qos_lowers_the_offline_bound_when_online_waits_too_long(sim: Sim) -> No
     ensure_arbiter(sim.runtime, sim.uuids()[1])  # a GPU with no tenant: held, said so
     # Drained handovers: each online request waits for the rest of a 2 ms offline kernel. (With
     # early preemption, ABI 1.5's default, it is granted at once and may wait under the target.)
-    tune_arbiter(path, offline_inflight_max=8, online_preempt="drain")
+    # Set as an operator does, through the agent's arbiter settings; the bound is the QoS loop's.
+    tune_arbiter(path, offline_inflight_max=8)
+    drained = ArbiterTuning(online_preempt="drain", preempt_min_kernel_ns=7_000_000)
+    tuner = ArbiterTuner(sim.runtime, {"default": drained})
+    assert sorted(str(e.gpu) for e in tuner.tick()) == sorted(sim.uuids())
     batch = sim.spawn_probe("saturate", "8", "2000", env=sim.tenant_env(offline))
     web = sim.spawn_probe("bursts", "150", "40", "2", "200", env=sim.tenant_env(online))
     try:
@@ -453,6 +458,14 @@ def test_qos_lowers_the_offline_bound_when_online_waits_too_long(sim: Sim) -> No
         assert d.data["grants"] > 0
         assert d.data["wait_ms_per_grant"] > 0.01
         assert read_arbiter(path).offline_inflight_max == 4
+        # Each loop writes only its own fields: neither undoes the other.
+        assert tuner.tick() == []
+        status = read_arbiter(path)
+        assert (status.offline_inflight_max, status.online_preempt, status.preempt_min_kernel_ns) == (
+            4,
+            "drain",
+            7_000_000,
+        )
         # A generous target gives offline throughput back, one step at a time.
         qos.target_wait_ms = 1e6
         time.sleep(0.5)

@@ -487,6 +487,7 @@ def agent(  # noqa: PLR0917 (typer maps parameters to options)
         metrics_port=cfg.metrics_port,
         metrics_address=cfg.metrics_address,
         qos_target_wait_ms=cfg.qos_target_wait_ms,
+        arbiter=cfg.arbiter,
         extra_loops=_cdi_loops(root, cfg.cdi_spec),
     )
     raise typer.Exit(run_agent(settings))

@@ -11,6 +11,8 @@ The file is YAML with a `version: 1` key and the same names as the flags, with u
     enforce: kill
     metrics_port: 9479
     state_dir: /var/lib/sharegpu
+    arbiter:                       # per GPU (its UUID) or for all (default): sharegpu.agent.tuning
+      default: {online_preempt: early, offline_quiet_ns: 2ms}
 
 pydantic-settings reads the environment and the file; this module only adds the order and the
 bookkeeping of sources. A malformed file or value is one clear error naming where it came from.
@@ -25,10 +27,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
+from pydantic_settings.exceptions import SettingsError
 
 from sharegpu.agent.metrics import DEFAULT_ADDRESS, DEFAULT_PORT
+from sharegpu.agent.tuning import ArbiterTuning, check_keys
 from sharegpu.errors import ConfigError
 from sharegpu.tenant import runtime_dir
 
@@ -65,6 +69,17 @@ class AgentConfig(BaseSettings):
     cdi_spec: str = Field(
         default="/var/run/cdi/sharegpu.json", description="The CDI spec kept current; none: off"
     )
+    arbiter: dict[str, ArbiterTuning] = Field(
+        default_factory=dict,
+        description="Arbiter settings per GPU UUID, or for every GPU under `default` "
+        "(online_preempt, preempt_min_kernel_ns, offline_quiet_ns, holdback_max_ns, "
+        "online_window_ns, quantum_ns); file/env only",
+    )
+
+    @field_validator("arbiter")
+    @classmethod
+    def _arbiter_keys(cls, value: dict[str, ArbiterTuning]) -> dict[str, ArbiterTuning]:
+        return check_keys(value)
 
 
 Source = str  # "flag --x", "env SHAREGPU_X", "file PATH", "default"
@@ -113,7 +128,11 @@ def _read_file(path: Path, required: bool) -> dict[str, Any]:
 def _env_values(environ: Mapping[str, str]) -> dict[str, Any]:
     source = EnvSettingsSource(AgentConfig)
     source.env_vars = {k.lower(): v for k, v in environ.items()}  # this environment, not os.environ
-    return {k: v for k, v in source().items() if k != "version"}
+    try:
+        values = source()
+    except SettingsError as err:  # a complex value (SHAREGPU_ARBITER) that is not JSON
+        raise ConfigError(f"invalid environment: {err} (its value must be JSON)") from err
+    return {k: v for k, v in values.items() if k != "version"}
 
 
 def load_config(
@@ -147,7 +166,11 @@ def load_config(
         first = err.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or "settings"
         where = sources.get(str(first["loc"][0]) if first["loc"] else "", "settings")
-        raise ConfigError(f"invalid {field} (from {where}): {first['msg']}") from err
+        ctx = first.get("ctx") or {}
+        msg = str(ctx["error"]) if first["type"] == "value_error" and "error" in ctx else first["msg"]
+        if first["type"] == "extra_forbidden":
+            msg = "unknown setting"
+        raise ConfigError(f"invalid {field} (from {where}): {msg}") from err
     for key in AgentConfig.model_fields:
         sources.setdefault(key, "default")
     return LoadedConfig(config=config, sources=sources, file=path if path.exists() else None)

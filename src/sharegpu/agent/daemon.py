@@ -25,8 +25,8 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from sharegpu.agent.loops import build_loops
 from sharegpu.agent.notify import Notifier
 from sharegpu.agent.service import LoopStats, TenantService
 from sharegpu.agent.store import Store
+from sharegpu.agent.tuning import ArbiterTuner, ArbiterTuning
 from sharegpu.agent.upgrade import current_shim, ensure_installed
 from sharegpu.errors import AgentError
 from sharegpu.tenant import write_admission_policy
@@ -62,6 +63,8 @@ class Settings:
     metrics_port: int = 0  # 0: no metrics endpoint (the CLI's default is metrics.DEFAULT_PORT)
     metrics_address: str = "0.0.0.0"
     qos_target_wait_ms: float = 2.0
+    # Arbiter settings per GPU UUID or "default" (sharegpu.agent.tuning), kept by a loop.
+    arbiter: Mapping[str, ArbiterTuning] = field(default_factory=dict)
     # Loops of the layers above the agent (the CDI spec keeper), built by the CLI.
     extra_loops: tuple[Loop, ...] = ()
 
@@ -350,6 +353,8 @@ async def _serve(settings: Settings, store: Store, sock_path: Path) -> int:
     loops = _loops(settings, store)
     service.meter = BusyMeter(root)  # GPU time per tenant, integrated from NVML
     loops.append(service.meter)
+    service.tuner = ArbiterTuner(root, settings.arbiter)  # its first tick: at once, below
+    loops.append(service.tuner)
     metrics_server, on_events = _start_metrics(settings, service, loops)
     tasks = _schedule(service, settings, loops, stop, on_events)
     gpus = service.known_gpus or []
@@ -374,6 +379,7 @@ async def _serve(settings: Settings, store: Store, sock_path: Path) -> int:
                     "loops": list(service.loops),
                     "enforce": settings.enforce,
                     "allow_overcommit": settings.allow_overcommit,
+                    "arbiter": {k: t.model_dump() for k, t in service.tuner.tunings.items()},
                     "metrics_port": metrics_server.port if metrics_server else None,
                 },
             )

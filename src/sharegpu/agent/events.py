@@ -32,6 +32,7 @@ EventKind = Literal[
     "audit.bypass",  # a tenant using more than its cap (NVML) beyond the tolerance
     "audit.killed",  # with --enforce kill: an offending process was killed
     "qos.decision",  # the QoS loop changed (or held) an arbiter knob
+    "arbiter.tuned",  # the agent set a GPU's arbiter region to its configured settings (tuning.py)
     "shim.upgraded",
     "cdi.written",  # the node's CDI spec changed (sharegpu.runtime.cdi.keeper)
     "cdi.failed",  # the CDI spec could not be built or written; the last good one stays

@@ -38,7 +38,8 @@ from sharegpu.agent.models import (
 )
 from sharegpu.agent.plan import compute_of, memory_totals, plan_devices, resized
 from sharegpu.agent.store import Store, TenantRow
-from sharegpu.arbiter import ensure_arbiter, grant_arbiter
+from sharegpu.agent.tuning import ArbiterTuner
+from sharegpu.arbiter import arbiter_path, ensure_arbiter, grant_arbiter
 from sharegpu.devices import Gpu, list_gpus
 from sharegpu.errors import ConfigError, DeviceError, SpecError, TenantBusy, TenantNotFound
 from sharegpu.report import node_report, read_arbiters
@@ -174,6 +175,7 @@ class TenantService:
         self.loops: dict[str, LoopStats] = {}
         self.known_gpus: list[Gpu] | None = None  # as of the last scan (scan_gpus)
         self.meter: BusyMeter | None = None  # the daemon's GPU-time loop, when it runs
+        self.tuner: ArbiterTuner | None = None  # the daemon's arbiter settings, when it runs
         self._lock = asyncio.Lock()
         self._wakeup = asyncio.Event()
         self._closing = False
@@ -210,11 +212,24 @@ class TenantService:
 
     async def create(self, req: TenantCreate) -> TenantView:
         async with self._lock:
-            view, event = await asyncio.to_thread(self._create, req)
-        await self.record([event])
+            view, events = await asyncio.to_thread(self._create, req)
+        await self.record(events)
         return view
 
-    def _create(self, req: TenantCreate) -> tuple[TenantView, Event]:
+    def _tune(self, uuid: str) -> list[Event]:
+        """The configured arbiter settings on a region this call may just have made, before the
+        tenant's first launch (its processes start after the create answers; the tuner's loop
+        would get there within a second)."""
+        if self.tuner is None:
+            return []
+        try:
+            event = self.tuner.apply(arbiter_path(self.root, uuid))
+        except (ConfigError, SpecError) as err:
+            log.warning("arbiter settings of %s: %s", uuid, err)
+            return []
+        return [event] if event is not None else []
+
+    def _create(self, req: TenantCreate) -> tuple[TenantView, list[Event]]:
         gpus = self.gpu_source()
         compute = req.compute_spec()
         limits = plan_devices(req.memory_bytes, req.selectors, compute, gpus)
@@ -239,9 +254,11 @@ class TenantService:
             memory_totals=memory_totals(gpus, self.allow_overcommit),
             owner=owner,
         )
+        tuned: list[Event] = []
         if compute.policy != "native":
             for dev in limits:
                 grant_arbiter(self.root, dev.uuid, os.geteuid() if owner is None else owner)
+                tuned += self._tune(dev.uuid)
         spec = {
             "request": req.model_dump(),
             "devices": [dataclasses.asdict(d) for d in limits],
@@ -254,7 +271,7 @@ class TenantService:
             message=f"tenant {req.name} created: {describe(limits)}",
             data={"devices": spec["devices"], "labels": req.labels, "supervisor": meta.get("supervisor")},
         )
-        return self._view(req.name), event
+        return self._view(req.name), [*tuned, event]
 
     async def resize(self, tenant_id: str, req: TenantResize) -> TenantView:
         async with self._lock:

@@ -1,0 +1,310 @@
+"""The arbiter settings an operator gives the agent (sharegpu.agent.tuning): they land in the GPU's
+region, the ABI 1.5 counters they drive show in the API, the metrics and `sharegpu devices`
+after real arbitrated work, and bad settings stop the agent before it changes any region.
+Real agent processes and probes on the simulated GPU; the counts asserted are minimums with
+wide margins (a loaded 2-core machine)."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agentutil import Agent, create
+from arbiterutil import finish, start_at
+from conftest import Sim, parse_kv
+from sharegpu import abi
+from sharegpu.agent.tuning import ArbiterTuner, ArbiterTuning
+from sharegpu.arbiter import arbiter_path, ensure_arbiter, read_arbiter, rebuild_arbiter, tune_arbiter
+
+# The region's tunables, as read back (sharegpu.arbiter.ArbiterStatus).
+TUNABLES = (
+    "quantum_ns",
+    "offline_inflight_max",
+    "online_window_ns",
+    "holdback_max_ns",
+    "online_preempt",
+    "preempt_min_kernel_ns",
+    "offline_quiet_ns",
+)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+def scrape(port: int) -> dict[tuple[str, str], float]:
+    """The arbiter counters of a scrape: (sample name, gpu) -> value."""
+    response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30)
+    assert response.status_code == 200, response.text
+    found = {}
+    for family in text_string_to_metric_families(response.text):
+        if family.name.startswith("sharegpu_arbiter_"):
+            assert family.type in ("counter", "gauge"), family.name
+            for s in family.samples:
+                found[s.name, s.labels.get("gpu", "")] = float(s.value)
+    return found
+
+
+def tunables(path: Path) -> dict[str, Any]:
+    status = read_arbiter(path)
+    return {name: getattr(status, name) for name in TUNABLES}
+
+
+def gpus(agent: Agent) -> dict[str, dict[str, Any]]:
+    with agent.http() as http:
+        response = http.get("/v1/gpus")
+    assert response.status_code == 200, response.text
+    return {g["uuid"]: g for g in response.json()["items"]}
+
+
+def write_config(tmp_path: Path, arbiter: object) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(json.dumps({"version": 1, "arbiter": arbiter}))  # JSON is YAML
+    return path
+
+
+def test_settings_land_and_the_counters_move_with_real_work(sim: Sim, tmp_path: Path) -> None:
+    gpu0, gpu1 = sim.uuids()
+    # GPU 1's region exists before the agent (made by `sharegpu run` without it, say): the
+    # agent's loop tunes it. GPU 0's is made by the agent's first tenant there: tuned at once.
+    ensure_arbiter(sim.runtime, gpu1)
+    config = write_config(
+        tmp_path,
+        {
+            # No prediction: every request is a surprise (as in test_preemption.py).
+            "default": {"online_preempt": "drain", "holdback_max_ns": 0},
+            gpu0: {"online_preempt": "early", "offline_quiet_ns": "5ms"},
+        },
+    )
+    port = free_port()
+    agent = Agent(
+        sim,
+        tmp_path / "state",
+        "--config",
+        str(config),
+        "--metrics-port",
+        str(port),
+        "--metrics-address",
+        "127.0.0.1",
+    ).start()
+    try:
+        tuned1 = agent.wait_event("arbiter.tuned")
+        assert tuned1["gpu"] == gpu1
+        assert tuned1["data"]["changes"]["online_preempt"] == {"from": "early", "to": "drain"}
+        assert tuned1["data"]["changes"]["holdback_max_ns"] == {
+            "from": abi.ARB_DEFAULT_HOLDBACK_MAX_NS,
+            "to": 0,
+        }
+        web = create(agent, name="web", memory="256MiB", gpus=["0"], compute="50%", priority="online")
+        train = create(agent, name="train", memory="256MiB", gpus=["0"], compute="50%", priority="offline")
+        arb = gpus(agent)[gpu0]["arbiter"]  # right after the create: no loop tick needed
+        assert (arb["online_preempt"], arb["offline_quiet_ns"], arb["holdback_max_ns"]) == (
+            "early",
+            5_000_000,
+            0,
+        )
+        assert (arb["early_preemptions"], arb["quiet_windows"]) == (0, 0)
+        assert gpus(agent)[gpu1]["arbiter"]["online_preempt"] == "drain"
+        assert tunables(arbiter_path(sim.runtime, gpu0))["offline_quiet_ns"] == 5_000_000  # the region itself
+
+        # 25 requests of one 1 ms kernel every 70 ms next to 40 ms offline kernels.
+        at = start_at(0.5)
+        off = sim.spawn_probe(
+            "saturate",
+            "1.9",
+            "40000",
+            "kernel",
+            str(at - 200_000_000),
+            env=sim.tenant_env(Path(train["path"])),
+        )
+        on = sim.spawn_probe(
+            "bursts", "25", "70", "1", "1000", str(at), env=sim.tenant_env(Path(web["path"]))
+        )
+        out, err = on.communicate(timeout=60)
+        assert on.returncode == 0, err
+        finish(off)
+        lat = sorted(int(v) for k, v in parse_kv(out)[1] if k == "lat_us")
+
+        arb = gpus(agent)[gpu0]["arbiter"]
+        scraped = scrape(port)
+        shown = sim.cli("devices", "-o", "wide", env=sim.env())
+        listed = sim.cli("devices", "-o", "json", env=sim.env())
+        print(f"latency (ms) {[x // 1000 for x in lat]}; GPU 0 arbiter: {arb}")
+        # How many requests find the offline client holding the token is the machine's timing
+        # (4 to 12 of 25 in test_preemption.py): at least one early preemption, and a quiet
+        # window after most requests.
+        assert arb["early_preemptions"] >= 1
+        assert arb["quiet_windows"] >= 5
+        assert lat[-3] <= 20_000  # early: no request waits out a 40 ms kernel (drained: >= 20 ms)
+        # The agent's loops (QoS among them) left the settings as configured.
+        assert (arb["online_preempt"], arb["offline_quiet_ns"]) == ("early", 5_000_000)
+        # The metrics say the same as the API (the work is over: the counters are still).
+        for name in ("early_preemptions", "quiet_windows"):
+            assert scraped[f"sharegpu_arbiter_{name}_total", gpu0] == arb[name]
+            assert scraped[f"sharegpu_arbiter_{name}_total", gpu1] == 0
+        # And `sharegpu devices`, wide and JSON.
+        assert shown.returncode == 0, shown.stderr
+        assert "PREEMPT (EARLY)" in shown.stdout
+        row = next(line for line in shown.stdout.splitlines() if gpu0 in line)
+        assert f"early ({arb['early_preemptions']})" in row
+        assert f"5ms ({arb['quiet_windows']})" in row
+        assert "drain (0)" in next(line for line in shown.stdout.splitlines() if gpu1 in line)
+        assert listed.returncode == 0, listed.stderr
+        item = next(g for g in json.loads(listed.stdout)["items"] if g["uuid"] == gpu0)
+        assert item["arbiter"]["early_preemptions"] == arb["early_preemptions"]
+        assert item["arbiter"]["online_preempt"] == "early"
+        assert agent.stop() == 0
+    finally:
+        agent.close()
+
+
+BAD = [
+    pytest.param(
+        {"default": {"online_preempt": "sometimes"}}, "invalid online preemption 'sometimes'", id="mode"
+    ),
+    pytest.param({"default": {"offline_quiet_ns": -1}}, "invalid quiet window -1 ns", id="negative"),
+    pytest.param({"default": {"offline_quiet_ns": "2s"}}, "invalid quiet window 2000000000 ns", id="over-1s"),
+    pytest.param({"default": {"offline_quiet_ns": 1.5}}, "1.5 is not a time", id="non-integer"),
+    pytest.param({"default": {"preempt_min_kernel_ns": "0.5ns"}}, "not a whole number", id="fraction-of-ns"),
+    pytest.param({"default": {"offline_quiet_ns": "5 parsecs"}}, "is not a time", id="bad-unit"),
+    pytest.param(
+        {"default": {"quiet_ns": 5}}, "arbiter.default.quiet_ns .*unknown setting", id="unknown-field"
+    ),
+    pytest.param(
+        {"default": {"offline_inflight_max": 4}}, "offline_inflight_max .*unknown setting", id="qos-owned"
+    ),
+    pytest.param(
+        {"GPU-1": {"online_preempt": "drain"}}, "'GPU-1' is neither 'default' nor a GPU UUID", id="bad-gpu"
+    ),
+    pytest.param(
+        {"default": {"online_preempt": "drain", "quantum_ns": 1}}, "invalid quantum 1 ns", id="quantum"
+    ),
+]
+
+
+@pytest.mark.parametrize(("arbiter", "message"), BAD)
+def test_bad_settings_stop_the_agent_and_change_nothing(
+    sim: Sim, tmp_path: Path, arbiter: object, message: str
+) -> None:
+    path = ensure_arbiter(sim.runtime, sim.uuids()[0])
+    tune_arbiter(path, online_preempt="by-kernel", offline_quiet_ns=7_000_000)  # not the defaults
+    before = tunables(path)
+    config = write_config(tmp_path, arbiter)
+    proc = subprocess.run(
+        Agent(sim, tmp_path / "state").command("--config", str(config)),
+        env=sim.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr  # one line, no traceback
+    assert lines[0].startswith("sharegpu: error: invalid arbiter"), lines[0]
+    assert f"file {config}" in lines[0]
+    assert re.search(message, lines[0]), lines[0]
+    assert tunables(path) == before
+    assert not (sim.runtime / "agent.sock").exists()
+
+
+def test_a_bad_environment_value_stops_the_agent_too(sim: Sim, tmp_path: Path) -> None:
+    path = ensure_arbiter(sim.runtime, sim.uuids()[0])
+    before = tunables(path)
+    for bad, message in (
+        ('{"default": {"online_preempt": "never"}}', "env SHAREGPU_ARBITER.*invalid online preemption"),
+        ("online_preempt=drain", "must be JSON"),
+    ):
+        proc = sim.cli(*Agent(sim, tmp_path / "state").command()[3:], env=sim.env(SHAREGPU_ARBITER=bad))
+        assert proc.returncode != 0
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert re.search(message, proc.stderr), proc.stderr
+    assert tunables(path) == before
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop itself, ticked in-process.
+
+
+def test_the_tuner_keeps_only_what_is_configured(sim: Sim) -> None:
+    gpu0, gpu1 = sim.uuids()
+    p0, p1 = ensure_arbiter(sim.runtime, gpu0), ensure_arbiter(sim.runtime, gpu1)
+    tuner = ArbiterTuner(
+        sim.runtime,
+        {gpu0: ArbiterTuning.model_validate({"online_preempt": "by-kernel", "preempt_min_kernel_ns": "2ms"})},
+    )
+    untouched = tunables(p1)
+    (event,) = tuner.tick()
+    assert (event.kind, event.gpu) == ("arbiter.tuned", gpu0)
+    assert set(event.data["changes"]) == {"online_preempt", "preempt_min_kernel_ns"}
+    assert tuner.tick() == []  # nothing differs: nothing written, no event
+    assert tunables(p1) == untouched  # no entry for GPU 1 and no default
+    # Fields it was not given are the operator's (or the QoS loop's): never written back.
+    tune_arbiter(p0, offline_inflight_max=6, offline_quiet_ns=3_000_000)
+    assert tuner.tick() == []
+    assert (read_arbiter(p0).offline_inflight_max, read_arbiter(p0).offline_quiet_ns) == (6, 3_000_000)
+    # A configured field changed behind its back is put back at the next tick.
+    tune_arbiter(p0, online_preempt="drain")
+    (event,) = tuner.tick()
+    assert event.data["changes"] == {"online_preempt": {"from": "drain", "to": "by-kernel"}}
+    # A region made anew (the reaper's rebuild after damage) starts at the defaults: tuned again.
+    with p0.open("r+b") as f:
+        f.write(b"\0" * 8)  # the magic
+    assert rebuild_arbiter(sim.runtime, gpu0) is not None
+    assert read_arbiter(p0).online_preempt == "early"
+    (event,) = tuner.tick()
+    assert set(event.data["changes"]) == {"online_preempt", "preempt_min_kernel_ns"}
+    status = read_arbiter(p0)
+    assert (status.online_preempt, status.preempt_min_kernel_ns) == ("by-kernel", 2_000_000)
+
+
+def test_no_settings_no_writes(sim: Sim) -> None:
+    path = ensure_arbiter(sim.runtime, sim.uuids()[0])
+    before = path.read_bytes()
+    assert ArbiterTuner(sim.runtime, {}).tick() == []
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("given", "ns"),
+    [
+        pytest.param(5_000_000, 5_000_000, id="int"),
+        pytest.param("5ms", 5_000_000, id="ms"),
+        pytest.param("0.5ms", 500_000, id="decimal"),
+        pytest.param("300us", 300_000, id="us"),
+        pytest.param("1s", 1_000_000_000, id="s"),
+        pytest.param("250", 250, id="string-ns"),
+        pytest.param(0, 0, id="off"),
+    ],
+)
+def test_times_are_nanoseconds_or_durations(given: object, ns: int) -> None:
+    assert ArbiterTuning.model_validate({"offline_quiet_ns": given}).offline_quiet_ns == ns
+
+
+def test_print_config_shows_the_settings_and_their_source(sim: Sim, tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"default": {"online_preempt": "drain", "offline_quiet_ns": "2ms"}})
+    proc = subprocess.run(
+        [sys.executable, "-m", "sharegpu.cli", "agent", "--config", str(config), "--print-config"],
+        env=sim.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("arbiter:"))
+    assert "online_preempt: drain" in line
+    assert "offline_quiet_ns: 2000000" in line
+    assert f"# file {config}" in line
