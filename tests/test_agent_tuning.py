@@ -69,6 +69,20 @@ def gpus(agent: Agent) -> dict[str, dict[str, Any]]:
     return {g["uuid"]: g for g in response.json()["items"]}
 
 
+def requests_next_to_long_kernels(sim: Sim, online: Path, offline: Path) -> list[int]:
+    """25 requests of one 1 ms kernel every 70 ms next to an offline job of 40 ms kernels (as in
+    test_preemption.py): the requests' latencies (µs), sorted."""
+    at = start_at(0.5)
+    off = sim.spawn_probe(
+        "saturate", "1.9", "40000", "kernel", str(at - 200_000_000), env=sim.tenant_env(offline)
+    )
+    on = sim.spawn_probe("bursts", "25", "70", "1", "1000", str(at), env=sim.tenant_env(online))
+    out, err = on.communicate(timeout=60)
+    assert on.returncode == 0, err
+    finish(off)
+    return sorted(int(v) for k, v in parse_kv(out)[1] if k == "lat_us")
+
+
 def write_config(tmp_path: Path, arbiter: object) -> Path:
     path = tmp_path / "config.yaml"
     path.write_text(json.dumps({"version": 1, "arbiter": arbiter}))  # JSON is YAML
@@ -109,7 +123,7 @@ def test_settings_land_and_the_counters_move_with_real_work(sim: Sim, tmp_path: 
         }
         web = create(agent, name="web", memory="256MiB", gpus=["0"], compute="50%", priority="online")
         train = create(agent, name="train", memory="256MiB", gpus=["0"], compute="50%", priority="offline")
-        arb = gpus(agent)[gpu0]["arbiter"]  # right after the create: no loop tick needed
+        arb = gpus(agent)[gpu0]["arbiter"]  # right after the create (which applies them)
         assert (arb["online_preempt"], arb["offline_quiet_ns"], arb["holdback_max_ns"]) == (
             "early",
             5_000_000,
@@ -119,35 +133,22 @@ def test_settings_land_and_the_counters_move_with_real_work(sim: Sim, tmp_path: 
         assert gpus(agent)[gpu1]["arbiter"]["online_preempt"] == "drain"
         assert tunables(arbiter_path(sim.runtime, gpu0))["offline_quiet_ns"] == 5_000_000  # the region itself
 
-        # 25 requests of one 1 ms kernel every 70 ms next to 40 ms offline kernels.
-        at = start_at(0.5)
-        off = sim.spawn_probe(
-            "saturate",
-            "1.9",
-            "40000",
-            "kernel",
-            str(at - 200_000_000),
-            env=sim.tenant_env(Path(train["path"])),
-        )
-        on = sim.spawn_probe(
-            "bursts", "25", "70", "1", "1000", str(at), env=sim.tenant_env(Path(web["path"]))
-        )
-        out, err = on.communicate(timeout=60)
-        assert on.returncode == 0, err
-        finish(off)
-        lat = sorted(int(v) for k, v in parse_kv(out)[1] if k == "lat_us")
+        # How many requests find the offline client holding the token (the others find it handed
+        # back while the client waits for its kernel) is the machine's timing: 2 to 12 of 25
+        # seen. Rounds of the work until one has been preempted early (the first, nearly always).
+        rounds = []
+        while len(rounds) < 4 and gpus(agent)[gpu0]["arbiter"]["early_preemptions"] == 0:
+            rounds.append(requests_next_to_long_kernels(sim, Path(web["path"]), Path(train["path"])))
 
         arb = gpus(agent)[gpu0]["arbiter"]
         scraped = scrape(port)
         shown = sim.cli("devices", "-o", "wide", env=sim.env())
         listed = sim.cli("devices", "-o", "json", env=sim.env())
-        print(f"latency (ms) {[x // 1000 for x in lat]}; GPU 0 arbiter: {arb}")
-        # How many requests find the offline client holding the token is the machine's timing
-        # (4 to 12 of 25 in test_preemption.py): at least one early preemption, and a quiet
-        # window after most requests.
+        print(f"latency (ms) {[[x // 1000 for x in lat] for lat in rounds]}; GPU 0 arbiter: {arb}")
         assert arb["early_preemptions"] >= 1
-        assert arb["quiet_windows"] >= 5
-        assert lat[-3] <= 20_000  # early: no request waits out a 40 ms kernel (drained: >= 20 ms)
+        assert arb["quiet_windows"] >= 5 * len(rounds)  # one after each request (25 a round)
+        for lat in rounds:  # early: no request waits out a 40 ms kernel (drained: >= 20 ms)
+            assert lat[-3] <= 20_000, lat
         # The agent's loops (QoS among them) left the settings as configured.
         assert (arb["online_preempt"], arb["offline_quiet_ns"]) == ("early", 5_000_000)
         # The metrics say the same as the API (the work is over: the counters are still).
