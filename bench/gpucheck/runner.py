@@ -127,6 +127,31 @@ def _last_line(path: Path) -> str:
     return lines[-1].strip() if lines else "no output"
 
 
+SNAPSHOT = """
+import json, sys
+from pathlib import Path
+from gpucheck.report import write_json_atomic
+from gpucheck.steps.settings import BEFORE, snapshot
+write_json_atomic(Path(sys.argv[1]) / BEFORE, snapshot())
+"""
+
+
+def take_snapshot(env: dict[str, str]) -> str | None:
+    """The GPU's settings before the steps, for the `settings` step; why not, or None."""
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", SNAPSHOT, env["GPUCHECK_ROOT"]],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return "NVML did not answer in 30 s"
+    return None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["failed"])[-1]
+
+
 def run_steps(
     steps: list[Step],
     env: dict[str, str],
@@ -138,6 +163,10 @@ def run_steps(
 ) -> list[StepResult]:
     results = []
     real = env.get("GPUCHECK_TARGET") != SIMULATED
+    if any(s.name == "settings" for s in steps):
+        problem = take_snapshot(env)
+        if problem:
+            print(f"gpu-check: the GPU's settings could not be read before the steps: {problem}", file=sys.stderr)
     for step in steps:
         limit = timeouts.get(step.name, step.timeout_s if real else step.dry_timeout_s)
         left = budget.left()

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sharegpu.native import LIB_DIR, probe_path
 
@@ -150,6 +151,13 @@ class Target:
             stderr=subprocess.PIPE,
             text=True,
         )
+
+    def node(self, name: str) -> Any:
+        """bench/_node.py's Node over this target's driver, its tenants under a scratch directory
+        of its own: what the benches (overhead, isolation, containers) measure on."""
+        import _node
+
+        return _node.node_on(self.scratch(name), self.env)
 
     def tenant_env(self, name: str, memory_mib: int, compute: str | None = None, **spec: str) -> dict[str, str]:
         """The environment of a process of tenant `name` made as `sharegpu run` makes it, for
