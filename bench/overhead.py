@@ -22,6 +22,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -31,7 +32,7 @@ from sharegpu.spec import ComputeSpec
 PAIRS = (("alloc+free 4 KiB", 4096), ("alloc+free 1 MiB", 1 << 20))
 
 
-def measure(node: Node, rounds: int, pairs: int, launches: int) -> list[dict[str, object]]:
+def measure(node: Node, rounds: int, pairs: int, launches: int) -> list[dict[str, Any]]:
     """The table's rows on `node` (the simulated GPU here; gpu-check passes a real GPU's)."""
     samples: dict[tuple[str, str], list[float]] = {}
     # A compute-controlled tenant (share 100%): the launch row is the arbiter's fast path
@@ -45,7 +46,7 @@ def measure(node: Node, rounds: int, pairs: int, launches: int) -> list[dict[str
             launch = float(node.probe(["launchbench", str(launches)], env)["ns_per_launch"])
             samples.setdefault(("launch (0 µs kernel)", label), []).append(launch)
 
-    rows: list[dict[str, object]] = []
+    rows: list[dict[str, Any]] = []
     for what, goal in [(what, 200.0) for what, _ in PAIRS] + [("launch (0 µs kernel)", 50.0)]:
         without = statistics.median(samples[(what, "without shim")])
         with_shim = statistics.median(samples[(what, "with shim")])

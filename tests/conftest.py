@@ -47,14 +47,20 @@ def real_gpu() -> str | None:
     if forced == "1":
         return None
     if forced == "0":
-        return f"{REAL_GPU_ENV}=0"
+        return f"{REAL_GPU_ENV}=0 says there is none"
     code = (
         "import pynvml; pynvml.nvmlInit(); n = pynvml.nvmlDeviceGetCount(); "
-        "print(n, open('/proc/self/maps').read().count('simgpu'))"
+        "maps = [line.split()[-1] for line in open('/proc/self/maps') if 'libnvidia-ml.so' in line]; "
+        "print(n, maps[0] if maps else '-')"
     )
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", code], env=real_gpu_env(), capture_output=True, text=True, timeout=30, check=False
+            [sys.executable, "-c", code],
+            env=real_gpu_env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
         )
     except subprocess.TimeoutExpired:
         return "NVML did not answer in 30 s"
@@ -62,7 +68,7 @@ def real_gpu() -> str | None:
     if proc.returncode != 0 or len(words) != 2:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return f"no NVIDIA driver here ({last})"
-    if words[1] != "0":
+    if Path(words[1]).resolve().parent == (native.LIB_DIR / "simgpu").resolve():
         return "NVML resolves to the simulated GPU"
     if words[0] == "0":
         return "NVML reports no GPU"

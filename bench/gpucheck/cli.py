@@ -33,6 +33,7 @@ from gpucheck import runner
 from gpucheck.report import BAD, StepResult, counts, report_dict, table, write_json_atomic
 from gpucheck.steps import BY_NAME, STEPS, Step
 from gpucheck.target import REAL, REPO, SIMULATED, real_environment, simulated_environment
+from sharegpu.native import LIB_DIR
 
 DEFAULT_OUT = REPO / "build" / "gpu-check" / "report.json"
 # Under 8 minutes in all on a real GPU (issue 15), the simulated comparison included.
@@ -51,14 +52,20 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     ap = _Parser(
-        prog="gpu-check", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="gpu-check",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--dry-run", action="store_true", help="run the steps on a private simulated GPU")
     ap.add_argument("--quick", action="store_true", help="shorter measurements (the CI dry run)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"the JSON report (default {DEFAULT_OUT})")
     ap.add_argument("--only", default="", help="comma-separated steps to run (default: all)")
     ap.add_argument("--skip", default="", help="comma-separated steps to leave out")
-    ap.add_argument("--budget", type=float, help=f"seconds for the whole run (default {REAL_BUDGET_S:g}, dry {DRY_BUDGET_S:g})")
+    ap.add_argument(
+        "--budget",
+        type=float,
+        help=f"seconds for the whole run (default {REAL_BUDGET_S:g}, dry {DRY_BUDGET_S:g})",
+    )
     ap.add_argument(
         "--step-timeout", action="append", default=[], metavar="STEP=SECONDS", help="a step's time limit"
     )
@@ -114,7 +121,11 @@ def _fallback(out: Path | None) -> Path:
 def _commit() -> str | None:
     try:
         proc = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False
+            ["git", "-C", str(REPO), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -165,7 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     why = _writable(args.out)
     if why is not None:
         path = _error_report(None, argv, f"cannot write the report to {args.out}: {why}")
-        print(f"gpu-check: error: cannot write the report to {args.out}: {why} (report: {path})", file=sys.stderr)
+        print(
+            f"gpu-check: error: cannot write the report to {args.out}: {why} (report: {path})",
+            file=sys.stderr,
+        )
         return 2
     steps = [s for s in STEPS if (not only or s.name in only) and s.name not in skip]
     return _run(args, argv, steps, timeouts)
@@ -202,7 +216,15 @@ def _run(args: argparse.Namespace, argv: list[str], steps: list[Step], timeouts:
                 return 2
         else:
             env = simulated_environment(scratch / "sim")
-        results = runner.run_steps(steps, env, scratch, args.quick, budget, timeouts, _progress)
+        results = runner.run_steps(
+            steps,
+            env,
+            workdir=scratch,
+            quick=args.quick,
+            budget=budget,
+            timeouts=timeouts,
+            on_result=_progress,
+        )
         compare = mode == REAL and not args.no_compare
         if compare:
             _compare(results, steps, scratch, budget)
@@ -225,7 +247,8 @@ def _real_gpu_problem(env: dict[str, str]) -> str | None:
         "import pynvml\n"
         "pynvml.nvmlInit()\n"
         "print(pynvml.nvmlDeviceGetCount())\n"
-        "print(open('/proc/self/maps').read().count('simgpu'))\n"
+        "maps = [line.split()[-1] for line in open('/proc/self/maps') if 'libnvidia-ml.so' in line]\n"
+        "print(maps[0] if maps else '-')\n"
     )
     try:
         proc = subprocess.run(
@@ -237,7 +260,7 @@ def _real_gpu_problem(env: dict[str, str]) -> str | None:
     if proc.returncode != 0 or len(lines) < 2:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return f"no NVIDIA GPU found here (NVML: {last}); --dry-run runs the steps on the simulated GPU"
-    if int(lines[1]):
+    if Path(lines[1]).resolve().parent == (LIB_DIR / "simgpu").resolve():
         return "NVML resolves to the simulated GPU's library: take native/simgpu off LD_LIBRARY_PATH"
     if int(lines[0]) < 1:
         return "NVML reports no GPU; --dry-run runs the steps on the simulated GPU"
@@ -249,7 +272,12 @@ def _compare(results: list[StepResult], steps: list[Step], scratch: Path, budget
     wanted = {s.analog or s.name for s in steps} - {"suite"}
     sim_steps = [s for s in STEPS if s.name in wanted and not s.needs]
     env = simulated_environment(scratch / "sim")
-    sim = {r.name: r for r in runner.run_steps(sim_steps, env, scratch, True, budget, {}, _progress)}
+    sim = {
+        r.name: r
+        for r in runner.run_steps(
+            sim_steps, env, workdir=scratch, quick=True, budget=budget, timeouts={}, on_result=_progress
+        )
+    }
     for result in results:
         step = BY_NAME[result.name]
         other = sim.get(step.analog or step.name)

@@ -50,4 +50,6 @@ class StepContext:
         return Skip(reason)
 
     def flush(self) -> None:
-        write_json_atomic(self.path, self.result.__dict__ | {"checks": [c.__dict__ for c in self.result.checks]})
+        write_json_atomic(
+            self.path, self.result.__dict__ | {"checks": [c.__dict__ for c in self.result.checks]}
+        )

@@ -80,7 +80,12 @@ def run_step(
     timed_out = False
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         try:
             proc.wait(timeout=max(timeout, 1))
@@ -155,6 +160,7 @@ def take_snapshot(env: dict[str, str]) -> str | None:
 def run_steps(
     steps: list[Step],
     env: dict[str, str],
+    *,
     workdir: Path,
     quick: bool,
     budget: Budget,
@@ -166,11 +172,23 @@ def run_steps(
     if any(s.name == "settings" for s in steps):
         problem = take_snapshot(env)
         if problem:
-            print(f"gpu-check: the GPU's settings could not be read before the steps: {problem}", file=sys.stderr)
+            print(
+                f"gpu-check: the GPU's settings could not be read before the steps: {problem}",
+                file=sys.stderr,
+            )
+    hung: dict[str, str] = {}  # a runtime whose program ran past its limit: by the step that saw it
     for step in steps:
         limit = timeouts.get(step.name, step.timeout_s if real else step.dry_timeout_s)
         left = budget.left()
-        if left < 5 and not (not real and step.needs):
+        if step.needs and step.needs in hung:
+            result = StepResult(
+                step.name,
+                step.title,
+                LABELS["real" if real else SIMULATED],
+                status=SKIPPED,
+                reason=f"not tried: {hung[step.needs]} ran past its time limit with {step.needs}",
+            )
+        elif left < 5 and not (not real and step.needs):
             result = StepResult(
                 step.name,
                 step.title,
@@ -180,6 +198,8 @@ def run_steps(
             )
         else:
             result = run_step(step, env, workdir, quick, min(limit, left))
+            if result.status == TIMED_OUT and step.needs:
+                hung[step.needs] = step.name
         results.append(result)
         on_result(result)
     return results

@@ -159,23 +159,6 @@ class Target:
 
         return _node.node_on(self.scratch(name), self.env)
 
-    def tenant_env(self, name: str, memory_mib: int, compute: str | None = None, **spec: str) -> dict[str, str]:
-        """The environment of a process of tenant `name` made as `sharegpu run` makes it, for
-        the benches that start many probes of one tenant (bench/containers.py's start-up)."""
-        from sharegpu.runtime.run import device_limit
-        from sharegpu.spec import MIB, ComputeSpec
-        from sharegpu.tenant import create_tenant
-
-        from sharegpu.arbiter import ensure_arbiter
-
-        uuid = self.probe(["info"])["dev0.uuid"]
-        parsed = ComputeSpec.parse(compute, spec.get("policy"), None, spec.get("priority"))
-        runtime = Path(self.env["SHAREGPU_RUNTIME_DIR"])
-        if parsed.policy != "native":
-            ensure_arbiter(runtime, uuid)
-        path = create_tenant(name, [device_limit(uuid, memory_mib * MIB, parsed)], root=runtime)
-        return self.env | {"LD_PRELOAD": str(LIB_DIR / "libsharegpu.so"), "SHAREGPU_TENANT": str(path)}
-
 
 def finish(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
     """Wait for a spawned process; its output. Killed (and an error) past `timeout`."""
@@ -206,10 +189,10 @@ def start_at(delay: float) -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC) + int(delay * 1e9)
 
 
-def last_json(text: str) -> dict[str, object]:
+def last_json(text: str) -> dict[str, Any]:
     """The last line of a program's output that is a JSON object."""
-    for line in reversed(text.strip().splitlines()):
-        line = line.strip()
+    for raw in reversed(text.strip().splitlines()):
+        line = raw.strip()
         if line.startswith("{"):
             value = json.loads(line)
             if isinstance(value, dict):

@@ -37,7 +37,7 @@ int main(int argc, char **argv)
     while (n < MAX && (e = cudaMalloc(&held[n], chunk)) == cudaSuccess)
         n++;
     const char *err = e == cudaSuccess ? "none" : cudaGetErrorName(e);
-    cudaGetLastError(); /* clear the sticky-free error state of the runtime's last call */
+    cudaGetLastError(); /* clear the error the refusal left, so later calls report their own */
     int refill = 0, kernel_ok = 0;
     if (n > 0) {
         cudaFree(held[--n]);

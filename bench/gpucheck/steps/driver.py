@@ -46,12 +46,24 @@ def nvidia_smi() -> dict[str, Any]:
     )
     plain = subprocess.run([smi], capture_output=True, text=True, timeout=30, check=False)
     header = next((line.strip(" |") for line in plain.stdout.splitlines() if "CUDA Version" in line), "")
-    rows = [dict(zip(SMI_FIELDS.split(","), (c.strip() for c in line.split(",")), strict=False)) for line in query.stdout.splitlines() if line.strip()]
-    return {"found": True, "path": smi, "rc": query.returncode, "gpus": rows, "header": " ".join(header.split())}
+    rows = [
+        dict(zip(SMI_FIELDS.split(","), (c.strip() for c in line.split(",")), strict=False))
+        for line in query.stdout.splitlines()
+        if line.strip()
+    ]
+    return {
+        "found": True,
+        "path": smi,
+        "rc": query.returncode,
+        "gpus": rows,
+        "header": " ".join(header.split()),
+    }
 
 
 def nvcc_version() -> str:
-    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if shutil.which("/usr/local/cuda/bin/nvcc") else None)
+    nvcc = shutil.which("nvcc") or (
+        "/usr/local/cuda/bin/nvcc" if shutil.which("/usr/local/cuda/bin/nvcc") else None
+    )
     if nvcc is None:
         return "absent"
     proc = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30, check=False)
@@ -106,8 +118,10 @@ def run(ctx: StepContext) -> None:
     if first:
         ctx.check(
             "the driver API and NVML agree on GPU 0",
-            info.get("dev0.uuid") == first["uuid"] and int(info.get("dev0.total", 0)) // MIB == first["memory_total_mib"],
-            f"driver API {info.get('dev0.name')} {info.get('dev0.uuid')} {int(info.get('dev0.total', 0)) // MIB} MiB",
+            info.get("dev0.uuid") == first["uuid"]
+            and int(info.get("dev0.total", 0)) // MIB == first["memory_total_mib"],
+            f"driver API {info.get('dev0.name')} {info.get('dev0.uuid')} "
+            f"{int(info.get('dev0.total', 0)) // MIB} MiB",
         )
 
     smi = nvidia_smi()
@@ -120,11 +134,17 @@ def run(ctx: StepContext) -> None:
             ctx.check(
                 "nvidia-smi and NVML agree",
                 row.get("uuid") == first["uuid"] and row.get("driver_version") == driver,
-                f"nvidia-smi: {row.get('name')} driver {row.get('driver_version')} {row.get('memory.total')} MiB",
+                f"nvidia-smi: {row.get('name')} driver {row.get('driver_version')} "
+                f"{row.get('memory.total')} MiB",
             )
 
     proc = subprocess.run(
-        [target.python, "-c", TOOLCHAIN], capture_output=True, text=True, timeout=60, env=target.env, check=False
+        [target.python, "-c", TOOLCHAIN],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=target.env,
+        check=False,
     )
     tools: dict[str, Any] = last_json(proc.stdout) if proc.returncode == 0 else {"error": proc.stderr[-300:]}
     tools["nvcc"] = nvcc_version()

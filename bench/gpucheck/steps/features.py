@@ -48,7 +48,7 @@ def exported_symbols(path: Path) -> list[str]:
     data = path.read_bytes()
     if data[:4] != b"\x7fELF" or data[4] != 2:
         return []
-    shoff, = struct.unpack_from("<Q", data, 0x28)
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
     sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
     names: list[str] = []
@@ -76,7 +76,9 @@ def nvml_functions(library: Path | None) -> dict[str, Any]:
         "library": str(library),
         "exported_count": len(exported),
         "present": present,
-        "limit_cgroup_partition_mps_scheduler": [n for n in exported if n.startswith("nvml") and INTERESTING.search(n)],
+        "limit_cgroup_partition_mps_scheduler": [
+            n for n in exported if n.startswith("nvml") and INTERESTING.search(n)
+        ],
     }
 
 
@@ -111,7 +113,9 @@ def mps(ctx: StepContext) -> dict[str, Any]:
     }
     (base / "pipe").mkdir(exist_ok=True)
     (base / "log").mkdir(exist_ok=True)
-    started = subprocess.run([control, "-d"], env=env, capture_output=True, text=True, timeout=20, check=False)
+    started = subprocess.run(
+        [control, "-d"], env=env, capture_output=True, text=True, timeout=20, check=False
+    )
     found["private_daemon_start_rc"] = started.returncode
     try:
         if started.returncode != 0:
@@ -119,12 +123,16 @@ def mps(ctx: StepContext) -> dict[str, Any]:
             return found
         try:
             probe = ctx.target.probe(["launch", "10", "10"], env=env, timeout=30)
-            found["private_daemon"] = "served a driver-API client" if probe.get("kernels") == "10" else str(probe)
+            found["private_daemon"] = (
+                "served a driver-API client" if probe.get("kernels") == "10" else str(probe)
+            )
         except Exception as err:
             found["private_daemon"] = f"started, but a client failed: {err}"[:300]
     finally:
         with contextlib.suppress(Exception):
-            subprocess.run([control], input="quit\n", env=env, capture_output=True, text=True, timeout=20, check=False)
+            subprocess.run(
+                [control], input="quit\n", env=env, capture_output=True, text=True, timeout=20, check=False
+            )
         for _ in range(50):  # the daemon removes its pipe when it is gone
             if not (base / "pipe" / "control").exists():
                 break

@@ -74,13 +74,22 @@ def hold_and_look(
 
 
 def judge(ctx: StepContext, got: dict[str, Any], seen: dict[str, Any], oom_ok: bool, oom_name: str) -> None:
+    if "init_error" in got:
+        ctx.figure("inside", got)
+        ctx.check("the CUDA runtime initialised under the shim", False, str(got["init_error"]))
+        ctx.summary(f"the CUDA runtime did not initialise: {got['init_error']}")
+        return
     card = ctx.figure("card_total_mib", card_total(ctx.target) // MIB)
     chunk = int(got.get("chunk", CHUNK_MIB * MIB))
     allocated = int(got.get("allocated", 0))
     ctx.figure("cap_mib", CAP // MIB)
     ctx.figure("inside", got)
     ctx.figure("outside", seen)
-    ctx.check("the free/total query shows the vGPU", int(got.get("total", -1)) == CAP, f"total {int(got.get('total', 0)) // MIB} MiB")
+    ctx.check(
+        "the free/total query shows the vGPU",
+        int(got.get("total", -1)) == CAP,
+        f"total {int(got.get('total', 0)) // MIB} MiB",
+    )
     ctx.check(
         "the device's total memory is the vGPU's",
         int(got.get("device_total_memory", -1)) == CAP,
@@ -99,9 +108,15 @@ def judge(ctx: StepContext, got: dict[str, Any], seen: dict[str, Any], oom_ok: b
     )
     for key in ("torch_memory_reserved", "pool_total"):
         if key in got:
-            ctx.check(f"the allocator's {key.split('_', 1)[1]} stays within the cap", int(got[key]) <= CAP, f"{int(got[key]) // MIB} MiB")
+            ctx.check(
+                f"the allocator's {key.split('_', 1)[1]} stays within the cap",
+                int(got[key]) <= CAP,
+                f"{int(got[key]) // MIB} MiB",
+            )
     ctx.check(f"the refusal is {oom_name}", oom_ok, str(got.get("error_type")))
-    ctx.check("the process still works after freeing a chunk", got.get("works_after", got.get("refill")) is True)
+    ctx.check(
+        "the process still works after freeing a chunk", got.get("works_after", got.get("refill")) is True
+    )
     ctx.check(
         "NVML outside shows the card",
         int(seen["nvml_total"]) // MIB == card and card * MIB > CAP,
@@ -109,13 +124,14 @@ def judge(ctx: StepContext, got: dict[str, Any], seen: dict[str, Any], oom_ok: b
     )
     procs: dict[int, int] = {int(k): v for k, v in seen["nvml_processes"].items()}
     pid = got.get("pid")
-    mine = procs.get(int(pid), None) if pid is not None else (max(procs.values()) if procs else None)
+    mine = procs.get(int(pid)) if pid is not None else (max(procs.values()) if procs else None)
     ctx.figure("nvml_process_used_mib", None if mine is None else mine // MIB)
     if mine is not None:
         ctx.check("NVML outside charges the process what it holds", mine >= allocated, f"{mine // MIB} MiB")
     ctx.summary(
         f"cap {CAP // MIB} MiB: sees {int(got.get('total', 0)) // MIB} MiB, got {allocated // MIB} MiB, "
-        f"refused with {str(got.get('error_type')).rsplit('.', 1)[-1]}; NVML outside {int(seen['nvml_total']) // MIB} MiB"
+        f"refused with {str(got.get('error_type')).rsplit('.', 1)[-1]}; "
+        f"NVML outside {int(seen['nvml_total']) // MIB} MiB"
     )
 
 
@@ -123,7 +139,11 @@ def probe(ctx: StepContext) -> None:
     from sharegpu.native import probe_path
 
     out, seen = hold_and_look(
-        ctx, "gc-mem-probe", [str(probe_path()), "fill", "plain", f"{CHUNK_MIB}M", "2"], lambda line: line == "held=1", False
+        ctx,
+        "gc-mem-probe",
+        [str(probe_path()), "fill", "plain", f"{CHUNK_MIB}M", "2"],
+        lambda line: line == "held=1",
+        False,
     )
     kv = parse_kv("\n".join(out))
     got: dict[str, Any] = {
@@ -137,7 +157,9 @@ def probe(ctx: StepContext) -> None:
         "refill": kv.get("refill") == "OK",
     }
     nvml = subprocess.run(
-        ctx.target.run_command(["--memory", "4GiB", "--name", "gc-mem-nvml"], [ctx.target.python, "-c", NVML_INSIDE]),
+        ctx.target.run_command(
+            ["--memory", "4GiB", "--name", "gc-mem-nvml"], [ctx.target.python, "-c", NVML_INSIDE]
+        ),
         env=ctx.target.env,
         capture_output=True,
         text=True,

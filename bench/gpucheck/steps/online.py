@@ -49,7 +49,13 @@ def probe(ctx: StepContext) -> None:
     f = isolation.online_offline(node, 1, isolation.KERNEL_US, "bursts")
     ctx.figure("figures", f)
     ctx.figure("offline_share_of_idle_sharegpu", round(f["shared_offline"], 3))
-    _judge(ctx, f["alone_p99"], f["shared_p99"], f["bare_p99"], f"; offline {f['shared_offline'] * 100:.0f}% of idle")
+    _judge(
+        ctx,
+        f["alone_p99"],
+        f["shared_p99"],
+        f["bare_p99"],
+        f"; offline {f['shared_offline'] * 100:.0f}% of idle",
+    )
 
 
 def _loops(ctx: StepContext, shared: bool | None, requests: int, seconds: float) -> list[dict[str, Any]]:
@@ -60,11 +66,19 @@ def _loops(ctx: StepContext, shared: bool | None, requests: int, seconds: float)
     online = [py, loop, "infer", "--requests", str(requests), "--start-file", str(start_file)]
     offline = [py, loop, "train", "--seconds", f"{seconds:g}", "--start-file", str(start_file)]
     if shared is None:
-        argvs = [ctx.target.run_command(["--memory", "8GiB", "--priority", "online", "--name", "gc-online"], online)]
+        argvs = [
+            ctx.target.run_command(
+                ["--memory", "8GiB", "--priority", "online", "--name", "gc-online"], online
+            )
+        ]
     elif shared:
         argvs = [
-            ctx.target.run_command(["--memory", "8GiB", "--priority", "online", "--name", "gc-online"], online),
-            ctx.target.run_command(["--memory", "16GiB", "--priority", "offline", "--name", "gc-offline"], offline),
+            ctx.target.run_command(
+                ["--memory", "8GiB", "--priority", "online", "--name", "gc-online"], online
+            ),
+            ctx.target.run_command(
+                ["--memory", "16GiB", "--priority", "offline", "--name", "gc-offline"], offline
+            ),
         ]
     else:
         argvs = [online, offline]
@@ -72,7 +86,7 @@ def _loops(ctx: StepContext, shared: bool | None, requests: int, seconds: float)
     readers = [Lines(p) for p in procs]
     try:
         for r in readers:
-            r.wait_for(lambda line: '"ready"' in line, timeout=120)
+            r.wait_for(lambda line: '"ready"' in line, timeout=60)
     except ProbeError:
         for p in procs:
             p.kill()

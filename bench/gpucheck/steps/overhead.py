@@ -17,10 +17,20 @@ def run(ctx: StepContext) -> None:
     if ctx.target.real:
         rounds, pairs, launches = 5, 50000, 100000
     else:
-        rounds, pairs, launches = int(ctx.scale(5, 3)), int(ctx.scale(100000, 20000)), int(ctx.scale(100000, 20000))
+        rounds, pairs, launches = (
+            int(ctx.scale(5, 3)),
+            int(ctx.scale(100000, 20000)),
+            int(ctx.scale(100000, 20000)),
+        )
     ctx.figure("rounds", rounds)
     rows = ctx.figure("rows", overhead.measure(node, rounds, pairs, launches))
-    ctx.check("every call was measured with and without the shim", len(rows) == 3 and all(r["with_ns"] for r in rows))
+    ctx.check(
+        "every call was measured with and without the shim",
+        len(rows) == 3 and all(r["with_ns"] for r in rows),
+    )
     ctx.summary(
-        "; ".join(f"{r['call'].replace('alloc+free ', '')} {r['without_ns']:.0f}→{r['with_ns']:.0f} ns" for r in rows)
+        "; ".join(
+            f"{r['call'].replace('alloc+free ', '')} {r['without_ns']:.0f}→{r['with_ns']:.0f} ns"
+            for r in rows
+        )
     )

@@ -23,7 +23,7 @@ BEFORE = "settings-before.json"
 
 def snapshot() -> dict[str, Any]:
     with nvmlq.session():
-        total, used = nvmlq.memory(0)
+        _, used = nvmlq.memory(0)
         return {"settings": nvmlq.settings(0), "memory_used": used, "processes": nvmlq.process_used(0)}
 
 
@@ -57,7 +57,11 @@ def run(ctx: StepContext) -> None:
         raise ctx.skip("the settings were not read before the steps (the runner writes them)")
     before = json.loads(before_path.read_text())
     ctx.figure("before", before)
-    changed = {k: (v, after["settings"].get(k)) for k, v in before["settings"].items() if after["settings"].get(k) != v}
+    changed = {
+        k: (v, after["settings"].get(k))
+        for k, v in before["settings"].items()
+        if after["settings"].get(k) != v
+    }
     ctx.check("the GPU's settings are as found", not changed, json.dumps(changed) if changed else "unchanged")
     left = ours(after["processes"])
     ctx.check("no process of the run is left on the GPU", not left, str(left))
@@ -66,6 +70,7 @@ def run(ctx: StepContext) -> None:
     tenants = sorted(p.name for p in iter_tenants(Path(ctx.target.env["SHAREGPU_RUNTIME_DIR"])))
     ctx.check("no tenant is left", not tenants, ", ".join(tenants))
     ctx.summary(
-        f"{len(before['settings'])} settings {'unchanged' if not changed else 'CHANGED: ' + ', '.join(changed)}; "
+        f"{len(before['settings'])} settings "
+        f"{'unchanged' if not changed else 'CHANGED: ' + ', '.join(changed)}; "
         f"memory used {before['memory_used'] >> 20} → {after['memory_used'] >> 20} MiB"
     )

@@ -129,7 +129,9 @@ def _record(ctx: StepContext, case: str, split: list[tuple[int, str]], got: Outc
         },
     )
     achieved = "/".join(f"{g:.1f}" for g in got.shares)
-    ctx.check(f"{case}: within {TOLERANCE_PT:g} points", err <= TOLERANCE_PT, f"{achieved} (error {err:.2f} pt)")
+    ctx.check(
+        f"{case}: within {TOLERANCE_PT:g} points", err <= TOLERANCE_PT, f"{achieved} (error {err:.2f} pt)"
+    )
     nvml = "/".join("?" if n is None else f"{n:.0f}" for n in got.nvml)
     label = "/".join(str(c) for c in configured) + (" cap" if split[0][1] == "cap" else "")
     return f"{label} → {achieved} (NVML {nvml})"
@@ -152,7 +154,9 @@ def graphs_probe(ctx: StepContext) -> None:
 # ---- PyTorch ----------------------------------------------------------------------------------
 
 
-def torch_case(ctx: StepContext, split: list[tuple[int, str]] | None, seconds: float, graph: bool) -> list[dict[str, Any]]:
+def torch_case(
+    ctx: StepContext, split: list[tuple[int, str]] | None, seconds: float, graph: bool
+) -> list[dict[str, Any]]:
     """The matmul loop, alone without sharegpu (split None) or as tenants of `split`."""
     start_file = ctx.target.scratch("torch") / f"start-{time.monotonic_ns()}"
     argv = [ctx.target.python, str(PROGRAMS / "torch_loop.py"), "matmul", "--seconds", f"{seconds:g}"]
@@ -167,7 +171,7 @@ def torch_case(ctx: StepContext, split: list[tuple[int, str]] | None, seconds: f
     lines = [Lines(p) for p in procs]
     try:
         for reader in lines:
-            reader.wait_for(lambda line: '"ready"' in line, timeout=120)
+            reader.wait_for(lambda line: '"ready"' in line, timeout=60)
     except ProbeError:
         for p in procs:
             p.kill()
@@ -185,7 +189,7 @@ def torch_case(ctx: StepContext, split: list[tuple[int, str]] | None, seconds: f
         results.append(last_json("\n".join(rest)))
     nvml = sampler.stop()
     for r in results:
-        r["nvml_pct"] = nvml.get(int(r["pid"]))  # type: ignore[call-overload]
+        r["nvml_pct"] = nvml.get(int(r["pid"]))
     return results
 
 
@@ -194,13 +198,13 @@ def _torch_shares(ctx: StepContext, cases: list[tuple[str, list[tuple[int, str]]
         raise ctx.skip(f"torch is not installed for {ctx.target.python}")
     seconds = ctx.scale(5.0, 2.0)
     (alone,) = torch_case(ctx, None, seconds, graph)
-    rate = float(alone["rate_per_s"])  # type: ignore[arg-type]
+    rate = float(alone["rate_per_s"])
     ctx.figure("alone_without_sharegpu", alone)
-    parts = [f"alone {float(alone['tflops']):.0f} TFLOP/s"]  # type: ignore[arg-type]
+    parts = [f"alone {float(alone['tflops']):.0f} TFLOP/s"]
     for case, split in cases:
         got = torch_case(ctx, split, seconds, graph)
-        shares = [float(r["rate_per_s"]) / rate * 100 for r in got]  # type: ignore[arg-type]
-        nvml = [None if r.get("nvml_pct") is None else float(r["nvml_pct"]) for r in got]  # type: ignore[arg-type]
+        shares = [float(r["rate_per_s"]) / rate * 100 for r in got]
+        nvml = [None if r.get("nvml_pct") is None else float(r["nvml_pct"]) for r in got]
         parts.append(_record(ctx, case, split, Outcome(shares, nvml, got)))
         ctx.summary("; ".join(parts))
 

@@ -59,7 +59,9 @@ def run(ctx: StepContext) -> None:
     if ctx.target.real:
         ctx.check("pytest exited 0", proc.returncode == 0, f"rc {proc.returncode}")
         ctx.check("every real-GPU test ran", passed > 0 and not match, f"{passed} passed, {tally}")
-        ctx.summary(f"{passed} passed, {tally['failures'] + tally['errors']} failed, {tally['skipped']} skipped")
+        ctx.summary(
+            f"{passed} passed, {tally['failures'] + tally['errors']} failed, {tally['skipped']} skipped"
+        )
         return
     # No GPU: pytest must deselect them (rc 5: nothing collected is fine) and say so.
     ctx.check("pytest ran none of them and did not fail", proc.returncode in (0, 5) and tally["tests"] == 0)

@@ -66,7 +66,9 @@ def run(ctx: StepContext) -> None:
     ctx.figure("measured", found)
     if not ctx.target.real:
         ctx.figure("simulated_defaults_us", SIM_DEFAULTS_US)
-    ok = ctx.check("the other process's time slices were seen", found["slice_us"] is not None, f"{found['gaps']} gaps")
+    ok = ctx.check(
+        "the other process's time slices were seen", found["slice_us"] is not None, f"{found['gaps']} gaps"
+    )
     if not ok:
         ctx.summary(f"no time-slicing seen ({found['gaps']} gaps)")
         return
