@@ -35,7 +35,8 @@ from gpucheck.steps import BY_NAME, STEPS, Step
 from gpucheck.target import REAL, REPO, SIMULATED, real_environment, simulated_environment
 from sharegpu.native import LIB_DIR
 
-DEFAULT_OUT = REPO / "build" / "gpu-check" / "report.json"
+# The report's place when --out names none (and where it goes when --out cannot be written).
+DEFAULT_OUT = Path(os.environ.get("GPUCHECK_OUT") or REPO / "build" / "gpu-check" / "report.json")
 # Under 8 minutes in all on a real GPU (issue 15), the simulated comparison included.
 REAL_BUDGET_S = 450.0
 DRY_BUDGET_S = 300.0
