@@ -116,7 +116,11 @@ def test_kernels_and_graphs_run_their_time_under_a_compute_share(gpu: RealGpu, m
 def test_a_killed_process_gives_its_memory_back_to_the_tenant(gpu: RealGpu) -> None:
     env = gpu.tenant("t")
     proc = subprocess.run(
-        [str(native.probe_path()), "killself", "plain", "768M"], env=env, capture_output=True, timeout=60, check=False
+        [str(native.probe_path()), "killself", "plain", "768M"],
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
     )
     assert proc.returncode == -9
     got = gpu.probe("alloc", "plain", "768M", env=env)
