@@ -15,7 +15,7 @@ def run(ctx: StepContext) -> None:
 
     node = ctx.target.node("overhead")
     if ctx.target.real:
-        rounds, pairs, launches = 5, 50000, 100000
+        rounds, pairs, launches = 5, 20000, 50000
     else:
         rounds, pairs, launches = (
             int(ctx.scale(5, 3)),
