@@ -11,7 +11,7 @@ CLIENTS_VENV := .venv-clients
 CLIENTS_STAMP := $(CLIENTS_VENV)/.installed
 NATIVE_SRC := $(shell find native -name '*.c' -o -name '*.h' -o -name '*.inc' -o -name '*.map' -o -name '*.def' -o -name Makefile)
 
-.PHONY: run test bench check native clients clean setup proto
+.PHONY: run test bench check native clients clean setup proto gpu-check gpu-wheels
 
 setup: $(STAMP) $(NATIVE_STAMP)
 
@@ -54,8 +54,26 @@ check: setup
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
+	MYPYPATH=src $(BIN)/mypy bench/gpucheck
+	bash -n scripts/gpu-check.sh
 	$(BIN)/lint-imports
 	$(MAKE) -s -C native OUT=$(CURDIR)/build/check all
+
+# The validation run on a real NVIDIA GPU (docs/gpu-check.md): on a GPU machine, `make gpu-check`;
+# GPU_CHECK_ARGS="--dry-run --quick" runs the same steps on the simulated GPU. It creates no venv
+# and reaches no network (a GPU machine has none): what its Python lacks comes from .whl/, which
+# `make gpu-wheels` fills here with the versions this venv tests (Python 3.12, x86-64).
+GPU_CHECK_ARGS ?=
+gpu-check:
+	bash scripts/gpu-check.sh $(GPU_CHECK_ARGS)
+
+GPU_WHEELS := pydantic pydantic-core annotated-types typing-inspection typing-extensions
+gpu-wheels: setup
+	$(BIN)/pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	  -d .whl $$($(BIN)/python -c 'import importlib.metadata as m, sys; \
+	  print(" ".join(f"{n}=={m.version(n)}" for n in sys.argv[1:]))' $(GPU_WHEELS))
+	@ls .whl
 
 # The kubelet's device plugin API: regenerate the committed Python modules from api.proto
 # (grpcio-tools, pinned in the dev extra). PROTO_OUT=DIR writes elsewhere (the drift test).

@@ -103,6 +103,32 @@ def simulated_node(memory_mib: int = 81920, gpus: int = 1, timeslice_us: int | N
         yield Node(root=root, base_env=base, uuid=uuid)
 
 
+@contextmanager
+def real_node() -> Iterator[Node]:
+    """This machine's own GPU through its driver (never the simulated one), with tenants in a
+    private runtime directory: for the benchmarks' --real runs and gpu-check."""
+    with tempfile.TemporaryDirectory(prefix="sharegpu-bench-") as tmp:
+        sim = (LIB_DIR / "simgpu").resolve()
+        base = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("LD_PRELOAD", "SHAREGPU_TENANT") and not k.startswith("SIMGPU_")
+        }
+        paths = [p for p in base.get("LD_LIBRARY_PATH", "").split(":") if p and Path(p).resolve() != sim]
+        base["LD_LIBRARY_PATH"] = ":".join(paths)
+        if not paths:
+            del base["LD_LIBRARY_PATH"]
+        yield node_on(Path(tmp), base)
+
+
+def node_on(root: Path, env: dict[str, str]) -> Node:
+    """A node over `env`'s driver with its tenants under `root`."""
+    info = subprocess.run([str(probe_path()), "info"], env=env, capture_output=True, text=True, check=False)
+    if info.returncode != 0:
+        raise RuntimeError(f"sgprobe info failed ({info.returncode}): {info.stderr.strip()}")
+    return Node(root=root, base_env=env, uuid=parse(info.stdout)["dev0.uuid"])
+
+
 def start_at(delay: float = 0.5) -> int:
     """A common CLOCK_MONOTONIC start instant, far enough ahead for every process to be ready."""
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC) + int(delay * 1e9)

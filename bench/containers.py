@@ -112,10 +112,12 @@ def startup_round(n: int, env: dict[str, str]) -> tuple[float, list[float]]:
     return pct(took, 0.99), cpu
 
 
-def process_startup(node: Node, rounds: int) -> dict[int, tuple[Startup, Startup]]:
+def process_startup(
+    node: Node, rounds: int, counts: tuple[int, ...] = (1, 16, 64)
+) -> dict[int, tuple[Startup, Startup]]:
     shim = node.tenant_env("startup", ComputeSpec.parse(compute="50"), memory_mib=4096)
     out = {}
-    for n in (1, 16, 64):
+    for n in counts:
         runs: dict[str, tuple[list[float], list[float]]] = {"bare": ([], []), "shim": ([], [])}
         for _ in range(rounds):
             for mode, env in (("bare", node.base_env), ("shim", shim)):

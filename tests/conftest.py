@@ -22,6 +22,81 @@ from sharegpu.tenant import DeviceLimit, create_tenant
 from simgpuutil import run_python
 
 REPO = Path(__file__).resolve().parent.parent
+REAL_GPU_ENV = "SHAREGPU_REAL_GPU"
+_NOT_RUN = pytest.StashKey[tuple[int, str]]()
+
+
+def real_gpu_env() -> dict[str, str]:
+    """This process's environment for the machine's own driver: no shim, no tenant, the
+    simulated GPU's directory taken off the library path."""
+    sim = (native.LIB_DIR / "simgpu").resolve()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("LD_PRELOAD", "SHAREGPU_TENANT", "CUDA_VISIBLE_DEVICES") and not k.startswith("SIMGPU_")
+    }
+    paths = [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p and Path(p).resolve() != sim]
+    env["LD_LIBRARY_PATH"] = ":".join(paths)
+    return env
+
+
+def real_gpu() -> str | None:
+    """None when a real NVIDIA GPU is here, else why not. SHAREGPU_REAL_GPU=1 says there is one
+    (a failed detection then fails the tests instead of deselecting them), =0 that there is none."""
+    forced = os.environ.get(REAL_GPU_ENV, "")
+    if forced == "1":
+        return None
+    if forced == "0":
+        return f"{REAL_GPU_ENV}=0 says there is none"
+    code = (
+        "import pynvml; pynvml.nvmlInit(); n = pynvml.nvmlDeviceGetCount(); "
+        "maps = [line.split()[-1] for line in open('/proc/self/maps') if 'libnvidia-ml.so' in line]; "
+        "print(n, maps[0] if maps else '-')"
+    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            env=real_gpu_env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return "NVML did not answer in 30 s"
+    words = proc.stdout.split()
+    if proc.returncode != 0 or len(words) != 2:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"no NVIDIA driver here ({last})"
+    if Path(words[1]).resolve().parent == (native.LIB_DIR / "simgpu").resolve():
+        return "NVML resolves to the simulated GPU"
+    if words[0] == "0":
+        return "NVML reports no GPU"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked realgpu run only where a real GPU is; elsewhere they are deselected and
+    counted, and pytest_terminal_summary says so (never a silent skip)."""
+    marked = [item for item in items if item.get_closest_marker("realgpu")]
+    if not marked:
+        return
+    why = real_gpu()
+    if why is None:
+        return
+    items[:] = [item for item in items if not item.get_closest_marker("realgpu")]
+    config.hook.pytest_deselected(items=marked)
+    config.stash[_NOT_RUN] = (len(marked), why)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    found = config.stash.get(_NOT_RUN, None)
+    if found is not None:
+        count, why = found
+        terminalreporter.write_line(
+            f"realgpu: {count} real-GPU test{'s' if count != 1 else ''} not run: {why} "
+            "(they run where a GPU is: make gpu-check)"
+        )
 
 
 def _require_native() -> None:

@@ -94,12 +94,27 @@ static struct {
 #undef X
 } api;
 
+/* `spin` runs for its parameter in µs on a real GPU too: one thread reads the GPU's global
+ * nanosecond timer until that much wall time has passed since the kernel started (a preempted
+ * kernel counts the time it was switched out, so a share is measured by completed kernels only
+ * where no other context runs in between: under the arbiter's token).  The simulated GPU runs no
+ * code and takes the same parameter as the kernel's time (its kernel time contract). */
 static const char ptx[] = ".version 8.0\n"
                           ".target sm_90\n"
                           ".address_size 64\n"
                           "\n"
                           ".visible .entry spin(.param .u64 us)\n"
                           "{\n"
+                          "    .reg .pred %p;\n"
+                          "    .reg .u64 %rd<5>;\n"
+                          "    ld.param.u64 %rd1, [us];\n"
+                          "    mul.lo.u64 %rd1, %rd1, 1000;\n"
+                          "    mov.u64 %rd2, %globaltimer;\n"
+                          "SPIN:\n"
+                          "    mov.u64 %rd3, %globaltimer;\n"
+                          "    sub.u64 %rd4, %rd3, %rd2;\n"
+                          "    setp.lt.u64 %p, %rd4, %rd1;\n"
+                          "    @%p bra SPIN;\n"
                           "    ret;\n"
                           "}\n"
                           "\n"
@@ -1059,6 +1074,53 @@ static int run_bursts(int argc, char **argv, enum arrivals how)
     return 0;
 }
 
+/* N kernels of US µs queued back to back, an event after each: the time between consecutive
+ * events is US while this process has the GPU and longer where another context ran in between
+ * (a time slice of the other plus the switches).  Prints iv_us= per interval, in order. */
+static int cmd_timeline(int argc, char **argv)
+{
+    long n;
+    size_t us;
+    uint64_t start_at = 0;
+    if (argc < 2 || argc > 3 || parse_count(argv[0], &n) < 0 || n < 2 || n > 100000 ||
+        parse_size(argv[1], &us) < 0 || (argc == 3 && parse_start(argv[2], &start_at) < 0))
+        return usage("timeline N US [START_NS]");
+    if (setup(1))
+        return 1;
+    CUmodule mod;
+    CUfunction f;
+    if (load_spin(&mod, &f))
+        return 1;
+    CUevent *ev = calloc((size_t)n + 1, sizeof(*ev));
+    if (!ev)
+        return usage("out of host memory");
+    for (long i = 0; i <= n; i++)
+        CK(api.cuEventCreate(&ev[i], 0));
+    uint64_t arg = us;
+    void *params[] = {&arg};
+    sleep_until(start_at);
+    uint64_t t0 = now_ns();
+    CK(api.cuEventRecord(ev[0], stream));
+    for (long i = 1; i <= n; i++) {
+        CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
+        CK(api.cuEventRecord(ev[i], stream));
+    }
+    CK(api.cuStreamSynchronize(stream));
+    uint64_t t1 = now_ns();
+    out("kernels=%ld", n);
+    out("wall_us=%" PRIu64, (t1 - t0) / 1000u);
+    for (long i = 1; i <= n; i++) {
+        float ms = 0;
+        CK(api.cuEventElapsedTime(&ms, ev[i - 1], ev[i]));
+        out("iv_us=%.1f", (double)ms * 1000.0);
+    }
+    for (long i = 0; i <= n; i++)
+        CK(api.cuEventDestroy_v2(ev[i]));
+    free(ev);
+    CK(api.cuModuleUnload(mod));
+    return 0;
+}
+
 static int cmd_bursts(int argc, char **argv)
 {
     return run_bursts(argc, argv, PERIODIC);
@@ -1156,6 +1218,9 @@ static const struct command {
                                "kernels= gpu_ns= (kernels x US) wall_ns= window_kernels= (batches "
                                "completed inside the window) achieved= (window_kernels x US / "
                                "SECONDS) max_gap_us= (longest time between two syncs)"},
+    {"timeline", cmd_timeline, "N US [START_NS]: from START_NS, N US-µs spin kernels back to back, an "
+                               "event after each: kernels= wall_us=, then iv_us= (the time between "
+                               "consecutive events) for each kernel in order"},
     {"forklaunch", cmd_forklaunch, "US HOLD_SECONDS: launch and sync, fork; the child launches "
                                    "(re-initialising if needed): child_pid= child_launch=OK, holds "
                                    "HOLD_SECONDS; then the parent launches again: parent_launch=OK"},

@@ -1,0 +1,164 @@
+"""Driver-level features this machine has, detected rather than assumed.
+
+- NVML functions: whether the loaded libnvidia-ml exports them (the per-cgroup memory limits of
+  newer drivers, nvmlDeviceGetMemoryLimits_v1 / nvmlDeviceSetMemoryLimits_v1; MPS process
+  lists; per-process utilization) and every exported name about limits, cgroups or partitions;
+  then whether the ones that can be asked harmlessly answer (MIG mode, compute mode,
+  per-process utilization).
+- MPS: whether the control daemon is installed, whether one already runs, and, on a real GPU,
+  whether a private one (its own pipe and log directories, so no other client sees it) starts,
+  serves a driver-API client, and quits. It is always told to quit before the step ends.
+- The kernel's device-memory cgroup controller (dmem, Linux 6.14+): /sys/fs/cgroup/dmem.capacity.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import shutil
+import struct
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pynvml
+
+from gpucheck import nvmlq
+from gpucheck.context import StepContext
+
+NVML_FUNCTIONS = (
+    "nvmlDeviceGetMemoryLimits_v1",
+    "nvmlDeviceSetMemoryLimits_v1",
+    "nvmlDeviceGetMemoryInfo_v2",
+    "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+    "nvmlDeviceGetProcessUtilization",
+    "nvmlDeviceGetProcessesUtilizationInfo",
+    "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetComputeMode",
+    "nvmlDeviceGetVgpuSchedulerState",
+)
+INTERESTING = re.compile(r"limit|cgroup|partition|mps|timeslice|scheduler", re.IGNORECASE)
+
+
+def exported_symbols(path: Path) -> list[str]:
+    """The names in an ELF64 shared library's dynamic symbol table that it defines."""
+    data = path.read_bytes()
+    if data[:4] != b"\x7fELF" or data[4] != 2:
+        return []
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    names: list[str] = []
+    for sec in sections:
+        if sec[1] != 11:  # SHT_DYNSYM
+            continue
+        strtab = sections[sec[6]]
+        str_off = strtab[4]
+        for off in range(sec[4], sec[4] + sec[5], 24):
+            st_name, _info, _other, st_shndx = struct.unpack_from("<IBBH", data, off)
+            if st_shndx == 0 or not st_name:  # undefined
+                continue
+            end = data.index(b"\0", str_off + st_name)
+            names.append(data[str_off + st_name : end].decode(errors="replace"))
+    return sorted(set(names))
+
+
+def nvml_functions(library: Path | None) -> dict[str, Any]:
+    if library is None:
+        return {"library": None}
+    lib = ctypes.CDLL(str(library))
+    present = {name: hasattr(lib, name) for name in NVML_FUNCTIONS}
+    exported = exported_symbols(library)
+    return {
+        "library": str(library),
+        "exported_count": len(exported),
+        "present": present,
+        "limit_cgroup_partition_mps_scheduler": [
+            n for n in exported if n.startswith("nvml") and INTERESTING.search(n)
+        ],
+    }
+
+
+def answers() -> dict[str, Any]:
+    with nvmlq.session():
+        h = nvmlq.handle(0)
+        since = int((time.time() - 1) * 1e6)
+        util = nvmlq.ask(pynvml.nvmlDeviceGetProcessUtilization, h, since)
+        return {
+            "mig_mode": nvmlq.ask(pynvml.nvmlDeviceGetMigMode, h),
+            "compute_mode": nvmlq.ask(pynvml.nvmlDeviceGetComputeMode, h),
+            "process_utilization": util if isinstance(util, str) else "supported",
+            "mps_processes": nvmlq.ask(lambda: len(pynvml.nvmlDeviceGetMPSComputeRunningProcesses(h))),
+        }
+
+
+def mps(ctx: StepContext) -> dict[str, Any]:
+    control = shutil.which("nvidia-cuda-mps-control")
+    found: dict[str, Any] = {"control": control, "server": shutil.which("nvidia-cuda-mps-server")}
+    default_pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"))
+    found["daemon_running"] = (default_pipe / "control").exists()
+    if control is None:
+        found["private_daemon"] = "not tried: nvidia-cuda-mps-control is not installed"
+        return found
+    if not ctx.target.real:
+        found["private_daemon"] = "not tried: the simulated GPU has no MPS"
+        return found
+    base = ctx.target.scratch("mps")
+    env = ctx.target.env | {
+        "CUDA_MPS_PIPE_DIRECTORY": str(base / "pipe"),
+        "CUDA_MPS_LOG_DIRECTORY": str(base / "log"),
+    }
+    (base / "pipe").mkdir(exist_ok=True)
+    (base / "log").mkdir(exist_ok=True)
+    started = subprocess.run(
+        [control, "-d"], env=env, capture_output=True, text=True, timeout=20, check=False
+    )
+    found["private_daemon_start_rc"] = started.returncode
+    try:
+        if started.returncode != 0:
+            found["private_daemon"] = f"did not start: {started.stderr.strip()[-200:]}"
+            return found
+        try:
+            probe = ctx.target.probe(["launch", "10", "10"], env=env, timeout=30)
+            found["private_daemon"] = (
+                "served a driver-API client" if probe.get("kernels") == "10" else str(probe)
+            )
+        except Exception as err:
+            found["private_daemon"] = f"started, but a client failed: {err}"[:300]
+    finally:
+        with contextlib.suppress(Exception):
+            subprocess.run(
+                [control], input="quit\n", env=env, capture_output=True, text=True, timeout=20, check=False
+            )
+        for _ in range(50):  # the daemon removes its pipe when it is gone
+            if not (base / "pipe" / "control").exists():
+                break
+            time.sleep(0.1)
+        found["private_daemon_stopped"] = not (base / "pipe" / "control").exists()
+        log = base / "log" / "control.log"
+        if log.exists():
+            found["private_daemon_log_tail"] = log.read_text(errors="replace")[-600:]
+    return found
+
+
+def run(ctx: StepContext) -> None:
+    from sharegpu.devices import nvml_library
+
+    library = nvml_library()
+    functions = ctx.figure("nvml_functions", nvml_functions(library))
+    ctx.figure("nvml_answers", answers())
+    found = ctx.figure("mps", mps(ctx))
+    dmem = Path("/sys/fs/cgroup/dmem.capacity")
+    ctx.figure("dmem_cgroup", dmem.read_text().strip() if dmem.exists() else "absent")
+    ctx.check("NVML was found and read", library is not None, str(library))
+    if found.get("private_daemon_start_rc") == 0:
+        ctx.check("the private MPS daemon was stopped", bool(found.get("private_daemon_stopped")))
+    present = functions.get("present", {})
+    limits = "yes" if present.get("nvmlDeviceSetMemoryLimits_v1") else "no"
+    ctx.summary(
+        f"NVML memory limits: {limits}; MPS control: {'yes' if found['control'] else 'no'}"
+        f" ({found.get('private_daemon', '')}); dmem cgroup: {'yes' if dmem.exists() else 'no'}"
+    )
