@@ -14,6 +14,7 @@ from sharegpu.spec import (
     parse_memory_cap,
     parse_percent,
     parse_size,
+    tenant_id_from,
     validate_tenant_id,
 )
 
@@ -167,3 +168,13 @@ def test_guarantees() -> None:
     assert ComputeSpec.parse("30%", "cap").guarantee_permille == 300
     assert ComputeSpec.parse("30%", "burst", "50%").guarantee_permille == 300
     assert ComputeSpec.parse("30%").guarantee_permille == 0
+
+
+def test_tenant_ids_made_from_outside_names_keep_the_rules() -> None:
+    # The CDI hook (container ids) and the device plugin (pod uid + container) both use it.
+    assert tenant_id_from("ctr-ABC:def/12") == "ctr-abc-def-12"
+    long = tenant_id_from("pod-" + "x" * 100)
+    assert len(long) == 63
+    assert long != tenant_id_from("pod-" + "x" * 99 + "y")  # the digest keeps them apart
+    with pytest.raises(SpecError, match="invalid tenant name"):
+        tenant_id_from("-starts-with-a-dash")

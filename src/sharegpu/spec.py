@@ -9,6 +9,7 @@ Shares: ``30%`` or ``30`` → 300 permille, 1%..100% in whole percent.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from decimal import Decimal
@@ -93,6 +94,22 @@ def validate_tenant_id(name: str) -> str:
             "starting with a letter or digit"
         )
     return name
+
+
+_NOT_IN_TENANT_ID = re.compile(r"[^a-z0-9_.-]")
+_MAX_TENANT_ID = 63
+
+
+def tenant_id_from(text: str) -> str:
+    """A tenant id made from a name chosen elsewhere (a container id, a pod's uid and container):
+    lowercased, each character an id does not allow made '-', and a result over 63 characters cut
+    and ended with a digest of the whole, so that long names that differ late stay apart. The
+    caller gives a prefix that starts with a letter ("ctr-", "pod-")."""
+    name = _NOT_IN_TENANT_ID.sub("-", text.lower())
+    if len(name) > _MAX_TENANT_ID:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+        name = f"{name[: _MAX_TENANT_ID - 9]}-{digest}"
+    return validate_tenant_id(name)
 
 
 def format_size(size: int) -> str:

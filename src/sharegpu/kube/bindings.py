@@ -39,14 +39,13 @@ from typing import Any
 from sharegpu.errors import SharegpuError
 from sharegpu.kube.apiclient import failure
 from sharegpu.kube.assignment import Assignment, read_assignment
-from sharegpu.kube.request import ANNOTATION_ASSIGNMENT, PodRequestError
+from sharegpu.kube.request import ANNOTATION_ASSIGNMENT, PodRequestError, pod_finished
 
 log = logging.getLogger(__name__)
 
 FENCE_PREFIX = "sharegpu-bind."
 ABANDONED_AFTER_S = 120.0  # an assignment on a pod that was never bound stops counting after this
 MAX_ATTEMPTS = 5  # fence conflicts in a row before the bind is given back to the scheduler
-_FINISHED = ("Succeeded", "Failed")
 
 Pod = dict[str, Any]
 Fits = Callable[[Sequence[tuple[Pod, Assignment]]], str | None]
@@ -77,7 +76,7 @@ def held(pods: Sequence[Pod], node: str, now: float) -> list[tuple[Pod, Assignme
     out: list[tuple[Pod, Assignment]] = []
     for pod in pods:
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-        if (pod.get("status") or {}).get("phase") in _FINISHED:
+        if pod_finished(pod):
             continue
         key = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
         try:
@@ -91,6 +90,11 @@ def held(pods: Sequence[Pod], node: str, now: float) -> list[tuple[Pod, Assignme
         if bound_to == node or (not bound_to and now - assignment.bound_at < ABANDONED_AFTER_S):
             out.append((pod, assignment))
     return out
+
+
+def holds(pod: Pod, node: str, now: float) -> bool:
+    """Whether this one pod's assignment holds GPUs of `node` (held, for one pod)."""
+    return bool(held([pod], node, now))
 
 
 class ApiBinder:

@@ -55,6 +55,8 @@ PRIORITIES = ("online", "normal", "offline")
 PRIORITY_CLASSES = {"sharegpu-online": "online", "sharegpu-normal": "normal", "sharegpu-offline": "offline"}
 POLICIES = ("share", "cap", "burst")
 MAX_VGPUS = 16  # per container: no node has more GPUs
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+"""Pod phases after which a pod's containers never run again: its GPUs are free."""
 _WHOLE = re.compile(r"^[0-9]+$")
 
 
@@ -218,3 +220,8 @@ def pod_request(pod: Mapping[str, Any]) -> PodRequest | None:
         policy=policy,
         models=models,
     )
+
+
+def pod_finished(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod's phase is one after which it never runs again (FINISHED_PHASES)."""
+    return (pod.get("status") or {}).get("phase") in FINISHED_PHASES

@@ -24,9 +24,7 @@ removes it when its pod is deleted or finishes, by the `pod_uid` label.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,12 +40,10 @@ from sharegpu.kube.request import PodRequestError
 from sharegpu.runtime import tenants
 from sharegpu.runtime.cdi.generate import KIND, common_edits, node_driver, tenant_device, write_node_spec
 from sharegpu.runtime.cdi.model import ContainerEdits
-from sharegpu.spec import MIB, ComputeSpec, GpuSelector, validate_tenant_id
+from sharegpu.spec import MIB, ComputeSpec, GpuSelector, tenant_id_from
 from sharegpu.tenant import read_device_limits, read_meta, tenants_dir
 
 log = logging.getLogger(__name__)
-_NOT_IN_ID = re.compile(r"[^a-z0-9_.-]+")
-_MAX_ID = 63
 
 
 class AllocationError(SharegpuError):
@@ -55,11 +51,7 @@ class AllocationError(SharegpuError):
 
 
 def tenant_name(uid: str, container: str) -> str:
-    name = _NOT_IN_ID.sub("-", f"pod-{uid[:8]}-{container}".lower())
-    if len(name) > _MAX_ID:
-        digest = hashlib.sha256(name.encode()).hexdigest()[:8]
-        name = f"{name[: _MAX_ID - 9]}-{digest}"
-    return validate_tenant_id(name)
+    return tenant_id_from(f"pod-{uid[:8]}-{container}")
 
 
 def _uniform(m: Match) -> tuple[int, int]:

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from sharegpu.errors import SharegpuError, TenantNotFound
 from sharegpu.kube.apiclient import REQUEST_TIMEOUT_S, failure
 from sharegpu.kube.deviceplugin.pods import FilePodSource, Pod
+from sharegpu.kube.request import FINISHED_PHASES
 from sharegpu.runtime import tenants
 from sharegpu.tenant import iter_tenants, read_meta, tenant_status
 
@@ -51,7 +52,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LABEL_POD_UID = "pod_uid"
-FINISHED = frozenset({"Succeeded", "Failed"})
 RESYNC_S = 300.0  # a watch's timeout: then it is resumed, and kept tenants are tried again
 RELIST_S = 1800.0  # the pods are listed again at least this often
 RETRY_S = 5.0  # after a failed list or watch, and between tries of a kept tenant
@@ -104,7 +104,7 @@ class TenantReaper:
         self.ended = {}
         for tenant in found:
             phase = phases.get(tenant.pod_uid)
-            if phase is None or phase in FINISHED:
+            if phase is None or phase in FINISHED_PHASES:
                 self.ended[tenant.pod_uid] = phase or "gone"
                 doomed.append(tenant)
         self._remove_all(doomed)
@@ -271,7 +271,7 @@ class PodReaper:
         kind, phase, uid = event.get("type"), _phase(pod), _uid(pod)
         if kind == "DELETED":
             self.reaper.pod_ended(uid, "deleted")
-        elif kind in ("ADDED", "MODIFIED") and phase in FINISHED:
+        elif kind in ("ADDED", "MODIFIED") and phase in FINISHED_PHASES:
             self.reaper.pod_ended(uid, phase)
         return str((pod.get("metadata") or {}).get("resourceVersion") or "")
 

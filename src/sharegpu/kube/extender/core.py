@@ -42,7 +42,7 @@ import numpy as np
 
 from sharegpu.errors import SpecError
 from sharegpu.kube.assignment import Assignment, read_assignment
-from sharegpu.kube.bindings import BindError, Fits, PodRef, held
+from sharegpu.kube.bindings import BindError, Fits, PodRef, holds
 from sharegpu.kube.events import EventSink, NoEvents
 from sharegpu.kube.extender.translate import assignment_for, oversubscribed, placement_request
 from sharegpu.kube.extender.wire import filter_result, meta_victims, resource_version, unschedulable, victims
@@ -54,7 +54,7 @@ from sharegpu.kube.inventory import (
     placement_node,
     read_inventory,
 )
-from sharegpu.kube.request import PodRequest, PodRequestError, pod_request
+from sharegpu.kube.request import PodRequest, PodRequestError, pod_finished, pod_request
 from sharegpu.placement import (
     DEFAULT_POLICY,
     ClusterState,
@@ -253,7 +253,7 @@ class Extender:
         except PodRequestError as err:
             assignment, problem = None, str(err)  # not one of ours to count: the device plugin refuses it too
         previous = self._bound.get(uid)
-        finished = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        finished = pod_finished(pod)
         bound_to = (pod.get("spec") or {}).get("nodeName") or ""
         gpus = tuple(g.index for c in assignment.containers for g in c.gpus) if assignment else ()
         if previous is not None and not finished and bound_to == previous[0].node:
@@ -267,7 +267,7 @@ class Extender:
                     f"{problem or 'its sharegpu.io/assignment changed'} after bind: {was} stay held",
                 )
             return
-        if assignment is None or wanted is None or not held([dict(pod)], assignment.node, self.clock()):
+        if assignment is None or wanted is None or not holds(dict(pod), assignment.node, self.clock()):
             self._release(uid)  # not (or no longer) holding GPUs; a pod filtered stays pending
             return
         if previous is not None and previous[0].node == assignment.node and previous[0].gpus == gpus:

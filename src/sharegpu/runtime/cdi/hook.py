@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 import subprocess
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from sharegpu.errors import ConfigError, TenantNotFound
 from sharegpu.runtime import tenants
 from sharegpu.runtime.cdi.binds import tenant_binds
 from sharegpu.runtime.cdi.shapes import parse_shape
-from sharegpu.spec import GpuSelector
+from sharegpu.spec import GpuSelector, tenant_id_from
 from sharegpu.tenant import runtime_dir, supervisor_identity, tenant_path
 
 TENANT_PREFIX = "ctr-"
@@ -73,7 +72,7 @@ def read_state(text: str) -> ContainerState:
 def tenant_name(container_id: str) -> str:
     """`ctr-` and the id's first 12 characters, in the characters a tenant name allows (runtimes
     other than Podman and Docker let users pick ids)."""
-    return TENANT_PREFIX + re.sub(r"[^a-z0-9_.-]", "-", container_id[:12].lower())
+    return tenant_id_from(TENANT_PREFIX + container_id[:12])
 
 
 def rootfs_of(state: ContainerState) -> Path:
