@@ -1312,9 +1312,19 @@ static uint64_t predicted_arrival(struct sg_arbiter *a, uint64_t now, uint64_t k
         return 0;
     uint64_t early = 2 * j + HOLDBACK_EARLY_NS;
     *late = 2 * j + HOLDBACK_LATE_NS;
-    uint64_t span = kernel_ns + early + *late; /* the longest hold-back this can cause */
-    if (span > hmax || span * 4 > p)
-        return 0; /* kernels too long for the period: the in-flight bound alone applies */
+    /* The longest hold-back this may cause is the smaller of holdback_max and a quarter of the
+     * period.  Kernels that leave no room for the fixed margins within it get no prediction (the
+     * in-flight bound alone applies); otherwise the jitter's share of the margins is cut to fit:
+     * a jitter inflated by one late request on a busy host then narrows the window instead of
+     * turning prediction off for the requests until it decays. */
+    uint64_t room = hmax < p / 4 ? hmax : p / 4;
+    if (kernel_ns + HOLDBACK_EARLY_NS + HOLDBACK_LATE_NS > room)
+        return 0;
+    if (kernel_ns + early + *late > room) {
+        uint64_t jit = (room - kernel_ns - HOLDBACK_EARLY_NS - HOLDBACK_LATE_NS) / 2;
+        early = HOLDBACK_EARLY_NS + jit;
+        *late = HOLDBACK_LATE_NS + jit;
+    }
     uint64_t k = (now - last) / p;
     uint64_t next = last + (k ? k : 1) * p;
     if (next + *late <= now)
