@@ -350,6 +350,13 @@ def memory_qos_main(args: argparse.Namespace) -> int:
                 f"{p:<12} {_ms([r['alloc100'] for r in a]):>24} "
                 f"{_ms([r['alloc100'] for r in b]):>23} {failed:7.0f}"
             )
+        if "fgd" in policies and "sharegpu" in policies:
+            print("\nsharegpu minus FGD, paired by seed (points at 100% arrived demand):")
+            for t, label in (("variant:default", "compute only"), ("variant:mem", "with memory")):
+                f = {r["seed"]: r["alloc100"] for r in by[(t, "fgd")]}
+                d = [r["alloc100"] - f[r["seed"]] for r in by[(t, "sharegpu")]]
+                wins = sum(1 for x in d if x > 0)
+                print(f"{label:<13} {statistics.mean(d):+6.2f} (min {min(d):+.2f}, wins {wins}/{len(d)})")
         return 0
     print(
         f"{'policy':<12} {'alloc@100% no qos':>18} {'alloc@100% qos':>16} {'online GPUs':>12} "
