@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -20,6 +21,13 @@ from sharegpu import native
 from sharegpu.spec import MIB
 from sharegpu.tenant import DeviceLimit, create_tenant
 from simgpuutil import run_python
+
+# A suite started in the background of a non-interactive shell (`cmd &`) inherits SIGINT ignored,
+# and every command it starts inherits that: the tests that stop `--watch` and `top` with Ctrl-C
+# then wait for ever. Catching it here gives the children the default again (exec resets caught
+# signals, not ignored ones), so they turn Ctrl-C into KeyboardInterrupt as under a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO = Path(__file__).resolve().parent.parent
 REAL_GPU_ENV = "SHAREGPU_REAL_GPU"
