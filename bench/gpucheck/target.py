@@ -184,11 +184,6 @@ def _tail(proc: subprocess.CompletedProcess[str]) -> str:
     return (proc.stderr.strip() or proc.stdout.strip())[-600:]
 
 
-def start_at(delay: float) -> int:
-    """A common CLOCK_MONOTONIC start instant `delay` seconds ahead (every process ready by then)."""
-    return time.clock_gettime_ns(time.CLOCK_MONOTONIC) + int(delay * 1e9)
-
-
 def last_json(text: str) -> dict[str, Any]:
     """The last line of a program's output that is a JSON object."""
     for raw in reversed(text.strip().splitlines()):
@@ -251,3 +246,17 @@ class Lines:
                 break
             self.seen.append(line)
         return self.seen
+
+
+def ready_lines(procs: Sequence[subprocess.Popen[str]], timeout: float = 60) -> list[Lines]:
+    """A reader of each of `procs` once every one has printed its '"ready"' line; if one does
+    not in `timeout` seconds, all are killed and the ProbeError raised."""
+    readers = [Lines(p) for p in procs]
+    try:
+        for reader in readers:
+            reader.wait_for(lambda line: '"ready"' in line, timeout=timeout)
+    except ProbeError:
+        for proc in procs:
+            proc.kill()
+        raise
+    return readers

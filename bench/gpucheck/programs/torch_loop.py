@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,25 @@ def wait_for_start(path: Path) -> int:
     while (now := time.clock_gettime_ns(time.CLOCK_MONOTONIC)) < start:
         time.sleep(min((start - now) / 1e9, 0.01))
     return start
+
+
+def completed_in(work: Callable[[], object], seconds: float) -> int:
+    """Call `work` back to back for `seconds`, two calls queued on the GPU at a time; how many
+    finished within the time (the one still queued at the end is not counted)."""
+    deadline = time.monotonic() + seconds
+    events: list[torch.cuda.Event] = []
+    completed = 0
+    while time.monotonic() < deadline:
+        work()
+        ev = torch.cuda.Event()
+        ev.record()
+        events.append(ev)
+        if len(events) >= 2:
+            events.pop(0).synchronize()
+            if time.monotonic() <= deadline:
+                completed += 1
+    torch.cuda.synchronize()
+    return completed
 
 
 def matmul(args: argparse.Namespace) -> dict[str, Any]:
@@ -65,20 +85,7 @@ def matmul(args: argparse.Namespace) -> dict[str, Any]:
     torch.cuda.synchronize()
     start = wait_for_start(args.start_file)
     late_ms = (time.clock_gettime_ns(time.CLOCK_MONOTONIC) - start) / 1e6
-    t0 = time.monotonic()
-    deadline = t0 + args.seconds
-    events: list[torch.cuda.Event] = []
-    completed = 0
-    while time.monotonic() < deadline:
-        run()
-        ev = torch.cuda.Event()
-        ev.record()
-        events.append(ev)
-        if len(events) >= 2:
-            events.pop(0).synchronize()
-            if time.monotonic() <= deadline:
-                completed += 1
-    torch.cuda.synchronize()
+    completed = completed_in(run, args.seconds)
     flops = 2 * args.size**3 * args.batch * completed
     return {
         "pid": os.getpid(),
@@ -145,20 +152,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         step()
     torch.cuda.synchronize()
     wait_for_start(args.start_file)
-    t0 = time.monotonic()
-    deadline = t0 + args.seconds
-    steps = 0
-    events: list[torch.cuda.Event] = []
-    while time.monotonic() < deadline:
-        step()
-        ev = torch.cuda.Event()
-        ev.record()
-        events.append(ev)
-        if len(events) >= 2:
-            events.pop(0).synchronize()
-            if time.monotonic() <= deadline:
-                steps += 1
-    torch.cuda.synchronize()
+    steps = completed_in(step, args.seconds)
     return {"pid": os.getpid(), "steps": steps, "seconds": args.seconds, "steps_per_s": steps / args.seconds}
 
 

@@ -17,8 +17,9 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+from _node import start_at
 from gpucheck.context import StepContext
-from gpucheck.target import Lines, ProbeError, last_json, start_at
+from gpucheck.target import ProbeError, last_json, ready_lines
 
 GOAL_RATIO = 1.10
 PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
@@ -83,14 +84,7 @@ def _loops(ctx: StepContext, shared: bool | None, requests: int, seconds: float)
     else:
         argvs = [online, offline]
     procs = [ctx.target.spawn(a) for a in argvs]
-    readers = [Lines(p) for p in procs]
-    try:
-        for r in readers:
-            r.wait_for(lambda line: '"ready"' in line, timeout=60)
-    except ProbeError:
-        for p in procs:
-            p.kill()
-        raise
+    readers = ready_lines(procs)
     start_file.write_text(str(start_at(0.3)))
     results = []
     for p, r in zip(procs, readers, strict=True):

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from _node import start_at
 from gpucheck.context import StepContext
-from gpucheck.target import Lines, ProbeError, finish, last_json, parse_kv, start_at
+from gpucheck.target import ProbeError, finish, last_json, parse_kv, ready_lines
 
 TOLERANCE_PT = 2.0
 GOAL_PT = 1.0
@@ -168,14 +169,7 @@ def torch_case(
             ctx.target.spawn(ctx.target.run_command(_options(pct, policy, f"gc-torch-{i}"), argv))
             for i, (pct, policy) in enumerate(split)
         ]
-    lines = [Lines(p) for p in procs]
-    try:
-        for reader in lines:
-            reader.wait_for(lambda line: '"ready"' in line, timeout=60)
-    except ProbeError:
-        for p in procs:
-            p.kill()
-        raise
+    lines = ready_lines(procs)
     sampler = NvmlSampler()
     sampler.start(0.3)
     start_file.write_text(str(start_at(0.3)))

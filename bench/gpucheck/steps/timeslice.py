@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import statistics
 
+from _node import start_at
 from gpucheck.context import StepContext
-from gpucheck.target import SIM_DEFAULTS_US, finish, parse_kv, start_at
+from gpucheck.target import SIM_DEFAULTS_US, finish, parse_kv
 
 SHORT_US = 20
 THRESHOLD_US = 20  # an interval this much over the kernel's length is a gap
