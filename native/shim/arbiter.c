@@ -1310,21 +1310,20 @@ static uint64_t predicted_arrival(struct sg_arbiter *a, uint64_t now, uint64_t k
     uint32_t n = __atomic_load_n(&a->online_samples, __ATOMIC_RELAXED);
     if (!hmax || !p || !last || n < HOLDBACK_MIN_SAMPLES || j * 8 > p || now < last)
         return 0;
-    uint64_t early = 2 * j + HOLDBACK_EARLY_NS;
-    *late = 2 * j + HOLDBACK_LATE_NS;
     /* The longest hold-back this may cause is the smaller of holdback_max and a quarter of the
      * period.  Kernels that leave no room for the fixed margins within it get no prediction (the
-     * in-flight bound alone applies); otherwise the jitter's share of the margins is cut to fit:
-     * a jitter inflated by one late request on a busy host then narrows the window instead of
-     * turning prediction off for the requests until it decays. */
+     * in-flight bound alone applies); otherwise the jitter's share of each margin (2 jitter) is
+     * cut to fit: a jitter inflated by one late request on a busy host then narrows the window
+     * instead of turning prediction off for the requests until it decays. */
     uint64_t room = hmax < p / 4 ? hmax : p / 4;
-    if (kernel_ns + HOLDBACK_EARLY_NS + HOLDBACK_LATE_NS > room)
+    uint64_t fixed = kernel_ns + HOLDBACK_EARLY_NS + HOLDBACK_LATE_NS;
+    if (fixed > room)
         return 0;
-    if (kernel_ns + early + *late > room) {
-        uint64_t jit = (room - kernel_ns - HOLDBACK_EARLY_NS - HOLDBACK_LATE_NS) / 2;
-        early = HOLDBACK_EARLY_NS + jit;
-        *late = HOLDBACK_LATE_NS + jit;
-    }
+    uint64_t jit = 2 * j;
+    if (fixed + 2 * jit > room)
+        jit = (room - fixed) / 2;
+    uint64_t early = HOLDBACK_EARLY_NS + jit;
+    *late = HOLDBACK_LATE_NS + jit;
     uint64_t k = (now - last) / p;
     uint64_t next = last + (k ? k : 1) * p;
     if (next + *late <= now)
