@@ -312,11 +312,11 @@ def test_online_preempts_offline(sim: Sim) -> None:
     assert usage_totals(offline)["preemptions"] == t.preemptions
 
 
-def _late_bursts(sim: Sim, online: Path, offline: Path, arrivals: str) -> float:
-    """Online requests (2 x 1 ms kernels) next to an offline tenant with 1 ms kernels: the
-    fraction of requests delayed by more than 0.4 ms over the quickest."""
+def _late_bursts(sim: Sim, online: Path, offline: Path, arrivals: str, kernel_us: int = 1000) -> float:
+    """Online requests (2 x 1 ms kernels every 25 ms) next to an offline tenant with kernels of
+    `kernel_us`: the fraction of requests delayed by more than 0.4 ms over the quickest."""
     at = start_at(0.5)
-    off = spawn(sim, offline, "saturate", 2.6, 1000, "kernel", at - 300_000_000)
+    off = spawn(sim, offline, "saturate", 2.6, kernel_us, "kernel", at - 300_000_000)
     on = spawn(sim, online, arrivals, 60, 25, 2, 1000, at)
     out, err = on.communicate(timeout=60)
     assert on.returncode == 0, err
@@ -345,6 +345,21 @@ def test_offline_holds_back_before_predicted_online_requests(sim: Sim) -> None:
     random_holds = read_arbiter(path).holdbacks - status.holdbacks
     print(f"random arrivals: {random_holds} holdbacks for 60 requests")
     assert random_holds <= 20  # nothing regular to predict: few (wrong) hold-backs
+
+
+def test_hold_back_covers_offline_kernels_up_to_half_the_period(sim: Sim) -> None:
+    # 8 ms offline kernels against a 25 ms beat: more than a quarter of the period, which got no
+    # hold-back before (every request then waited for the GPU's time slice).
+    online = compute_tenant(sim, "web", "share", 50, priority="online")
+    offline = compute_tenant(sim, "train", "share", 50, priority="offline")
+    path = arbiter_of(sim)
+    late = _late_bursts(sim, online, offline, "bursts", kernel_us=8000)
+    holds = read_arbiter(path).holdbacks
+    tune_arbiter(path, holdback_max_ns=0)
+    late_off = _late_bursts(sim, online, offline, "bursts", kernel_us=8000)
+    print(f"8 ms offline kernels: {late:.0%} late with {holds} holdbacks, {late_off:.0%} without prediction")
+    assert holds >= 30
+    assert late < late_off / 2
 
 
 # ---------------------------------------------------------------------------------------------

@@ -475,7 +475,12 @@ static void note_arrival_locked(struct sg_arbiter *a, uint64_t now)
      * leaving the next requests unpredicted (periodic runs at 1.9-2.2x alone had restarted). */
     if (outlier)
         return;
-    __atomic_store_n(&a->online_last_arrival_ns, now, __ATOMIC_RELAXED);
+    /* The phase follows the beat, not each request: a request later than its beat (a timer
+     * fires late, never early) moves it a quarter of the way, an earlier one all the way.
+     * Anchored at a late request, the next prediction was late by as much, the next request
+     * (on time) came before the hold-back began and was preempted early. */
+    __atomic_store_n(&a->online_last_arrival_ns, now <= last + kp ? now : last + kp + dev / 4,
+                     __ATOMIC_RELAXED);
     a->online_outliers = 0;
     dev /= k;
     uint64_t j = n < 2 ? dev : (a->online_jitter_ns * 3 + dev) / 4;
@@ -1310,12 +1315,14 @@ static uint64_t predicted_arrival(struct sg_arbiter *a, uint64_t now, uint64_t k
     uint32_t n = __atomic_load_n(&a->online_samples, __ATOMIC_RELAXED);
     if (!hmax || !p || !last || n < HOLDBACK_MIN_SAMPLES || j * 8 > p || now < last)
         return 0;
-    /* The longest hold-back this may cause is the smaller of holdback_max and a quarter of the
-     * period.  Kernels that leave no room for the fixed margins within it get no prediction (the
-     * in-flight bound alone applies); otherwise the jitter's share of each margin (2 jitter) is
-     * cut to fit: a jitter inflated by one late request on a busy host then narrows the window
-     * instead of turning prediction off for the requests until it decays. */
-    uint64_t room = hmax < p / 4 ? hmax : p / 4;
+    /* The longest hold-back this may cause is the smaller of holdback_max and half the period
+     * (it was a quarter: kernels over a fifth of the period then got no hold-back, and every
+     * request waited for the GPU's time slice).  Kernels that leave no room for the fixed
+     * margins within it get no prediction (the in-flight bound alone applies); otherwise the
+     * jitter's share of each margin (2 jitter) is cut to fit: a jitter inflated by one late
+     * request on a busy host then narrows the window instead of turning prediction off for the
+     * requests until it decays. */
+    uint64_t room = hmax < p / 2 ? hmax : p / 2;
     uint64_t fixed = kernel_ns + HOLDBACK_EARLY_NS + HOLDBACK_LATE_NS;
     if (fixed > room)
         return 0;

@@ -279,7 +279,7 @@ _Static_assert(sizeof(struct sg_usage) ==
 #define SG_ARB_DEFAULT_OFFLINE_INFLIGHT 1
 #define SG_ARB_DEFAULT_ONLINE_WINDOW_NS 5000000000ull
 /* Default for holdback_max_ns (docs/design/arbitration.md, "Predicted online requests"). */
-#define SG_ARB_DEFAULT_HOLDBACK_MAX_NS 5000000ull
+#define SG_ARB_DEFAULT_HOLDBACK_MAX_NS 10000000ull
 /* online_preempt (1.5): how a higher-class request takes the card from a holder of a lower
  * class (docs/design/arbitration.md, "Random requests").  DRAIN: the holder waits for its work
  * in flight, then grants.  EARLY: it grants at once and leaves its work in flight to the GPU,
