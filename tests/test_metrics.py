@@ -65,6 +65,8 @@ EXPECTED = {
     "sharegpu_arbiter_holdback_misses": "counter",
     "sharegpu_arbiter_early_preemptions": "counter",
     "sharegpu_arbiter_quiet_windows": "counter",
+    "sharegpu_arbiter_stall_reclaims": "counter",
+    "sharegpu_arbiter_entry_waits": "counter",
 }
 K8S = ("namespace", "pod", "container")
 

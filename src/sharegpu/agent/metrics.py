@@ -470,7 +470,14 @@ class SharegpuCollector(Collector):
             "sharegpu_arbiter_quiet_windows",
             "Quiet windows after online requests (no offline grant meanwhile)",
         )
-        reclaims = counter("sharegpu_arbiter_reclaims", "Tokens reclaimed from a dead or stuck holder")
+        reclaims = counter("sharegpu_arbiter_reclaims", "Tokens reclaimed from a dead holder")
+        stall_reclaims = counter(
+            "sharegpu_arbiter_stall_reclaims",
+            "Tokens taken back from a live holder stopped past its quantum (SIGSTOP, docker pause)",
+        )
+        entry_waits = counter(
+            "sharegpu_arbiter_entry_waits", "Processes that waited for a free client entry instead of failing"
+        )
         recoveries = counter("sharegpu_arbiter_recoveries", "Arbiter regions recovered after a crash")
         for uuid, a in sorted(arbiters.items()):
             waiting.add_metric([uuid], float(a.waiting))
@@ -483,6 +490,8 @@ class SharegpuCollector(Collector):
             early.add_metric([uuid], float(a.early_preemptions))
             quiet.add_metric([uuid], float(a.quiet_windows))
             reclaims.add_metric([uuid], float(a.reclaims))
+            stall_reclaims.add_metric([uuid], float(a.stall_reclaims))
+            entry_waits.add_metric([uuid], float(a.entry_waits))
             recoveries.add_metric([uuid], float(a.recoveries))
         yield from (
             waiting,
@@ -495,6 +504,8 @@ class SharegpuCollector(Collector):
             early,
             quiet,
             reclaims,
+            stall_reclaims,
+            entry_waits,
             recoveries,
         )
 
