@@ -26,23 +26,13 @@ from sharegpu import abi
 from sharegpu.agent.models import ArbiterView
 from sharegpu.agent.tuning import ArbiterTuner, ArbiterTuning
 from sharegpu.arbiter import (
+    TUNABLES,
     ArbiterStatus,
     arbiter_path,
     ensure_arbiter,
     read_arbiter,
     rebuild_arbiter,
     tune_arbiter,
-)
-
-# The region's tunables, as read back (sharegpu.arbiter.ArbiterStatus).
-TUNABLES = (
-    "quantum_ns",
-    "offline_inflight_max",
-    "online_window_ns",
-    "holdback_max_ns",
-    "online_preempt",
-    "preempt_min_kernel_ns",
-    "offline_quiet_ns",
 )
 
 
@@ -248,6 +238,15 @@ def test_every_figure_of_the_region_reaches_the_views() -> None:
     assert set(FIGURES) | set(TUNABLES) == region - INTERNAL
     shown = set(ArbiterView.model_fields)
     assert read - {"path", "uuid", "tenants", "clients"} <= shown, read - shown
+
+
+def test_the_settings_are_the_tables_but_the_qos_loops_bound() -> None:
+    """A tunable added to sharegpu.arbiter.TUNABLES is one an operator can set, unless the QoS
+    loop owns it (offline_inflight_max)."""
+    assert set(ArbiterTuning.model_fields) == set(TUNABLES) - {"offline_inflight_max"}
+    for name in ArbiterTuning.model_fields:  # each checked by its entry (the same one-line errors)
+        with pytest.raises(ValueError, match=f"invalid {TUNABLES[name].what} "):
+            ArbiterTuning.model_validate({name: "by-nothing" if name == "online_preempt" else 10**12})
 
 
 def test_the_counters_show_in_the_api_the_metrics_and_devices(sim: Sim, tmp_path: Path) -> None:
