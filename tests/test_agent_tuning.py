@@ -34,6 +34,7 @@ from sharegpu.arbiter import (
     rebuild_arbiter,
     tune_arbiter,
 )
+from sharegpu.errors import SpecError
 
 
 def free_port() -> int:
@@ -295,6 +296,75 @@ def test_the_counters_show_in_the_api_the_metrics_and_devices(sim: Sim, tmp_path
     assert scraped["sharegpu_arbiter_holdback_seconds_total", gpu0] == pytest.approx(status.holdback_ns / 1e9)
     for name in ("holdbacks", "holdback_misses", "reclaims", "stall_reclaims", "entry_waits", "grants"):
         assert scraped[f"sharegpu_arbiter_{name}_total", gpu0] == getattr(status, name), name
+
+
+# Each tunable's gauge (docs/metrics.md) and its scale from the region's figure.
+SETTING_GAUGES = {
+    "quantum_ns": ("sharegpu_arbiter_quantum_seconds", 1e-9),
+    "offline_inflight_max": ("sharegpu_arbiter_offline_inflight_max", 1),
+    "online_window_ns": ("sharegpu_arbiter_online_window_seconds", 1e-9),
+    "holdback_max_ns": ("sharegpu_arbiter_holdback_max_seconds", 1e-9),
+    "online_preempt": ("sharegpu_arbiter_online_preempt", None),  # the mode's code
+    "preempt_min_kernel_ns": ("sharegpu_arbiter_preempt_min_kernel_seconds", 1e-9),
+    "offline_quiet_ns": ("sharegpu_arbiter_offline_quiet_seconds", 1e-9),
+}
+PREEMPT_CODES = {"drain": 0, "early": 1, "by-kernel": 2}
+
+
+def setting_gauges(port: int, gpu: str) -> dict[str, Any]:
+    """The settings of GPU `gpu`'s arbiter as a scrape shows them: tunable -> the region's figure
+    (nanoseconds, a count, a mode's name)."""
+    response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30)
+    assert response.status_code == 200, response.text
+    fams = {f.name: f for f in text_string_to_metric_families(response.text)}
+    found: dict[str, Any] = {}
+    for name, (metric, scale) in SETTING_GAUGES.items():
+        assert fams[metric].type == "gauge", metric
+        (value,) = [s.value for s in fams[metric].samples if s.labels["gpu"] == gpu]
+        if scale is None:
+            found[name] = {code: mode for mode, code in PREEMPT_CODES.items()}[int(value)]
+        else:
+            found[name] = round(value / scale)
+    return found
+
+
+def test_the_settings_show_in_the_metrics_and_a_bad_one_changes_nothing(sim: Sim, tmp_path: Path) -> None:
+    """GPU 1 has no tenant: neither the QoS loop nor the (unconfigured) settings loop writes its
+    region, so the scrape shows exactly what tune_arbiter wrote."""
+    gpu1 = sim.uuids()[1]
+    path = ensure_arbiter(sim.runtime, gpu1)
+    port = free_port()
+    agent = Agent(
+        sim, tmp_path / "state", "--metrics-port", str(port), "--metrics-address", "127.0.0.1"
+    ).start()
+    try:
+        assert setting_gauges(port, gpu1) == tunables(path)  # the creator's defaults
+        assert setting_gauges(port, gpu1)["online_preempt"] == "early"
+        # Values distinct from every default and from each other: one shown under another's name fails.
+        wanted = {
+            "quantum_ns": 7_000_000,
+            "offline_inflight_max": 5,
+            "online_window_ns": 3_000_000_000,
+            "holdback_max_ns": 2_000_000,
+            "online_preempt": "by-kernel",
+            "preempt_min_kernel_ns": 4_000_000,
+            "offline_quiet_ns": 6_000_000,
+        }
+        tune_arbiter(path, **wanted)
+        assert tunables(path) == wanted
+        assert setting_gauges(port, gpu1) == wanted
+        tune_arbiter(path, online_preempt="drain", offline_quiet_ns=0)
+        assert setting_gauges(port, gpu1) == wanted | {"online_preempt": "drain", "offline_quiet_ns": 0}
+        # A bad value, after a good one: the same one-line error, and neither is written.
+        before = tunables(path)
+        with pytest.raises(SpecError) as raised:
+            tune_arbiter(path, quantum_ns=20_000_000, holdback_max_ns=2 * 10**9)
+        assert str(raised.value) == "invalid hold-back limit 2000000000 ns: must be 0 (off) to 1 s"
+        assert tunables(path) == before
+        assert setting_gauges(port, gpu1) == before
+        assert agent.stop() == 0
+    finally:
+        agent.close()
 
 
 BAD = [

@@ -62,6 +62,7 @@ class Tunable:
     name: str
     what: str  # the one-line error: "invalid {what} {value}[ ns]: {allowed}"
     allowed: str
+    doc: str  # one line, for the metrics' help
     default: int  # as stored in the region; quantum_ns: ensure_arbiter's argument
     low: int = 0
     high: int = 0
@@ -95,6 +96,7 @@ TUNABLES: dict[str, Tunable] = {
             "quantum_ns",
             what="quantum",
             allowed=f"must be between {abi.ARB_MIN_QUANTUM_NS} ns and {abi.ARB_MAX_QUANTUM_NS} ns",
+            doc="Longest hold of the GPU before it is handed on to a waiter",
             default=abi.ARB_DEFAULT_QUANTUM_NS,
             low=abi.ARB_MIN_QUANTUM_NS,
             high=abi.ARB_MAX_QUANTUM_NS,
@@ -104,6 +106,7 @@ TUNABLES: dict[str, Tunable] = {
             "offline_inflight_max",
             what="offline in-flight bound",
             allowed=f"must be 1 to {1 << 20}",
+            doc="While online tenants are active, an offline holder synchronises after this many launches",
             default=abi.ARB_DEFAULT_OFFLINE_INFLIGHT,
             low=1,
             high=1 << 20,
@@ -112,6 +115,7 @@ TUNABLES: dict[str, Tunable] = {
             "online_window_ns",
             what="online window",
             allowed="must be 0 to 60 s",
+            doc="An online tenant counts as active this long after its last request",
             default=abi.ARB_DEFAULT_ONLINE_WINDOW_NS,
             high=60 * 10**9,
             nanoseconds=True,
@@ -120,6 +124,7 @@ TUNABLES: dict[str, Tunable] = {
             "holdback_max_ns",
             what="hold-back limit",
             allowed="must be 0 (off) to 1 s",
+            doc="Longest offline hold-back ahead of a predicted online request; 0: prediction off",
             default=abi.ARB_DEFAULT_HOLDBACK_MAX_NS,
             high=10**9,
             nanoseconds=True,
@@ -128,6 +133,8 @@ TUNABLES: dict[str, Tunable] = {
             "online_preempt",
             what="online preemption",
             allowed=f"one of {', '.join(PREEMPT_MODES)}",
+            doc="How a higher-class request takes the card from a lower-class holder: "
+            + ", ".join(f"{code} {name}" for code, name in abi.ARB_PREEMPT_NAMES.items()),
             default=abi.ARB_DEFAULT_ONLINE_PREEMPT,
             codes={name: code for code, name in abi.ARB_PREEMPT_NAMES.items()},
         ),
@@ -135,6 +142,7 @@ TUNABLES: dict[str, Tunable] = {
             "preempt_min_kernel_ns",
             what="preemption threshold",
             allowed="must be 0 to 1 s",
+            doc="by-kernel: the holder's kernel length from which it is preempted early",
             default=abi.ARB_DEFAULT_PREEMPT_MIN_KERNEL_NS,
             high=10**9,
             nanoseconds=True,
@@ -143,6 +151,7 @@ TUNABLES: dict[str, Tunable] = {
             "offline_quiet_ns",
             what="quiet window",
             allowed="must be 0 (off) to 1 s",
+            doc="No offline grant for this long after an online request; 0: off",
             default=abi.ARB_DEFAULT_OFFLINE_QUIET_NS,
             high=10**9,
             nanoseconds=True,
