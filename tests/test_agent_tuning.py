@@ -1,11 +1,12 @@
 """The arbiter settings an operator gives the agent (sharegpu.agent.tuning): they land in the GPU's
-region, the ABI 1.5 counters they drive show in the API, the metrics and `sharegpu devices`
-after real arbitrated work, and bad settings stop the agent before it changes any region.
-Real agent processes and probes on the simulated GPU; the counts asserted are minimums with
-wide margins (a loaded 2-core machine)."""
+region, the counters of the region (the ABI 1.5 ones they drive among them) show in the API, the
+metrics and `sharegpu devices` after real arbitrated work, and bad settings stop the agent
+before it changes any region. Real agent processes and probes on the simulated GPU; the counts
+asserted are minimums with wide margins (a loaded 2-core machine)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import socket
@@ -22,19 +23,18 @@ from agentutil import Agent, create
 from arbiterutil import finish, start_at
 from conftest import Sim, parse_kv
 from sharegpu import abi
+from sharegpu.agent.models import ArbiterView
 from sharegpu.agent.tuning import ArbiterTuner, ArbiterTuning
-from sharegpu.arbiter import arbiter_path, ensure_arbiter, read_arbiter, rebuild_arbiter, tune_arbiter
-
-# The region's tunables, as read back (sharegpu.arbiter.ArbiterStatus).
-TUNABLES = (
-    "quantum_ns",
-    "offline_inflight_max",
-    "online_window_ns",
-    "holdback_max_ns",
-    "online_preempt",
-    "preempt_min_kernel_ns",
-    "offline_quiet_ns",
+from sharegpu.arbiter import (
+    TUNABLES,
+    ArbiterStatus,
+    arbiter_path,
+    ensure_arbiter,
+    read_arbiter,
+    rebuild_arbiter,
+    tune_arbiter,
 )
+from sharegpu.errors import SpecError
 
 
 def free_port() -> int:
@@ -81,6 +81,19 @@ def requests_next_to_long_kernels(sim: Sim, online: Path, offline: Path) -> list
     assert on.returncode == 0, err
     finish(off)
     return sorted(int(v) for k, v in parse_kv(out)[1] if k == "lat_us")
+
+
+def periodic_requests_next_to_short_kernels(sim: Sim, online: Path, offline: Path) -> None:
+    """60 requests of two 1 ms kernels every 25 ms next to an offline job of 1 ms kernels (as in
+    test_arbiter.py): once the period is learned, offline launches are held back before each."""
+    at = start_at(0.5)
+    off = sim.spawn_probe(
+        "saturate", "2.6", "1000", "kernel", str(at - 300_000_000), env=sim.tenant_env(offline)
+    )
+    on = sim.spawn_probe("bursts", "60", "25", "2", "1000", str(at), env=sim.tenant_env(online))
+    _, err = on.communicate(timeout=60)
+    assert on.returncode == 0, err
+    finish(off)
 
 
 def write_config(tmp_path: Path, arbiter: object) -> Path:
@@ -166,6 +179,189 @@ def test_settings_land_and_the_counters_move_with_real_work(sim: Sim, tmp_path: 
         item = next(g for g in json.loads(listed.stdout)["items"] if g["uuid"] == gpu0)
         assert item["arbiter"]["early_preemptions"] == arb["early_preemptions"]
         assert item["arbiter"]["online_preempt"] == "early"
+        assert agent.stop() == 0
+    finally:
+        agent.close()
+
+
+# The region's figures that are not tunables: counters, the clients waiting now, what the
+# prediction learned.
+FIGURES = (
+    "waiting",
+    "grants",
+    "handovers",
+    "handover_idle_ns",
+    "reclaims",
+    "recoveries",
+    "stall_reclaims",
+    "entry_waits",
+    "online_period_ns",
+    "online_jitter_ns",
+    "online_samples",
+    "holdbacks",
+    "holdback_ns",
+    "holdback_misses",
+    "early_preemptions",
+    "quiet_windows",
+)
+# What the region holds and the views leave out: the token's state, the prediction's working
+# figures, the header and the tables (shown as `holder_pid`, `waiting` and the tenants' views).
+INTERNAL = {
+    "hdr",
+    "lock",
+    "uuid",
+    "tenant_slots",
+    "client_slots",
+    "token",
+    "quantum_end_ns",
+    "grant_ns",
+    "online_active_until_ns",
+    "last_release_ns",
+    "online_last_arrival_ns",
+    "online_outliers",
+    "offline_hold_until_ns",
+    "misses_in_row",
+    "offline_quiet_until_ns",
+    "pad0",
+    "pad1",
+    "reserved",
+    "tenants",
+    "clients",
+}
+
+
+def test_every_figure_of_the_region_reaches_the_views() -> None:
+    """A field added to the region (abi.Arbiter) must be read (ArbiterStatus) and shown
+    (ArbiterView: GET /v1/gpus, `sharegpu devices -o json`), or be named internal above."""
+    region = {name for name, _ in abi.Arbiter._fields_}
+    read = {f.name for f in dataclasses.fields(ArbiterStatus)}
+    assert region - INTERNAL <= read, region - INTERNAL - read
+    assert set(FIGURES) | set(TUNABLES) == region - INTERNAL
+    shown = set(ArbiterView.model_fields)
+    assert read - {"path", "uuid", "tenants", "clients"} <= shown, read - shown
+
+
+def test_the_settings_are_the_tables_but_the_qos_loops_bound() -> None:
+    """A tunable added to sharegpu.arbiter.TUNABLES is one an operator can set, unless the QoS
+    loop owns it (offline_inflight_max)."""
+    assert set(ArbiterTuning.model_fields) == set(TUNABLES) - {"offline_inflight_max"}
+    for name in ArbiterTuning.model_fields:  # each checked by its entry (the same one-line errors)
+        with pytest.raises(ValueError, match=f"invalid {TUNABLES[name].what} "):
+            ArbiterTuning.model_validate({name: "by-nothing" if name == "online_preempt" else 10**12})
+
+
+def test_the_counters_show_in_the_api_the_metrics_and_devices(sim: Sim, tmp_path: Path) -> None:
+    """Hold-backs from real work (periodic requests next to an offline job; the prediction is on by
+    default). The counters of rare events, a stopped holder (`stall_reclaims`) and a tenant out of
+    client entries (`entry_waits`), take seconds and 130 processes to make for real
+    (test_arbiter.py): they are written into the region, as figures distinct from every other, so
+    that one shown under another's name fails too."""
+    gpu0 = sim.uuids()[0]
+    port = free_port()
+    agent = Agent(
+        sim, tmp_path / "state", "--metrics-port", str(port), "--metrics-address", "127.0.0.1"
+    ).start()
+    try:
+        web = create(agent, name="web", memory="256MiB", gpus=["0"], compute="50%", priority="online")
+        train = create(agent, name="train", memory="256MiB", gpus=["0"], compute="50%", priority="offline")
+        path = arbiter_path(sim.runtime, gpu0)
+        assert gpus(agent)[gpu0]["arbiter"]["holdback_ns"] == 0
+        rounds = 0  # how many requests are held back for is the machine's timing: rounds until one
+        while rounds < 3 and read_arbiter(path).holdback_ns == 0:
+            periodic_requests_next_to_short_kernels(sim, Path(web["path"]), Path(train["path"]))
+            rounds += 1
+        for name, value in (("stall_reclaims", 7_007), ("entry_waits", 11_011)):
+            with path.open("r+b") as f:
+                f.seek(getattr(abi.Arbiter, name).offset)
+                f.write(value.to_bytes(8, "little"))
+        # The work is over: the counters are still, and every reader sees the same figures.
+        status = read_arbiter(path)
+        arb = gpus(agent)[gpu0]["arbiter"]
+        scraped = scrape(port)
+        listed = sim.cli("devices", "-o", "json", env=sim.env())
+        assert agent.stop() == 0
+    finally:
+        agent.close()
+    print(f"{rounds} round(s); GPU 0 arbiter: {arb}")
+    assert status.holdbacks >= 1
+    assert status.holdback_ns > 0
+    assert (status.stall_reclaims, status.entry_waits) == (7_007, 11_011)
+    assert listed.returncode == 0, listed.stderr
+    item = next(g for g in json.loads(listed.stdout)["items"] if g["uuid"] == gpu0)
+    for name in FIGURES:
+        assert arb[name] == getattr(status, name), name
+        assert item["arbiter"][name] == getattr(status, name), name
+    assert arb["mean_handover_idle_ns"] == pytest.approx(status.mean_handover_idle_ns)
+    # The metrics: counters `_total`, times in seconds.
+    assert scraped["sharegpu_arbiter_holdback_seconds_total", gpu0] == pytest.approx(status.holdback_ns / 1e9)
+    for name in ("holdbacks", "holdback_misses", "reclaims", "stall_reclaims", "entry_waits", "grants"):
+        assert scraped[f"sharegpu_arbiter_{name}_total", gpu0] == getattr(status, name), name
+
+
+# Each tunable's gauge (docs/metrics.md) and its scale from the region's figure.
+SETTING_GAUGES = {
+    "quantum_ns": ("sharegpu_arbiter_quantum_seconds", 1e-9),
+    "offline_inflight_max": ("sharegpu_arbiter_offline_inflight_max", 1),
+    "online_window_ns": ("sharegpu_arbiter_online_window_seconds", 1e-9),
+    "holdback_max_ns": ("sharegpu_arbiter_holdback_max_seconds", 1e-9),
+    "online_preempt": ("sharegpu_arbiter_online_preempt", None),  # the mode's code
+    "preempt_min_kernel_ns": ("sharegpu_arbiter_preempt_min_kernel_seconds", 1e-9),
+    "offline_quiet_ns": ("sharegpu_arbiter_offline_quiet_seconds", 1e-9),
+}
+PREEMPT_CODES = {"drain": 0, "early": 1, "by-kernel": 2}
+
+
+def setting_gauges(port: int, gpu: str) -> dict[str, Any]:
+    """The settings of GPU `gpu`'s arbiter as a scrape shows them: tunable -> the region's figure
+    (nanoseconds, a count, a mode's name)."""
+    response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30)
+    assert response.status_code == 200, response.text
+    fams = {f.name: f for f in text_string_to_metric_families(response.text)}
+    found: dict[str, Any] = {}
+    for name, (metric, scale) in SETTING_GAUGES.items():
+        assert fams[metric].type == "gauge", metric
+        (value,) = [s.value for s in fams[metric].samples if s.labels["gpu"] == gpu]
+        if scale is None:
+            found[name] = {code: mode for mode, code in PREEMPT_CODES.items()}[int(value)]
+        else:
+            found[name] = round(value / scale)
+    return found
+
+
+def test_the_settings_show_in_the_metrics_and_a_bad_one_changes_nothing(sim: Sim, tmp_path: Path) -> None:
+    """GPU 1 has no tenant: neither the QoS loop nor the (unconfigured) settings loop writes its
+    region, so the scrape shows exactly what tune_arbiter wrote."""
+    gpu1 = sim.uuids()[1]
+    path = ensure_arbiter(sim.runtime, gpu1)
+    port = free_port()
+    agent = Agent(
+        sim, tmp_path / "state", "--metrics-port", str(port), "--metrics-address", "127.0.0.1"
+    ).start()
+    try:
+        assert setting_gauges(port, gpu1) == tunables(path)  # the creator's defaults
+        assert setting_gauges(port, gpu1)["online_preempt"] == "early"
+        # Values distinct from every default and from each other: one shown under another's name fails.
+        wanted = {
+            "quantum_ns": 7_000_000,
+            "offline_inflight_max": 5,
+            "online_window_ns": 3_000_000_000,
+            "holdback_max_ns": 2_000_000,
+            "online_preempt": "by-kernel",
+            "preempt_min_kernel_ns": 4_000_000,
+            "offline_quiet_ns": 6_000_000,
+        }
+        tune_arbiter(path, **wanted)
+        assert tunables(path) == wanted
+        assert setting_gauges(port, gpu1) == wanted
+        tune_arbiter(path, online_preempt="drain", offline_quiet_ns=0)
+        assert setting_gauges(port, gpu1) == wanted | {"online_preempt": "drain", "offline_quiet_ns": 0}
+        # A bad value, after a good one: the same one-line error, and neither is written.
+        before = tunables(path)
+        with pytest.raises(SpecError) as raised:
+            tune_arbiter(path, quantum_ns=20_000_000, holdback_max_ns=2 * 10**9)
+        assert str(raised.value) == "invalid hold-back limit 2000000000 ns: must be 0 (off) to 1 s"
+        assert tunables(path) == before
+        assert setting_gauges(port, gpu1) == before
         assert agent.stop() == 0
     finally:
         agent.close()

@@ -34,7 +34,15 @@ from arbiterutil import (
 )
 from conftest import Sim, parse_kv
 from sharegpu import abi, native
-from sharegpu.arbiter import arbiter_path, ensure_arbiter, read_arbiter, tune_arbiter
+from sharegpu.arbiter import (
+    TUNABLES,
+    Tunables,
+    arbiter_path,
+    check_tunables,
+    ensure_arbiter,
+    read_arbiter,
+    tune_arbiter,
+)
 from sharegpu.errors import ConfigError, SpecError
 from sharegpu.spec import MIB
 from sharegpu.tenant import DeviceLimit, create_tenant, read_limits
@@ -146,6 +154,74 @@ def test_ensure_arbiter_default_quantum_and_bad_input(sim: Sim) -> None:
     status = read_arbiter(good)
     assert (status.quantum_ns, status.offline_inflight_max, status.online_window_ns) == (5_000_000, 2, 10**9)
     assert status.holdback_max_ns == 0
+
+
+def test_a_new_region_holds_the_default_tunables(sim: Sim) -> None:
+    region = abi.Arbiter.from_buffer_copy(ensure_arbiter(sim.runtime, sim.uuids()[0]).read_bytes())
+    assert {name: getattr(region, name) for name in TUNABLES} == {
+        "quantum_ns": abi.ARB_DEFAULT_QUANTUM_NS,
+        "offline_inflight_max": abi.ARB_DEFAULT_OFFLINE_INFLIGHT,
+        "online_window_ns": abi.ARB_DEFAULT_ONLINE_WINDOW_NS,
+        "holdback_max_ns": abi.ARB_DEFAULT_HOLDBACK_MAX_NS,
+        "online_preempt": abi.ARB_PREEMPT_EARLY,
+        "preempt_min_kernel_ns": abi.ARB_DEFAULT_PREEMPT_MIN_KERNEL_NS,
+        "offline_quiet_ns": abi.ARB_DEFAULT_OFFLINE_QUIET_NS,
+    }
+
+
+BAD_TUNABLES = [
+    # The first bad one in the table's order (quantum first), whatever the keywords' order.
+    (
+        {"offline_quiet_ns": 2 * 10**9, "quantum_ns": 1},
+        "invalid quantum 1 ns: must be between 500000 ns and 1000000000 ns",
+    ),
+    (
+        {"quantum_ns": 5_000_000, "offline_quiet_ns": 2 * 10**9},
+        "invalid quiet window 2000000000 ns: must be 0 (off) to 1 s",
+    ),
+    ({"offline_inflight_max": 0}, "invalid offline in-flight bound 0: must be 1 to 1048576"),
+    ({"online_window_ns": 61 * 10**9}, "invalid online window 61000000000 ns: must be 0 to 60 s"),
+    ({"holdback_max_ns": -1}, "invalid hold-back limit -1 ns: must be 0 (off) to 1 s"),
+    (
+        {"holdback_max_ns": 0, "online_preempt": "sometimes"},
+        "invalid online preemption 'sometimes': one of drain, early, by-kernel",
+    ),
+    ({"preempt_min_kernel_ns": 10**9 + 1}, "invalid preemption threshold 1000000001 ns: must be 0 to 1 s"),
+    ({"quantum_ns": "5ms"}, "invalid quantum '5ms': must be between 500000 ns and 1000000000 ns"),
+]
+
+
+def test_each_tunable_lands_in_its_field_and_a_bad_one_changes_nothing(sim: Sim) -> None:
+    path = ensure_arbiter(sim.runtime, sim.uuids()[0])
+    values = {
+        "quantum_ns": 6_000_000,
+        "offline_inflight_max": 3,
+        "online_window_ns": 2 * 10**9,
+        "holdback_max_ns": 4_000_000,
+        "online_preempt": "by-kernel",
+        "preempt_min_kernel_ns": 3_000_000,
+        "offline_quiet_ns": 1_000_000,
+    }
+    assert set(values) == set(TUNABLES) == set(Tunables.__annotations__)  # the keywords are the table's
+    tune_arbiter(path, **values)  # type: ignore[arg-type]
+    status = read_arbiter(path)
+    assert {name: getattr(status, name) for name in values} == values  # no two names share a field
+    assert abi.Arbiter.from_buffer_copy(path.read_bytes()).online_preempt == abi.ARB_PREEMPT_BY_KERNEL
+    before = path.read_bytes()
+    for given, message in BAD_TUNABLES:
+        with pytest.raises(SpecError) as raised:
+            tune_arbiter(path, **given)  # type: ignore[arg-type]
+        assert str(raised.value) == message
+        with pytest.raises(SpecError) as raised:
+            check_tunables(**given)  # type: ignore[arg-type]
+        assert str(raised.value) == message
+        assert path.read_bytes() == before, given
+    with pytest.raises(TypeError, match="unexpected keyword argument 'quantum'"):
+        tune_arbiter(path, quantum=5_000_000)  # type: ignore[call-arg]
+    assert path.read_bytes() == before
+    tune_arbiter(path, quantum_ns=None, offline_quiet_ns=0)  # None: not given
+    status = read_arbiter(path)
+    assert (status.quantum_ns, status.offline_quiet_ns) == (6_000_000, 0)
 
 
 # ---------------------------------------------------------------------------------------------

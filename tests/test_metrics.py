@@ -65,6 +65,15 @@ EXPECTED = {
     "sharegpu_arbiter_holdback_misses": "counter",
     "sharegpu_arbiter_early_preemptions": "counter",
     "sharegpu_arbiter_quiet_windows": "counter",
+    "sharegpu_arbiter_stall_reclaims": "counter",
+    "sharegpu_arbiter_entry_waits": "counter",
+    "sharegpu_arbiter_quantum_seconds": "gauge",
+    "sharegpu_arbiter_offline_inflight_max": "gauge",
+    "sharegpu_arbiter_online_window_seconds": "gauge",
+    "sharegpu_arbiter_holdback_max_seconds": "gauge",
+    "sharegpu_arbiter_online_preempt": "gauge",
+    "sharegpu_arbiter_preempt_min_kernel_seconds": "gauge",
+    "sharegpu_arbiter_offline_quiet_seconds": "gauge",
 }
 K8S = ("namespace", "pod", "container")
 

@@ -25,9 +25,10 @@ import fcntl
 import mmap
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 from sharegpu import abi, access, regionmap
 from sharegpu.errors import ConfigError, SpecError, TenantError
@@ -48,13 +49,142 @@ def _canonical_uuid(uuid: str) -> str:
         raise SpecError(f"invalid GPU UUID {uuid!r}: expected GPU-xxxxxxxx-xxxx-...") from err
 
 
-def _check_quantum(quantum_ns: int) -> int:
-    if not abi.ARB_MIN_QUANTUM_NS <= quantum_ns <= abi.ARB_MAX_QUANTUM_NS:
-        raise SpecError(
-            f"invalid quantum {quantum_ns} ns: must be between {abi.ARB_MIN_QUANTUM_NS} ns "
-            f"and {abi.ARB_MAX_QUANTUM_NS} ns"
-        )
-    return quantum_ns
+# ---------------------------------------------------------------------------------------------
+# The tunables: the one place their names, ranges, defaults and storage are written.
+
+
+@dataclass(frozen=True)
+class Tunable:
+    """One tunable of the region. `name` is its field in ``struct sg_arbiter``, and also its
+    keyword in tune_arbiter and check_tunables, its field in ArbiterStatus and the API's view,
+    and its key in the agent's settings (sharegpu.agent.tuning)."""
+
+    name: str
+    what: str  # the one-line error: "invalid {what} {value}[ ns]: {allowed}"
+    allowed: str
+    doc: str  # one line, for the metrics' help
+    default: int  # as stored in the region; quantum_ns: ensure_arbiter's argument
+    low: int = 0
+    high: int = 0
+    nanoseconds: bool = False
+    codes: Mapping[str, int] = field(default_factory=dict, hash=False)  # name -> code (online_preempt)
+
+    def check(self, value: object) -> int | str:
+        """`value`, or SpecError (one line) when the tunable cannot take it."""
+        if self.codes:
+            if not isinstance(value, str) or value not in self.codes:
+                raise SpecError(f"invalid {self.what} {value!r}: {self.allowed}")
+            return value
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SpecError(f"invalid {self.what} {value!r}: {self.allowed}")
+        if not self.low <= value <= self.high:
+            unit = " ns" if self.nanoseconds else ""
+            raise SpecError(f"invalid {self.what} {value}{unit}: {self.allowed}")
+        return value
+
+    def stored(self, value: int | str) -> int:
+        """`value` as the region holds it (checked first)."""
+        return self.codes[str(value)] if self.codes else int(value)
+
+
+PREEMPT_MODES: tuple[str, ...] = tuple(abi.ARB_PREEMPT_NAMES.values())  # "drain", "early", "by-kernel"
+
+TUNABLES: dict[str, Tunable] = {
+    t.name: t
+    for t in (
+        Tunable(
+            "quantum_ns",
+            what="quantum",
+            allowed=f"must be between {abi.ARB_MIN_QUANTUM_NS} ns and {abi.ARB_MAX_QUANTUM_NS} ns",
+            doc="Longest hold of the GPU before it is handed on to a waiter",
+            default=abi.ARB_DEFAULT_QUANTUM_NS,
+            low=abi.ARB_MIN_QUANTUM_NS,
+            high=abi.ARB_MAX_QUANTUM_NS,
+            nanoseconds=True,
+        ),
+        Tunable(
+            "offline_inflight_max",
+            what="offline in-flight bound",
+            allowed=f"must be 1 to {1 << 20}",
+            doc="While online tenants are active, an offline holder synchronises after this many launches",
+            default=abi.ARB_DEFAULT_OFFLINE_INFLIGHT,
+            low=1,
+            high=1 << 20,
+        ),
+        Tunable(
+            "online_window_ns",
+            what="online window",
+            allowed="must be 0 to 60 s",
+            doc="An online tenant counts as active this long after its last request",
+            default=abi.ARB_DEFAULT_ONLINE_WINDOW_NS,
+            high=60 * 10**9,
+            nanoseconds=True,
+        ),
+        Tunable(
+            "holdback_max_ns",
+            what="hold-back limit",
+            allowed="must be 0 (off) to 1 s",
+            doc="Longest offline hold-back ahead of a predicted online request; 0: prediction off",
+            default=abi.ARB_DEFAULT_HOLDBACK_MAX_NS,
+            high=10**9,
+            nanoseconds=True,
+        ),
+        Tunable(
+            "online_preempt",
+            what="online preemption",
+            allowed=f"one of {', '.join(PREEMPT_MODES)}",
+            doc="How a higher-class request takes the card from a lower-class holder: "
+            + ", ".join(f"{code} {name}" for code, name in abi.ARB_PREEMPT_NAMES.items()),
+            default=abi.ARB_DEFAULT_ONLINE_PREEMPT,
+            codes={name: code for code, name in abi.ARB_PREEMPT_NAMES.items()},
+        ),
+        Tunable(
+            "preempt_min_kernel_ns",
+            what="preemption threshold",
+            allowed="must be 0 to 1 s",
+            doc="by-kernel: the holder's kernel length from which it is preempted early",
+            default=abi.ARB_DEFAULT_PREEMPT_MIN_KERNEL_NS,
+            high=10**9,
+            nanoseconds=True,
+        ),
+        Tunable(
+            "offline_quiet_ns",
+            what="quiet window",
+            allowed="must be 0 (off) to 1 s",
+            doc="No offline grant for this long after an online request; 0: off",
+            default=abi.ARB_DEFAULT_OFFLINE_QUIET_NS,
+            high=10**9,
+            nanoseconds=True,
+        ),
+    )
+}
+
+
+class Tunables(TypedDict, total=False):
+    """The keywords of tune_arbiter and check_tunables: TUNABLES' names (for the type checker;
+    a test holds the two equal). None: not given."""
+
+    quantum_ns: int | None
+    offline_inflight_max: int | None
+    online_window_ns: int | None
+    holdback_max_ns: int | None
+    online_preempt: str | None
+    preempt_min_kernel_ns: int | None
+    offline_quiet_ns: int | None
+
+
+def _given(caller: str, given: Mapping[str, object]) -> list[tuple[Tunable, int | str]]:
+    """The tunables given (not None), in TUNABLES' order, each checked: SpecError for the first
+    out of its range; TypeError for a name that is none, as for any unknown keyword."""
+    unknown = sorted(given.keys() - TUNABLES.keys())
+    if unknown:
+        raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
+    found = []
+    for tunable in TUNABLES.values():
+        value = given.get(tunable.name)
+        if value is not None:
+            found.append((tunable, tunable.check(value)))
+    return found
 
 
 @contextlib.contextmanager
@@ -79,15 +209,11 @@ def _init_region(view: mmap.mmap, uuid: str, quantum_ns: int) -> None:
         created_ns=time.time_ns(),
     )
     region.uuid[:] = abi.uuid_to_bytes(uuid)
-    region.quantum_ns = quantum_ns
     region.tenant_slots = abi.ARB_MAX_TENANTS
     region.client_slots = abi.ARB_MAX_CLIENTS
-    region.offline_inflight_max = abi.ARB_DEFAULT_OFFLINE_INFLIGHT
-    region.online_window_ns = abi.ARB_DEFAULT_ONLINE_WINDOW_NS
-    region.holdback_max_ns = abi.ARB_DEFAULT_HOLDBACK_MAX_NS
-    region.online_preempt = abi.ARB_DEFAULT_ONLINE_PREEMPT
-    region.preempt_min_kernel_ns = abi.ARB_DEFAULT_PREEMPT_MIN_KERNEL_NS
-    region.offline_quiet_ns = abi.ARB_DEFAULT_OFFLINE_QUIET_NS
+    for tunable in TUNABLES.values():
+        setattr(region, tunable.name, tunable.default)
+    region.quantum_ns = quantum_ns
     init_robust_mutex(ctypes.addressof(region) + abi.Arbiter.lock.offset, "GPU arbiter")
     del region  # release the buffer export before the mmap closes
 
@@ -120,7 +246,8 @@ def _problem(data: bytes, path: Path, uuid: str, *, shim_checks: bool) -> tuple[
         return None
     if (region.tenant_slots, region.client_slots) != (abi.ARB_MAX_TENANTS, abi.ARB_MAX_CLIENTS):
         return f"{path}: {region.tenant_slots} tenant / {region.client_slots} client slots", True
-    if not abi.ARB_MIN_QUANTUM_NS <= region.quantum_ns <= abi.ARB_MAX_QUANTUM_NS:
+    quantum = TUNABLES["quantum_ns"]
+    if not quantum.low <= region.quantum_ns <= quantum.high:
         return f"{path}: quantum {region.quantum_ns} ns out of range", True
     at = abi.Arbiter.lock.offset + _MUTEX_KIND_AT
     if int.from_bytes(data[at : at + 4], "little") & _MUTEX_ROBUST_PSHARED != _MUTEX_ROBUST_PSHARED:
@@ -189,7 +316,8 @@ def ensure_arbiter(root: Path, uuid: str, quantum_ns: int | None = None) -> Path
     ``abi.ARB_DEFAULT_QUANTUM_NS``); use ``tune_arbiter`` to change a live one.
     """
     uuid = _canonical_uuid(uuid)
-    quantum = _check_quantum(quantum_ns if quantum_ns is not None else abi.ARB_DEFAULT_QUANTUM_NS)
+    quantum = quantum_ns if quantum_ns is not None else TUNABLES["quantum_ns"].default
+    TUNABLES["quantum_ns"].check(quantum)
     gpus = root / abi.GPUS_DIR
     directory = gpus / uuid
     path = directory / abi.ARBITER_FILE
@@ -218,81 +346,24 @@ def _create(path: Path, uuid: str, quantum_ns: int) -> None:
     )
 
 
-PREEMPT_MODES: tuple[str, ...] = tuple(abi.ARB_PREEMPT_NAMES.values())  # "drain", "early", "by-kernel"
+def check_tunables(**given: Unpack[Tunables]) -> None:
+    """Raise SpecError (one line) for the first tunable out of its range, in TUNABLES' order;
+    None means not given. tune_arbiter and the agent's settings check through TUNABLES too."""
+    _given("check_tunables", given)
 
 
-def check_tunables(
-    *,
-    quantum_ns: int | None = None,
-    offline_inflight_max: int | None = None,
-    online_window_ns: int | None = None,
-    holdback_max_ns: int | None = None,
-    online_preempt: str | None = None,
-    preempt_min_kernel_ns: int | None = None,
-    offline_quiet_ns: int | None = None,
-) -> None:
-    """Raise SpecError (one line) for the first tunable out of its range; None means not given.
-    The one place the ranges are written: tune_arbiter and the agent's settings both call it."""
-    if quantum_ns is not None:
-        _check_quantum(quantum_ns)
-    if offline_inflight_max is not None and not 1 <= offline_inflight_max <= 1 << 20:
-        raise SpecError(f"invalid offline in-flight bound {offline_inflight_max}: must be 1 to {1 << 20}")
-    if online_window_ns is not None and not 0 <= online_window_ns <= 60 * 10**9:
-        raise SpecError(f"invalid online window {online_window_ns} ns: must be 0 to 60 s")
-    if holdback_max_ns is not None and not 0 <= holdback_max_ns <= 10**9:
-        raise SpecError(f"invalid hold-back limit {holdback_max_ns} ns: must be 0 (off) to 1 s")
-    if online_preempt is not None and online_preempt not in PREEMPT_MODES:
-        raise SpecError(f"invalid online preemption {online_preempt!r}: one of {', '.join(PREEMPT_MODES)}")
-    if preempt_min_kernel_ns is not None and not 0 <= preempt_min_kernel_ns <= 10**9:
-        raise SpecError(f"invalid preemption threshold {preempt_min_kernel_ns} ns: must be 0 to 1 s")
-    if offline_quiet_ns is not None and not 0 <= offline_quiet_ns <= 10**9:
-        raise SpecError(f"invalid quiet window {offline_quiet_ns} ns: must be 0 (off) to 1 s")
-
-
-def tune_arbiter(
-    path: Path,
-    *,
-    quantum_ns: int | None = None,
-    offline_inflight_max: int | None = None,
-    online_window_ns: int | None = None,
-    holdback_max_ns: int | None = None,
-    online_preempt: str | None = None,
-    preempt_min_kernel_ns: int | None = None,
-    offline_quiet_ns: int | None = None,
-) -> None:
+def tune_arbiter(path: Path, **given: Unpack[Tunables]) -> None:
     """Change the tunables of a live region (single aligned stores; shims read them at grants).
-    Only the fields given are written; every one is checked first (check_tunables), so a bad
-    value changes nothing. `online_preempt` is "drain", "early" or "by-kernel"
-    (docs/design/arbitration.md)."""
+    Only the fields given are written; every one is checked first, so a bad value changes
+    nothing. `online_preempt` is "drain", "early" or "by-kernel" (docs/design/arbitration.md)."""
     _validate_header_only(path)
-    check_tunables(
-        quantum_ns=quantum_ns,
-        offline_inflight_max=offline_inflight_max,
-        online_window_ns=online_window_ns,
-        holdback_max_ns=holdback_max_ns,
-        online_preempt=online_preempt,
-        preempt_min_kernel_ns=preempt_min_kernel_ns,
-        offline_quiet_ns=offline_quiet_ns,
-    )
-    modes = {name: code for code, name in abi.ARB_PREEMPT_NAMES.items()}
+    changes = _given("tune_arbiter", given)
     fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     try:
         with mmap.mmap(fd, ctypes.sizeof(abi.Arbiter)) as view:
             region = abi.Arbiter.from_buffer(view)
-            if quantum_ns is not None:
-                region.quantum_ns = quantum_ns
-            if offline_inflight_max is not None:
-                region.offline_inflight_max = offline_inflight_max
-            if online_window_ns is not None:
-                region.online_window_ns = online_window_ns
-            if holdback_max_ns is not None:
-                region.holdback_max_ns = holdback_max_ns
-            if online_preempt is not None:
-                region.online_preempt = modes[online_preempt]
-            if preempt_min_kernel_ns is not None:
-                region.preempt_min_kernel_ns = preempt_min_kernel_ns
-            if offline_quiet_ns is not None:
-                region.offline_quiet_ns = offline_quiet_ns
+            for tunable, value in changes:
+                setattr(region, tunable.name, tunable.stored(value))
             del region
     finally:
         os.close(fd)
@@ -511,9 +582,12 @@ def iter_arbiters(root: Path) -> Iterator[Path]:
 
 __all__ = [
     "PREEMPT_MODES",
+    "TUNABLES",
     "ArbiterClient",
     "ArbiterStatus",
     "ArbiterTenant",
+    "Tunable",
+    "Tunables",
     "arbiter_path",
     "check_tunables",
     "ensure_arbiter",

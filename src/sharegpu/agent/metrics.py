@@ -40,7 +40,7 @@ from sharegpu.agent.events import Event
 from sharegpu.agent.models import TenantView, gpu_views
 from sharegpu.agent.service import LoopStats, views
 from sharegpu.agent.store import TenantRow
-from sharegpu.arbiter import iter_arbiters, read_arbiter
+from sharegpu.arbiter import TUNABLES, Tunable, iter_arbiters, read_arbiter
 from sharegpu.devices import Gpu
 from sharegpu.errors import AgentError, ConfigError, DeviceError
 from sharegpu.report import read_arbiters
@@ -73,6 +73,24 @@ def _by_label(name: str, doc: str, label: str, counts: dict[str, int]) -> Counte
     for key, n in counts.items():
         fam.add_metric([key], float(n))
     return fam
+
+
+def _setting_metric(tunable: Tunable) -> str:
+    """The gauge of an arbiter tunable: its name, a time in seconds (`quantum_ns`:
+    `sharegpu_arbiter_quantum_seconds`), a mode as its code (`online_preempt`)."""
+    if tunable.nanoseconds:
+        return f"sharegpu_arbiter_{tunable.name.removesuffix('_ns')}_seconds"
+    return f"sharegpu_arbiter_{tunable.name}"
+
+
+def _setting_value(tunable: Tunable, shown: int | str) -> float:
+    """A tunable as ArbiterStatus shows it, as its gauge's value."""
+    if tunable.nanoseconds:
+        return int(shown) / _NS
+    if tunable.codes:  # a mode: its code (a code of no mode reads as its digits)
+        code = tunable.codes.get(str(shown))
+        return float(code if code is not None else int(shown))
+    return float(shown)
 
 
 def _k8s(view: TenantView | None) -> list[str]:
@@ -470,8 +488,19 @@ class SharegpuCollector(Collector):
             "sharegpu_arbiter_quiet_windows",
             "Quiet windows after online requests (no offline grant meanwhile)",
         )
-        reclaims = counter("sharegpu_arbiter_reclaims", "Tokens reclaimed from a dead or stuck holder")
+        reclaims = counter("sharegpu_arbiter_reclaims", "Tokens reclaimed from a dead holder")
+        stall_reclaims = counter(
+            "sharegpu_arbiter_stall_reclaims",
+            "Tokens taken back from a live holder stopped past its quantum (SIGSTOP, docker pause)",
+        )
+        entry_waits = counter(
+            "sharegpu_arbiter_entry_waits", "Processes that waited for a free client entry instead of failing"
+        )
         recoveries = counter("sharegpu_arbiter_recoveries", "Arbiter regions recovered after a crash")
+        settings = [
+            (t, GaugeMetricFamily(_setting_metric(t), f"Arbiter setting: {t.doc}", labels=["gpu"]))
+            for t in TUNABLES.values()
+        ]
         for uuid, a in sorted(arbiters.items()):
             waiting.add_metric([uuid], float(a.waiting))
             grants.add_metric([uuid], float(a.grants))
@@ -483,7 +512,11 @@ class SharegpuCollector(Collector):
             early.add_metric([uuid], float(a.early_preemptions))
             quiet.add_metric([uuid], float(a.quiet_windows))
             reclaims.add_metric([uuid], float(a.reclaims))
+            stall_reclaims.add_metric([uuid], float(a.stall_reclaims))
+            entry_waits.add_metric([uuid], float(a.entry_waits))
             recoveries.add_metric([uuid], float(a.recoveries))
+            for tunable, gauge in settings:
+                gauge.add_metric([uuid], _setting_value(tunable, getattr(a, tunable.name)))
         yield from (
             waiting,
             grants,
@@ -495,8 +528,11 @@ class SharegpuCollector(Collector):
             early,
             quiet,
             reclaims,
+            stall_reclaims,
+            entry_waits,
             recoveries,
         )
+        yield from (gauge for _, gauge in settings)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -329,15 +329,22 @@ class ArbiterView(BaseModel):
     waiting: int
     grants: int
     handovers: int
+    handover_idle_ns: int = Field(description="Sum over handovers of the idle time between release and grant")
     mean_handover_idle_ns: float
-    reclaims: int
-    recoveries: int
+    reclaims: int = Field(description="Tokens taken back from dead holders")
+    recoveries: int = Field(description="Repairs of the region's lock after its owner died holding it")
+    stall_reclaims: int = Field(
+        description="Tokens taken back from live holders stopped past their quantum (SIGSTOP, docker pause)"
+    )
+    entry_waits: int = Field(description="Processes that waited for a free client entry instead of failing")
     holdback_max_ns: int = Field(
         description="Longest offline hold-back ahead of a predicted online request; 0: off"
     )
     online_period_ns: int = Field(description="Learned period of online requests; 0: none learned")
     online_jitter_ns: int
+    online_samples: int = Field(description="Consistent intervals learned since the period was last (re)set")
     holdbacks: int = Field(description="Offline launches held back ahead of a predicted online request")
+    holdback_ns: int = Field(description="Sum of the planned hold-back lengths")
     holdback_misses: int = Field(description="Hold-backs whose predicted request never came")
     online_preempt: str = Field(
         description="How a higher-class request takes the card from a lower-class holder: "

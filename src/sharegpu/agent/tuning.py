@@ -11,7 +11,7 @@ A GPU's settings are its UUID's entry over ``default``, field by field; a field 
 is left as it is in the region (the creator's default, or what ``tune_arbiter`` wrote). Times
 are nanoseconds, as the region and the API's views name them: a whole number, or a string with
 a unit (``300us``, ``5ms``, ``0.5ms``, ``1s``). Every value is checked when the settings load,
-against the same ranges as ``tune_arbiter`` (sharegpu.arbiter.check_tunables), so a bad one
+against the same ranges as ``tune_arbiter`` (sharegpu.arbiter.TUNABLES), so a bad one
 stops the agent before it touches a region. An entry for a GPU this node does not have is
 never used (one file can serve a fleet).
 
@@ -47,7 +47,7 @@ from pydantic import (
 
 from sharegpu import abi
 from sharegpu.agent.events import Event
-from sharegpu.arbiter import ArbiterStatus, check_tunables, iter_arbiters, read_arbiter, tune_arbiter
+from sharegpu.arbiter import TUNABLES, ArbiterStatus, iter_arbiters, read_arbiter, tune_arbiter
 from sharegpu.errors import ConfigError, SpecError
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,9 @@ Nanoseconds = Annotated[int, BeforeValidator(parse_ns)]
 
 
 class ArbiterTuning(BaseModel):
-    """Tunables of one GPU's arbiter region (docs/design/arbitration.md); None: not set here."""
+    """Tunables of one GPU's arbiter region (docs/design/arbitration.md): those of
+    sharegpu.arbiter.TUNABLES but the QoS loop's ``offline_inflight_max`` (a test holds them
+    so), each checked by its entry there; None: not set here."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -106,9 +108,8 @@ class ArbiterTuning(BaseModel):
     @classmethod
     def _in_range(cls, value: object, info: ValidationInfo) -> object:
         if value is not None:
-            given: dict[str, Any] = {str(info.field_name): value}
             try:
-                check_tunables(**given)
+                TUNABLES[str(info.field_name)].check(value)
             except SpecError as err:
                 raise ValueError(str(err)) from err
         return value
