@@ -69,31 +69,49 @@ def gpus(agent: Agent) -> dict[str, dict[str, Any]]:
     return {g["uuid"]: g for g in response.json()["items"]}
 
 
-def requests_next_to_long_kernels(sim: Sim, online: Path, offline: Path) -> list[int]:
-    """25 requests of one 1 ms kernel every 70 ms next to an offline job of 40 ms kernels (as in
-    test_preemption.py): the requests' latencies (µs), sorted."""
+def online_next_to_offline(
+    sim: Sim, online: Path, offline: Path, *, offline_s: str, offline_us: str, lead_ns: int, bursts: list[str]
+) -> str:
+    """The online probe's output: `bursts N PERIOD_MS K US` next to an offline job of kernels of
+    `offline_us` that starts `lead_ns` before it and runs `offline_s` seconds."""
     at = start_at(0.5)
     off = sim.spawn_probe(
-        "saturate", "1.9", "40000", "kernel", str(at - 200_000_000), env=sim.tenant_env(offline)
+        "saturate", offline_s, offline_us, "kernel", str(at - lead_ns), env=sim.tenant_env(offline)
     )
-    on = sim.spawn_probe("bursts", "25", "70", "1", "1000", str(at), env=sim.tenant_env(online))
+    on = sim.spawn_probe("bursts", *bursts, str(at), env=sim.tenant_env(online))
     out, err = on.communicate(timeout=60)
     assert on.returncode == 0, err
     finish(off)
+    return out
+
+
+def requests_next_to_long_kernels(sim: Sim, online: Path, offline: Path) -> list[int]:
+    """25 requests of one 1 ms kernel every 70 ms next to an offline job of 40 ms kernels (as in
+    test_preemption.py): the requests' latencies (µs), sorted."""
+    out = online_next_to_offline(
+        sim,
+        online,
+        offline,
+        offline_s="1.9",
+        offline_us="40000",
+        lead_ns=200_000_000,
+        bursts=["25", "70", "1", "1000"],
+    )
     return sorted(int(v) for k, v in parse_kv(out)[1] if k == "lat_us")
 
 
 def periodic_requests_next_to_short_kernels(sim: Sim, online: Path, offline: Path) -> None:
     """60 requests of two 1 ms kernels every 25 ms next to an offline job of 1 ms kernels (as in
     test_arbiter.py): once the period is learned, offline launches are held back before each."""
-    at = start_at(0.5)
-    off = sim.spawn_probe(
-        "saturate", "2.6", "1000", "kernel", str(at - 300_000_000), env=sim.tenant_env(offline)
+    online_next_to_offline(
+        sim,
+        online,
+        offline,
+        offline_s="2.6",
+        offline_us="1000",
+        lead_ns=300_000_000,
+        bursts=["60", "25", "2", "1000"],
     )
-    on = sim.spawn_probe("bursts", "60", "25", "2", "1000", str(at), env=sim.tenant_env(online))
-    _, err = on.communicate(timeout=60)
-    assert on.returncode == 0, err
-    finish(off)
 
 
 def write_config(tmp_path: Path, arbiter: object) -> Path:
