@@ -139,6 +139,25 @@ def goal_p99(kernel_us: int) -> float:
     return 1.5 if kernel_us >= 8000 else 1.2
 
 
+NOISY_ALONE = 1.5
+"""The service alone has p99 / p50 about 1.05 on a quiet host (every request runs the same
+kernels): above this, host stalls set its p99 and every p99 ratio carries them."""
+
+
+def noise_warnings(alones: dict[str, Cell]) -> list[str]:
+    """A line per pattern whose service alone shows the host's noise in its p99."""
+    out = []
+    for p, a in alones.items():
+        spread = a.median("p99") / a.median("p50")
+        if spread > NOISY_ALONE:
+            out.append(
+                f"WARNING: {p} alone has p99 {spread:.2f}x its p50 (about 1.05x on a quiet host): "
+                "host stalls set the p99, so the p99 ratios below carry them; p50 and the offline "
+                "share hold"
+            )
+    return out
+
+
 def table(cells: list[Cell], alones: dict[str, Cell], runs: int) -> list[str]:
     """p50 and p99: the medians over the runs divided by the medians of the service alone."""
     head = (
@@ -150,6 +169,7 @@ def table(cells: list[Cell], alones: dict[str, Cell], runs: int) -> list[str]:
         f"service alone, {p}: p50 {a.median('p50'):.0f} µs, p99 {a.median('p99'):.0f} µs"
         for p, a in alones.items()
     ]
+    lines += noise_warnings(alones)
     lines += [head, "-" * len(head)]
     for c in cells:
         a = alones[c.pattern]
