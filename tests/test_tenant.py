@@ -9,6 +9,7 @@ import mmap
 import os
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -64,6 +65,61 @@ def test_create_and_read_back(tmp_path: Path) -> None:
     assert [p.name for p in iter_tenants(tmp_path)] == ["t1"]
     remove_tenant(path)
     assert list(iter_tenants(tmp_path)) == []
+
+
+_WATCHER = """
+import os, sys, time
+from pathlib import Path
+from sharegpu.tenant import iter_tenants
+root, seconds = Path(sys.argv[1]), float(sys.argv[2])
+seen = half = 0
+deadline = time.monotonic() + seconds
+while time.monotonic() < deadline:
+    for path in iter_tenants(root):
+        seen += 1
+        try:
+            os.stat(path / "limits"); os.stat(path / "usage"); os.stat(path / "meta.json")
+        except FileNotFoundError:
+            if path.exists():  # the tenant is listed and still there, but not whole
+                half += 1
+print(seen, half)
+"""
+
+
+def test_a_reader_sees_a_whole_tenant_or_none_while_tenants_come_and_go(tmp_path: Path) -> None:
+    """Another process listing tenants while this one creates and removes them never finds one
+    that is listed but lacks its limits, usage or meta (creation and removal are one rename each)."""
+    _make(tmp_path, "warmup")  # the runtime directory exists before the watcher starts
+    watcher = subprocess.Popen(
+        [sys.executable, "-c", _WATCHER, str(tmp_path), "3"], stdout=subprocess.PIPE, text=True
+    )
+    made = 0
+    while watcher.poll() is None:
+        remove_tenant(_make(tmp_path, f"churn{made % 4}"))
+        made += 1
+    seen, half = map(int, watcher.communicate(timeout=10)[0].split())
+    assert made > 20, made
+    assert seen > made // 4, (made, seen)  # the watcher did look while tenants churned
+    assert half == 0, f"{half} of {seen} listings found a tenant without its files"
+    assert [p.name for p in iter_tenants(tmp_path)] == ["warmup"]
+    assert not [p for p in (tmp_path / "tenants").glob(".*") if p.is_dir()], "a hidden directory is left"
+
+
+def test_what_a_killed_creator_or_remover_left_is_swept_by_the_next_creation(tmp_path: Path) -> None:
+    """A creator or remover killed between its steps leaves a hidden directory: never listed as a
+    tenant, and deleted under the node lock by the next creation."""
+    path = _make(tmp_path, "kept")
+    base = path.parent
+    (base / ".half.new.99999").mkdir()
+    (base / ".half.new.99999" / "limits").write_bytes(b"")
+    (base / ".old.gone.99999.1").mkdir()
+    (base / ".old.gone.99999.1" / "usage").write_bytes(b"")
+    assert [p.name for p in iter_tenants(tmp_path)] == ["kept"]
+    _make(tmp_path, "next")
+    assert sorted(p.name for p in base.iterdir() if p.is_dir()) == ["kept", "next"]
+    remove_tenant(path)
+    remove_tenant(path)  # twice: the second finds nothing, and says nothing
+    assert [p.name for p in iter_tenants(tmp_path)] == ["next"]
 
 
 def test_duplicate_and_bad_names(tmp_path: Path) -> None:

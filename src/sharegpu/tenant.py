@@ -46,6 +46,9 @@ from sharegpu.spec import format_size, validate_tenant_id
 
 RUNTIME_ENV = "SHAREGPU_RUNTIME_DIR"
 GPUS_DIR = "gpus"
+# Hidden names (iter_tenants skips dot-names) of a tenant being built or being deleted.
+_STAGING = ".new."
+_DOOMED = ".gone."
 
 
 def runtime_dir() -> Path:
@@ -310,6 +313,7 @@ def _admit(
 def collect_stale(root: Path | None = None) -> list[str]:
     """Remove tenants left behind by a supervisor that was killed; returns their ids."""
     removed = []
+    _sweep_leftovers(tenants_dir(root))
     for path in iter_tenants(root):
         if not supervisor_gone(read_meta(path)):
             continue  # the usual case, answered without reading the tenant's regions
@@ -348,47 +352,83 @@ def create_tenant(
         if (base / tenant_id).exists():
             raise TenantExists(f"tenant {tenant_id!r} already exists ({base / tenant_id})")
         _admit(base, devices, memory_totals=memory_totals)
-        path = _create_locked(base, tenant_id, devices, meta)
-    if owner is not None and owner != os.geteuid():
-        try:
-            access.give_to(path / abi.USAGE_FILE, owner)
-        except OSError as err:
-            remove_tenant(path)
-            raise TenantError(f"cannot give tenant {tenant_id!r} to uid {owner}: {err.strerror}") from err
-    return path
+        return _create_locked(base, tenant_id, devices, meta, owner)
 
 
 def _create_locked(
-    base: Path, tenant_id: str, devices: Sequence[DeviceLimit], meta: dict[str, object] | None
+    base: Path,
+    tenant_id: str,
+    devices: Sequence[DeviceLimit],
+    meta: dict[str, object] | None,
+    owner: int | None,
 ) -> Path:
+    """Build the tenant under a hidden name and rename it into place, so that every reader (the
+    agent's reconciler and reaper, `sharegpu tenants`, a test) sees a whole tenant or none."""
     path = base / tenant_id
+    staging = base / f".{tenant_id}{_STAGING}{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)  # a pid reused after a creator died mid-way
     try:
-        path.mkdir(mode=0o755)
-    except FileExistsError as err:
-        raise TenantExists(f"tenant {tenant_id!r} already exists ({path})") from err
+        staging.mkdir(mode=0o755)
     except OSError as err:
-        raise TenantError(f"cannot create {path}: {err.strerror}") from err
+        raise TenantError(f"cannot create {staging}: {err.strerror}") from err
     try:
         publish_region(
-            path,
+            staging,
             abi.LIMITS_FILE,
             limits_bytes(tenant_id, devices),
             ctypes.sizeof(abi.Limits),
             0o444,
         )
         # The tenant's processes keep their ledger here: their owner's alone (and root's).
-        publish_region(path, abi.USAGE_FILE, None, ctypes.sizeof(abi.Usage), 0o600, fill=_usage_init)
-        (path / GPUS_DIR).symlink_to(base.parent / GPUS_DIR)
+        publish_region(staging, abi.USAGE_FILE, None, ctypes.sizeof(abi.Usage), 0o600, fill=_usage_init)
+        (staging / GPUS_DIR).symlink_to(base.parent / GPUS_DIR)
         info = {"id": tenant_id, "created": time.time(), **(meta or {})}
-        (path / "meta.json").write_text(json.dumps(info, indent=2) + "\n")
+        (staging / "meta.json").write_text(json.dumps(info, indent=2) + "\n")
+        if owner is not None and owner != os.geteuid():
+            _give_usage(staging, tenant_id, owner)
+        if path.exists():  # rename(2) would replace an empty directory
+            raise TenantExists(f"tenant {tenant_id!r} already exists ({path})")
+        os.rename(staging, path)
+    except OSError as err:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise TenantError(f"cannot create {path}: {err.strerror}") from err
     except BaseException:
-        shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
         raise
     return path
 
 
+def _give_usage(directory: Path, tenant_id: str, owner: int) -> None:
+    try:
+        access.give_to(directory / abi.USAGE_FILE, owner)
+    except OSError as err:
+        raise TenantError(f"cannot give tenant {tenant_id!r} to uid {owner}: {err.strerror}") from err
+
+
 def remove_tenant(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
+    """Take the tenant out of sight in one rename, then delete it: no reader ever finds a tenant
+    whose limits are already gone. Two removers race harmlessly (one rename wins)."""
+    doomed = path.with_name(f".{path.name}{_DOOMED}{os.getpid()}.{time.monotonic_ns()}")
+    try:
+        os.rename(path, doomed)
+    except FileNotFoundError:
+        return
+    except OSError:
+        doomed = path  # e.g. a read-only parent: delete in place, as before
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _sweep_leftovers(base: Path) -> None:
+    """Delete what a creator or remover killed mid-way left under a hidden name. Under the node
+    lock: no creator is at work, and a remover's leftover is garbage whoever finishes it."""
+    try:
+        with os.scandir(base) as entries:
+            names = [e.name for e in entries if e.name.startswith(".") and e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return
+    for name in names:
+        if _DOOMED in name or _STAGING in name:
+            shutil.rmtree(base / name, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------
