@@ -358,14 +358,23 @@ def test_a_live_resize_of_the_compute_limits_is_followed(sim: Sim) -> None:
 # online / offline
 
 
-def _online_p99(
+def _online_p90(
     sim: Sim, online: Path | None, offline: Path | None, n_offline: int
 ) -> tuple[int, list[float]]:
+    """The 90th percentile of 80 bursts: the p99 of 80 is their second-worst, which two host
+    stalls on a loaded 2-core machine decide (bench/isolation.py measures p99 with more)."""
     at = start_at(0.5)
     offs = [spawn(sim, offline, "saturate", 3.5, 200, "kernel", at - 300_000_000) for _ in range(n_offline)]
-    values = finish(spawn(sim, online, "bursts", 80, 30, 4, 1000, at))
+    lat = sorted(_latencies(spawn(sim, online, "bursts", 80, 30, 4, 1000, at)))
     off = [achieved(finish(p)) for p in offs]
-    return int(values["p99_us"]), off
+    return lat[int(0.9 * (len(lat) - 1))], off
+
+
+def _latencies(probe: subprocess.Popen[str]) -> list[int]:
+    """The `lat_us=` lines of a bursts probe, in order."""
+    out, err = probe.communicate(timeout=60)
+    assert probe.returncode == 0, err
+    return [int(line.split("=", 1)[1]) for line in out.splitlines() if line.startswith("lat_us=")]
 
 
 def test_online_preempts_offline(sim: Sim) -> None:
@@ -374,12 +383,12 @@ def test_online_preempts_offline(sim: Sim) -> None:
     # The yield path itself: with prediction on, offline clients mostly step aside before a
     # request comes (test_offline_holds_back_before_predicted_online_requests).
     tune_arbiter(arbiter_of(sim), holdback_max_ns=0)
-    alone, _ = _online_p99(sim, online, None, 0)
-    shared, off = _online_p99(sim, online, offline, 3)
-    bare, _ = _online_p99(sim, None, None, 3)
-    print(f"online burst p99: alone {alone} us, with offline under sharegpu {shared} us, without {bare} us")
+    alone, _ = _online_p90(sim, online, None, 0)
+    shared, off = _online_p90(sim, online, offline, 3)
+    bare, _ = _online_p90(sim, None, None, 3)
+    print(f"online burst p90: alone {alone} us, with offline under sharegpu {shared} us, without {bare} us")
     print(f"offline throughput under sharegpu: {sum(off):.1f}% of the card")
-    assert shared <= 2 * alone
+    assert shared <= 1.5 * alone
     assert bare > 1.5 * shared  # what the arbiter buys: the simulated GPU time-slices contexts
     assert sum(off) >= 40  # offline still uses the time online leaves
     t = read_arbiter(arbiter_of(sim)).tenant("train")
@@ -393,11 +402,8 @@ def _late_bursts(sim: Sim, online: Path, offline: Path, arrivals: str, kernel_us
     `kernel_us`: the fraction of requests delayed by more than 0.4 ms over the quickest."""
     at = start_at(0.5)
     off = spawn(sim, offline, "saturate", 2.6, kernel_us, "kernel", at - 300_000_000)
-    on = spawn(sim, online, arrivals, 60, 25, 2, 1000, at)
-    out, err = on.communicate(timeout=60)
-    assert on.returncode == 0, err
+    lat = _latencies(spawn(sim, online, arrivals, 60, 25, 2, 1000, at))
     finish(off)
-    lat = [int(line.split("=", 1)[1]) for line in out.splitlines() if line.startswith("lat_us=")]
     quickest = min(lat)
     return sum(1 for x in lat if x > quickest + 400) / len(lat)
 
