@@ -23,19 +23,37 @@ REQUEST = {"mean_ms": 20, "kernels": 3, "us": 300}
 OFFLINE_BATCH = 4
 OFFLINE_KERNELS_US = (500, 2000, 8000)
 PATTERNS = {"periodic": "bursts", "poisson": "poisson", "bursty": "bursty"}
-# Each mechanism is a setting of the GPU's arbiter (tune_arbiter), and "timeslice_us" a GPU time
-# slice other than the simulated GPU's default 2 ms (what `nvidia-smi compute-policy
-# --set-timeslice` would change; a node of its own); "none" runs without sharegpu.
+# Each mechanism is a setting of the GPU's arbiter (tune_arbiter), and "gpu" a simulated GPU of
+# its own node: "timeslice_us" a time slice other than the default 2 ms (what `nvidia-smi
+# compute-policy --set-timeslice` would change), "mps_block_us" an MPS server whose clients take
+# their priority from the shim (offline tenants BELOW_NORMAL) and yield to a higher one at block
+# boundaries that far apart (native/simgpu/README.md "MPS"). "none" runs without sharegpu.
 MECHANISMS: dict[str, dict[str, Any]] = {
     "drain": {"online_preempt": "drain", "offline_quiet_ns": 0},
     "early": {"online_preempt": "early", "offline_quiet_ns": 0},
     "by-kernel": {"online_preempt": "by-kernel", "preempt_min_kernel_ns": 1_000_000, "offline_quiet_ns": 0},
     "quiet 5 ms": {"online_preempt": "drain", "offline_quiet_ns": 5_000_000},
     "early + quiet 5 ms": {"online_preempt": "early", "offline_quiet_ns": 5_000_000},
-    "early + 0.5 ms slice": {"online_preempt": "early", "offline_quiet_ns": 0, "timeslice_us": 500},
+    "early + 0.5 ms slice": {"online_preempt": "early", "offline_quiet_ns": 0, "gpu": {"timeslice_us": 500}},
+    "early + MPS 100 µs blocks": {
+        "online_preempt": "early",
+        "offline_quiet_ns": 0,
+        "gpu": {"mps_block_us": 100},
+    },
+    "early + MPS 500 µs blocks": {
+        "online_preempt": "early",
+        "offline_quiet_ns": 0,
+        "gpu": {"mps_block_us": 500},
+    },
 }
 NONE = "none"
-DEFAULT_SLICE_US = 2000
+DEFAULT_GPU: dict[str, int] = {}  # the simulated GPU's defaults: 2 ms slices, no MPS server
+
+
+def gpu_of(mechanism: str) -> dict[str, int]:
+    """The simulated GPU's configuration the mechanism runs on."""
+    gpu: dict[str, int] = MECHANISMS.get(mechanism, {}).get("gpu", DEFAULT_GPU)
+    return gpu
 
 
 @dataclass
@@ -53,7 +71,7 @@ class Cell:
 
 
 RunTogether = Callable[[Node, list[tuple[dict[str, str], list[str]]]], list[dict[str, str]]]
-NodeFor = Callable[[int], Node]  # the node whose GPU has this time slice (µs)
+NodeFor = Callable[[dict[str, int]], Node]  # the node whose simulated GPU has this configuration
 
 
 def _online_args(pattern: str, requests: int) -> list[str]:
@@ -87,7 +105,7 @@ def shared(
     if mechanism == NONE:
         online_env = offline_env = node.base_env
     else:
-        settings = {k: v for k, v in MECHANISMS[mechanism].items() if k != "timeslice_us"}
+        settings = {k: v for k, v in MECHANISMS[mechanism].items() if k != "gpu"}
         tune_arbiter(node.arbiter(), **settings)
     window = (requests - 1) * REQUEST["mean_ms"] / 1000
     on, off = run_together(
@@ -113,7 +131,7 @@ def measure(
     everything = [*mechanisms, NONE]
     cells = {(p, k, m): Cell(p, k, m) for p in patterns for k in kernels_us for m in everything}
     alones = {p: Cell(p, 0, "alone") for p in patterns}
-    default = node_for(DEFAULT_SLICE_US)
+    default = node_for(DEFAULT_GPU)
     for run in range(runs):
         for p in patterns:
             a50, a99 = alone(default, run_together, p, requests)
@@ -121,7 +139,7 @@ def measure(
             alones[p].p99.append(a99)
             for k in kernels_us:
                 for m in everything:
-                    node = node_for(MECHANISMS.get(m, {}).get("timeslice_us", DEFAULT_SLICE_US))
+                    node = node_for(gpu_of(m))
                     s50, s99, share = shared(node, run_together, p, requests, kernel_us=k, mechanism=m)
                     cell = cells[(p, k, m)]
                     cell.p50.append(s50)
@@ -161,7 +179,7 @@ def noise_warnings(alones: dict[str, Cell]) -> list[str]:
 def table(cells: list[Cell], alones: dict[str, Cell], runs: int) -> list[str]:
     """p50 and p99: the medians over the runs divided by the medians of the service alone."""
     head = (
-        f"{'offline kernel':>14}  {'arrivals':<9} {'mechanism':<20} {'p50 x alone':>11} {'p99 x alone':>11}"
+        f"{'offline kernel':>14}  {'arrivals':<9} {'mechanism':<25} {'p50 x alone':>11} {'p99 x alone':>11}"
     )
     head += f" {'offline of idle':>15}  goal (p99, offline >= 70%)"
     lines = [f"Online latency / arrivals x mechanism — simulated GPU, median of {runs} runs"]
@@ -181,7 +199,7 @@ def table(cells: list[Cell], alones: dict[str, Cell], runs: int) -> list[str]:
             met = p99 <= goal_p99(c.kernel_us) and off >= 0.70
             verdict = f"<= {goal_p99(c.kernel_us):.1f}x: {'met' if met else 'NOT met'}"
         lines.append(
-            f"{c.kernel_us / 1000:>11g} ms  {c.pattern:<9} {c.mechanism:<20} {p50:>10.2f}x {p99:>10.2f}x"
+            f"{c.kernel_us / 1000:>11g} ms  {c.pattern:<9} {c.mechanism:<25} {p50:>10.2f}x {p99:>10.2f}x"
             f" {off * 100:>14.1f}%  {verdict}"
         )
     return lines

@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,12 +75,14 @@ class Node:
 
 
 @contextmanager
-def simulated_node(memory_mib: int = 81920, gpus: int = 1, timeslice_us: int | None = None) -> Iterator[Node]:
+def simulated_node(
+    memory_mib: int = 81920, gpus: int = 1, gpu_config: Mapping[str, int] | None = None
+) -> Iterator[Node]:
+    """A node with its own simulated GPU; `gpu_config` adds keys of its configuration file
+    (native/simgpu/README.md: timeslice_us, mps_block_us, ...)."""
     with tempfile.TemporaryDirectory(prefix="sharegpu-bench-") as tmp:
         root = Path(tmp)
-        config: dict[str, int] = {"gpus": gpus, "memory_mib": memory_mib}
-        if timeslice_us is not None:
-            config["timeslice_us"] = timeslice_us
+        config: dict[str, int] = {"gpus": gpus, "memory_mib": memory_mib, **(gpu_config or {})}
         (root / "simgpu.json").write_text(json.dumps(config))
         drop = (
             "LD_PRELOAD",
@@ -88,6 +90,8 @@ def simulated_node(memory_mib: int = 81920, gpus: int = 1, timeslice_us: int | N
             "SIMGPU_TIMESLICE_US",
             "SIMGPU_CTXSW_US",
             "SIMGPU_PREEMPT_US",
+            "SIMGPU_MPS_BLOCK_US",
+            "CUDA_MPS_CLIENT_PRIORITY",
         )
         base = {k: v for k, v in os.environ.items() if k not in drop}
         base |= {

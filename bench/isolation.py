@@ -349,12 +349,13 @@ def random_section(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     """Section 5: the table of issue 16, then the periodic repeats of the chosen mechanism."""
     kernels = [int(k) for k in args.kernels.split(",")]
     with contextlib.ExitStack() as stack:
-        nodes: dict[int, Node] = {}
+        nodes: dict[str, Node] = {}
 
-        def node_for(timeslice_us: int) -> Node:
-            if timeslice_us not in nodes:
-                nodes[timeslice_us] = stack.enter_context(simulated_node(timeslice_us=timeslice_us))
-            return nodes[timeslice_us]
+        def node_for(gpu: dict[str, int]) -> Node:
+            key = json.dumps(gpu, sort_keys=True)
+            if key not in nodes:
+                nodes[key] = stack.enter_context(simulated_node(gpu_config=gpu))
+            return nodes[key]
 
         cells, alones = _arrivals.measure(
             node_for,
@@ -370,7 +371,7 @@ def random_section(args: argparse.Namespace, out: Callable[[str], None]) -> int:
             out(line)
         if args.repeats:
             alone99, ratios = _arrivals.periodic_repeats(
-                node_for(_arrivals.DEFAULT_SLICE_US),
+                node_for(_arrivals.gpu_of(args.chosen)),
                 run_together,
                 repeats=args.repeats,
                 requests=args.requests,

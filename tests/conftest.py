@@ -20,7 +20,7 @@ import pytest
 from sharegpu import native
 from sharegpu.spec import MIB
 from sharegpu.tenant import DeviceLimit, create_tenant
-from simgpuutil import run_python
+from simgpuutil import TUNING_VARS, run_python
 
 # A suite started in the background of a non-interactive shell (`cmd &`) inherits SIGINT ignored,
 # and every command it starts inherits that: the tests that stop `--watch` and `top` with Ctrl-C
@@ -274,6 +274,6 @@ def sim_env(sim_factory: Callable[..., Sim], built: Path) -> dict[str, str]:
     """The environment of a node of the shared fixture with the driver's default device size
     (2 GPUs of 80 GiB) and default kernel time and time slice, whatever the caller's environment."""
     env = sim_factory(memory_mib=80 * 1024).env()
-    for var in ("SIMGPU_KERNEL_US", "SIMGPU_TIMESLICE_US", "SIMGPU_CTXSW_US", "SIMGPU_PREEMPT_US"):
+    for var in TUNING_VARS:
         env.pop(var, None)
     return env

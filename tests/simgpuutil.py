@@ -21,6 +21,14 @@ MIB = 1024 * 1024
 GIB = 1024 * MIB
 KINDS = ["plain", "pitch", "managed", "async", "pool", "vmm", "array"]
 PROBES = [pytest.param("sgprobe", id="linked"), pytest.param("sgprobe-dl", id="dlopen")]
+# The simulated GPU's tuning from the environment, dropped where a test wants its defaults.
+TUNING_VARS = (
+    "SIMGPU_KERNEL_US",
+    "SIMGPU_TIMESLICE_US",
+    "SIMGPU_CTXSW_US",
+    "SIMGPU_PREEMPT_US",
+    "SIMGPU_MPS_BLOCK_US",
+)
 
 
 def small(env: dict[str, str], tmp_path: Path, mib: int = 256, **extra: object) -> dict[str, str]:

@@ -448,6 +448,33 @@ def test_hold_back_covers_offline_kernels_up_to_half_the_period(sim: Sim) -> Non
 # robustness
 
 
+def _late_next_to(sim: Sim, online: Path, offline_env: dict[str, str], kernel_us: int) -> float:
+    """Online requests at random (2 x 1 ms kernels, mean gap 25 ms) next to a process of
+    `offline_env` saturating with kernels of `kernel_us`: the fraction delayed > 0.4 ms."""
+    at = start_at(0.5)
+    off = sim.spawn_probe("saturate", "2.6", str(kernel_us), "kernel", str(at - 300_000_000), env=offline_env)
+    lat = _latencies(spawn(sim, online, "poisson", 60, 25, 2, 1000, at))
+    finish(off)
+    quickest = min(lat)
+    return sum(1 for x in lat if x > quickest + 400) / len(lat)
+
+
+def test_under_mps_an_offline_tenant_is_a_below_normal_client_whatever_it_sets(sim_factory) -> None:  # type: ignore[no-untyped-def]
+    """With an MPS server (the simulated GPU's, 200 µs blocks) the shim makes an offline tenant's
+    processes BELOW_NORMAL clients, even one that asks for NORMAL: an online request arriving at
+    random next to its 8 ms kernels waits for one block, not for their end or a time slice. A
+    process without the shim, of normal priority, takes slices from the same requests."""
+    sim = sim_factory(extra_env={"SIMGPU_MPS_BLOCK_US": "200"})
+    online = compute_tenant(sim, "web", "share", 50, priority="online")
+    offline = compute_tenant(sim, "train", "share", 50, priority="offline")
+    tune_arbiter(arbiter_of(sim), holdback_max_ns=0)  # no prediction: these come at random
+    late = _late_next_to(sim, online, sim.tenant_env(offline, CUDA_MPS_CLIENT_PRIORITY="0"), 8000)
+    plain = _late_next_to(sim, online, sim.env(CUDA_MPS_CLIENT_PRIORITY="0"), 8000)
+    print(f"under MPS, next to 8 ms kernels: {late:.0%} late with the shim's priority, {plain:.0%} without")
+    assert late <= 0.2
+    assert plain >= 0.5
+
+
 def test_sigkill_of_the_token_holder(sim: Sim) -> None:
     a = compute_tenant(sim, "a", "share", 50)
     b = compute_tenant(sim, "b", "share", 50)

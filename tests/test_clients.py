@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from conftest import REPO, Sim
+from simgpuutil import TUNING_VARS
 
 CLIENTS_VENV = REPO / ".venv-clients"
 SCRIPTS = REPO / "tests" / "clients"
@@ -50,7 +51,7 @@ def node(sim_factory: Callable[..., Sim]) -> Sim:
 
 def node_env(node: Sim) -> dict[str, str]:
     env = node.env()
-    for var in ("SIMGPU_KERNEL_US", "SIMGPU_TIMESLICE_US", "SIMGPU_CTXSW_US", "SIMGPU_PREEMPT_US"):
+    for var in TUNING_VARS:
         env.pop(var, None)
     return env
 

@@ -228,14 +228,22 @@ def finish(p: subprocess.Popen[str]) -> dict[str, str]:
 
 
 def run_together(
-    env: dict[str, str], jobs: list[tuple[int, int, str, float]], max_lag_ms: float = 15
+    env: dict[str, str],
+    jobs: list[tuple[int, int, str, float]],
+    max_lag_ms: float = 15,
+    job_envs: list[dict[str, str]] | None = None,
 ) -> tuple[int, list[dict[str, str]]]:
     """Runs `sgprobe launch N US MODE` per job (N, US, MODE, start offset in ms) from a common
-    start; each result gets done_ms (end of its sync, from the common start).  Retried when a
-    probe started more than max_lag_ms late (a loaded machine), which would change the contest."""
+    start, job i with job_envs[i] over env; each result gets done_ms (end of its sync, from the
+    common start).  Retried when a probe started more than max_lag_ms late (a loaded machine),
+    which would change the contest."""
+    extra = job_envs or [{} for _ in jobs]
     for _attempt in range(3):
         t = start_at()
-        procs = [spawn_launch(env, n, us, mode, t + int(off * 1e6)) for n, us, mode, off in jobs]
+        procs = [
+            spawn_launch(env | more, n, us, mode, t + int(off * 1e6))
+            for (n, us, mode, off), more in zip(jobs, extra, strict=True)
+        ]
         results = [finish(p) for p in procs]
         lags = [(int(r["start_ns"]) - t) / 1e6 - job[3] for r, job in zip(results, jobs, strict=True)]
         if max(lags) <= max_lag_ms:
@@ -326,6 +334,51 @@ def test_default_switch_costs_are_charged(sim_env: dict[str, str]) -> None:
     _, res = run_together(sim_env, [(1, 100_000, "kernel", 0)] * 2)
     span_us = (max(int(r["end_ns"]) for r in res) - min(int(r["start_ns"]) for r in res)) / 1000
     assert 203_000 <= span_us <= 212_000, res
+
+
+BELOW_NORMAL = {"CUDA_MPS_CLIENT_PRIORITY": "1"}
+
+
+def test_under_mps_a_normal_client_waits_one_block_of_a_below_normal_kernel(sim_env: dict[str, str]) -> None:
+    # An MPS server with 500 µs blocks: a 50 ms kernel of a below-normal client runs; a 1 ms
+    # kernel of a normal client arriving 10 ms in waits for the running block (<= 0.5 ms), not
+    # for a time slice and a preemption (5 ms here), and passing between them costs nothing.
+    env = {**sim_env, "SIMGPU_MPS_BLOCK_US": "500", "SIMGPU_PREEMPT_US": "5000", "SIMGPU_CTXSW_US": "3000"}
+    jobs = [(1, 50_000, "kernel", 0), (1, 1_000, "kernel", 10)]
+    _, (long, short) = run_together(env, jobs, job_envs=[BELOW_NORMAL, {}])
+    assert 1_000 <= int(short["gpu_us"]) <= 1_600, short
+    assert abs(int(long["gpu_us"]) - 51_000) <= 200, long  # its own 50 ms and the short one's 1 ms
+    # Without MPS the same pair pays the slice and both switches (the model's default).
+    env.pop("SIMGPU_MPS_BLOCK_US")
+    _, (long, short) = run_together(env | {"SIMGPU_STATE": env["SIMGPU_STATE"] + ".2"}, jobs)
+    assert int(short["gpu_us"]) >= 6_000, short
+
+
+def test_under_mps_a_below_normal_client_waits_for_the_normal_ones_work(sim_env: dict[str, str]) -> None:
+    # The other way round: the below-normal kernel arriving 10 ms into a normal 50 ms kernel
+    # runs only when that one is done (no slices against a lower priority).
+    env = {**sim_env, "SIMGPU_MPS_BLOCK_US": "500"}
+    jobs = [(1, 50_000, "kernel", 0), (1, 1_000, "kernel", 10)]
+    _, (long, short) = run_together(env, jobs, job_envs=[{}, BELOW_NORMAL])
+    assert abs(int(long["gpu_us"]) - 50_000) <= 200, long
+    assert 40_000 <= int(short["gpu_us"]) <= 43_000, short
+
+
+def test_under_mps_clients_of_one_priority_take_turns_without_switch_costs(sim_env: dict[str, str]) -> None:
+    env = {**sim_env, "SIMGPU_MPS_BLOCK_US": "500", "SIMGPU_PREEMPT_US": "5000", "SIMGPU_CTXSW_US": "3000"}
+    _, (long, short) = run_together(env, [(1, 50_000, "kernel", 0), (1, 1_000, "kernel", 10)])
+    assert 1_000 <= int(short["gpu_us"]) <= 3_100, short  # the rest of a 2 ms slice, then its own
+    assert abs(int(long["gpu_us"]) - 51_000) <= 200, long
+
+
+@pytest.mark.parametrize("value", ["abc", "100001", "-5"])
+def test_a_bad_mps_block_is_refused(sim_env: dict[str, str], value: str) -> None:
+    kv = probe({**sim_env, "SIMGPU_MPS_BLOCK_US": value}, "info", rc=1)
+    assert re.search(
+        rf"^simgpu: .*SIMGPU_MPS_BLOCK_US={re.escape(value)}: expected microseconds \(0\.\.100000\)$",
+        kv["_stderr"],
+        re.M,
+    )
 
 
 @pytest.mark.parametrize("var", ["SIMGPU_CTXSW_US", "SIMGPU_PREEMPT_US"])

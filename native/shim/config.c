@@ -266,6 +266,20 @@ static int open_regions(struct sg_err *e)
     return 0;
 }
 
+/* Under an MPS server every client shares one context and the GPU schedules a higher-priority
+ * client's pending blocks first; the driver takes a client's priority from
+ * CUDA_MPS_CLIENT_PRIORITY when it connects, at cuInit, which the caller's cuInit runs after
+ * this.  So an offline tenant's processes are BELOW_NORMAL (1) clients, whatever they set; the
+ * others keep theirs.  Without an MPS server the variable means nothing. */
+static void mps_priority_apply(void)
+{
+    bool offline = sg_lim.device_count > 0;
+    for (uint32_t i = 0; i < sg_lim.device_count; i++)
+        offline = offline && sg_lim.devices[i].priority == SG_PRIORITY_OFFLINE;
+    if (offline)
+        setenv(SG_MPS_PRIORITY_ENV, "1", 1);
+}
+
 static void open_once_fn(void)
 {
     if (!sg_configured())
@@ -277,6 +291,7 @@ static void open_once_fn(void)
     }
     sg_ledger_setup();
     sg_arb_setup();
+    mps_priority_apply();
     __atomic_store_n(&mode, SG_MODE_ACTIVE, __ATOMIC_RELEASE);
 }
 

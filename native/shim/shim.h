@@ -22,6 +22,9 @@
 
 #define SG_EXPORT __attribute__((visibility("default")))
 #define SG_PREFIX "sharegpu: "
+/* The MPS client priority the driver reads at cuInit: an offline tenant's processes get 1
+ * (BELOW_NORMAL) from the shim (config.c). */
+#define SG_MPS_PRIORITY_ENV "CUDA_MPS_CLIENT_PRIORITY"
 
 /* ---- prototypes the public headers do not carry ---------------------------------------- */
 

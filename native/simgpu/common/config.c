@@ -93,12 +93,13 @@ static int parse_uint(struct parser *ps, const char *key, unsigned long long lo,
 
 enum {
     K_GPUS, K_MEM, K_NAME, K_SM, K_DRV, K_CUDA, K_SLICE, K_CTXMEM, K_PITCH, K_CTXSW, K_PREEMPT,
-    K_COUNT
+    K_MPS, K_COUNT
 };
 static const char *const keys[K_COUNT] = {"gpus",           "memory_mib",   "name",
                                           "sm_count",       "driver_version", "cuda_version",
                                           "timeslice_us",   "context_overhead_mib",
-                                          "pitch_alignment", "ctxsw_us",    "preempt_us"};
+                                          "pitch_alignment", "ctxsw_us",    "preempt_us",
+                                          "mps_block_us"};
 
 static int parse_value(struct parser *ps, int k, struct sim_config *c)
 {
@@ -145,6 +146,11 @@ static int parse_value(struct parser *ps, int k, struct sim_config *c)
             return -1;
         *(k == K_CTXSW ? &c->ctxsw_us : &c->preempt_us) = (uint32_t)v;
         return 0;
+    case K_MPS:
+        if (parse_uint(ps, keys[k], 0, SIM_MPS_BLOCK_US_MAX, &v) < 0)
+            return -1;
+        c->mps_block_us = (uint32_t)v;
+        return 0;
     case K_CTXMEM:
         /* Checked against memory_mib once the whole object is read (sim_config_parse). */
         if (parse_uint(ps, keys[k], 0, 16ull * 1024 * 1024, &v) < 0)
@@ -186,7 +192,8 @@ int sim_config_parse(struct sim_err *e, const char *text, struct sim_config *c)
                 return sim_fail(e, SIM_ECONFIG,
                                 "unknown key \"%s\" (known: gpus, memory_mib, name, sm_count, "
                                 "driver_version, cuda_version, timeslice_us, "
-                                "context_overhead_mib, pitch_alignment, ctxsw_us, preempt_us)",
+                                "context_overhead_mib, pitch_alignment, ctxsw_us, preempt_us, "
+                                "mps_block_us)",
                                 key);
             if (seen[k]++)
                 return sim_fail(e, SIM_ECONFIG, "duplicate key \"%s\"", key);
@@ -282,7 +289,8 @@ int sim_config_load(struct sim_err *e, struct sim_config *c)
     if (config_file(e, c) < 0 ||
         us_env(e, "SIMGPU_TIMESLICE_US", SIM_TIMESLICE_US_MIN, SIM_TIMESLICE_US_MAX,
                &c->timeslice_us) < 0 ||
-        us_env(e, "SIMGPU_CTXSW_US", 0, SIM_SWITCH_US_MAX, &c->ctxsw_us) < 0)
+        us_env(e, "SIMGPU_CTXSW_US", 0, SIM_SWITCH_US_MAX, &c->ctxsw_us) < 0 ||
+        us_env(e, "SIMGPU_MPS_BLOCK_US", 0, SIM_MPS_BLOCK_US_MAX, &c->mps_block_us) < 0)
         return -1;
     return us_env(e, "SIMGPU_PREEMPT_US", 0, SIM_SWITCH_US_MAX, &c->preempt_us);
 }

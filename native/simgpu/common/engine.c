@@ -20,6 +20,16 @@
  *    (compute preemption: its state is saved and later restored), cfg.ctxsw_us when the running
  *    channel ran out of work while another waited.  The next channel's slice starts after it.
  *    Starting an idle engine costs nothing, and neither does a lone channel (never preempted).
+ *  - MPS (cfg.mps_block_us = B > 0, README "MPS").  An MPS server makes every client one
+ *    context, so passing between channels costs nothing and no kernel's state is saved.  The
+ *    engine serves the channel of the highest MPS client priority with work (slot.mps_priority,
+ *    0 before 1); channels of equal priority take turns by slices as above.  When a channel of
+ *    higher priority has work, the running one keeps the engine only to its next block
+ *    boundary: the end of its current kernel or of its current B µs of run, whichever is first
+ *    (a GPU does not preempt the running blocks of a lower-priority stream; it schedules the
+ *    higher one's blocks as they retire).  One channel runs at a time here, where a real GPU
+ *    would run the higher one's blocks next to the rest of the lower one's: the model is
+ *    pessimistic for both.
  *  - Laziness.  Nothing runs in the background.  Whoever takes the state lock to launch, query,
  *    synchronize, record or read an event, or ask NVML, first commits the engine up to "now"
  *    (sim_engine_advance_locked: O(run segments + kernels completed since the last advance)).
@@ -57,9 +67,23 @@ static uint64_t slice_ns(const struct sim_state *st)
     return (uint64_t)us * 1000u;
 }
 
-/* The cost of passing straight to another channel: preempted (its kernel unfinished) or not. */
+static int mps(const struct sim_state *st)
+{
+    return st->cfg.mps_block_us != 0;
+}
+
+/* Channel c's MPS client priority: 0 (normal) is served before 1 (below normal). */
+static int32_t prio(const struct sim_state *st, int c)
+{
+    return mps(st) && st->slot[c].mps_priority == 1;
+}
+
+/* The cost of passing straight to another channel: preempted (its kernel unfinished) or not.
+ * Nothing under MPS: one context. */
 static uint64_t switch_ns(const struct sim_state *st, int preempted)
 {
+    if (mps(st))
+        return 0;
     uint32_t us = preempted ? st->cfg.preempt_us : st->cfg.ctxsw_us;
     return (uint64_t)(us > SIM_SWITCH_US_MAX ? SIM_SWITCH_US_MAX : us) * 1000u;
 }
@@ -130,6 +154,48 @@ static void list_remove(struct sim_gpu *g, int c)
     g->nactive--;
 }
 
+/* The channel to run after `from`'s turn, starting the round at `from` (which must be active):
+ * the next one in the round, or under MPS the first of the highest priority. */
+static int pick_next(const struct sim_state *st, const struct sim_gpu *g, int from)
+{
+    if (!mps(st))
+        return from;
+    int best = from, k = from;
+    for (unsigned i = 0; i < g->nactive; i++, k = g->chan[k].next) {
+        if (k < 0 || k >= SIM_MAX_SLOTS)
+            break; /* a corrupted list: the next advance repairs it */
+        if (prio(st, k) < prio(st, best))
+            best = k;
+    }
+    return best;
+}
+
+/* Until when the running channel c keeps the engine (UINT64_MAX: for as long as it has work).
+ * Under MPS: a channel of higher priority with work takes over at c's next block boundary;
+ * one of equal priority at the end of c's slice; lower ones never. */
+static uint64_t turn_end(const struct sim_state *st, const struct sim_gpu *g, int c)
+{
+    if (g->nactive <= 1)
+        return UINT64_MAX;
+    if (!mps(st))
+        return g->slice_end;
+    int higher = 0, equal = 0, k = g->chan[c].next;
+    for (unsigned i = 1; i < g->nactive && k != c; i++, k = g->chan[k].next) {
+        if (k < 0 || k >= SIM_MAX_SLOTS)
+            break;
+        higher |= prio(st, k) < prio(st, c);
+        equal |= prio(st, k) == prio(st, c);
+    }
+    if (!higher)
+        return equal ? g->slice_end : UINT64_MAX;
+    const struct sim_chan *ch = &g->chan[c];
+    const uint64_t b = (uint64_t)st->cfg.mps_block_us * 1000u, r = ch->exec_ns % b;
+    uint64_t end = ch->exec_ns + (r ? b - r : 0);
+    if (ch->done < ch->n && ch->q[ch->done % SIM_CHQ] < end)
+        end = ch->q[ch->done % SIM_CHQ]; /* its kernel ends first */
+    return g->clock + (end - ch->exec_ns);
+}
+
 /* Completes the pending kernels exec_ns has reached; the run began at t0 with exec_ns == x0. */
 static void complete(struct sim_chan *ch, uint64_t t0, uint64_t x0)
 {
@@ -161,9 +227,8 @@ void sim_engine_advance_locked(struct sim_state *st, int dev, uint64_t t)
             continue;
         }
         struct sim_chan *ch = &g->chan[c];
-        uint64_t limit = t;
-        if (g->nactive > 1 && g->slice_end < limit)
-            limit = g->slice_end;
+        const uint64_t end = turn_end(st, g, c);
+        uint64_t limit = end < t ? end : t;
         uint64_t run = limit > g->clock ? limit - g->clock : 0;
         uint64_t left = ch->sub_ns - ch->exec_ns;
         if (run > left)
@@ -180,11 +245,11 @@ void sim_engine_advance_locked(struct sim_state *st, int dev, uint64_t t)
             int next = ch->next;
             list_remove(g, c);
             if (g->nactive)
-                switch_to(st, g, next, 0, ts);
-        } else if (g->nactive > 1 && g->clock >= g->slice_end) { /* slice over: preempted */
+                switch_to(st, g, pick_next(st, g, next), 0, ts);
+        } else if (g->clock >= end) { /* turn over: preempted, or under MPS between blocks */
             seg_close(st, g, g->clock);
-            switch_to(st, g, ch->next, 1, ts);
-        } else if (g->nactive == 1 && g->slice_end <= g->clock) { /* alone: renew the slice */
+            switch_to(st, g, pick_next(st, g, ch->next), !mps(st), ts);
+        } else if (end == UINT64_MAX && g->slice_end <= g->clock) { /* unopposed: renew */
             g->slice_end += ((g->clock - g->slice_end) / ts + 1) * ts;
         }
     }
@@ -207,7 +272,7 @@ static void drop_chan(struct sim_state *st, struct sim_gpu *g, int c, uint64_t a
             int next = ch->next;
             list_remove(g, c);
             if (g->nactive) { /* a torn-down context has nothing to save: no switch cost */
-                g->cur = next;
+                g->cur = pick_next(st, g, next);
                 g->switch_end = 0;
                 g->seg_start = g->clock;
                 g->slice_end = g->clock + ts;
@@ -275,6 +340,29 @@ void sim_engine_repair_locked(struct sim_state *st)
 
 /* ---- prediction -------------------------------------------------------------------------- */
 
+/* Under MPS, a lower bound (a waiter wakes, advances and asks again, so early is only a wasted
+ * wake-up; late would be latency the model does not have): the running channel's turn, the
+ * remaining work of every higher-priority channel, then c's own; equal ones are left out. */
+static uint64_t predict_mps(const struct sim_state *st, const struct sim_gpu *g, int c, uint64_t cum)
+{
+    uint64_t t = g->clock + (cum - g->chan[c].exec_ns);
+    int k = g->cur;
+    for (unsigned i = 0; i < g->nactive; i++, k = g->chan[k].next) {
+        if (k < 0 || k >= SIM_MAX_SLOTS)
+            break;
+        if (k == c)
+            continue;
+        if (prio(st, k) < prio(st, c))
+            t += g->chan[k].sub_ns - g->chan[k].exec_ns;
+        else if (k == g->cur) {
+            uint64_t end = turn_end(st, g, k);
+            if (end != UINT64_MAX && end > g->clock && prio(st, k) > prio(st, c))
+                t += end - g->clock;
+        }
+    }
+    return t;
+}
+
 /* When channel c's exec_ns reaches `cum` if nothing new arrives: the commit rules replayed on
  * the remaining totals (kernel boundaries inside a channel do not matter).  Full rounds in which
  * no channel runs out are skipped in one step, so the cost is O(active channels²). */
@@ -287,6 +375,8 @@ static uint64_t predict(const struct sim_state *st, int dev, int c, uint64_t cum
     const uint64_t from = g->switch_end > g->clock ? g->switch_end : g->clock;
     if (g->nactive <= 1 || !tc->active)
         return from + (cum - tc->exec_ns);
+    if (mps(st))
+        return predict_mps(st, g, c, cum);
     const uint64_t ts = slice_ns(st);
     uint64_t w[SIM_MAX_SLOTS];
     unsigned m = 0, target = SIM_MAX_SLOTS;

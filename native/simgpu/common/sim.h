@@ -76,7 +76,12 @@ struct sim_config {
      * is saved, and restored when it resumes).  Nothing runs meanwhile. */
     uint32_t ctxsw_us;
     uint32_t preempt_us;
-    uint32_t reserved0;
+    /* 0: no MPS server, contexts time-slice.  N: an MPS server runs (README "MPS"): every
+     * client shares one context, so passing between them costs nothing, and the engine serves
+     * the client of the highest priority with work first; a lower one's kernel yields at its
+     * next block boundary, every N µs of its run.  (Was reserved0, always 0: older states read
+     * as "no MPS".) */
+    uint32_t mps_block_us;
 };
 
 #define SIM_TIMESLICE_US_DEFAULT 2000u
@@ -85,6 +90,7 @@ struct sim_config {
 #define SIM_CTXSW_US_DEFAULT 10u
 #define SIM_PREEMPT_US_DEFAULT 50u
 #define SIM_SWITCH_US_MAX 10000u
+#define SIM_MPS_BLOCK_US_MAX 100000u
 
 SIM_HIDDEN void sim_config_defaults(struct sim_config *c);
 /* Parses the flat JSON object in text (keys in native/README.md) over the defaults. */
@@ -173,7 +179,8 @@ struct sim_slot {          /* one process using the CUDA side; pid == 0 means fr
     uint64_t pidns;        /* [lock] inode of the owner's pid namespace (/proc/self/ns/pid) */
     int32_t host_pid;      /* [lock] the owner's pid in the initial namespace, once a process
                             * there has resolved it (sim_slots_resolve); 0 until then */
-    int32_t pad;
+    int32_t mps_priority;  /* [lock] W owner at acquire: CUDA_MPS_CLIENT_PRIORITY (0 normal,
+                            * 1 below normal); the engine reads it only under MPS */
     uint64_t bytes[SIM_MAX_GPUS];   /* [lock] bytes charged on each GPU */
     uint64_t busy_ns[SIM_MAX_GPUS]; /* [lock] W advance: engine time its kernels ran on each GPU */
 };

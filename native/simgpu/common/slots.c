@@ -318,6 +318,9 @@ int sim_slot_acquire(struct sim_err *e, struct sim_state *st)
     uint64_t proc_dev = sim_proc_dev();
     uint64_t pidns = pidns_of("/proc/self/ns/pid");
     uint64_t start = sim_proc_start_time(pid, &gone);
+    /* An MPS client reads its priority when it connects, as this does: 1 is BELOW_NORMAL. */
+    const char *prio = getenv("CUDA_MPS_CLIENT_PRIORITY");
+    int32_t mps_priority = prio && strcmp(prio, "1") == 0;
     if (sim_lock(e, st) < 0)
         return -1;
     s = sim_slot_self();
@@ -331,6 +334,7 @@ int sim_slot_acquire(struct sim_err *e, struct sim_state *st)
                 st->slot[i].start_time = start;
                 st->slot[i].proc_dev = proc_dev;
                 st->slot[i].pidns = pidns;
+                st->slot[i].mps_priority = mps_priority;
                 if (pidns == SIM_INIT_PIDNS && proc_dev == own_proc_dev() && pid == getpid())
                     st->slot[i].host_pid = pid;
                 __atomic_store_n(&own_pid, pid, __ATOMIC_RELAXED);

@@ -128,7 +128,7 @@ static int map_existing(struct sim_err *e, const char *path, int fd, struct sim_
         st->cfg.gpus < 1 || st->cfg.gpus > SIM_MAX_GPUS ||
         st->cfg.timeslice_us < SIM_TIMESLICE_US_MIN ||
         st->cfg.timeslice_us > SIM_TIMESLICE_US_MAX || st->cfg.ctxsw_us > SIM_SWITCH_US_MAX ||
-        st->cfg.preempt_us > SIM_SWITCH_US_MAX) {
+        st->cfg.preempt_us > SIM_SWITCH_US_MAX || st->cfg.mps_block_us > SIM_MPS_BLOCK_US_MAX) {
         munmap(st, sizeof(*st));
         return sim_fail(e, SIM_ESTATE,
                         "%s is corrupt or from another simgpu version (bad magic/version/size); "
