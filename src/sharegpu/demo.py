@@ -207,7 +207,9 @@ def compute_part(node: Node, console: Console) -> bool:
         "arbiter learns the period of its requests and clears the card just before each one. A random "
         "request cannot be predicted: it waits for the batch kernel in flight (or, with long batch "
         "kernels, for the GPU to preempt it at the end of its time slice), still far less than without "
-        "sharegpu. The batch job uses the time the service leaves idle.[/green]"
+        "sharegpu; under an MPS daemon the shim makes the batch job a low-priority client, and the GPU "
+        "serves random requests first too (docs/design/arbitration.md). The batch job uses the time the "
+        "service leaves idle.[/green]"
         if improved
         else "[red]compute part: sharegpu did not improve the online latency[/red]"
     )

@@ -88,6 +88,15 @@ _TABLE: list[tuple[str, str, str, float, float, str | None, str | None]] = [
         TORCH,
         "online-probe",
     ),
+    (
+        "online-torch-mps",
+        "the same under MPS: offline a BELOW_NORMAL client",
+        "online:torch_mps",
+        90,
+        10,
+        TORCH,
+        "online-probe",
+    ),
     ("settings", "the GPU's settings as found, nothing left", "settings:run", 30, 20, None, None),
 ]
 STEPS: list[Step] = [Step(*row) for row in _TABLE]

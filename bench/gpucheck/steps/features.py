@@ -13,13 +13,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import re
 import shutil
 import struct
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ import pynvml
 
 from gpucheck import nvmlq
 from gpucheck.context import StepContext
+from gpucheck.mps import private_daemon
 
 NVML_FUNCTIONS = (
     "nvmlDeviceGetMemoryLimits_v1",
@@ -96,51 +95,35 @@ def answers() -> dict[str, Any]:
 
 
 def mps(ctx: StepContext) -> dict[str, Any]:
-    control = shutil.which("nvidia-cuda-mps-control")
-    found: dict[str, Any] = {"control": control, "server": shutil.which("nvidia-cuda-mps-server")}
+    found: dict[str, Any] = {
+        "control": shutil.which("nvidia-cuda-mps-control"),
+        "server": shutil.which("nvidia-cuda-mps-server"),
+    }
     default_pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"))
     found["daemon_running"] = (default_pipe / "control").exists()
-    if control is None:
+    if found["control"] is None:
         found["private_daemon"] = "not tried: nvidia-cuda-mps-control is not installed"
         return found
     if not ctx.target.real:
-        found["private_daemon"] = "not tried: the simulated GPU has no MPS"
+        found["private_daemon"] = (
+            "not tried: the simulated GPU has no MPS daemon (it models one: SIMGPU_MPS_BLOCK_US)"
+        )
         return found
-    base = ctx.target.scratch("mps")
-    env = ctx.target.env | {
-        "CUDA_MPS_PIPE_DIRECTORY": str(base / "pipe"),
-        "CUDA_MPS_LOG_DIRECTORY": str(base / "log"),
-    }
-    (base / "pipe").mkdir(exist_ok=True)
-    (base / "log").mkdir(exist_ok=True)
-    started = subprocess.run(
-        [control, "-d"], env=env, capture_output=True, text=True, timeout=20, check=False
-    )
-    found["private_daemon_start_rc"] = started.returncode
-    try:
-        if started.returncode != 0:
-            found["private_daemon"] = f"did not start: {started.stderr.strip()[-200:]}"
-            return found
-        try:
-            probe = ctx.target.probe(["launch", "10", "10"], env=env, timeout=30)
-            found["private_daemon"] = (
-                "served a driver-API client" if probe.get("kernels") == "10" else str(probe)
-            )
-        except Exception as err:
-            found["private_daemon"] = f"started, but a client failed: {err}"[:300]
-    finally:
-        with contextlib.suppress(Exception):
-            subprocess.run(
-                [control], input="quit\n", env=env, capture_output=True, text=True, timeout=20, check=False
-            )
-        for _ in range(50):  # the daemon removes its pipe when it is gone
-            if not (base / "pipe" / "control").exists():
-                break
-            time.sleep(0.1)
-        found["private_daemon_stopped"] = not (base / "pipe" / "control").exists()
-        log = base / "log" / "control.log"
-        if log.exists():
-            found["private_daemon_log_tail"] = log.read_text(errors="replace")[-600:]
+    with private_daemon(ctx.target.scratch("mps"), ctx.target.env) as daemon:
+        if daemon.found["started"]:
+            try:
+                probe = ctx.target.probe(["launch", "10", "10"], env=daemon.env, timeout=30)
+                found["private_daemon"] = (
+                    "served a driver-API client" if probe.get("kernels") == "10" else str(probe)
+                )
+            except Exception as err:
+                found["private_daemon"] = f"started, but a client failed: {err}"[:300]
+        else:
+            found["private_daemon"] = daemon.found["why_not"]
+    found["private_daemon_start_rc"] = daemon.found.get("start_rc")
+    found["private_daemon_stopped"] = daemon.found.get("stopped")
+    if "control.log_tail" in daemon.found:
+        found["private_daemon_log_tail"] = daemon.found["control.log_tail"]
     return found
 
 

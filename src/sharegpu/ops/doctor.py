@@ -8,6 +8,7 @@ failure of that check, never of the doctor.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import stat
@@ -48,6 +49,9 @@ class Context:
     clocksource: Path = Path("/sys/devices/system/clocksource/clocksource0")
     proc: Path = Path("/proc")
     vgpu_dir: Path = Path("/usr/local/vgpu")
+    mps_pipe_dir: Path = field(
+        default_factory=lambda: Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps")
+    )
 
 
 def _mapped(fragment: str) -> str | None:
@@ -342,6 +346,57 @@ def check_clocksource(ctx: Context) -> Check:
     return Check("clocksource", "warn", f"{source}: clock reads are slower than with tsc", fix)
 
 
+MPS_PID_FILE = "nvidia-cuda-mps-control.pid"  # what the control daemon writes in its pipe directory
+MPS_CONTROL = "nvidia-cuda-mps-control"
+
+
+def _running(proc: Path, comm_name: str) -> list[int]:
+    found = []
+    for comm in proc.glob("[0-9]*/comm"):
+        with contextlib.suppress(OSError):
+            if comm.read_text().strip() == comm_name:
+                found.append(int(comm.parent.name))
+    return sorted(found)
+
+
+def check_mps(ctx: Context) -> Check:
+    """Whether an MPS control daemon serves this node's pipe directory: only under one does the
+    GPU itself serve an online request before offline work (the shim makes offline tenants
+    BELOW_NORMAL clients; docs/design/arbitration.md)."""
+    pipe = ctx.mps_pipe_dir
+    pid_file = pipe / MPS_PID_FILE
+    try:
+        pid = int(pid_file.read_text().strip())
+    except FileNotFoundError:
+        elsewhere = _running(ctx.proc, MPS_CONTROL)
+        if elsewhere:
+            return Check(
+                "mps",
+                "warn",
+                f"{MPS_CONTROL} runs (pid {elsewhere[0]}) but not at {pipe}: tenants with this "
+                "environment are not its clients",
+                "set CUDA_MPS_PIPE_DIRECTORY to its pipe directory for the agent and the tenants",
+            )
+        return Check(
+            "mps",
+            "ok",
+            f"no MPS daemon ({pipe}): an online request the arbiter did not predict waits for up to "
+            f"the GPU's time slice next to offline work; under `{MPS_CONTROL} -d` the GPU serves it first",
+        )
+    except (OSError, ValueError) as err:
+        return Check("mps", "warn", f"{pid_file} cannot be read: {err}", f"check {pipe}")
+    if not (ctx.proc / str(pid)).exists():
+        return Check(
+            "mps",
+            "warn",
+            f"{pid_file} names pid {pid}, which is gone: clients find no MPS daemon",
+            f"remove {pipe} and start {MPS_CONTROL} -d again",
+        )
+    return Check(
+        "mps", "ok", f"an MPS daemon (pid {pid}) at {pipe}: offline tenants are BELOW_NORMAL clients"
+    )
+
+
 CONFLICT_MODULES = ("cgpu", "qgpu")  # Alibaba cGPU (cgpu_km), Tencent qGPU
 
 
@@ -363,15 +418,8 @@ def check_conflicts(ctx: Context) -> Check:
         name = line.split(" ", 1)[0]
         if name.startswith(CONFLICT_MODULES):
             found.append(("fail", f"kernel module {name} is loaded (cGPU/qGPU)"))
-    for comm in ctx.proc.glob("[0-9]*/comm"):
-        try:
-            if comm.read_text().strip() == "nvidia-cuda-mps-control":
-                found.append(("warn", f"nvidia-cuda-mps-control is running (pid {comm.parent.name})"))
-                break
-        except OSError:
-            continue
-    if not found:
-        return Check("conflicts", "ok", "no HAMi, MPS, cGPU or qGPU found")
+    if not found:  # an MPS daemon is no conflict: the `mps` check reports it
+        return Check("conflicts", "ok", "no HAMi, cGPU or qGPU found")
     status: Status = "fail" if any(s == "fail" for s, _ in found) else "warn"
     return Check(
         "conflicts",
@@ -393,6 +441,7 @@ CHECKS: list[Callable[[Context], Check]] = [
     check_agent,
     check_preload,
     check_clocksource,
+    check_mps,
     check_conflicts,
 ]
 
