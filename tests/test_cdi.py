@@ -182,6 +182,42 @@ def test_a_tenant_is_a_device_with_its_limits_read_only_and_its_usage_and_arbite
     assert [d["name"] for d in only["devices"]] == ["batch"]
 
 
+def test_under_a_live_mps_daemon_containers_get_its_pipe_directory(sim: Sim, tmp_path: Path) -> None:
+    """A pipe directory whose pid file names a live process is mounted into every container at
+    the same path and named in its environment; one whose daemon is gone, or none, is not."""
+    sim.tenant("web", 512, gpus=[0])
+    pipe = tmp_path / "mps"
+    pipe.mkdir()
+
+    def common() -> tuple[dict[str, str], dict[str, dict]]:  # type: ignore[type-arg]
+        proc = sim.cli(
+            "cdi",
+            "generate",
+            "--output",
+            "-",
+            "--shape",
+            "none",
+            env=sim.env(CUDA_MPS_PIPE_DIRECTORY=str(pipe)),
+        )
+        assert proc.returncode == 0, proc.stderr
+        edits = json.loads(proc.stdout)["containerEdits"]
+        return dict(e.split("=", 1) for e in edits["env"]), {m["containerPath"]: m for m in edits["mounts"]}
+
+    env, mounts = common()
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in env
+    assert str(pipe) not in mounts
+    (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{os.getpid()}\n")  # a live process
+    env, mounts = common()
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe)
+    assert mounts[str(pipe)]["hostPath"] == str(pipe)
+    assert {"rw", "bind"} <= options(mounts[str(pipe)])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{dead.pid}\n")
+    env, mounts = common()
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in env
+
+
 def test_the_spec_file_is_written_whole_and_replaced_atomically(sim: Sim, tmp_path: Path) -> None:
     sim.tenant("web", 512, gpus=[0])
     out = tmp_path / "cdi"

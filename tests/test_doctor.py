@@ -16,7 +16,7 @@ import pytest
 
 from agentutil import Agent
 from conftest import Sim
-from sharegpu import native
+from sharegpu import mps, native
 from sharegpu.ops import doctor
 from sharegpu.ops.doctor import Context
 
@@ -226,7 +226,7 @@ def test_mps_daemon(tmp_path: Path) -> None:
     assert none.status == "ok"
     assert "no MPS daemon" in none.message
     pipe.mkdir()
-    (pipe / doctor.MPS_PID_FILE).write_text("4242\n")
+    (pipe / mps.PID_FILE).write_text("4242\n")
     (proc / "4242").mkdir(parents=True)
     live = doctor.check_mps(ctx)
     assert live.status == "ok"
@@ -236,9 +236,9 @@ def test_mps_daemon(tmp_path: Path) -> None:
     assert stale.status == "warn"
     assert stale.fix is not None
     assert "nvidia-cuda-mps-control -d" in stale.fix
-    (pipe / doctor.MPS_PID_FILE).write_text("not a pid")
+    (pipe / mps.PID_FILE).write_text("not a pid")
     assert doctor.check_mps(ctx).status == "warn"
-    (pipe / doctor.MPS_PID_FILE).unlink()
+    (pipe / mps.PID_FILE).unlink()
     (proc / "77").mkdir()
     (proc / "77" / "comm").write_text("nvidia-cuda-mps-control\n")  # a daemon of another pipe directory
     elsewhere = doctor.check_mps(ctx)

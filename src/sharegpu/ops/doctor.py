@@ -8,7 +8,6 @@ failure of that check, never of the doctor.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import stat
@@ -22,7 +21,7 @@ from typing import Any, Literal
 from rich.console import Console
 from rich.markup import escape
 
-from sharegpu import __version__, native
+from sharegpu import __version__, mps, native
 
 Status = Literal["ok", "warn", "fail"]
 
@@ -49,9 +48,7 @@ class Context:
     clocksource: Path = Path("/sys/devices/system/clocksource/clocksource0")
     proc: Path = Path("/proc")
     vgpu_dir: Path = Path("/usr/local/vgpu")
-    mps_pipe_dir: Path = field(
-        default_factory=lambda: Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps")
-    )
+    mps_pipe_dir: Path = field(default_factory=mps.pipe_dir)
 
 
 def _mapped(fragment: str) -> str | None:
@@ -346,54 +343,41 @@ def check_clocksource(ctx: Context) -> Check:
     return Check("clocksource", "warn", f"{source}: clock reads are slower than with tsc", fix)
 
 
-MPS_PID_FILE = "nvidia-cuda-mps-control.pid"  # what the control daemon writes in its pipe directory
-MPS_CONTROL = "nvidia-cuda-mps-control"
-
-
-def _running(proc: Path, comm_name: str) -> list[int]:
-    found = []
-    for comm in proc.glob("[0-9]*/comm"):
-        with contextlib.suppress(OSError):
-            if comm.read_text().strip() == comm_name:
-                found.append(int(comm.parent.name))
-    return sorted(found)
-
-
 def check_mps(ctx: Context) -> Check:
     """Whether an MPS control daemon serves this node's pipe directory: only under one does the
     GPU itself serve an online request before offline work (the shim makes offline tenants
     BELOW_NORMAL clients; docs/design/arbitration.md)."""
+    daemon = mps.find(ctx.mps_pipe_dir, ctx.proc)
     pipe = ctx.mps_pipe_dir
-    pid_file = pipe / MPS_PID_FILE
-    try:
-        pid = int(pid_file.read_text().strip())
-    except FileNotFoundError:
-        elsewhere = _running(ctx.proc, MPS_CONTROL)
-        if elsewhere:
-            return Check(
-                "mps",
-                "warn",
-                f"{MPS_CONTROL} runs (pid {elsewhere[0]}) but not at {pipe}: tenants with this "
-                "environment are not its clients",
-                "set CUDA_MPS_PIPE_DIRECTORY to its pipe directory for the agent and the tenants",
-            )
+    if daemon.state == "running":
         return Check(
             "mps",
             "ok",
-            f"no MPS daemon ({pipe}): an online request the arbiter did not predict waits for up to "
-            f"the GPU's time slice next to offline work; under `{MPS_CONTROL} -d` the GPU serves it first",
+            f"an MPS daemon (pid {daemon.pid}) at {pipe}: offline tenants are BELOW_NORMAL clients",
         )
-    except (OSError, ValueError) as err:
-        return Check("mps", "warn", f"{pid_file} cannot be read: {err}", f"check {pipe}")
-    if not (ctx.proc / str(pid)).exists():
+    if daemon.state == "stale":
         return Check(
             "mps",
             "warn",
-            f"{pid_file} names pid {pid}, which is gone: clients find no MPS daemon",
-            f"remove {pipe} and start {MPS_CONTROL} -d again",
+            f"{daemon.detail}: clients find no MPS daemon",
+            f"remove {pipe} and start {mps.CONTROL} -d again",
+        )
+    if daemon.state == "unreadable":
+        return Check("mps", "warn", daemon.detail, f"check {pipe}")
+    elsewhere = mps.running_elsewhere(ctx.proc)
+    if elsewhere:
+        return Check(
+            "mps",
+            "warn",
+            f"{mps.CONTROL} runs (pid {elsewhere[0]}) but not at {pipe}: tenants with this "
+            "environment are not its clients",
+            f"set {mps.PIPE_ENV} to its pipe directory for the agent and the tenants",
         )
     return Check(
-        "mps", "ok", f"an MPS daemon (pid {pid}) at {pipe}: offline tenants are BELOW_NORMAL clients"
+        "mps",
+        "ok",
+        f"no MPS daemon ({pipe}): an online request the arbiter did not predict waits for up to "
+        f"the GPU's time slice next to offline work; under `{mps.CONTROL} -d` the GPU serves it first",
     )
 
 

@@ -29,7 +29,7 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from sharegpu import abi, simgpu
+from sharegpu import abi, mps, simgpu
 from sharegpu.devices import Gpu, driver_version, list_gpus, nvml_library
 from sharegpu.errors import CdiSpecError, ConfigError, SpecError, TenantNotFound
 from sharegpu.native import simgpu_dir
@@ -97,15 +97,30 @@ def node_driver(gpus: Sequence[Gpu], host: nvidia.Host | None = None) -> nvidia.
     return nvidia.discover([(g.index, g.uuid, g.minor) for g in gpus], host)
 
 
+def mps_edits(daemon: mps.Daemon) -> ContainerEdits:
+    """What makes a container's processes clients of the node's MPS daemon, if one runs: its
+    pipe directory at the same path, named in the environment (the shim then gives offline
+    tenants their BELOW_NORMAL priority inside too). Nothing without a daemon: a container
+    then shares the GPU by time slices, as before."""
+    if daemon.state != "running":
+        return ContainerEdits()
+    return ContainerEdits(
+        env=[f"{mps.PIPE_ENV}={daemon.pipe_dir}"],
+        mounts=[_bind(daemon.pipe_dir, str(daemon.pipe_dir), writable=True)],
+    )
+
+
 def common_edits(root: Path, driver: nvidia.Driver) -> ContainerEdits:
     edits = driver.edits
+    extra = mps_edits(mps.find(mps.pipe_dir()))  # the daemon as this process's environment finds it
     return ContainerEdits(
-        env=[f"{abi.TENANT_ENV}={CONTAINER_TENANT_DIR}", *(edits.env or [])],
+        env=[f"{abi.TENANT_ENV}={CONTAINER_TENANT_DIR}", *(edits.env or []), *(extra.env or [])],
         deviceNodes=edits.device_nodes or None,
         mounts=[
             _bind(preload_shim(), CONTAINER_SHIM),
             _bind(preload_file(root), "/etc/ld.so.preload"),
             *(edits.mounts or []),
+            *(extra.mounts or []),
         ],
     )
 
