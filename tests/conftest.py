@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sharegpu import native
+from sharegpu import native, simgpu
 from sharegpu.spec import MIB
 from sharegpu.tenant import DeviceLimit, create_tenant
 from simgpuutil import TUNING_VARS, run_python
@@ -35,17 +35,10 @@ _NOT_RUN = pytest.StashKey[tuple[int, str]]()
 
 
 def real_gpu_env() -> dict[str, str]:
-    """This process's environment for the machine's own driver: no shim, no tenant, the
-    simulated GPU's directory taken off the library path."""
-    sim = (native.LIB_DIR / "simgpu").resolve()
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("LD_PRELOAD", "SHAREGPU_TENANT", "CUDA_VISIBLE_DEVICES") and not k.startswith("SIMGPU_")
-    }
-    paths = [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p and Path(p).resolve() != sim]
-    env["LD_LIBRARY_PATH"] = ":".join(paths)
-    return env
+    """This process's environment for the machine's own driver: no shim, no tenant, no
+    simulated GPU."""
+    drop = ("LD_PRELOAD", "SHAREGPU_TENANT", "CUDA_VISIBLE_DEVICES")
+    return simgpu.without({k: v for k, v in os.environ.items() if k not in drop})
 
 
 def real_gpu() -> str | None:

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from conftest import Sim, parse_kv
-from sharegpu import native
+from conftest import Sim, parse_kv, real_gpu
+from sharegpu import native, simgpu
 from sharegpu.spec import MIB
 from sharegpu.tenant import iter_tenants
 
@@ -237,6 +237,27 @@ def test_simgpu_env_and_reset(sim: Sim) -> None:
     assert not sim.state.exists()
     assert "nothing to reset" in sim.cli("simgpu", "reset").stdout
     _one_line_error(sim.cli("simgpu", "env", "--gpus", "0"), 2, "invalid GPU count")
+
+
+def test_an_environment_without_the_simulated_gpu_reaches_the_machines_own_driver(sim: Sim) -> None:
+    """simgpu.without takes the simulated GPU out of an environment: a process with it loads
+    NVML from the machine (here none: an error), not the simulated library it loads otherwise."""
+    code = (
+        "import pynvml\n"
+        "try:\n    pynvml.nvmlInit(); print(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0)))\n"
+        "except pynvml.NVMLError as err:\n    print('no NVML:', err)\n"
+    )
+    env = sim.env(SIMGPU_KERNEL_US="5", LD_LIBRARY_PATH=f"/opt/elsewhere:{native.LIB_DIR / 'simgpu'}")
+    seen = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert "simulated" in seen.stdout
+    bare = simgpu.without(env)
+    assert bare["LD_LIBRARY_PATH"] == "/opt/elsewhere"
+    assert not [k for k in bare if k.startswith("SIMGPU_")]
+    real = subprocess.run([sys.executable, "-c", code], env=bare, capture_output=True, text=True, check=True)
+    if real_gpu() is not None:  # no driver here: the simulated one is not found either
+        assert real.stdout.startswith("no NVML:"), real.stdout
+    assert "simulated" not in real.stdout
+    assert "LD_LIBRARY_PATH" not in simgpu.without(sim.env())
 
 
 def test_simgpu_env_says_when_an_existing_state_ignores_a_new_size(sim: Sim) -> None:

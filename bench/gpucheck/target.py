@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sharegpu import simgpu
 from sharegpu.native import LIB_DIR, probe_path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,14 +56,7 @@ def _base(root: Path, kind: str) -> dict[str, str]:
 
 def real_environment(root: Path) -> dict[str, str]:
     """The machine's own driver: the simulated GPU's directory is taken off the library path."""
-    env = _base(root, REAL)
-    sim = str(LIB_DIR / "simgpu")
-    paths = [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p and Path(p).resolve() != Path(sim)]
-    if paths:
-        env["LD_LIBRARY_PATH"] = ":".join(paths)
-    else:
-        env.pop("LD_LIBRARY_PATH", None)
-    return env
+    return simgpu.without(_base(root, REAL))
 
 
 def simulated_environment(root: Path) -> dict[str, str]:

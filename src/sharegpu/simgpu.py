@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +70,19 @@ class SimConfig:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(doc) + "\n")
         return path
+
+
+def without(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` for the machine's own driver: the simulated GPU's variables dropped and its
+    directory taken off the library path (the variable too when nothing else is left)."""
+    sim = simgpu_dir().resolve()
+    out = {k: v for k, v in env.items() if not k.startswith("SIMGPU_")}
+    paths = [p for p in out.get("LD_LIBRARY_PATH", "").split(":") if p and Path(p).resolve() != sim]
+    if paths:
+        out["LD_LIBRARY_PATH"] = ":".join(paths)
+    else:
+        out.pop("LD_LIBRARY_PATH", None)
+    return out
 
 
 def environment(state: Path | None = None, config: Path | None = None) -> dict[str, str]:
