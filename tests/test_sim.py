@@ -11,10 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sharegpu.errors import ConfigError
-from sharegpu.placement import Node, Request
+from sharegpu.placement import Node, Request, policies
+from sharegpu.placement.cluster import ClusterState
 from sharegpu.sim import load_nodes, load_pods, sample, simulate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -148,6 +150,34 @@ def test_simulation_is_deterministic_by_seed(small_cluster: list[Node], default_
     assert a.points != c.points
     assert [p.demand for p in a.points][:3] == [0.0, 0.01, 0.02]
     assert a.points[-1].demand == pytest.approx(1.3)
+
+
+def test_tidying_other_shapes_gradients_keeps_every_decision_and_bounds_the_catch_up(
+    small_cluster: list[Node], default_pods: list[Request], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each decision also brings a few stale nodes of the shape longest without a look up to
+    date: the same placements as without, and a rare shape no longer pays for every node that
+    changed since it last came."""
+    caught_up: list[int] = []
+    refresh = policies._GradientCache.refresh
+
+    def counting(self: policies._GradientCache, state: ClusterState, limit: int | None = None) -> bool:
+        if limit is None:
+            caught_up.append(int(np.count_nonzero(self.seen != state.version)))
+        return refresh(self, state, limit)
+
+    monkeypatch.setattr(policies._GradientCache, "refresh", counting)
+    first_looks = len({r.shape for r in default_pods})  # warm(): every shape's first, whole look
+    tidy = simulate(small_cluster, default_pods, "ours", 42)
+    worst_tidy = max(caught_up[first_looks:])
+    caught_up.clear()
+    monkeypatch.setattr(policies, "TIDY_NODES", 0)
+    lazy = simulate(small_cluster, default_pods, "ours", 42)
+    worst_lazy = max(caught_up[first_looks:])
+    assert tidy.points == lazy.points
+    assert tidy.failed_pods == lazy.failed_pods
+    print(f"most stale nodes one decision caught up: {worst_tidy} with tidying, {worst_lazy} without")
+    assert worst_tidy < worst_lazy / 2
 
 
 def test_reduced_reproduction_fgd_beats_random_and_ours_beats_fgd(
