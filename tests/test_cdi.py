@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -183,22 +184,16 @@ def test_a_tenant_is_a_device_with_its_limits_read_only_and_its_usage_and_arbite
 
 
 def test_under_a_live_mps_daemon_containers_get_its_pipe_directory(sim: Sim, tmp_path: Path) -> None:
-    """A pipe directory whose pid file names a live process is mounted into every container at
-    the same path and named in its environment; one whose daemon is gone, or none, is not."""
+    """A pipe directory whose pid file names a live control daemon is mounted into every
+    container at the same path and named in its environment; none is when the daemon is gone,
+    or when the directory is one that others may write (/tmp/nvidia-mps is anyone's to make)."""
     sim.tenant("web", 512, gpus=[0])
     pipe = tmp_path / "mps"
-    pipe.mkdir()
+    pipe.mkdir(mode=0o755)
 
     def common() -> tuple[dict[str, str], dict[str, dict]]:  # type: ignore[type-arg]
-        proc = sim.cli(
-            "cdi",
-            "generate",
-            "--output",
-            "-",
-            "--shape",
-            "none",
-            env=sim.env(CUDA_MPS_PIPE_DIRECTORY=str(pipe)),
-        )
+        env = sim.env(CUDA_MPS_PIPE_DIRECTORY=str(pipe))
+        proc = sim.cli("cdi", "generate", "--output", "-", "--shape", "none", env=env)
         assert proc.returncode == 0, proc.stderr
         edits = json.loads(proc.stdout)["containerEdits"]
         return dict(e.split("=", 1) for e in edits["env"]), {m["containerPath"]: m for m in edits["mounts"]}
@@ -206,14 +201,26 @@ def test_under_a_live_mps_daemon_containers_get_its_pipe_directory(sim: Sim, tmp
     env, mounts = common()
     assert "CUDA_MPS_PIPE_DIRECTORY" not in env
     assert str(pipe) not in mounts
-    (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{os.getpid()}\n")  # a live process
-    env, mounts = common()
-    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe)
-    assert mounts[str(pipe)]["hostPath"] == str(pipe)
-    assert {"rw", "bind"} <= options(mounts[str(pipe)])
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{dead.pid}\n")
+    daemon = tmp_path / "nvidia-cuda-mps-control"  # a stand-in with the daemon's name
+    shutil.copy("/bin/sleep", daemon)
+    stand_in = subprocess.Popen([str(daemon), "60"])
+    try:
+        (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{stand_in.pid}\n")
+        env, mounts = common()
+        assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe)
+        assert mounts[str(pipe)]["hostPath"] == str(pipe)
+        assert {"rw", "bind"} <= options(mounts[str(pipe)])
+        pipe.chmod(0o777)
+        env, mounts = common()
+        assert "CUDA_MPS_PIPE_DIRECTORY" not in env
+        pipe.chmod(0o755)
+        (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{os.getpid()}\n")  # alive, not a daemon
+        env, mounts = common()
+        assert "CUDA_MPS_PIPE_DIRECTORY" not in env
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+    (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{stand_in.pid}\n")  # gone
     env, mounts = common()
     assert "CUDA_MPS_PIPE_DIRECTORY" not in env
 

@@ -219,18 +219,27 @@ def test_clock_source(tmp_path: Path) -> None:
 
 def test_mps_daemon(tmp_path: Path) -> None:
     """No daemon is fine and says what it would buy; a live one is named; a pid file whose
-    process is gone is a warning with the fix."""
+    process is gone or is something else, or a directory others may write, is a warning."""
     pipe, proc = tmp_path / "mps", tmp_path / "proc"
     ctx = Context(runtime_dir=tmp_path, mps_pipe_dir=pipe, proc=proc)
     none = doctor.check_mps(ctx)
     assert none.status == "ok"
     assert "no MPS daemon" in none.message
-    pipe.mkdir()
+    pipe.mkdir(mode=0o755)
     (pipe / mps.PID_FILE).write_text("4242\n")
     (proc / "4242").mkdir(parents=True)
+    (proc / "4242" / "comm").write_text("nvidia-cuda-mps\n")  # the kernel's 15 characters of the name
     live = doctor.check_mps(ctx)
     assert live.status == "ok"
     assert "pid 4242" in live.message
+    pipe.chmod(0o777)  # the default directory is under /tmp: anyone could have made it
+    untrusted = doctor.check_mps(ctx)
+    assert untrusted.status == "warn"
+    assert "not used" in untrusted.message
+    pipe.chmod(0o755)
+    (proc / "4242" / "comm").write_text("sleep\n")  # the pid was reused
+    assert doctor.check_mps(ctx).status == "warn"
+    (proc / "4242" / "comm").unlink()
     (proc / "4242").rmdir()
     stale = doctor.check_mps(ctx)
     assert stale.status == "warn"
@@ -240,7 +249,7 @@ def test_mps_daemon(tmp_path: Path) -> None:
     assert doctor.check_mps(ctx).status == "warn"
     (pipe / mps.PID_FILE).unlink()
     (proc / "77").mkdir()
-    (proc / "77" / "comm").write_text("nvidia-cuda-mps-control\n")  # a daemon of another pipe directory
+    (proc / "77" / "comm").write_text("nvidia-cuda-mps\n")  # a daemon of another pipe directory
     elsewhere = doctor.check_mps(ctx)
     assert elsewhere.status == "warn"
     assert "pid 77" in elsewhere.message
@@ -255,7 +264,7 @@ def test_conflicting_gpu_sharing_software(tmp_path: Path) -> None:
         runtime_dir=tmp_path, etc_preload=tmp_path / "preload", proc=proc, vgpu_dir=tmp_path / "vgpu"
     )
     assert doctor.check_conflicts(ctx).status == "ok"
-    (proc / "4242" / "comm").write_text("nvidia-cuda-mps-control\n")
+    (proc / "4242" / "comm").write_text("nvidia-cuda-mps\n")
     assert doctor.check_conflicts(ctx).status == "ok"  # MPS is the `mps` check's business
     (tmp_path / "preload").write_text("/usr/local/vgpu/libvgpu.so\n")
     (tmp_path / "vgpu").mkdir()

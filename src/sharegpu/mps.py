@@ -7,6 +7,7 @@ directory."""
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +17,9 @@ PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 DEFAULT_PIPE_DIR = Path("/tmp/nvidia-mps")
 PID_FILE = "nvidia-cuda-mps-control.pid"  # what the control daemon writes in its pipe directory
 CONTROL = "nvidia-cuda-mps-control"
+COMM = CONTROL[:15]  # what /proc/<pid>/comm shows of it: the kernel keeps 15 characters
 
-State = Literal["running", "absent", "stale", "unreadable"]
+State = Literal["running", "absent", "stale", "unreadable", "untrusted"]
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,10 @@ def pipe_dir(env: Mapping[str, str] | None = None) -> Path:
 
 
 def find(pipe: Path, proc: Path = Path("/proc")) -> Daemon:
-    """What the pid file in `pipe` says, checked against /proc."""
+    """What the pid file in `pipe` says, checked against /proc. A daemon counts only if the
+    directory is its owner's alone (root's or this process's user's, writable by nobody else)
+    and the pid is a control daemon: the default directory is under /tmp, where any user could
+    make one, and the CDI spec mounts it into every container."""
     pid_file = pipe / PID_FILE
     try:
         pid = int(pid_file.read_text().strip())
@@ -43,8 +48,23 @@ def find(pipe: Path, proc: Path = Path("/proc")) -> Daemon:
         return Daemon(pipe, "absent")
     except (OSError, ValueError) as err:
         return Daemon(pipe, "unreadable", detail=f"{pid_file} cannot be read: {err}")
-    if not (proc / str(pid)).exists():
+    try:
+        info = pipe.lstat()
+    except OSError as err:
+        return Daemon(pipe, "unreadable", detail=f"{pipe}: {err.strerror}")
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid not in (0, os.geteuid()) or info.st_mode & 0o022:
+        return Daemon(
+            pipe,
+            "untrusted",
+            pid,
+            f"{pipe} is not a directory of root or uid {os.geteuid()} that only its owner may write",
+        )
+    try:
+        comm = (proc / str(pid) / "comm").read_text().strip()
+    except OSError:
         return Daemon(pipe, "stale", pid, f"{pid_file} names pid {pid}, which is gone")
+    if comm != COMM:
+        return Daemon(pipe, "stale", pid, f"{pid_file} names pid {pid}, which is {comm!r}, not {CONTROL}")
     return Daemon(pipe, "running", pid)
 
 
@@ -53,7 +73,7 @@ def running_elsewhere(proc: Path = Path("/proc")) -> list[int]:
     found = []
     for comm in proc.glob("[0-9]*/comm"):
         try:
-            if comm.read_text().strip() == CONTROL:
+            if comm.read_text().strip() == COMM:
                 found.append(int(comm.parent.name))
         except (OSError, ValueError):
             continue

@@ -364,6 +364,13 @@ def check_mps(ctx: Context) -> Check:
         )
     if daemon.state == "unreadable":
         return Check("mps", "warn", daemon.detail, f"check {pipe}")
+    if daemon.state == "untrusted":
+        return Check(
+            "mps",
+            "warn",
+            f"{daemon.detail}: not used (the CDI spec would mount it into every container)",
+            f"run the daemon with {mps.PIPE_ENV} set to a directory of its own, mode 0755 or tighter",
+        )
     elsewhere = mps.running_elsewhere(ctx.proc)
     if elsewhere:
         return Check(
