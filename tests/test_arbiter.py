@@ -397,11 +397,14 @@ def test_online_preempts_offline(sim: Sim) -> None:
     assert usage_totals(offline)["preemptions"] == t.preemptions
 
 
-def _late_bursts(sim: Sim, online: Path, offline: Path, arrivals: str, kernel_us: int = 1000) -> float:
-    """Online requests (2 x 1 ms kernels every 25 ms) next to an offline tenant with kernels of
-    `kernel_us`: the fraction of requests delayed by more than 0.4 ms over the quickest."""
+def _late_bursts(
+    sim: Sim, online: Path, offline_env: dict[str, str], arrivals: str, kernel_us: int = 1000
+) -> float:
+    """Online requests (2 x 1 ms kernels, every 25 ms or at random around it) next to a process
+    of `offline_env` saturating with kernels of `kernel_us`: the fraction of requests delayed by
+    more than 0.4 ms over the quickest."""
     at = start_at(0.5)
-    off = spawn(sim, offline, "saturate", 2.6, kernel_us, "kernel", at - 300_000_000)
+    off = sim.spawn_probe("saturate", "2.6", str(kernel_us), "kernel", str(at - 300_000_000), env=offline_env)
     lat = _latencies(spawn(sim, online, arrivals, 60, 25, 2, 1000, at))
     finish(off)
     quickest = min(lat)
@@ -412,18 +415,18 @@ def test_offline_holds_back_before_predicted_online_requests(sim: Sim) -> None:
     online = compute_tenant(sim, "web", "share", 50, priority="online")
     offline = compute_tenant(sim, "train", "share", 50, priority="offline")
     path = arbiter_of(sim)
-    late = _late_bursts(sim, online, offline, "bursts")
+    late = _late_bursts(sim, online, sim.tenant_env(offline), "bursts")
     status = read_arbiter(path)
     print(f"periodic: {late:.0%} late, period {status.online_period_ns} ns, holdbacks {status.holdbacks}")
     assert abs(status.online_period_ns - 25_000_000) < 2_500_000  # the period was learned
     assert status.holdbacks >= 30  # about one per request once learned
     tune_arbiter(path, holdback_max_ns=0)  # prediction off: the in-flight bound alone
-    late_off = _late_bursts(sim, online, offline, "bursts")
+    late_off = _late_bursts(sim, online, sim.tenant_env(offline), "bursts")
     print(f"periodic without prediction: {late_off:.0%} late")
     assert read_arbiter(path).holdbacks == status.holdbacks
     assert late < late_off / 2
     tune_arbiter(path, holdback_max_ns=abi.ARB_DEFAULT_HOLDBACK_MAX_NS)
-    _late_bursts(sim, online, offline, "poisson")
+    _late_bursts(sim, online, sim.tenant_env(offline), "poisson")
     random_holds = read_arbiter(path).holdbacks - status.holdbacks
     print(f"random arrivals: {random_holds} holdbacks for 60 requests")
     assert random_holds <= 20  # nothing regular to predict: few (wrong) hold-backs
@@ -435,10 +438,10 @@ def test_hold_back_covers_offline_kernels_up_to_half_the_period(sim: Sim) -> Non
     online = compute_tenant(sim, "web", "share", 50, priority="online")
     offline = compute_tenant(sim, "train", "share", 50, priority="offline")
     path = arbiter_of(sim)
-    late = _late_bursts(sim, online, offline, "bursts", kernel_us=8000)
+    late = _late_bursts(sim, online, sim.tenant_env(offline), "bursts", kernel_us=8000)
     holds = read_arbiter(path).holdbacks
     tune_arbiter(path, holdback_max_ns=0)
-    late_off = _late_bursts(sim, online, offline, "bursts", kernel_us=8000)
+    late_off = _late_bursts(sim, online, sim.tenant_env(offline), "bursts", kernel_us=8000)
     print(f"8 ms offline kernels: {late:.0%} late with {holds} holdbacks, {late_off:.0%} without prediction")
     assert holds >= 30
     assert late < late_off / 2
@@ -446,17 +449,6 @@ def test_hold_back_covers_offline_kernels_up_to_half_the_period(sim: Sim) -> Non
 
 # ---------------------------------------------------------------------------------------------
 # robustness
-
-
-def _late_next_to(sim: Sim, online: Path, offline_env: dict[str, str], kernel_us: int) -> float:
-    """Online requests at random (2 x 1 ms kernels, mean gap 25 ms) next to a process of
-    `offline_env` saturating with kernels of `kernel_us`: the fraction delayed > 0.4 ms."""
-    at = start_at(0.5)
-    off = sim.spawn_probe("saturate", "2.6", str(kernel_us), "kernel", str(at - 300_000_000), env=offline_env)
-    lat = _latencies(spawn(sim, online, "poisson", 60, 25, 2, 1000, at))
-    finish(off)
-    quickest = min(lat)
-    return sum(1 for x in lat if x > quickest + 400) / len(lat)
 
 
 def test_under_mps_an_offline_tenant_is_a_below_normal_client_whatever_it_sets(sim_factory) -> None:  # type: ignore[no-untyped-def]
@@ -468,8 +460,8 @@ def test_under_mps_an_offline_tenant_is_a_below_normal_client_whatever_it_sets(s
     online = compute_tenant(sim, "web", "share", 50, priority="online")
     offline = compute_tenant(sim, "train", "share", 50, priority="offline")
     tune_arbiter(arbiter_of(sim), holdback_max_ns=0)  # no prediction: these come at random
-    late = _late_next_to(sim, online, sim.tenant_env(offline, CUDA_MPS_CLIENT_PRIORITY="0"), 8000)
-    plain = _late_next_to(sim, online, sim.env(CUDA_MPS_CLIENT_PRIORITY="0"), 8000)
+    late = _late_bursts(sim, online, sim.tenant_env(offline, CUDA_MPS_CLIENT_PRIORITY="0"), "poisson", 8000)
+    plain = _late_bursts(sim, online, sim.env(CUDA_MPS_CLIENT_PRIORITY="0"), "poisson", 8000)
     print(f"under MPS, next to 8 ms kernels: {late:.0%} late with the shim's priority, {plain:.0%} without")
     assert late <= 0.2
     assert plain >= 0.5
