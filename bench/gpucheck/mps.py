@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sharegpu import mps
+
 
 @dataclass
 class PrivateMps:
@@ -23,13 +25,13 @@ class PrivateMps:
 def private_daemon(base: Path, env: dict[str, str]) -> Iterator[PrivateMps]:
     """Start `nvidia-cuda-mps-control -d` under `base`; `found["started"]` says whether it did
     (the block runs either way, so the caller reports why not)."""
-    control = shutil.which("nvidia-cuda-mps-control")
+    control = shutil.which(mps.CONTROL)
     pipe, log = base / "pipe", base / "log"
-    daemon = PrivateMps(env | {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log)})
+    daemon = PrivateMps(env | {mps.PIPE_ENV: str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log)})
     daemon.found["control"] = control
     if control is None:
         daemon.found["started"] = False
-        daemon.found["why_not"] = "nvidia-cuda-mps-control is not installed"
+        daemon.found["why_not"] = f"{mps.CONTROL} is not installed"
         yield daemon
         return
     pipe.mkdir(parents=True, exist_ok=True)

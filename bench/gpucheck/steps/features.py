@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import ctypes
-import os
 import re
 import shutil
 import struct
@@ -27,6 +26,7 @@ import pynvml
 from gpucheck import nvmlq
 from gpucheck.context import StepContext
 from gpucheck.mps import private_daemon
+from sharegpu import mps as node_mps
 
 NVML_FUNCTIONS = (
     "nvmlDeviceGetMemoryLimits_v1",
@@ -96,34 +96,35 @@ def answers() -> dict[str, Any]:
 
 def mps(ctx: StepContext) -> dict[str, Any]:
     found: dict[str, Any] = {
-        "control": shutil.which("nvidia-cuda-mps-control"),
+        "control": shutil.which(node_mps.CONTROL),
         "server": shutil.which("nvidia-cuda-mps-server"),
     }
-    default_pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"))
-    found["daemon_running"] = (default_pipe / "control").exists()
+    daemon = node_mps.find(node_mps.pipe_dir())  # the node's own, as doctor and the CDI spec see it
+    found["daemon_running"] = daemon.state == "running"
+    found["node_daemon"] = {"pipe_dir": str(daemon.pipe_dir), "state": daemon.state, "pid": daemon.pid}
     if found["control"] is None:
-        found["private_daemon"] = "not tried: nvidia-cuda-mps-control is not installed"
+        found["private_daemon"] = f"not tried: {node_mps.CONTROL} is not installed"
         return found
     if not ctx.target.real:
         found["private_daemon"] = (
             "not tried: the simulated GPU has no MPS daemon (it models one: SIMGPU_MPS_BLOCK_US)"
         )
         return found
-    with private_daemon(ctx.target.scratch("mps"), ctx.target.env) as daemon:
-        if daemon.found["started"]:
+    with private_daemon(ctx.target.scratch("mps"), ctx.target.env) as private:
+        if private.found["started"]:
             try:
-                probe = ctx.target.probe(["launch", "10", "10"], env=daemon.env, timeout=30)
+                probe = ctx.target.probe(["launch", "10", "10"], env=private.env, timeout=30)
                 found["private_daemon"] = (
                     "served a driver-API client" if probe.get("kernels") == "10" else str(probe)
                 )
             except Exception as err:
                 found["private_daemon"] = f"started, but a client failed: {err}"[:300]
         else:
-            found["private_daemon"] = daemon.found["why_not"]
-    found["private_daemon_start_rc"] = daemon.found.get("start_rc")
-    found["private_daemon_stopped"] = daemon.found.get("stopped")
-    if "control.log_tail" in daemon.found:
-        found["private_daemon_log_tail"] = daemon.found["control.log_tail"]
+            found["private_daemon"] = private.found["why_not"]
+    found["private_daemon_start_rc"] = private.found.get("start_rc")
+    found["private_daemon_stopped"] = private.found.get("stopped")
+    if "control.log_tail" in private.found:
+        found["private_daemon_log_tail"] = private.found["control.log_tail"]
     return found
 
 
