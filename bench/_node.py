@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from sharegpu import simgpu
 from sharegpu.arbiter import arbiter_path, ensure_arbiter
 from sharegpu.native import LIB_DIR, probe_path
 from sharegpu.runtime.run import device_limit
@@ -84,15 +85,7 @@ def simulated_node(
         root = Path(tmp)
         config: dict[str, int] = {"gpus": gpus, "memory_mib": memory_mib, **(gpu_config or {})}
         (root / "simgpu.json").write_text(json.dumps(config))
-        drop = (
-            "LD_PRELOAD",
-            "SHAREGPU_TENANT",
-            "SIMGPU_TIMESLICE_US",
-            "SIMGPU_CTXSW_US",
-            "SIMGPU_PREEMPT_US",
-            "SIMGPU_MPS_BLOCK_US",
-            "CUDA_MPS_CLIENT_PRIORITY",
-        )
+        drop = ("LD_PRELOAD", "SHAREGPU_TENANT", *simgpu.ENGINE_ENV, "CUDA_MPS_CLIENT_PRIORITY")
         base = {k: v for k, v in os.environ.items() if k not in drop}
         base |= {
             "LD_LIBRARY_PATH": str(LIB_DIR / "simgpu"),

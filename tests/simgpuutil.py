@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from sharegpu import simgpu
+
 REPO = Path(__file__).resolve().parents[1]
 NATIVE = REPO / "native"
 LIB = REPO / "src" / "sharegpu" / "_lib"
@@ -22,13 +24,7 @@ GIB = 1024 * MIB
 KINDS = ["plain", "pitch", "managed", "async", "pool", "vmm", "array"]
 PROBES = [pytest.param("sgprobe", id="linked"), pytest.param("sgprobe-dl", id="dlopen")]
 # The simulated GPU's tuning from the environment, dropped where a test wants its defaults.
-TUNING_VARS = (
-    "SIMGPU_KERNEL_US",
-    "SIMGPU_TIMESLICE_US",
-    "SIMGPU_CTXSW_US",
-    "SIMGPU_PREEMPT_US",
-    "SIMGPU_MPS_BLOCK_US",
-)
+TUNING_VARS = (simgpu.KERNEL_US_ENV, *simgpu.ENGINE_ENV)
 
 
 def small(env: dict[str, str], tmp_path: Path, mib: int = 256, **extra: object) -> dict[str, str]:

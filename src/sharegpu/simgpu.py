@@ -20,6 +20,9 @@ from sharegpu.spec import MIB
 STATE_ENV = "SIMGPU_STATE"
 CONFIG_ENV = "SIMGPU_CONFIG"
 KERNEL_US_ENV = "SIMGPU_KERNEL_US"
+# The engine's settings from the environment, which win over the configuration file when the
+# state is created (native/README.md): dropped wherever a node's file is to decide them.
+ENGINE_ENV = ("SIMGPU_TIMESLICE_US", "SIMGPU_CTXSW_US", "SIMGPU_PREEMPT_US", "SIMGPU_MPS_BLOCK_US")
 
 
 def state_path() -> Path:

@@ -95,8 +95,8 @@ struct sim_config {
 SIM_HIDDEN void sim_config_defaults(struct sim_config *c);
 /* Parses the flat JSON object in text (keys in native/README.md) over the defaults. */
 SIM_HIDDEN int sim_config_parse(struct sim_err *e, const char *text, struct sim_config *c);
-/* Defaults, then SIMGPU_CONFIG if set, then SIMGPU_TIMESLICE_US, SIMGPU_CTXSW_US and
- * SIMGPU_PREEMPT_US if set. */
+/* Defaults, then SIMGPU_CONFIG if set, then SIMGPU_TIMESLICE_US, SIMGPU_CTXSW_US,
+ * SIMGPU_MPS_BLOCK_US and SIMGPU_PREEMPT_US if set (ENGINE_ENV in sharegpu/simgpu.py). */
 SIM_HIDDEN int sim_config_load(struct sim_err *e, struct sim_config *c);
 
 /* ---- identity ---------------------------------------------------------------------------- */
