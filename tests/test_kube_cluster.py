@@ -137,6 +137,41 @@ def test_bind_writes_the_assignment_and_the_binding_through_the_api_server(
     assert writes[-1][1].endswith("/pods/web/binding")
 
 
+def test_a_pod_another_replica_binds_while_the_binder_lists_is_counted_once(
+    api: ApiServerStandIn, replicas: Callable[..., Replica]
+) -> None:
+    """The binder lists a node's pods in two queries (on their way, and bound). Another
+    replica's Binding landing between them must not hide its pod: it is counted, once. (Listed
+    bound-first it was in neither, and two replicas put 4 x 30% on one GPU.)"""
+    add_node(api, "one", gpus=1)
+    p2 = add_pod(api, "p2", memory=8000, compute=30)
+    other = replicas("b")
+    binder = other.extender.binder
+    assert isinstance(binder, ApiBinder)
+    deferred: list[tuple[Any, str]] = []
+    real_bind = binder._bind
+    binder._bind = lambda ref, name: deferred.append((ref, name))  # type: ignore[method-assign]
+    assert other.schedule(p2, ["one"]) == ""  # assigned and fenced; its Binding held back
+    assert not stored(api, "p2")["spec"].get("nodeName")
+    ((ref, name),) = deferred
+    mine = ApiBinder(api.api_client(), NS, "a")
+    lists = mine._core.list_pod_for_all_namespaces
+    selectors: list[str] = []
+
+    def listing(**kw: Any) -> Any:
+        got = lists(**kw)
+        selectors.append(kw["field_selector"])
+        if len(selectors) == 1:
+            real_bind(ref, name)  # the other replica's Binding lands between the two lists
+        return got
+
+    mine._core.list_pod_for_all_namespaces = listing  # type: ignore[method-assign]
+    held = mine._held("one")
+    assert stored(api, "p2")["spec"]["nodeName"] == "one"
+    assert len(selectors) == 2
+    assert [p["metadata"]["name"] for p, _ in held] == ["p2"]
+
+
 def test_two_replicas_binding_at_once_never_oversubscribe_a_gpu(
     api: ApiServerStandIn, replicas: Callable[..., Replica]
 ) -> None:

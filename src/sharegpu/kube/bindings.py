@@ -8,7 +8,8 @@ The protocol (optimistic concurrency on what is written):
    (made on first use): its resourceVersion versions everything bound to the node so far;
 2. list what the API server says the node's GPUs hold: the assignment of every pod bound to the
    node or on its way there (not bound yet, its assignment naming the node and younger than
-   `ABANDONED_AFTER_S`), unless it has finished;
+   `ABANDONED_AFTER_S`), unless it has finished; the unbound ones are listed first, so that a
+   pod another bind binds meanwhile is seen in one list or the other;
 3. ask the caller whether the pod's assignment fits beside those (`fits`);
 4. write the assignment on the pod, with the pod's resourceVersion from the scheduling cycle as a
    precondition: a pod edited since it was filtered (its annotations changed) is refused and
@@ -173,11 +174,18 @@ class ApiBinder:
         return self._leases.read_namespaced_lease(name, self.namespace)
 
     def _held(self, node: str) -> list[tuple[Pod, Assignment]]:
-        pods: list[Pod] = []
-        for selector in (f"spec.nodeName={node}", "spec.nodeName="):
+        # Two lists, unbound pods first: a pod only goes from unbound to bound, so one bound
+        # between the lists is in the second. Bound first, a pod bound by another replica in
+        # between was in neither, and a fourth 30% pod went onto a GPU holding 90%. A pod in
+        # both counts once, as the later list saw it.
+        pods: dict[str, Pod] = {}
+        for selector in ("spec.nodeName=", f"spec.nodeName={node}"):
             found = self._core.list_pod_for_all_namespaces(field_selector=selector)
-            pods.extend(self._api.sanitize_for_serialization(p) for p in found.items)
-        return held(pods, node, self.clock())
+            for item in found.items:
+                pod = self._api.sanitize_for_serialization(item)
+                meta = pod.get("metadata") or {}
+                pods[_uid(pod) or f"{meta.get('namespace')}/{meta.get('name')}"] = pod
+        return held(list(pods.values()), node, self.clock())
 
     def _annotate(self, pod: PodRef, text: str, version: str) -> str:
         from kubernetes.client.exceptions import ApiException
