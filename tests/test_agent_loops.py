@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ import pytest
 
 from agentutil import Agent
 from conftest import Sim, parse_kv
-from sharegpu import abi, native
+from sharegpu import abi, mps, native
 from sharegpu.agent.audit import Auditor
 from sharegpu.agent.events import Event
 from sharegpu.agent.loops import build_loops
@@ -337,8 +338,17 @@ def _children(pid: int) -> list[int]:
     return [int(x) for x in text.split()]
 
 
-@pytest.mark.parametrize("enforce", ["report", "kill"])
-def test_audit_finds_a_process_that_bypasses_the_shim(sim: Sim, enforce: str) -> None:
+def under_mps(sim: Sim) -> Sim:
+    """The simulated GPU as clients of an MPS server see it (NVML lists them apart)."""
+    sim.config.write_text(json.dumps({"gpus": sim.gpus, "memory_mib": sim.memory_mib, "mps_block_us": 500}))
+    return sim
+
+
+@pytest.mark.parametrize(("enforce", "mps_clients"), [("report", False), ("kill", False), ("kill", True)])
+def test_audit_finds_a_process_that_bypasses_the_shim(sim: Sim, enforce: str, mps_clients: bool) -> None:
+    """Under MPS too: there the driver lists the bypassing client only among the MPS clients."""
+    if mps_clients:
+        under_mps(sim)
     uuid = sim.uuids()[0]
     shell = _bypasser(sim, "300M")
     honest: subprocess.Popen[str] | None = None
@@ -420,6 +430,51 @@ def test_audit_reports_a_gpu_process_of_no_tenant(sim: Sim) -> None:
     finally:
         stop(stranger)
         stop(member)
+
+
+def test_the_nodes_mps_server_is_no_untracked_process_and_is_never_killed(sim: Sim, tmp_path: Path) -> None:
+    """Under MPS the driver lists the server (a child of the control daemon) among the compute
+    processes: it is no tenant's, and killing it would end every client's work. Its name alone
+    proves nothing: a process of that name that the daemon did not start is untracked."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    control, server = bindir / mps.CONTROL, bindir / mps.SERVER  # stand-ins with the daemon's names
+    shutil.copy(shutil.which("sh") or "/bin/sh", control)
+    shutil.copy(native.probe_path(), server)
+    pipe = tmp_path / "mps"
+    pipe.mkdir(mode=0o755)
+    daemon = subprocess.Popen(
+        [str(control), "-c", '"$0" hold plain 24M 60; true', str(server)],
+        env=sim.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    impostor = sim.spawn_probe("hold", "plain", "12M", "60")
+    named_like_it = subprocess.Popen(
+        [str(server), "hold", "plain", "8M", "60"], env=sim.env(), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        wait_line(daemon, "ready")
+        wait_line(impostor, "ready")
+        wait_line(named_like_it, "ready")
+        (server_pid,) = _children(daemon.pid)
+        (pipe / mps.PID_FILE).write_text(f"{daemon.pid}\n")
+        audit = Auditor(sim.runtime, "kill", nvml=nvml_of(sim), kill_untracked=True, mps_pipe_dir=pipe)
+        events = audit.tick()
+        untracked = sorted(e.pid or 0 for e in events if e.kind == "audit.untracked")
+        assert untracked == sorted([impostor.pid, named_like_it.pid]), events
+        assert sorted(e.pid or 0 for e in events if e.kind == "audit.killed") == untracked
+        assert proc_info(server_pid) is not None  # the server lives
+        assert daemon.poll() is None
+        (pipe / mps.PID_FILE).unlink()  # no daemon any more: its child is a process like others
+        assert [(e.kind, e.pid) for e in audit.tick() if e.pid == server_pid][:1] == [
+            ("audit.untracked", server_pid)
+        ]
+    finally:
+        stop(daemon)
+        stop(impostor)
+        stop(named_like_it)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -701,6 +701,33 @@ def test_nvml_drops_a_killed_process(sim_env: dict[str, str]) -> None:
     assert after == {"used": 0, "pids": []}
 
 
+@pytest.mark.parametrize("mps", [False, True])
+def test_nvml_lists_mps_clients_apart_from_compute_processes(sim_env: dict[str, str], mps: bool) -> None:
+    """Under an MPS server the driver lists its clients through the MPS query, not the compute
+    one (which holds the server, absent here); without one the MPS list is empty."""
+    needs("pynvml")
+    env = {**sim_env, "SIMGPU_MPS_BLOCK_US": "500"} if mps else sim_env
+    holder = start_hold(env, "plain", "32M")
+    code = """
+        import json, pynvml as n
+        n.nvmlInit()
+        h = n.nvmlDeviceGetHandleByIndex(0)
+        print(json.dumps({
+            "compute": [p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(h)],
+            "mps": [[p.pid, p.usedGpuMemory] for p in n.nvmlDeviceGetMPSComputeRunningProcesses(h)],
+            "mps_v2": [p.pid for p in n.nvmlDeviceGetMPSComputeRunningProcesses_v2(h)],
+        }))
+    """
+    try:
+        res = run_py(env, code)
+    finally:
+        stop(holder)
+    if mps:
+        assert res == {"compute": [], "mps": [[holder.pid, 32 * MIB]], "mps_v2": [holder.pid]}
+    else:
+        assert res == {"compute": [holder.pid], "mps": [], "mps_v2": []}
+
+
 def test_nvml_utilization_while_two_processes_compete(sim_env: dict[str, str]) -> None:
     needs("pynvml")
     t = start_at()

@@ -8,6 +8,7 @@ call :func:`use_library` before the first query.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 import time
@@ -115,18 +116,30 @@ def driver_version() -> str:
         return _text(pynvml.nvmlSystemGetDriverVersion())
 
 
+def _running(handle: object) -> list[GpuProcess]:
+    """A GPU's compute processes and MPS clients, each pid once. Under an MPS server the driver
+    lists the clients apart from the compute processes (where the server itself is): reading
+    the compute list alone would miss every client, a shim-bypassing one included. A driver
+    without the MPS query (NOT_SUPPORTED, or too old to have the symbol) has no clients."""
+    found: dict[int, int] = {}
+    lists = [pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+    with contextlib.suppress(pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+        lists.append(pynvml.nvmlDeviceGetMPSComputeRunningProcesses(handle))
+    for listed in lists:
+        for p in listed:
+            found[int(p.pid)] = max(found.get(int(p.pid), 0), int(p.usedGpuMemory or 0))
+    return [GpuProcess(pid=pid, used_bytes=used) for pid, used in found.items()]
+
+
 def gpu_processes(uuid: str) -> list[GpuProcess]:
-    """Processes using `uuid` as NVML sees them (host pids, bytes)."""
+    """Processes using `uuid` as NVML sees them (host pids, bytes), MPS clients included."""
     with nvml():
-        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-        return [
-            GpuProcess(pid=int(p.pid), used_bytes=int(p.usedGpuMemory or 0))
-            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-        ]
+        return _running(pynvml.nvmlDeviceGetHandleByUUID(uuid))
 
 
 def processes_by_gpu() -> dict[str, list[GpuProcess]]:
-    """Every GPU's compute processes in one NVML session: {uuid: [(host pid, bytes)]}.
+    """Every GPU's compute processes and MPS clients in one NVML session: {uuid: [(host pid,
+    bytes)]}.
 
     `used_bytes` is what the driver charges the process on that GPU: its allocations plus its
     contexts and library workspaces (what a shim's ledger cannot see)."""
@@ -134,10 +147,7 @@ def processes_by_gpu() -> dict[str, list[GpuProcess]]:
     with nvml():
         for i in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            found[_text(pynvml.nvmlDeviceGetUUID(handle))] = [
-                GpuProcess(pid=int(p.pid), used_bytes=int(p.usedGpuMemory or 0))
-                for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-            ]
+            found[_text(pynvml.nvmlDeviceGetUUID(handle))] = _running(handle)
     return found
 
 

@@ -17,7 +17,8 @@ PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 DEFAULT_PIPE_DIR = Path("/tmp/nvidia-mps")
 PID_FILE = "nvidia-cuda-mps-control.pid"  # what the control daemon writes in its pipe directory
 CONTROL = "nvidia-cuda-mps-control"
-COMM = CONTROL[:15]  # what /proc/<pid>/comm shows of it: the kernel keeps 15 characters
+SERVER = "nvidia-cuda-mps-server"  # what the control daemon starts: it holds the one GPU context
+COMM = CONTROL[:15]  # what /proc/<pid>/comm shows of either: the kernel keeps 15 characters
 
 State = Literal["running", "absent", "stale", "unreadable", "untrusted"]
 
@@ -78,3 +79,19 @@ def running_elsewhere(proc: Path = Path("/proc")) -> list[int]:
         except (OSError, ValueError):
             continue
     return sorted(found)
+
+
+def is_server(pid: int, daemon: Daemon, proc: Path = Path("/proc")) -> bool:
+    """Whether `pid` is an MPS server of the live, trusted `daemon`: a child of it with the
+    server's name. Under MPS the driver lists the server among the compute processes; it belongs
+    to no tenant, and killing it would end every client's work. The name alone proves nothing
+    (any process may set its comm), so parentage decides."""
+    if daemon.state != "running" or daemon.pid is None:
+        return False
+    try:
+        comm = (proc / str(pid) / "comm").read_text().strip()
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return comm == COMM and len(fields) > 1 and fields[1] == str(daemon.pid)

@@ -319,13 +319,24 @@ struct proc_row {
     unsigned long long bytes;
 };
 
-static nvmlReturn_t list_procs(unsigned g, struct proc_row *rows, unsigned *n)
+/* Which list a caller asked for.  Under an MPS server (mps_block_us) every process is a client:
+ * the real driver lists clients only through nvmlDeviceGetMPSComputeRunningProcesses, and the
+ * plain compute list holds the server (the one real context), which the simulation has none of.
+ * Without MPS the MPS list is empty. */
+enum proc_list { LIST_COMPUTE, LIST_MPS };
+
+static nvmlReturn_t list_procs(unsigned g, enum proc_list which, struct proc_row *rows, unsigned *n)
 {
     struct sim_err e = {0};
     if (sim_slots_resolve(&e, st) < 0 || sim_lock(&e, st) < 0)
         return nvml_result(&e);
     sim_reap_older_locked(st, SIM_NVML_REAP_NS);
     unsigned k = 0;
+    if ((st->cfg.mps_block_us != 0) != (which == LIST_MPS)) {
+        sim_unlock(st);
+        *n = 0;
+        return NVML_SUCCESS;
+    }
     for (int i = 0; i < SIM_MAX_SLOTS; i++) {
         const struct sim_slot *s = &st->slot[i];
         if (s->pid != 0 && (s->bytes[g] || (s->ctx_mask & (1u << g)))) {
@@ -340,7 +351,8 @@ static nvmlReturn_t list_procs(unsigned g, struct proc_row *rows, unsigned *n)
 }
 
 /* The count in/out protocol shared by the three versions; fill(i, row) writes entry i. */
-static nvmlReturn_t running(nvmlDevice_t device, unsigned *count, void *infos, int version)
+static nvmlReturn_t running(nvmlDevice_t device, enum proc_list which, unsigned *count, void *infos,
+                            int version)
 {
     unsigned g;
     nvmlReturn_t r = check_dev(device, &g);
@@ -350,7 +362,7 @@ static nvmlReturn_t running(nvmlDevice_t device, unsigned *count, void *infos, i
         return NVML_ERROR_INVALID_ARGUMENT;
     static _Thread_local struct proc_row rows[SIM_MAX_SLOTS];
     unsigned n;
-    r = list_procs(g, rows, &n);
+    r = list_procs(g, which, rows, &n);
     if (r)
         return r;
     if (n == 0) {
@@ -382,21 +394,42 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t devic
                                                               unsigned int *count,
                                                               nvmlProcessInfo_v1_t *infos)
 {
-    return running(device, count, infos, 1);
+    return running(device, LIST_COMPUTE, count, infos, 1);
 }
 
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
                                                                  unsigned int *count,
                                                                  nvmlProcessInfo_t *infos)
 {
-    return running(device, count, infos, 2);
+    return running(device, LIST_COMPUTE, count, infos, 2);
 }
 
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
                                                                  unsigned int *count,
                                                                  nvmlProcessInfo_t *infos)
 {
-    return running(device, count, infos, 3);
+    return running(device, LIST_COMPUTE, count, infos, 3);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t device,
+                                                                 unsigned int *count,
+                                                                 nvmlProcessInfo_v1_t *infos)
+{
+    return running(device, LIST_MPS, count, infos, 1);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t device,
+                                                                    unsigned int *count,
+                                                                    nvmlProcessInfo_t *infos)
+{
+    return running(device, LIST_MPS, count, infos, 2);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device,
+                                                                    unsigned int *count,
+                                                                    nvmlProcessInfo_t *infos)
+{
+    return running(device, LIST_MPS, count, infos, 3);
 }
 
 /*

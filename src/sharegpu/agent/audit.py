@@ -13,6 +13,10 @@ dropped the shim is still its tenant's. Two findings:
 * ``audit.bypass``: a tenant whose NVML-measured memory on a GPU (the sum over its processes)
   exceeds its cap plus its reconciled overhead by more than the tolerance.
 
+The node's MPS server (a child of the trusted control daemon, ``sharegpu.mps``) is a GPU
+process of no tenant by design: it is never reported nor killed. Its clients are listed apart
+by the driver and read with the compute processes (``sharegpu.devices.processes_by_gpu``).
+
 Findings are reported when they appear and once more when they clear (``data.cleared``), never
 every second. With ``enforce="kill"`` the processes behind a bypass are killed with SIGKILL
 (``audit.killed``): the tenant's processes on that GPU that are outside its ledger (they dropped
@@ -29,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from sharegpu import abi
+from sharegpu import abi, mps
 from sharegpu.agent.events import Event
 from sharegpu.agent.procs import ProcessTable, kill, live_slots, mib, process_table, tenant_pids
 from sharegpu.agent.reconcile import NvmlSource
@@ -90,6 +94,7 @@ class Auditor:
         interval_s: float = 2.0,
         nvml: NvmlSource | None = None,
         kill_untracked: bool = False,
+        mps_pipe_dir: Path | None = None,
     ) -> None:
         if enforce not in ("report", "kill"):
             raise ValueError(f"enforce must be 'report' or 'kill', not {enforce!r}")
@@ -99,6 +104,7 @@ class Auditor:
         self.interval_s = interval_s
         self.nvml = nvml or processes_by_gpu
         self.kill_untracked = kill_untracked
+        self.mps_pipe_dir = mps_pipe_dir or mps.pipe_dir()
         self._active: dict[tuple[str, ...], _Finding] = {}
         self._killed: set[tuple[int, int]] = set()  # (pid, start time) already signalled
         self._nvml_failed = False
@@ -149,9 +155,13 @@ class Auditor:
         found: dict[tuple[str, ...], _Finding],
     ) -> None:
         me = os.getpid()
+        daemon: mps.Daemon | None = None
         for uuid, procs in gpus.items():
             for p in procs:
                 if p.pid in owners or p.pid == me:
+                    continue
+                daemon = daemon or mps.find(self.mps_pipe_dir)
+                if mps.is_server(p.pid, daemon):
                     continue
                 info = table.get(p.pid)
                 start = info.start_time if info else 0
