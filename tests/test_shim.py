@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import json
 import mmap
 import os
 import re
@@ -582,6 +583,36 @@ def test_views_show_the_vgpu(sim: Sim) -> None:
     finally:
         stop(holder)
         stop(stranger)
+
+
+MPS_LIST_SCRIPT = """
+    import pynvml
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    for name in ("nvmlDeviceGetMPSComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses_v2"):
+        print(f"{name}=" + ";".join(f"{p.pid}:{p.usedGpuMemory}" for p in getattr(pynvml, name)(h)))
+"""
+
+
+@pytest.mark.parametrize("mps", [False, True])
+def test_the_mps_client_list_shows_only_the_tenants_own_processes(sim: Sim, mps: bool) -> None:
+    """Under an MPS server every process on the card is a client: forwarded, the MPS list would
+    show a tenant the other tenants' processes. Without a server it stays empty."""
+    sim.config.write_text(
+        json.dumps({"gpus": sim.gpus, "memory_mib": sim.memory_mib, "mps_block_us": 500 if mps else 0})
+    )
+    tenant = sim.tenant("t", CAP, gpus=[0])
+    other = sim.tenant("other", CAP, gpus=[0])
+    holder = spawn_hold(sim, tenant, "plain", "16M")
+    stranger = spawn_hold(sim, other, "plain", "8M")
+    try:
+        values, _ = python(sim.tenant_env(tenant), MPS_LIST_SCRIPT)
+    finally:
+        stop(holder)
+        stop(stranger)
+    mine = f"{holder.pid}:{16 * MIB}" if mps else ""
+    assert values["nvmlDeviceGetMPSComputeRunningProcesses"] == mine  # _v3 in pynvml
+    assert values["nvmlDeviceGetMPSComputeRunningProcesses_v2"] == mine
 
 
 def test_nvml_v1_process_struct_and_null_pointers(sim: Sim, tmp_path: Path) -> None:

@@ -204,3 +204,54 @@ SG_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
     }
 PROCS_V2(nvmlDeviceGetComputeRunningProcesses_v2)
 PROCS_V2(nvmlDeviceGetComputeRunningProcesses_v3)
+
+/*
+ * The MPS client lists.  Forwarded, they would show every tenant's processes on the card (under
+ * an MPS server all of them are clients, listed here and not in the compute lists).  A tenant
+ * sees its own processes, as in the compute view, when the driver's list names any client on
+ * the device, and an empty list when it names none (no MPS server there).  The driver is asked
+ * for the count alone, so the other tenants' pids never reach this process's memory.
+ */
+static nvmlReturn_t mps_clients(nvmlReturn_t (*real_count)(nvmlDevice_t, unsigned int *, void *),
+                                nvmlDevice_t device, unsigned int *count, struct sg_proc_info *found,
+                                unsigned *n)
+{
+    *n = 0;
+    unsigned int real_n = 0;
+    nvmlReturn_t ret = real_count(device, &real_n, NULL);
+    if (ret != NVML_SUCCESS && ret != NVML_ERROR_INSUFFICIENT_SIZE)
+        return ret;
+    if (real_n == 0) {
+        *count = 0;
+        return NVML_SUCCESS;
+    }
+    return list_processes(device, count, found, n);
+}
+
+#define MPS_PROCS(name, info_t, instance_ids)                                                      \
+    SG_EXPORT nvmlReturn_t name(nvmlDevice_t device, unsigned int *infoCount, info_t *infos)       \
+    {                                                                                              \
+        REAL(name);                                                                                \
+        FORWARD_IF_PASSIVE(device, infoCount, infos);                                              \
+        if (!infoCount || (*infoCount && !infos))                                                  \
+            return NVML_ERROR_INVALID_ARGUMENT;                                                    \
+        sg_in_hook++;                                                                              \
+        struct sg_proc_info found[SG_MAX_PROCS];                                                   \
+        unsigned n;                                                                                \
+        nvmlReturn_t ret =                                                                         \
+            mps_clients((nvmlReturn_t (*)(nvmlDevice_t, unsigned int *, void *))real_, device,     \
+                        infoCount, found, &n);                                                     \
+        if (ret == NVML_SUCCESS)                                                                   \
+            for (unsigned i = 0; i < n; i++) {                                                     \
+                infos[i].pid = (unsigned int)found[i].pid;                                         \
+                infos[i].usedGpuMemory = found[i].bytes;                                           \
+                instance_ids(infos[i]);                                                            \
+            }                                                                                      \
+        sg_in_hook--;                                                                              \
+        return ret;                                                                                \
+    }
+#define NO_INSTANCE_IDS(info) (void)(info)
+#define UNSET_INSTANCE_IDS(info) ((info).gpuInstanceId = (info).computeInstanceId = 0xFFFFFFFFu)
+MPS_PROCS(nvmlDeviceGetMPSComputeRunningProcesses, nvmlProcessInfo_v1_t, NO_INSTANCE_IDS)
+MPS_PROCS(nvmlDeviceGetMPSComputeRunningProcesses_v2, nvmlProcessInfo_t, UNSET_INSTANCE_IDS)
+MPS_PROCS(nvmlDeviceGetMPSComputeRunningProcesses_v3, nvmlProcessInfo_t, UNSET_INSTANCE_IDS)
