@@ -7,7 +7,8 @@
   per-process utilization).
 - MPS: whether the control daemon is installed, whether one already runs, and, on a real GPU,
   whether a private one (its own pipe and log directories, so no other client sees it) starts,
-  serves a driver-API client, and quits. It is always told to quit before the step ends.
+  serves a driver-API client, and quits. It is always told to quit before the step ends. While
+  a client holds memory, which NVML list names it and which the server (the audit reads both).
 - The kernel's device-memory cgroup controller (dmem, Linux 6.14+): /sys/fs/cgroup/dmem.capacity.
 """
 
@@ -26,7 +27,9 @@ import pynvml
 from gpucheck import nvmlq
 from gpucheck.context import StepContext
 from gpucheck.mps import private_daemon
+from gpucheck.target import Lines
 from sharegpu import mps as node_mps
+from sharegpu.native import probe_path
 
 NVML_FUNCTIONS = (
     "nvmlDeviceGetMemoryLimits_v1",
@@ -119,6 +122,7 @@ def mps(ctx: StepContext) -> dict[str, Any]:
                 )
             except Exception as err:
                 found["private_daemon"] = f"started, but a client failed: {err}"[:300]
+            found["nvml_under_mps"] = _lists_under(ctx, private.env)
         else:
             found["private_daemon"] = private.found["why_not"]
     found["private_daemon_start_rc"] = private.found.get("start_rc")
@@ -126,6 +130,49 @@ def mps(ctx: StepContext) -> dict[str, Any]:
     if "control.log_tail" in private.found:
         found["private_daemon_log_tail"] = private.found["control.log_tail"]
     return found
+
+
+def _lists_under(ctx: StepContext, env: dict[str, str]) -> dict[str, Any]:
+    """Where NVML lists a client of the daemon and the daemon's server: the audit reads both
+    lists (sharegpu.devices) and spares the server (sharegpu.mps.is_server); this shows the
+    driver doing what that assumes."""
+    from sharegpu.devices import processes_by_gpu
+
+    holder = ctx.target.spawn([str(probe_path()), "hold", "plain", "64M", "20"], env=env)
+    try:
+        Lines(holder).wait_for(lambda line: line.startswith("ready"), timeout=30)
+        with nvmlq.session():
+            h = nvmlq.handle(0)
+            lists = {
+                "compute": nvmlq.ask(lambda: _rows(pynvml.nvmlDeviceGetComputeRunningProcesses(h))),
+                "mps": nvmlq.ask(lambda: _rows(pynvml.nvmlDeviceGetMPSComputeRunningProcesses(h))),
+            }
+        daemon = node_mps.find(Path(env[node_mps.PIPE_ENV]))
+        merged = {p.pid for procs in processes_by_gpu().values() for p in procs}
+        servers = [pid for pid in merged if node_mps.is_server(pid, daemon)]
+        return {
+            "client_pid": holder.pid,
+            "lists": lists,
+            "client_in_audit_view": holder.pid in merged,
+            "servers_recognised": servers,
+        }
+    except Exception as err:
+        return {"error": f"{type(err).__name__}: {err}"[:300]}
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+
+
+def _rows(procs: Any) -> list[list[Any]]:
+    """[pid, comm, MiB] of NVML's process entries."""
+    rows = []
+    for p in procs:
+        try:
+            comm = Path(f"/proc/{p.pid}/comm").read_text().strip()
+        except OSError:
+            comm = "?"
+        rows.append([int(p.pid), comm, int(p.usedGpuMemory or 0) >> 20])
+    return rows
 
 
 def run(ctx: StepContext) -> None:
@@ -140,6 +187,12 @@ def run(ctx: StepContext) -> None:
     ctx.check("NVML was found and read", library is not None, str(library))
     if found.get("private_daemon_start_rc") == 0:
         ctx.check("the private MPS daemon was stopped", bool(found.get("private_daemon_stopped")))
+        under = found.get("nvml_under_mps", {})
+        ctx.check(
+            "an MPS client is in the audit's NVML view",
+            bool(under.get("client_in_audit_view")),
+            str(under)[:300],
+        )
     present = functions.get("present", {})
     limits = "yes" if present.get("nvmlDeviceSetMemoryLimits_v1") else "no"
     ctx.summary(
