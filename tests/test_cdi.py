@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import pytest
 
 from agentutil import Agent, create
 from conftest import Sim
+from mpsutil import mps_stand_in
 from sharegpu.arbiter import ensure_arbiter
 from sharegpu.errors import CdiSpecError, ConfigError
 from sharegpu.runtime.cdi.hook import mount_point
@@ -183,13 +183,15 @@ def test_a_tenant_is_a_device_with_its_limits_read_only_and_its_usage_and_arbite
     assert [d["name"] for d in only["devices"]] == ["batch"]
 
 
-def test_under_a_live_mps_daemon_containers_get_its_pipe_directory(sim: Sim, tmp_path: Path) -> None:
+def test_under_a_live_mps_daemon_containers_get_its_pipe_directory_and_shm(sim: Sim, tmp_path: Path) -> None:
     """A pipe directory whose pid file names a live control daemon is mounted into every
-    container at the same path and named in its environment; none is when the daemon is gone,
-    or when the directory is one that others may write (/tmp/nvidia-mps is anyone's to make)."""
+    container at the same path and named in its environment, and the daemon's /dev/shm at
+    /dev/shm; none is when the daemon is gone, when the directory is one that others may write
+    (/tmp/nvidia-mps is anyone's to make), or when the daemon's /dev/shm is the machine's own."""
     sim.tenant("web", 512, gpus=[0])
-    pipe = tmp_path / "mps"
+    pipe, shm = tmp_path / "mps", tmp_path / "mps-shm"
     pipe.mkdir(mode=0o755)
+    shm.mkdir()
 
     def common() -> tuple[dict[str, str], dict[str, dict]]:  # type: ignore[type-arg]
         env = sim.env(CUDA_MPS_PIPE_DIRECTORY=str(pipe))
@@ -201,15 +203,24 @@ def test_under_a_live_mps_daemon_containers_get_its_pipe_directory(sim: Sim, tmp
     env, mounts = common()
     assert "CUDA_MPS_PIPE_DIRECTORY" not in env
     assert str(pipe) not in mounts
-    daemon = tmp_path / "nvidia-cuda-mps-control"  # a stand-in with the daemon's name
-    shutil.copy("/bin/sleep", daemon)
-    stand_in = subprocess.Popen([str(daemon), "60"])
+    stand_in = mps_stand_in(tmp_path, None)  # in this mount namespace: /dev/shm is everyone's
+    try:
+        (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{stand_in.pid}\n")
+        env, mounts = common()
+        assert "CUDA_MPS_PIPE_DIRECTORY" not in env
+        assert "/dev/shm" not in mounts
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+    stand_in = mps_stand_in(tmp_path, shm)
     try:
         (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{stand_in.pid}\n")
         env, mounts = common()
         assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe)
         assert mounts[str(pipe)]["hostPath"] == str(pipe)
         assert {"rw", "bind"} <= options(mounts[str(pipe)])
+        assert mounts["/dev/shm"]["hostPath"] == str(shm)
+        assert {"rw", "bind"} <= options(mounts["/dev/shm"])
         pipe.chmod(0o777)
         env, mounts = common()
         assert "CUDA_MPS_PIPE_DIRECTORY" not in env
@@ -223,6 +234,7 @@ def test_under_a_live_mps_daemon_containers_get_its_pipe_directory(sim: Sim, tmp
     (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{stand_in.pid}\n")  # gone
     env, mounts = common()
     assert "CUDA_MPS_PIPE_DIRECTORY" not in env
+    assert "/dev/shm" not in mounts
 
 
 def test_the_spec_file_is_written_whole_and_replaced_atomically(sim: Sim, tmp_path: Path) -> None:

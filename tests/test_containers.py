@@ -25,6 +25,7 @@ import pytest
 from agentutil import Agent, create
 from arbiterutil import achieved, arbiter_of, compute_tenant, finish, freeze_while_holding, start_at
 from conftest import Sim, parse_kv
+from mpsutil import mps_stand_in
 from sharegpu.arbiter import read_arbiter
 from sharegpu.runtime.rootfs import build_rootfs
 from sharegpu.tenant import iter_tenants, read_device_limits
@@ -200,6 +201,45 @@ def test_a_container_sees_its_vgpu_and_is_refused_past_its_cap(
     assert values["dev1.total"] == "0"  # a GPU the tenant was not given
     assert [v for k, v in lines if k == "alloc"] == ["OK", "CUDA_ERROR_OUT_OF_MEMORY"]
     assert values["free"] == str(112 << 20)
+
+
+def test_under_an_mps_daemon_a_container_gets_its_pipe_directory_and_its_shm(
+    sim: Sim, rootfs: Path, spec_file: Path, name: str, tmp_path: Path
+) -> None:
+    """The server and its clients meet in the daemon's pipe directory and its /dev/shm: a
+    container of a vGPU sees both, the daemon's /dev/shm at /dev/shm, not one of its own."""
+    pipe, shm = tmp_path / "mps", tmp_path / "mps-shm"
+    pipe.mkdir(mode=0o755)
+    shm.mkdir(mode=0o1777)
+    (shm / "segment").write_text("the daemon's\n")
+    (pipe / "control").write_text("")
+    daemon = mps_stand_in(tmp_path, shm)
+    try:
+        (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{daemon.pid}\n")
+        sim.tenant(name, 256, gpus=[0])
+        cdi = sim.cli(
+            "cdi",
+            "generate",
+            "--shape",
+            "none",
+            "--output",
+            str(spec_file),
+            env=sim.env(CUDA_MPS_PIPE_DIRECTORY=str(pipe)),
+        )
+        assert cdi.returncode == 0, cdi.stderr
+        proc = podman(
+            rootfs,
+            name,
+            "/bin/sh",
+            "-c",
+            'cat /dev/shm/segment; ls "$CUDA_MPS_PIPE_DIRECTORY"; touch /dev/shm/reply',
+        )
+    finally:
+        daemon.kill()
+        daemon.wait()
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["the", "daemon's", "control", "nvidia-cuda-mps-control.pid"]
+    assert (shm / "reply").exists()  # written, not only read: the clients' segments go there
 
 
 def test_root_in_the_container_can_neither_write_its_limits_nor_point_the_shim_elsewhere(

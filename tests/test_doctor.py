@@ -229,9 +229,33 @@ def test_mps_daemon(tmp_path: Path) -> None:
     (pipe / mps.PID_FILE).write_text("4242\n")
     (proc / "4242").mkdir(parents=True)
     (proc / "4242" / "comm").write_text("nvidia-cuda-mps\n")  # the kernel's 15 characters of the name
+    shm = tmp_path / "daemon shm"  # its /dev/shm: a directory of this machine, bind-mounted there
+    shm.mkdir()
+    dev = f"{os.major(shm.stat().st_dev)}:{os.minor(shm.stat().st_dev)}"
+    escaped = str(shm).replace(" ", "\\040")
+    (proc / "self").mkdir()
+    (proc / "self" / "mountinfo").write_text(
+        f"21 1 {dev} / / rw - ext4 /dev/vda rw\n25 21 0:27 / /dev/shm rw - tmpfs tmpfs rw\n"
+    )
+    (proc / "4242" / "mountinfo").write_text(
+        f"21 1 {dev} / / rw - ext4 /dev/vda rw\n25 21 0:27 / /dev/shm rw - tmpfs tmpfs rw\n"
+        f"63 25 {dev} {escaped} /dev/shm rw - ext4 /dev/vda rw\n"
+    )
     live = doctor.check_mps(ctx)
     assert live.status == "ok"
     assert "pid 4242" in live.message
+    assert f"at {shm}" in live.message
+    (proc / "4242" / "mountinfo").write_text("25 21 0:27 / /dev/shm rw - tmpfs tmpfs rw\n")
+    host_shm = doctor.check_mps(ctx)  # the daemon's /dev/shm is everyone's: no container gets it
+    assert host_shm.status == "warn"
+    assert "containers are not made its clients" in host_shm.message
+    assert host_shm.fix is not None
+    assert "unshare --mount" in host_shm.fix
+    (proc / "4242" / "mountinfo").write_text("25 21 0:99 / /dev/shm rw - tmpfs tmpfs rw\n")
+    private_shm = doctor.check_mps(ctx)  # a tmpfs of the daemon's own mount namespace: no path here
+    assert private_shm.status == "warn"
+    assert "mounted nowhere here" in private_shm.message
+    (proc / "4242" / "mountinfo").write_text(f"63 25 {dev} {escaped} /dev/shm rw - ext4 /dev/vda rw\n")
     pipe.chmod(0o777)  # the default directory is under /tmp: anyone could have made it
     untrusted = doctor.check_mps(ctx)
     assert untrusted.status == "warn"
@@ -239,8 +263,7 @@ def test_mps_daemon(tmp_path: Path) -> None:
     pipe.chmod(0o755)
     (proc / "4242" / "comm").write_text("sleep\n")  # the pid was reused
     assert doctor.check_mps(ctx).status == "warn"
-    (proc / "4242" / "comm").unlink()
-    (proc / "4242").rmdir()
+    shutil.rmtree(proc / "4242")
     stale = doctor.check_mps(ctx)
     assert stale.status == "warn"
     assert stale.fix is not None

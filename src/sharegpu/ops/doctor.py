@@ -343,6 +343,9 @@ def check_clocksource(ctx: Context) -> Check:
     return Check("clocksource", "warn", f"{source}: clock reads are slower than with tsc", fix)
 
 
+MPS_SHM_DIR = "/run/sharegpu/mps-shm"  # the suggested home of a daemon's own /dev/shm (tmpfs)
+
+
 def check_mps(ctx: Context) -> Check:
     """Whether an MPS control daemon serves this node's pipe directory: only under one does the
     GPU itself serve an online request before offline work (the shim makes offline tenants
@@ -350,10 +353,23 @@ def check_mps(ctx: Context) -> Check:
     daemon = mps.find(ctx.mps_pipe_dir, ctx.proc)
     pipe = ctx.mps_pipe_dir
     if daemon.state == "running":
+        shm = mps.shm_of(daemon, ctx.proc)
+        if shm.state == "own":
+            return Check(
+                "mps",
+                "ok",
+                f"an MPS daemon (pid {daemon.pid}) at {pipe}, its {mps.SHM} at {shm.host_path}: offline "
+                "tenants are BELOW_NORMAL clients, in containers too",
+            )
         return Check(
             "mps",
-            "ok",
-            f"an MPS daemon (pid {daemon.pid}) at {pipe}: offline tenants are BELOW_NORMAL clients",
+            "warn",
+            f"an MPS daemon (pid {daemon.pid}) at {pipe}: offline tenants are BELOW_NORMAL clients, but "
+            f"containers are not made its clients: {shm.detail}"
+            + (" (a container would see every process's shared memory)" if shm.state == "host" else ""),
+            f"start the daemon with a {mps.SHM} of its own at a directory of this machine: "
+            f"mkdir -p {MPS_SHM_DIR} && unshare --mount sh -c 'mount --bind {MPS_SHM_DIR} {mps.SHM} && "
+            f"exec {mps.CONTROL} -d', then run `sharegpu cdi generate` again",
         )
     if daemon.state == "stale":
         return Check(

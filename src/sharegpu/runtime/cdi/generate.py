@@ -97,22 +97,29 @@ def node_driver(gpus: Sequence[Gpu], host: nvidia.Host | None = None) -> nvidia.
     return nvidia.discover([(g.index, g.uuid, g.minor) for g in gpus], host)
 
 
-def mps_edits(daemon: mps.Daemon) -> ContainerEdits:
+def mps_edits(daemon: mps.Daemon, shm: mps.Shm) -> ContainerEdits:
     """What makes a container's processes clients of the node's MPS daemon, if one runs: its
-    pipe directory at the same path, named in the environment (the shim then gives offline
-    tenants their BELOW_NORMAL priority inside too). Nothing without a daemon: a container
-    then shares the GPU by time slices, as before."""
-    if daemon.state != "running":
+    pipe directory at the same path, named in the environment, and its /dev/shm at /dev/shm
+    (the server and its clients meet in shared memory there); the shim then gives offline
+    tenants their BELOW_NORMAL priority inside too. Nothing without a daemon, nor when its
+    /dev/shm is this machine's own (a container would see every process's segments) or has no
+    path here (`sharegpu doctor` says how to start one that has): a container then shares the
+    GPU by time slices, as before."""
+    if daemon.state != "running" or shm.state != "own" or shm.host_path is None:
         return ContainerEdits()
     return ContainerEdits(
         env=[f"{mps.PIPE_ENV}={daemon.pipe_dir}"],
-        mounts=[_bind(daemon.pipe_dir, str(daemon.pipe_dir), writable=True)],
+        mounts=[
+            _bind(daemon.pipe_dir, str(daemon.pipe_dir), writable=True),
+            _bind(shm.host_path, mps.SHM, writable=True),
+        ],
     )
 
 
 def common_edits(root: Path, driver: nvidia.Driver) -> ContainerEdits:
     edits = driver.edits
-    extra = mps_edits(mps.find(mps.pipe_dir()))  # the daemon as this process's environment finds it
+    daemon = mps.find(mps.pipe_dir())  # the daemon as this process's environment finds it
+    extra = mps_edits(daemon, mps.shm_of(daemon))
     return ContainerEdits(
         env=[f"{abi.TENANT_ENV}={CONTAINER_TENANT_DIR}", *(edits.env or []), *(extra.env or [])],
         deviceNodes=edits.device_nodes or None,
