@@ -180,31 +180,6 @@ SG_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
     return ret;
 }
 
-#define PROCS_V2(name)                                                                             \
-    SG_EXPORT nvmlReturn_t name(nvmlDevice_t device, unsigned int *infoCount,                      \
-                                nvmlProcessInfo_t *infos)                                          \
-    {                                                                                              \
-        REAL(name);                                                                                \
-        FORWARD_IF_PASSIVE(device, infoCount, infos);                                              \
-        if (!infoCount || (*infoCount && !infos))                                                  \
-            return NVML_ERROR_INVALID_ARGUMENT;                                                    \
-        sg_in_hook++;                                                                              \
-        struct sg_proc_info found[SG_MAX_PROCS];                                                   \
-        unsigned n;                                                                                \
-        nvmlReturn_t ret = list_processes(device, infoCount, found, &n);                           \
-        if (ret == NVML_SUCCESS)                                                                   \
-            for (unsigned i = 0; i < n; i++) {                                                     \
-                infos[i].pid = (unsigned int)found[i].pid;                                         \
-                infos[i].usedGpuMemory = found[i].bytes;                                           \
-                infos[i].gpuInstanceId = 0xFFFFFFFFu;                                              \
-                infos[i].computeInstanceId = 0xFFFFFFFFu;                                          \
-            }                                                                                      \
-        sg_in_hook--;                                                                              \
-        return ret;                                                                                \
-    }
-PROCS_V2(nvmlDeviceGetComputeRunningProcesses_v2)
-PROCS_V2(nvmlDeviceGetComputeRunningProcesses_v3)
-
 /*
  * The MPS client lists.  Forwarded, they would show every tenant's processes on the card (under
  * an MPS server all of them are clients, listed here and not in the compute lists).  A tenant
@@ -228,7 +203,8 @@ static nvmlReturn_t mps_clients(nvmlReturn_t (*real_count)(nvmlDevice_t, unsigne
     return list_processes(device, count, found, n);
 }
 
-#define MPS_PROCS(name, info_t, instance_ids)                                                      \
+/* The _v2/_v3 compute lists and the MPS lists: `lister` fills found[] from the ledger. */
+#define PROCS(name, info_t, instance_ids, lister)                                                  \
     SG_EXPORT nvmlReturn_t name(nvmlDevice_t device, unsigned int *infoCount, info_t *infos)       \
     {                                                                                              \
         REAL(name);                                                                                \
@@ -238,9 +214,7 @@ static nvmlReturn_t mps_clients(nvmlReturn_t (*real_count)(nvmlDevice_t, unsigne
         sg_in_hook++;                                                                              \
         struct sg_proc_info found[SG_MAX_PROCS];                                                   \
         unsigned n;                                                                                \
-        nvmlReturn_t ret =                                                                         \
-            mps_clients((nvmlReturn_t (*)(nvmlDevice_t, unsigned int *, void *))real_, device,     \
-                        infoCount, found, &n);                                                     \
+        nvmlReturn_t ret = lister;                                                                 \
         if (ret == NVML_SUCCESS)                                                                   \
             for (unsigned i = 0; i < n; i++) {                                                     \
                 infos[i].pid = (unsigned int)found[i].pid;                                         \
@@ -252,6 +226,12 @@ static nvmlReturn_t mps_clients(nvmlReturn_t (*real_count)(nvmlDevice_t, unsigne
     }
 #define NO_INSTANCE_IDS(info) (void)(info)
 #define UNSET_INSTANCE_IDS(info) ((info).gpuInstanceId = (info).computeInstanceId = 0xFFFFFFFFu)
-MPS_PROCS(nvmlDeviceGetMPSComputeRunningProcesses, nvmlProcessInfo_v1_t, NO_INSTANCE_IDS)
-MPS_PROCS(nvmlDeviceGetMPSComputeRunningProcesses_v2, nvmlProcessInfo_t, UNSET_INSTANCE_IDS)
-MPS_PROCS(nvmlDeviceGetMPSComputeRunningProcesses_v3, nvmlProcessInfo_t, UNSET_INSTANCE_IDS)
+#define COMPUTE list_processes(device, infoCount, found, &n)
+#define MPS_CLIENTS                                                                                \
+    mps_clients((nvmlReturn_t (*)(nvmlDevice_t, unsigned int *, void *))real_, device, infoCount, \
+                found, &n)
+PROCS(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_t, UNSET_INSTANCE_IDS, COMPUTE)
+PROCS(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_t, UNSET_INSTANCE_IDS, COMPUTE)
+PROCS(nvmlDeviceGetMPSComputeRunningProcesses, nvmlProcessInfo_v1_t, NO_INSTANCE_IDS, MPS_CLIENTS)
+PROCS(nvmlDeviceGetMPSComputeRunningProcesses_v2, nvmlProcessInfo_t, UNSET_INSTANCE_IDS, MPS_CLIENTS)
+PROCS(nvmlDeviceGetMPSComputeRunningProcesses_v3, nvmlProcessInfo_t, UNSET_INSTANCE_IDS, MPS_CLIENTS)
