@@ -37,8 +37,9 @@
  *    round-robin on the channels' remaining totals, without committing), sleeping until then
  *    (clock_nanosleep on an absolute CLOCK_MONOTONIC instant), then advancing and checking again,
  *    since new arrivals may have pushed it later.  While other channels compete, a waiter wakes at
- *    least every SIM_REAP_NS to reap dead processes, whose pending work is dropped (a killed
- *    process never keeps taking slices).
+ *    least every SIM_REAP_NS, and one with at least REAP_SLACK_NS to sleep sweeps for dead
+ *    processes (outside the lock, sim_reap), whose pending work is dropped (a killed process
+ *    never keeps taking slices).
  *  - History.  Each run segment (start, end, pid) goes to the GPU's ring (adjacent segments of
  *    one pid merged); NVML utilization and per-process utilization read it, and slot.busy_ns sums
  *    it per process.  Events resolve to completion instants stored in the channel ring; a
@@ -446,23 +447,40 @@ static int ticket_done(const struct sim_gpu *g, const struct sim_ticket *t)
     return ch->done >= t->seq1 || t->seq1 > ch->n; /* a ticket from the future: stale, done */
 }
 
-/* Under lock, engine at now: 0 when t is done, else the instant to sleep until. */
+/* A waiter sweeps for dead competitors only when it has at least this long to sleep. */
+#define REAP_SLACK_NS 1000000ull
+
+/* Under lock, engine at now: 0 when t is done, else the instant to sleep until; *reap: whether
+ * a competitor may have died and a sweep is due. */
 static uint64_t wait_step_locked(struct sim_state *st, int dev, const struct sim_ticket *t,
-                                 uint64_t now)
+                                 uint64_t now, int *reap)
 {
     struct sim_gpu *g = &st->gpu[dev];
     if (ticket_done(g, t))
         return 0;
-    if (g->nactive > 1) {
-        sim_reap_locked(st, 0); /* a dead competitor's work is dropped */
-        if (ticket_done(g, t))
-            return 0;
-    }
+    *reap = g->nactive > 1 && now - st->last_reap_ns >= SIM_REAP_NS;
     const struct sim_chan *ch = &g->chan[t->chan];
     uint64_t at = predict(st, dev, t->chan, ch->q[(t->seq1 - 1) % SIM_CHQ]);
     if (g->nactive > 1 && at > now + SIM_REAP_NS)
         at = now + SIM_REAP_NS;
     return at > now ? at : now + 1000u; /* never a hot loop, even on a broken state */
+}
+
+/* Without the lock: sleep until wake, or sweep for dead competitors first when one is due.  The
+ * sweep reads /proc, up to a few hundred µs on a VM: done in time this waiter would sleep
+ * anyway, and left to a later wait when this one is shorter, so that it delays neither this
+ * waiter nor (outside the lock) anyone else.  A dead competitor's work is dropped and ours may
+ * then complete sooner: after a sweep that freed a slot, return without sleeping (the caller
+ * looks again).  -1: the lock failed (e set). */
+static int sleep_or_reap(struct sim_err *e, struct sim_state *st, uint64_t now, uint64_t wake, int reap)
+{
+    if (reap && wake > now + REAP_SLACK_NS) {
+        int freed = sim_reap(e, st, SIM_REAP_NS);
+        if (freed != 0)
+            return freed < 0 ? -1 : 0;
+    }
+    sim_sleep_until(wake);
+    return 0;
 }
 
 int sim_engine_wait(struct sim_err *e, struct sim_state *st, int dev, const struct sim_ticket *t)
@@ -474,11 +492,13 @@ int sim_engine_wait(struct sim_err *e, struct sim_state *st, int dev, const stru
         uint64_t now = advance_now(st, dev);
         if (first)
             w = *t;
-        uint64_t wake = wait_step_locked(st, dev, &w, now);
+        int reap = 0;
+        uint64_t wake = wait_step_locked(st, dev, &w, now, &reap);
         sim_unlock(st);
         if (!wake)
             return 0;
-        sim_sleep_until(wake);
+        if (sleep_or_reap(e, st, now, wake, reap) < 0)
+            return -1;
     }
 }
 
@@ -580,8 +600,9 @@ int sim_engine_watch(struct sim_err *e, struct sim_state *st, struct sim_watch *
         }
         const int dev = w->dev;
         uint64_t now = advance_now(st, dev), wake = 0;
+        int reap = 0;
         if (ticket_done(&st->gpu[dev], &w->t) ||
-            (wait && (wake = wait_step_locked(st, dev, &w->t, now)) == 0)) {
+            (wait && (wake = wait_step_locked(st, dev, &w->t, now, &reap)) == 0)) {
             watch_resolve(st, w);
             sim_unlock(st);
             return 1;
@@ -589,7 +610,8 @@ int sim_engine_watch(struct sim_err *e, struct sim_state *st, struct sim_watch *
         sim_unlock(st);
         if (!wait)
             return 0;
-        sim_sleep_until(wake);
+        if (sleep_or_reap(e, st, now, wake, reap) < 0)
+            return -1;
     }
 }
 
@@ -671,10 +693,11 @@ int sim_engine_submit(struct sim_err *e, struct sim_state *st, int dev, struct s
             if (ctx_last)
                 *ctx_last = q->last;
         }
-        uint64_t wake = wait.seq1 ? wait_step_locked(st, dev, &wait, now) : 0;
+        int reap = 0;
+        uint64_t wake = wait.seq1 ? wait_step_locked(st, dev, &wait, now, &reap) : 0;
         sim_unlock(st);
-        if (wake)
-            sim_sleep_until(wake); /* a full queue: the loop re-checks under the lock */
+        if (wake && sleep_or_reap(e, st, now, wake, reap) < 0) /* a full queue: the loop re-checks */
+            return -1;
     }
     return 0;
 }

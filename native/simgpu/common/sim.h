@@ -223,9 +223,12 @@ SIM_HIDDEN void sim_slot_release(struct sim_state *st); /* normal exit */
 SIM_HIDDEN int sim_charge(struct sim_err *e, struct sim_state *st, int dev, uint64_t bytes);
 SIM_HIDDEN void sim_uncharge(struct sim_state *st, int dev, uint64_t bytes);
 SIM_HIDDEN int sim_set_ctx(struct sim_err *e, struct sim_state *st, int dev, int on);
-/* Frees the slots of dead processes.  force=0: at most every SIM_REAP_NS.  Call under lock. */
-SIM_HIDDEN void sim_reap_locked(struct sim_state *st, int force);
-SIM_HIDDEN void sim_reap_older_locked(struct sim_state *st, uint64_t max_age_ns); /* 0: always */
+/* Frees the slots of dead processes, unless a sweep ran less than max_age_ns ago (0: always).
+ * Call WITHOUT the lock: it judges each owner by its /proc entry outside the lock (a read costs
+ * up to a few hundred µs on a VM, and under the lock it stalled every other process's launches
+ * as long) and frees, under the lock, the slots whose owner was dead and is unchanged.
+ * Returns the number freed, or -1 (e set) when the lock cannot be taken. */
+SIM_HIDDEN int sim_reap(struct sim_err *e, struct sim_state *st, uint64_t max_age_ns);
 #define SIM_REAP_NS 100000000ull
 /* NVML queries see exits within this (a driver drops an exited process at once; reaping at every
  * query read /proc for every slot, milliseconds per query). */

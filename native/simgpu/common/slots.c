@@ -278,23 +278,56 @@ int sim_slots_resolve(struct sim_err *e, struct sim_state *st)
     return 0;
 }
 
-void sim_reap_locked(struct sim_state *st, int force)
-{
-    sim_reap_older_locked(st, force ? 0 : SIM_REAP_NS);
-}
+/* A slot's owner as the reaper saw it, to judge outside the lock and free only if unchanged. */
+struct suspect {
+    int index;
+    struct sim_slot owner; /* the identity fields only */
+};
 
-void sim_reap_older_locked(struct sim_state *st, uint64_t max_age_ns)
+int sim_reap(struct sim_err *e, struct sim_state *st, uint64_t max_age_ns)
 {
+    static _Thread_local struct suspect seen[SIM_MAX_SLOTS];
+    if (sim_lock(e, st) < 0)
+        return -1;
     uint64_t now = sim_now_ns();
-    if (max_age_ns && now - st->last_reap_ns < max_age_ns)
-        return;
-    st->last_reap_ns = now;
-    int self = sim_slot_self();
-    for (int i = 0; i < SIM_MAX_SLOTS; i++) {
-        struct sim_slot *s = &st->slot[i];
-        if (s->pid != 0 && i != self && slot_dead(s))
-            slot_clear_locked(st, s);
+    if (max_age_ns && now - st->last_reap_ns < max_age_ns) {
+        sim_unlock(st);
+        return 0;
     }
+    st->last_reap_ns = now; /* claimed: the others skip this sweep */
+    int self = sim_slot_self(), n = 0;
+    for (int i = 0; i < SIM_MAX_SLOTS; i++) {
+        const struct sim_slot *s = &st->slot[i];
+        if (s->pid == 0 || i == self)
+            continue;
+        seen[n].index = i;
+        seen[n].owner = (struct sim_slot){.pid = s->pid,
+                                          .start_time = s->start_time,
+                                          .proc_dev = s->proc_dev,
+                                          .pidns = s->pidns,
+                                          .host_pid = s->host_pid};
+        n++;
+    }
+    sim_unlock(st);
+    int dead = 0;
+    for (int k = 0; k < n; k++)
+        if (slot_dead(&seen[k].owner))
+            seen[dead++] = seen[k];
+    if (dead == 0)
+        return 0;
+    if (sim_lock(e, st) < 0)
+        return -1;
+    int freed = 0;
+    for (int k = 0; k < dead; k++) {
+        struct sim_slot *s = &st->slot[seen[k].index];
+        const struct sim_slot *o = &seen[k].owner;
+        if (s->pid == o->pid && s->pidns == o->pidns && s->start_time == o->start_time) {
+            slot_clear_locked(st, s); /* still the dead owner's, not a new process's */
+            freed++;
+        }
+    }
+    sim_unlock(st);
+    return freed;
 }
 
 void sim_repair_locked(struct sim_state *st)
@@ -321,13 +354,18 @@ int sim_slot_acquire(struct sim_err *e, struct sim_state *st)
     /* An MPS client reads its priority when it connects, as this does: 1 is BELOW_NORMAL. */
     const char *prio = getenv("CUDA_MPS_CLIENT_PRIORITY");
     int32_t mps_priority = prio && strcmp(prio, "1") == 0;
-    if (sim_lock(e, st) < 0)
-        return -1;
-    s = sim_slot_self();
-    for (int pass = 0; s < 0 && pass < 2; pass++) {
-        if (pass == 1)
-            sim_reap_locked(st, 1);
-        for (int i = 0; i < SIM_MAX_SLOTS; i++) {
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            int freed = sim_reap(e, st, 0);
+            if (freed < 0)
+                return -1;
+            if (freed == 0)
+                break; /* every slot is taken and no owner died */
+        }
+        if (sim_lock(e, st) < 0)
+            return -1;
+        s = sim_slot_self();
+        for (int i = 0; s < 0 && i < SIM_MAX_SLOTS; i++) {
             if (st->slot[i].pid == 0) {
                 memset(&st->slot[i], 0, sizeof(st->slot[i]));
                 st->slot[i].pid = pid;
@@ -341,11 +379,12 @@ int sim_slot_acquire(struct sim_err *e, struct sim_state *st)
                 pthread_once(&forget_once, forget_in_children);
                 __atomic_store_n(&own_slot, i, __ATOMIC_RELAXED);
                 s = i;
-                break;
             }
         }
+        sim_unlock(st);
+        if (s >= 0)
+            break;
     }
-    sim_unlock(st);
     if (s < 0)
         return sim_fail(e, SIM_ENOSLOT, "all %d process slots of the simulated GPU are in use",
                         SIM_MAX_SLOTS);
@@ -378,7 +417,8 @@ void sim_slot_release(struct sim_state *st)
 
 int sim_charge(struct sim_err *e, struct sim_state *st, int dev, uint64_t bytes)
 {
-    for (int attempt = 0; attempt < 2; attempt++) {
+    int reaped = 0;
+    for (int attempt = 0; attempt < 3; attempt++) {
         int s = sim_slot_acquire(e, st);
         if (s < 0)
             return -1;
@@ -392,9 +432,13 @@ int sim_charge(struct sim_err *e, struct sim_state *st, int dev, uint64_t bytes)
         }
         struct sim_gpu *g = &st->gpu[dev];
         const uint64_t cap = st->cfg.memory_bytes;
-        sim_reap_locked(st, 0);
-        if (bytes > cap - g->used)
-            sim_reap_locked(st, 1); /* maybe a dead process still holds what we need */
+        if (bytes > cap - g->used && !reaped) {
+            sim_unlock(st);
+            reaped = 1;
+            if (sim_reap(e, st, 0) < 0) /* maybe a dead process still holds what we need */
+                return -1;
+            continue;
+        }
         int rc = 0;
         if (bytes > cap - g->used) {
             rc = sim_fail(e, SIM_ENODEV_MEM, "out of device memory");
@@ -427,33 +471,39 @@ int sim_set_ctx(struct sim_err *e, struct sim_state *st, int dev, int on)
     int s = sim_slot_acquire(e, st);
     if (s < 0)
         return -1;
-    if (sim_lock(e, st) < 0)
-        return -1;
-    struct sim_slot *sl = &st->slot[s];
-    struct sim_gpu *g = &st->gpu[dev];
-    const uint32_t bit = 1u << dev;
-    const uint64_t ovh = st->cfg.context_overhead_bytes, cap = st->cfg.memory_bytes;
-    int rc = 0;
-    if (sl->pid != self_pid()) {
-        rc = sim_fail(e, SIM_ENOSLOT, "process slot lost"); /* reaped as dead: nothing to do */
-    } else if (on && !(sl->ctx_mask & bit)) {
-        /* The context's own memory: charged like an allocation, refused past the capacity as a
-         * real context creation fails with CUDA_ERROR_OUT_OF_MEMORY. */
-        if (ovh > cap - g->used)
-            sim_reap_locked(st, 1);
-        if (ovh > cap - g->used) {
-            rc = sim_fail(e, SIM_ENODEV_MEM, "out of device memory for a context");
-        } else {
-            g->used += ovh;
-            sl->bytes[dev] += ovh;
-            sl->ctx_mask |= bit;
+    for (int pass = 0;; pass++) {
+        if (sim_lock(e, st) < 0)
+            return -1;
+        struct sim_slot *sl = &st->slot[s];
+        struct sim_gpu *g = &st->gpu[dev];
+        const uint32_t bit = 1u << dev;
+        const uint64_t ovh = st->cfg.context_overhead_bytes, cap = st->cfg.memory_bytes;
+        int rc = 0;
+        if (sl->pid != self_pid()) {
+            rc = sim_fail(e, SIM_ENOSLOT, "process slot lost"); /* reaped as dead: nothing to do */
+        } else if (on && !(sl->ctx_mask & bit)) {
+            /* The context's own memory: charged like an allocation, refused past the capacity as
+             * a real context creation fails with CUDA_ERROR_OUT_OF_MEMORY. */
+            if (ovh > cap - g->used && pass == 0) {
+                sim_unlock(st);
+                if (sim_reap(e, st, 0) < 0) /* maybe a dead process still holds what we need */
+                    return -1;
+                continue;
+            }
+            if (ovh > cap - g->used) {
+                rc = sim_fail(e, SIM_ENODEV_MEM, "out of device memory for a context");
+            } else {
+                g->used += ovh;
+                sl->bytes[dev] += ovh;
+                sl->ctx_mask |= bit;
+            }
+        } else if (!on && (sl->ctx_mask & bit)) {
+            uint64_t b = ovh <= sl->bytes[dev] ? ovh : sl->bytes[dev];
+            sl->bytes[dev] -= b;
+            g->used = g->used >= b ? g->used - b : 0;
+            sl->ctx_mask &= ~bit;
         }
-    } else if (!on && (sl->ctx_mask & bit)) {
-        uint64_t b = ovh <= sl->bytes[dev] ? ovh : sl->bytes[dev];
-        sl->bytes[dev] -= b;
-        g->used = g->used >= b ? g->used - b : 0;
-        sl->ctx_mask &= ~bit;
+        sim_unlock(st);
+        return rc;
     }
-    sim_unlock(st);
-    return rc;
 }

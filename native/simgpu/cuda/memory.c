@@ -353,9 +353,9 @@ SIM_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
         return r;
     struct sim_err e = {0};
     struct sim_state *st = cu_g.st;
-    if (sim_lock(&e, st) < 0)
+    /* A query: show what dead processes held as free. */
+    if (sim_reap(&e, st, 0) < 0 || sim_lock(&e, st) < 0)
         return cu_result(&e);
-    sim_reap_locked(st, 1); /* a query: show what dead processes held as free */
     uint64_t used = st->gpu[c->phys].used, cap = st->cfg.memory_bytes;
     sim_unlock(st);
     *total = (size_t)cap;

@@ -241,9 +241,8 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsi
 static nvmlReturn_t memory(unsigned g, uint64_t *total, uint64_t *used)
 {
     struct sim_err e = {0};
-    if (sim_lock(&e, st) < 0)
+    if (sim_reap(&e, st, SIM_NVML_REAP_NS) < 0 || sim_lock(&e, st) < 0)
         return nvml_result(&e);
-    sim_reap_older_locked(st, SIM_NVML_REAP_NS);
     *total = st->cfg.memory_bytes;
     *used = st->gpu[g].used;
     sim_unlock(st);
@@ -328,9 +327,8 @@ enum proc_list { LIST_COMPUTE, LIST_MPS };
 static nvmlReturn_t list_procs(unsigned g, enum proc_list which, struct proc_row *rows, unsigned *n)
 {
     struct sim_err e = {0};
-    if (sim_slots_resolve(&e, st) < 0 || sim_lock(&e, st) < 0)
+    if (sim_slots_resolve(&e, st) < 0 || sim_reap(&e, st, SIM_NVML_REAP_NS) < 0 || sim_lock(&e, st) < 0)
         return nvml_result(&e);
-    sim_reap_older_locked(st, SIM_NVML_REAP_NS);
     unsigned k = 0;
     if ((st->cfg.mps_block_us != 0) != (which == LIST_MPS)) {
         sim_unlock(st);
