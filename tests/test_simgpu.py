@@ -6,6 +6,7 @@ import ctypes
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -42,6 +43,24 @@ def test_libnvml_exports_exactly_its_entry_points(built: Path) -> None:
     src = (NATIVE / "simgpu" / "nvml" / "nvml.c").read_text()
     names = set(re.findall(r"NVML_EXPORT [\w *]+?\b(nvml\w+)\(", src))
     assert _exports(SIMLIB / "libnvidia-ml.so.1") == names
+
+
+def test_a_thread_with_a_small_stack_starts_beside_both_libraries(sim_env: dict[str, str]) -> None:
+    # glibc carves the TLS of libraries loaded at start out of every thread's stack: per-thread
+    # tables in the simulated libraries once left the shim's 64 KiB watcher thread no room to
+    # start, so every tenant kept an idle token. Both libraries preloaded, as a linked program
+    # loads them; Python threads, since pthread_create's failure surfaces as a RuntimeError.
+    env = {**sim_env, "LD_PRELOAD": f"{SIMLIB / 'libcuda.so.1'}:{SIMLIB / 'libnvidia-ml.so.1'}"}
+    code = (
+        "import threading\n"
+        "threading.stack_size(64 * 1024)\n"
+        "t = threading.Thread(target=lambda: None)\n"
+        "t.start(); t.join(); print('started')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "started", out.stderr
 
 
 # ---- devices -----------------------------------------------------------------------------------

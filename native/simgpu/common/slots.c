@@ -225,21 +225,28 @@ int sim_slots_resolve(struct sim_err *e, struct sim_state *st)
 {
     if (!sim_host_view())
         return 0;
-    static _Thread_local struct wanted want[SIM_MAX_SLOTS];
+    /* On the heap, not in thread-local storage: glibc carves a library's TLS out of every
+     * thread's stack, and the tables of the lists here would not fit a small-stacked thread
+     * (the shim's watcher has 64 KiB). */
+    struct wanted *want = malloc(sizeof(*want) * SIM_MAX_SLOTS);
+    if (!want)
+        return sim_fail(e, SIM_ENOMEM, "no memory to resolve host pids");
     int n = 0;
-    if (sim_lock(e, st) < 0)
+    if (sim_lock(e, st) < 0) {
+        free(want);
         return -1;
+    }
     for (int i = 0; i < SIM_MAX_SLOTS; i++) {
         const struct sim_slot *s = &st->slot[i];
         if (s->pid != 0 && s->host_pid == 0 && s->proc_dev != own_proc_dev() && s->pidns)
             want[n++] = (struct wanted){i, s->pid, s->pidns, s->start_time, 0};
     }
     sim_unlock(st);
-    if (n == 0)
+    DIR *proc = n ? opendir("/proc") : NULL;
+    if (!proc) {
+        free(want);
         return 0;
-    DIR *proc = opendir("/proc");
-    if (!proc)
-        return 0;
+    }
     struct dirent *d;
     while ((d = readdir(proc)) != NULL) {
         char *end;
@@ -263,8 +270,10 @@ int sim_slots_resolve(struct sim_err *e, struct sim_state *st)
         }
     }
     closedir(proc);
-    if (sim_lock(e, st) < 0)
+    if (sim_lock(e, st) < 0) {
+        free(want);
         return -1;
+    }
     for (int k = 0; k < n; k++) {
         struct sim_slot *s = &st->slot[want[k].index];
         if (s->pid != want[k].pid || s->pidns != want[k].pidns || s->start_time != want[k].start)
@@ -275,6 +284,7 @@ int sim_slots_resolve(struct sim_err *e, struct sim_state *st)
             slot_clear_locked(st, s); /* the host sees every process: this one is gone */
     }
     sim_unlock(st);
+    free(want);
     return 0;
 }
 
@@ -286,15 +296,24 @@ struct suspect {
 
 int sim_reap(struct sim_err *e, struct sim_state *st, uint64_t max_age_ns)
 {
-    static _Thread_local struct suspect seen[SIM_MAX_SLOTS];
-    if (sim_lock(e, st) < 0)
+    /* A sweep not yet due is the common case: seen without the lock (a stale read only delays
+     * or repeats a sweep), before anything is allocated. */
+    if (max_age_ns && sim_now_ns() - __atomic_load_n(&st->last_reap_ns, __ATOMIC_RELAXED) < max_age_ns)
+        return 0;
+    struct suspect *seen = malloc(sizeof(*seen) * SIM_MAX_SLOTS); /* not TLS: see resolve */
+    if (!seen)
+        return sim_fail(e, SIM_ENOMEM, "no memory to sweep for dead processes");
+    if (sim_lock(e, st) < 0) {
+        free(seen);
         return -1;
+    }
     uint64_t now = sim_now_ns();
     if (max_age_ns && now - st->last_reap_ns < max_age_ns) {
         sim_unlock(st);
+        free(seen);
         return 0;
     }
-    st->last_reap_ns = now; /* claimed: the others skip this sweep */
+    __atomic_store_n(&st->last_reap_ns, now, __ATOMIC_RELAXED); /* claimed: the others skip it */
     int self = sim_slot_self(), n = 0;
     for (int i = 0; i < SIM_MAX_SLOTS; i++) {
         const struct sim_slot *s = &st->slot[i];
@@ -313,11 +332,11 @@ int sim_reap(struct sim_err *e, struct sim_state *st, uint64_t max_age_ns)
     for (int k = 0; k < n; k++)
         if (slot_dead(&seen[k].owner))
             seen[dead++] = seen[k];
-    if (dead == 0)
-        return 0;
-    if (sim_lock(e, st) < 0)
-        return -1;
     int freed = 0;
+    if (dead == 0 || sim_lock(e, st) < 0) {
+        free(seen);
+        return dead == 0 ? 0 : -1;
+    }
     for (int k = 0; k < dead; k++) {
         struct sim_slot *s = &st->slot[seen[k].index];
         const struct sim_slot *o = &seen[k].owner;
@@ -327,6 +346,7 @@ int sim_reap(struct sim_err *e, struct sim_state *st, uint64_t max_age_ns)
         }
     }
     sim_unlock(st);
+    free(seen);
     return freed;
 }
 

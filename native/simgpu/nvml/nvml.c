@@ -7,6 +7,7 @@
 #include "../common/sim.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -348,26 +349,11 @@ static nvmlReturn_t list_procs(unsigned g, enum proc_list which, struct proc_row
     return NVML_SUCCESS;
 }
 
-/* The count in/out protocol shared by the three versions; fill(i, row) writes entry i. */
-static nvmlReturn_t running(nvmlDevice_t device, enum proc_list which, unsigned *count, void *infos,
-                            int version)
+/* The count in/out protocol shared by the three versions: n rows into infos, or the size. */
+static nvmlReturn_t report_rows(const struct proc_row *rows, unsigned n, unsigned *count,
+                                void *infos, int version)
 {
-    unsigned g;
-    nvmlReturn_t r = check_dev(device, &g);
-    if (r)
-        return r;
-    if (!count)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    static _Thread_local struct proc_row rows[SIM_MAX_SLOTS];
-    unsigned n;
-    r = list_procs(g, which, rows, &n);
-    if (r)
-        return r;
-    if (n == 0) {
-        *count = 0;
-        return NVML_SUCCESS;
-    }
-    if (!infos || *count < n) {
+    if (n > 0 && (!infos || *count < n)) {
         *count = n;
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
@@ -386,6 +372,28 @@ static nvmlReturn_t running(nvmlDevice_t device, enum proc_list which, unsigned 
     }
     *count = n;
     return NVML_SUCCESS;
+}
+
+static nvmlReturn_t running(nvmlDevice_t device, enum proc_list which, unsigned *count, void *infos,
+                            int version)
+{
+    unsigned g;
+    nvmlReturn_t r = check_dev(device, &g);
+    if (r)
+        return r;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    /* On the heap, not in thread-local storage: glibc carves a library's TLS out of every
+     * thread's stack, and a table per thread would not fit a small-stacked one. */
+    struct proc_row *rows = malloc(sizeof(*rows) * SIM_MAX_SLOTS);
+    if (!rows)
+        return NVML_ERROR_MEMORY;
+    unsigned n;
+    r = list_procs(g, which, rows, &n);
+    if (r == NVML_SUCCESS)
+        r = report_rows(rows, n, count, infos, version);
+    free(rows);
+    return r;
 }
 
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
@@ -430,6 +438,37 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t
     return running(device, LIST_MPS, count, infos, 3);
 }
 
+struct util_row {
+    unsigned pid;
+    unsigned pct;
+};
+
+/* One row per process that kept GPU g's engine busy in [from, now). */
+static int sample_utilization(struct sim_err *e, unsigned g, uint64_t from, uint64_t now,
+                              struct util_row *rows, unsigned *count)
+{
+    unsigned n = 0;
+    if (sim_slots_resolve(e, st) < 0 || sim_lock(e, st) < 0)
+        return -1;
+    sim_engine_advance_locked(st, (int)g, now);
+    for (int i = 0; i < SIM_MAX_SLOTS && now > from; i++) {
+        const struct sim_slot *s = &st->slot[i];
+        if (s->pid == 0)
+            continue;
+        uint64_t covered;
+        uint64_t busy = sim_busy_locked(st, (int)g, s->pid, from, now, &covered);
+        if (busy == 0 || now <= covered)
+            continue;
+        unsigned pct = (unsigned)((busy * 100 + (now - covered) / 2) / (now - covered));
+        rows[n].pid = sim_slot_pid(s);
+        rows[n].pct = pct > 100 ? 100 : pct;
+        n++;
+    }
+    sim_unlock(st);
+    *count = n;
+    return 0;
+}
+
 /*
  * Per-process SM utilization since lastSeenTimeStamp (µs of CLOCK_REALTIME, as real NVML), over
  * at most the last second: one sample per process that kept the engine busy in that window.
@@ -454,36 +493,19 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
     } else if (lastSeenTimeStamp >= wall_us) {
         from = now;
     }
-    static _Thread_local struct {
-        unsigned pid;
-        unsigned pct;
-    } samples[SIM_MAX_SLOTS];
+    struct util_row *samples = malloc(sizeof(*samples) * SIM_MAX_SLOTS); /* not TLS: see running */
+    if (!samples)
+        return NVML_ERROR_MEMORY;
     unsigned n = 0;
     struct sim_err e = {0};
-    if (sim_slots_resolve(&e, st) < 0 || sim_lock(&e, st) < 0)
-        return nvml_result(&e);
-    sim_engine_advance_locked(st, (int)g, now);
-    for (int i = 0; i < SIM_MAX_SLOTS && now > from; i++) {
-        const struct sim_slot *s = &st->slot[i];
-        if (s->pid == 0)
-            continue;
-        uint64_t covered;
-        uint64_t busy = sim_busy_locked(st, (int)g, s->pid, from, now, &covered);
-        if (busy == 0 || now <= covered)
-            continue;
-        unsigned pct = (unsigned)((busy * 100 + (now - covered) / 2) / (now - covered));
-        samples[n].pid = sim_slot_pid(s);
-        samples[n].pct = pct > 100 ? 100 : pct;
-        n++;
-    }
-    sim_unlock(st);
-    if (n == 0)
-        return NVML_ERROR_NOT_FOUND; /* no samples since lastSeenTimeStamp */
-    if (!util || *count < n) {
+    r = sample_utilization(&e, g, from, now, samples, &n) < 0 ? nvml_result(&e) : NVML_SUCCESS;
+    if (r == NVML_SUCCESS && n == 0)
+        r = NVML_ERROR_NOT_FOUND; /* no samples since lastSeenTimeStamp */
+    if (r == NVML_SUCCESS && (!util || *count < n)) {
         *count = n;
-        return NVML_ERROR_INSUFFICIENT_SIZE;
+        r = NVML_ERROR_INSUFFICIENT_SIZE;
     }
-    for (unsigned i = 0; i < n; i++) {
+    for (unsigned i = 0; r == NVML_SUCCESS && i < n; i++) {
         util[i].pid = samples[i].pid;
         util[i].timeStamp = wall_us;
         util[i].smUtil = samples[i].pct;
@@ -491,6 +513,8 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
         util[i].encUtil = 0;
         util[i].decUtil = 0;
     }
-    *count = n;
-    return NVML_SUCCESS;
+    free(samples);
+    if (r == NVML_SUCCESS)
+        *count = n;
+    return r;
 }
