@@ -290,6 +290,21 @@ def test_share_alone_gets_nearly_the_whole_card(sim: Sim) -> None:
     assert x >= 85
 
 
+def test_the_watcher_starts_beside_libraries_with_large_thread_local_storage(sim: Sim, tmp_path: Path) -> None:
+    # glibc takes the static TLS of the libraries loaded at start from every thread's stack: with
+    # more than the watcher's 64 KiB the shim must still start it (at the default size), or an
+    # idle holder keeps the token. The probe's stderr stays empty only if the watcher started.
+    source = tmp_path / "bigtls.c"
+    source.write_text("__thread char big_tls[256 * 1024];\nchar *big_tls_at(void) { return big_tls; }\n")
+    lib = tmp_path / "libbigtls.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(source)], check=True)
+    s = compute_tenant(sim, "s", "share", 50)
+    env = sim.tenant_env(s)
+    env["LD_PRELOAD"] = f"{lib}:{env['LD_PRELOAD']}"
+    x = achieved(finish(sim.spawn_probe("saturate", "0.5", "500", env=env)))
+    assert x >= 85
+
+
 @pytest.mark.parametrize("mode", [pytest.param("graph", id="graph"), pytest.param("capture", id="capture")])
 def test_graphs_and_stream_capture_are_held_to_the_cap(sim: Sim, mode: str) -> None:
     c = compute_tenant(sim, "c", "cap", 20)

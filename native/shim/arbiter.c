@@ -1539,7 +1539,16 @@ void sg_arb_start_watcher(void)
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_attr_setstacksize(&attr, 64 * 1024);
-    if (pthread_create(&th, &attr, watcher_main, NULL) != 0) {
+    int rc = pthread_create(&th, &attr, watcher_main, NULL);
+    if (rc != 0) {
+        /* glibc carves the static TLS of every library loaded at start out of the thread's
+         * stack: a process whose libraries carry more than the 64 KiB gets the default size. */
+        pthread_attr_destroy(&attr);
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        rc = pthread_create(&th, &attr, watcher_main, NULL);
+    }
+    if (rc != 0) {
         static int logged;
         sg_log_once(&logged, "cannot start the GPU arbiter watcher thread: an idle holder keeps "
                              "the token until its next launch or sync");
