@@ -290,7 +290,9 @@ def test_share_alone_gets_nearly_the_whole_card(sim: Sim) -> None:
     assert x >= 85
 
 
-def test_the_watcher_starts_beside_libraries_with_large_thread_local_storage(sim: Sim, tmp_path: Path) -> None:
+def test_the_watcher_starts_beside_libraries_with_large_thread_local_storage(
+    sim: Sim, tmp_path: Path
+) -> None:
     # glibc takes the static TLS of the libraries loaded at start from every thread's stack: with
     # more than the watcher's 64 KiB the shim must still start it (at the default size), or an
     # idle holder keeps the token. The probe's stderr stays empty only if the watcher started.

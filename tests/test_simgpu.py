@@ -58,9 +58,10 @@ def test_a_thread_with_a_small_stack_starts_beside_both_libraries(sim_env: dict[
         "t.start(); t.join(); print('started')\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=False
     )
-    assert out.returncode == 0 and out.stdout.strip() == "started", out.stderr
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "started"
 
 
 # ---- devices -----------------------------------------------------------------------------------
