@@ -310,6 +310,42 @@ def test_stranding_uses_the_cpu_of_the_shapes_that_can_use_each_node() -> None:
     assert model.stranded().tolist() == [0.5 * 4000, 0.5 * 4000 + 0.5 * 3000]
 
 
+def _cpu_bound_case() -> tuple[ClusterState, Request]:
+    # 12-core and 2-core one-GPU shapes (7 cores per GPU) on nodes with 4 cores per GPU: CPU runs
+    # out first. Node a (2 GPUs, 8 cores) feeds both its GPUs; b (4 GPUs, 16 cores) only ~2.3.
+    workload = Workload(
+        shapes=(
+            Request(count=1, compute_milli=1000, cpu_milli=12000),
+            Request(count=1, compute_milli=1000, cpu_milli=2000),
+        ),
+        weights=(0.5, 0.5),
+    )
+    state = cluster(node("a", 2, cpu=8000), node("b", 4, cpu=16000), workload=workload)
+    return state, Request(count=1, compute_milli=1000, cpu_milli=4000)
+
+
+def test_cpu_pressure_is_the_workloads_cpu_per_gpu_over_the_gpu_nodes() -> None:
+    from sharegpu.placement.policies import SharegpuPolicy
+
+    state, _ = _cpu_bound_case()
+    assert SharegpuPolicy().stranding(state).cpu_pressure == pytest.approx(7.0 / 4.0)
+    roomy = cluster(node("a", 2), node("cpu", 0, cpu=512000), workload=state.workload)
+    # 64 cores for 2 GPUs; nodes without GPUs do not count.
+    assert SharegpuPolicy().stranding(roomy).cpu_pressure == pytest.approx(7.0 / 32.0)
+
+
+def test_under_cpu_pressure_the_stranded_gpu_decides(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sharegpu.placement import policies
+
+    # The 4-core pod on b takes a GPU b's CPU could not have fed; on a it would take half of a
+    # node whose GPUs are all feedable. FGD, and our stranding at weight 1, pick a.
+    state, pod = _cpu_bound_case()
+    assert chosen(state, pod, "ours").node == "b"
+    assert chosen(_cpu_bound_case()[0], pod, "fgd").node == "a"
+    monkeypatch.setattr(policies, "CPU_BOUND_STRANDING_WEIGHT", 1.0)
+    assert chosen(_cpu_bound_case()[0], pod, "ours").node == "a"
+
+
 def test_ours_sends_flexible_pods_to_the_model_most_shapes_may_use() -> None:
     # 40% of the workload may only use V100, 10% only T4. FGD counts the T4's GPUs as fragments
     # for the V100-only shapes, so filling them lowers F and a flexible pod goes there; ours

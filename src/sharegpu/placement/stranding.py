@@ -16,6 +16,10 @@ that node at all:
   the GPU the host resources left will not feed. SharegpuPolicy minimises the change of the second
   part (the first is already in FGD's fragmentation, which it adds).
 
+The workload's *CPU pressure* is its CPU per milli-GPU (popularity-weighted over the shapes that
+ask GPUs) over the GPU nodes' CPU per milli-GPU: over 1, the cluster runs out of CPU before GPU
+and stranded GPU is what bounds allocation (SharegpuPolicy then ranks by it first).
+
 Per-node figures depend only on the nodes' capacities and the workload: computed once per state.
 """
 
@@ -37,6 +41,7 @@ class StrandingModel:
         shapes = [(sh, w) for sh, w in zip(wl.shapes, wl.normalised(), strict=True) if sh.count]
         n = len(state.nodes)
         self.state = state
+        self.cpu_pressure = 0.0
         if not shapes:
             self.weight: FloatArray = np.zeros(n)
             self.model_excluded: FloatArray = np.zeros(n)
@@ -70,6 +75,9 @@ class StrandingModel:
         self.model_excluded = (~model_ok[state.model_id + 1] * p[None, :]).sum(axis=1)
         self.weight = pu.sum(axis=1)
         demand = pu @ gpu
+        has_gpus = state.ngpu > 0
+        node_ratio = state.cpu_cap[has_gpus].sum() / max(1, state.gpu_cap_node[has_gpus].sum())
+        self.cpu_pressure = float(p @ cpu / max(float(p @ gpu), 1e-12) / max(node_ratio, 1e-12))
         with np.errstate(divide="ignore", invalid="ignore"):
             self.rho = np.where(demand > 0, (pu @ cpu) / np.maximum(demand, 1e-12), 0.0)
             self.mu = np.where(demand > 0, (pu @ mem) / np.maximum(demand, 1e-12), 0.0)
