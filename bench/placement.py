@@ -61,10 +61,10 @@ PUBLISHED = {  # ATC'23 artifact, default trace, 100% arrived demand, mean of 10
 VARIANTS = (
     "pin5", "pin10", "pin20", "pin25", "pin33",
     "cpuonly0", "cpuonly2", "cpuonly3",
-    "cpu0.5", "cpu2", "cpu3",
-    "pin20+cpuonly2",
+    "cpu0.5", "cpu2", "cpu2.75", "cpu3",
+    "pin20+cpuonly2", "cpu2+cpuonly2",
 )  # fmt: skip
-TUNED = frozenset({"pin10", "pin25", "cpuonly2", "cpuonly3", "cpu2"})
+TUNED = frozenset({"pin10", "pin25", "cpuonly2", "cpuonly3", "cpu2", "cpu3"})
 """Variants the policy's choices were measured on while changing it; every other one is held out."""
 VARIANT_POLICIES = ("fgd", "sharegpu", "best-fit", "random")
 
