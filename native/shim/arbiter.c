@@ -1529,31 +1529,32 @@ static void *watcher_main(void *arg)
     return NULL;
 }
 
+/* A detached watcher thread with a stack of `stack` bytes (0: the default size). */
+static int spawn_watcher(size_t stack)
+{
+    pthread_t th;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (stack)
+        pthread_attr_setstacksize(&attr, stack);
+    int rc = pthread_create(&th, &attr, watcher_main, NULL);
+    pthread_attr_destroy(&attr);
+    return rc;
+}
+
 void sg_arb_start_watcher(void)
 {
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old); /* the watcher takes none of the app's signals */
-    pthread_t th;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_attr_setstacksize(&attr, 64 * 1024);
-    int rc = pthread_create(&th, &attr, watcher_main, NULL);
-    if (rc != 0) {
-        /* glibc carves the static TLS of every library loaded at start out of the thread's
-         * stack: a process whose libraries carry more than the 64 KiB gets the default size. */
-        pthread_attr_destroy(&attr);
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        rc = pthread_create(&th, &attr, watcher_main, NULL);
-    }
-    if (rc != 0) {
+    /* glibc carves the static TLS of every library loaded at start out of the thread's stack:
+     * a process whose libraries carry more than 64 KiB gets the default size. */
+    if (spawn_watcher(64 * 1024) != 0 && spawn_watcher(0) != 0) {
         static int logged;
         sg_log_once(&logged, "cannot start the GPU arbiter watcher thread: an idle holder keeps "
                              "the token until its next launch or sync");
     }
-    pthread_attr_destroy(&attr);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 

@@ -469,6 +469,28 @@ static int sample_utilization(struct sim_err *e, unsigned g, uint64_t from, uint
     return 0;
 }
 
+/* The count in/out protocol: n samples into util, or the size; none is NOT_FOUND. */
+static nvmlReturn_t report_samples(const struct util_row *rows, unsigned n, uint64_t wall_us,
+                                   nvmlProcessUtilizationSample_t *util, unsigned *count)
+{
+    if (n == 0)
+        return NVML_ERROR_NOT_FOUND; /* no samples since lastSeenTimeStamp */
+    if (!util || *count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned i = 0; i < n; i++) {
+        util[i].pid = rows[i].pid;
+        util[i].timeStamp = wall_us;
+        util[i].smUtil = rows[i].pct;
+        util[i].memUtil = 0;
+        util[i].encUtil = 0;
+        util[i].decUtil = 0;
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
 /*
  * Per-process SM utilization since lastSeenTimeStamp (µs of CLOCK_REALTIME, as real NVML), over
  * at most the last second: one sample per process that kept the engine busy in that window.
@@ -498,23 +520,10 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
         return NVML_ERROR_MEMORY;
     unsigned n = 0;
     struct sim_err e = {0};
-    r = sample_utilization(&e, g, from, now, samples, &n) < 0 ? nvml_result(&e) : NVML_SUCCESS;
-    if (r == NVML_SUCCESS && n == 0)
-        r = NVML_ERROR_NOT_FOUND; /* no samples since lastSeenTimeStamp */
-    if (r == NVML_SUCCESS && (!util || *count < n)) {
-        *count = n;
-        r = NVML_ERROR_INSUFFICIENT_SIZE;
-    }
-    for (unsigned i = 0; r == NVML_SUCCESS && i < n; i++) {
-        util[i].pid = samples[i].pid;
-        util[i].timeStamp = wall_us;
-        util[i].smUtil = samples[i].pct;
-        util[i].memUtil = 0;
-        util[i].encUtil = 0;
-        util[i].decUtil = 0;
-    }
+    if (sample_utilization(&e, g, from, now, samples, &n) < 0)
+        r = nvml_result(&e);
+    else
+        r = report_samples(samples, n, wall_us, util, count);
     free(samples);
-    if (r == NVML_SUCCESS)
-        *count = n;
     return r;
 }
