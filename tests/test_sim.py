@@ -259,3 +259,39 @@ def test_cli_simulate_errors_are_one_line(tmp_path: Path, args: list[str], text:
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("sharegpu: error: ")
     assert text in lines[0]
+
+
+def test_cached_keys_match_a_fresh_look_after_every_change(
+    small_cluster: list[Node], default_pods: list[Request]
+) -> None:
+    """The gradient (with ours' stranding and reserve) and the group pressure are cached per node
+    and recomputed only where a node changed: after hundreds of placements and releases they
+    equal what a fresh policy and an emptied cache compute."""
+    from sharegpu.placement.engine import Candidates, candidates, decide
+    from sharegpu.placement.model import Placement
+    from sharegpu.placement.workload import Workload
+
+    state = ClusterState(small_cluster, Workload.from_requests(default_pods))
+    ours = policies.make_policy("ours")
+    assert isinstance(ours, policies.SharegpuPolicy)
+    placed: list[str] = []
+    for k, pod in enumerate(default_pods[:400]):
+        decision = decide(state, pod, ours, None)
+        if isinstance(decision, Placement):
+            placed.append(state.allocate(decision, pod).id)
+        if k % 3 == 2 and placed:
+            state.release(placed.pop(len(placed) // 2))
+    checked = 0
+    for pod in {p.shape: p for p in default_pods if p.count}.values():
+        cand: Candidates = candidates(state, pod)
+        if len(cand):
+            fresh = policies.make_policy("ours")
+            assert isinstance(fresh, policies.SharegpuPolicy)
+            np.testing.assert_allclose(ours.gradient(state, cand), fresh.gradient(state, cand), rtol=1e-12)
+            checked += 1
+    assert checked >= 5
+    every = np.arange(len(state.nodes))
+    cached = state.group_pressure(every).copy()
+    state._pressure_seen[:] = -1
+    assert np.array_equal(cached, state.group_pressure(every))
+    assert cached.any()

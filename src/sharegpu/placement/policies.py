@@ -21,7 +21,7 @@ walking its node list does), except for ``random``, which draws from the seeded 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
@@ -31,7 +31,7 @@ from sharegpu.placement.model import FULL_GPU
 from sharegpu.placement.stranding import StrandingModel
 
 if TYPE_CHECKING:
-    from sharegpu.placement.cluster import ClusterState, FloatArray, IntArray
+    from sharegpu.placement.cluster import BoolArray, ClusterState, FloatArray, IntArray
     from sharegpu.placement.engine import Candidates, Key
     from sharegpu.placement.model import Request
 
@@ -52,38 +52,50 @@ class Policy:
         """Fill per-shape caches ahead of the first decisions (a scheduler does it at start-up)."""
 
 
-def _gpu_after(state: ClusterState, cand: Candidates) -> FloatArray:
-    """Free compute of the chosen GPU after placement (mean over a set; 0 with no GPU)."""
+def _at(cand: Candidates, at: IntArray | None) -> tuple[IntArray, IntArray | None, BoolArray | None]:
+    """Nodes, slots and sets of the candidates at positions ``at`` (all of them for None)."""
+    if at is None:
+        return cand.nodes, cand.slots, cand.sets
+    slots = cand.slots[at] if cand.slots is not None else None
+    sets = cand.sets[at] if cand.sets is not None else None
+    return cand.nodes[at], slots, sets
+
+
+def _gpu_after(state: ClusterState, cand: Candidates, at: IntArray | None = None) -> FloatArray:
+    """Free compute of the chosen GPU after placement (mean over a set; 0 with no GPU), for the
+    candidates at positions ``at`` (default: all)."""
     req = cand.request
-    if cand.slots is not None:
-        out: FloatArray = (state.free_c[cand.nodes, cand.slots] - req.compute_milli).astype(np.float64)
+    nodes, slots, sets = _at(cand, at)
+    if slots is not None:
+        out: FloatArray = (state.free_c[nodes, slots] - req.compute_milli).astype(np.float64)
         return out
-    if cand.sets is not None:
-        free = (state.free_c[cand.nodes] * cand.sets).sum(axis=1) / max(1, req.count)
+    if sets is not None:
+        free = (state.free_c[nodes] * sets).sum(axis=1) / max(1, req.count)
         return np.asarray(free - req.compute_milli, dtype=np.float64)
-    return np.zeros(len(cand.nodes))
+    return np.zeros(len(nodes))
 
 
-def _memory_after(state: ClusterState, cand: Candidates) -> FloatArray:
+def _memory_after(state: ClusterState, cand: Candidates, at: IntArray | None = None) -> FloatArray:
     """Free GPU memory of the chosen GPU after placement, as a share of its memory (mean over a
     set; 1 for a GPU of unknown memory and for no GPU): the second dimension of best fit."""
     req = cand.request
-    if cand.slots is not None:
-        cap = state.cap_m[cand.nodes, cand.slots]
-        free = state.free_m[cand.nodes, cand.slots] - req.memory_mib
-    elif cand.sets is not None:
-        cap = (state.cap_m[cand.nodes] * cand.sets).sum(axis=1)
-        free = (state.free_m[cand.nodes] * cand.sets).sum(axis=1) - req.count * req.memory_mib
+    nodes, slots, sets = _at(cand, at)
+    if slots is not None:
+        cap = state.cap_m[nodes, slots]
+        free = state.free_m[nodes, slots] - req.memory_mib
+    elif sets is not None:
+        cap = (state.cap_m[nodes] * sets).sum(axis=1)
+        free = (state.free_m[nodes] * sets).sum(axis=1) - req.count * req.memory_mib
     else:
-        return np.ones(len(cand.nodes))
+        return np.ones(len(nodes))
     out: FloatArray = np.where(cap > 0, free / np.maximum(cap, 1), 1.0)
     return out
 
 
-def _node_left(state: ClusterState, cand: Candidates) -> FloatArray:
+def _node_left(state: ClusterState, cand: Candidates, at: IntArray | None = None) -> FloatArray:
     """Normalised CPU plus normalised GPU left on each candidate node after placement."""
     req = cand.request
-    n = cand.nodes
+    n = _at(cand, at)[0]
     cpu = (state.cpu_free[n] - req.cpu_milli) / np.maximum(state.cpu_cap[n], 1)
     gcap = state.gpu_cap_node[n]
     gpu = np.where(gcap > 0, (state.frag.total[n] - req.gpu_milli) / np.maximum(gcap, 1), 0.0)
@@ -162,13 +174,18 @@ class GpuClusteringPolicy(Policy):
         return [lambda i: -same_gpu[i], lambda i: -same_node[i], lambda i: gpu[i], lambda i: left[i]]
 
 
-class _GradientCache:
-    """Per request shape: the fragmentation gradient of every node (and GPU), recomputed only
-    for nodes whose version changed since it last looked."""
+NodeTerm = Callable[["ClusterState", "Request", "IntArray"], "FloatArray"]
+"""A policy's own per-node addition to the gradient of a request shape, for the given nodes."""
 
-    def __init__(self, state: ClusterState, request: Request) -> None:
+
+class _GradientCache:
+    """Per request shape: the fragmentation gradient of every node (and GPU), plus the policy's
+    per-node term, recomputed only for nodes whose version changed since it last looked."""
+
+    def __init__(self, state: ClusterState, request: Request, node_term: NodeTerm | None = None) -> None:
         n = len(state.nodes)
         self.request = request
+        self.node_term = node_term
         self.seen: IntArray = np.full(n, -1, dtype=np.int64)
         self.values: FloatArray = np.zeros((n, state.width) if request.count == 1 else n)
         self.fresh_at = 0  # the policy's decision count when no node was last stale
@@ -196,6 +213,9 @@ class _GradientCache:
             self.values[dirty] = frag.delta_sets(
                 dirty, empty, 0, 0, cpu=req.cpu_milli, mem=req.host_memory_mib
             )
+        if self.node_term is not None:
+            term = self.node_term(state, req, dirty)
+            self.values[dirty] = self.values[dirty] + (term[:, None] if self.values.ndim == 2 else term)
         self.seen[dirty] = state.version[dirty]
         return len(dirty) == len(stale)
 
@@ -224,7 +244,7 @@ class FgdPolicy(Policy):
         self._decisions += 1
         cache = self._caches.get(req.shape)
         if cache is None:
-            cache = self._caches[req.shape] = _GradientCache(state, req)
+            cache = self._caches[req.shape] = _GradientCache(state, req, self.node_term(req))
         cache.refresh(state)
         cache.fresh_at = self._decisions
         self._tidy_one(state, cache)
@@ -237,6 +257,10 @@ class FgdPolicy(Policy):
         other = min(self._caches.values(), key=lambda c: c.fresh_at)
         if other is not current and other.refresh(state, TIDY_NODES):
             other.fresh_at = self._decisions
+
+    def node_term(self, request: Request) -> NodeTerm | None:
+        """What this policy adds to the gradient of ``request``'s shape per node (none for FGD)."""
+        return None
 
     def keys(self, state: ClusterState, cand: Candidates) -> list[Key]:
         delta = self.gradient(state, cand)
@@ -304,15 +328,12 @@ class SharegpuPolicy(FgdPolicy):
             self._stranding = StrandingModel(state)
         return self._stranding
 
-    def keys(self, state: ClusterState, cand: Candidates) -> list[Key]:
-        req = cand.request
-        n = cand.nodes
-        delta = self.gradient(state, cand)
-        if not req.count:
-            # A pod without GPUs: FGD's rule, nodes without GPUs first, then first fit. Charging
-            # it the stranding and best fit measured worse (cpuonly3: -1.5 points).
-            has_gpus = state.ngpu[n] > 0
-            return [lambda i: delta[i], lambda i: has_gpus[i]]
+    def node_term(self, request: Request) -> NodeTerm | None:
+        # A pod without GPUs: FGD's rule (keys). Cached with the gradient, since it changes only
+        # where a node changes: a decision then costs the same whatever the number of candidates.
+        return self._stranding_and_reserve if request.count else None
+
+    def _stranding_and_reserve(self, state: ClusterState, req: Request, n: IntArray) -> FloatArray:
         model = self.stranding(state)
         gpu = state.frag.total[n].astype(np.float64)
         cpu = state.cpu_free[n].astype(np.float64)
@@ -320,11 +341,23 @@ class SharegpuPolicy(FgdPolicy):
         before = model.host_stranded(n, gpu, cpu, mem)
         after = model.host_stranded(n, gpu - req.gpu_milli, cpu - req.cpu_milli, mem - req.host_memory_mib)
         weight = CPU_BOUND_STRANDING_WEIGHT if model.cpu_pressure > 1.0 else 1.0
-        delta = delta + weight * (after - before) + MODEL_RESERVE * req.gpu_milli * model.model_excluded[n]
-        left = _node_left(state, cand)
-        # Best fit in both GPU dimensions: compute and memory left, each as a share of the GPU.
-        gpu_left = _gpu_after(state, cand) / FULL_GPU + _memory_after(state, cand)
-        return [lambda i: delta[i], lambda i: gpu_left[i], lambda i: left[i]]
+        out: FloatArray = weight * (after - before) + MODEL_RESERVE * req.gpu_milli * model.model_excluded[n]
+        return out
+
+    def keys(self, state: ClusterState, cand: Candidates) -> list[Key]:
+        delta = self.gradient(state, cand)
+        if not cand.request.count:
+            # A pod without GPUs: FGD's rule, nodes without GPUs first, then first fit. Charging
+            # it the stranding and best fit measured worse (cpuonly3: -1.5 points).
+            has_gpus = state.ngpu[cand.nodes] > 0
+            return [lambda i: delta[i], lambda i: has_gpus[i]]
+        # The tie keys look only at the candidates still tied (usually a few of thousands).
+        return [
+            lambda i: delta[i],
+            # Best fit in both GPU dimensions: compute and memory left, each as a share of the GPU.
+            lambda i: _gpu_after(state, cand, i) / FULL_GPU + _memory_after(state, cand, i),
+            lambda i: _node_left(state, cand, i),
+        ]
 
 
 POLICIES: dict[str, type[Policy]] = {
