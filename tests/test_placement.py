@@ -310,6 +310,29 @@ def test_stranding_uses_the_cpu_of_the_shapes_that_can_use_each_node() -> None:
     assert model.stranded().tolist() == [0.5 * 4000, 0.5 * 4000 + 0.5 * 3000]
 
 
+def test_scarcity_is_the_demand_of_the_shapes_a_node_holds_over_their_supply() -> None:
+    from sharegpu.placement.policies import SharegpuPolicy
+
+    # The 8-GPU, 120-core shape (2/3 of the GPU demand) fits only g3, a third of the capacity;
+    # the 1-GPU shape (1/3) fits every node.
+    workload = Workload(
+        shapes=(
+            Request(count=8, compute_milli=1000, cpu_milli=120000),
+            Request(count=1, compute_milli=1000, cpu_milli=8000),
+        ),
+        weights=(0.2, 0.8),
+    )
+    state = cluster(
+        node("g3", 8, cpu=128000), node("g2a", 8, cpu=96000), node("g2b", 8, cpu=96000), workload=workload
+    )
+    scarcity = SharegpuPolicy().stranding(state).scarcity
+    assert scarcity == pytest.approx([2 / 3 * 3 + 1 / 3, 1 / 3, 1 / 3])
+    # A node no shape can use (4 cores) is not scarce.
+    with_tiny = cluster(node("g3", 8, cpu=128000), node("tiny", 1, cpu=4000), workload=workload)
+    # g3 is the only node either shape can use: each adds its share x 9/8 (capacity over supply).
+    assert SharegpuPolicy().stranding(with_tiny).scarcity == pytest.approx([9 / 8, 0.0])
+
+
 def _cpu_bound_case() -> tuple[ClusterState, Request]:
     # 12-core and 2-core one-GPU shapes (7 cores per GPU) on nodes with 4 cores per GPU: CPU runs
     # out first. Node a (2 GPUs, 8 cores) feeds both its GPUs; b (4 GPUs, 16 cores) only ~2.3.
@@ -349,7 +372,8 @@ def test_under_cpu_pressure_the_stranded_gpu_decides(monkeypatch: pytest.MonkeyP
 def test_ours_sends_flexible_pods_to_the_model_most_shapes_may_use() -> None:
     # 40% of the workload may only use V100, 10% only T4. FGD counts the T4's GPUs as fragments
     # for the V100-only shapes, so filling them lowers F and a flexible pod goes there; ours
-    # keeps the T4 for its pinned pods and fills the V100 (the larger pool in the trace).
+    # keeps the T4 for its pinned pods and fills the V100, the larger pool (as G2 is in the trace;
+    # with equal pools the V100-only demand would make the V100 the scarce one).
     workload = Workload(
         shapes=(
             Request(count=1, compute_milli=1000, models=frozenset({"T4"})),
@@ -358,7 +382,7 @@ def test_ours_sends_flexible_pods_to_the_model_most_shapes_may_use() -> None:
         ),
         weights=(0.1, 0.4, 0.5),
     )
-    state = cluster(node("t4", 2, model="T4"), node("v100", 2), workload=workload)
+    state = cluster(node("t4", 2, model="T4"), node("v100", 8), workload=workload)
     flexible = Request(count=1, compute_milli=1000)
     assert chosen(state, flexible, "ours").node == "v100"
     assert chosen(state, flexible, "fgd").node == "t4"

@@ -282,6 +282,15 @@ model (SharegpuPolicy): 1 cancels FGD's reward for filling such GPUs, the rest s
 pods to the models most shapes may use. Tuned on the pin10 and pin25 variants (1, 3, 6, 12)."""
 
 
+SCARCITY_RESERVE = 0.3
+"""Weight, per milli-GPU asked, of the scarcity of the node taken (StrandingModel.scarcity).
+Chosen on multigpu50, whose one paired loss (-0.24, seed 51) was two 8-GPU, 120-core pods that
+only the 39 G3 nodes hold, filled by pods that fit anywhere. Full cluster, 10 seeds, ours - FGD
+(mean, worst seed): 0 +0.18 / -0.24, 0.3 +0.24 / +0.14, 1 +0.25 / +0.13; pin25 (quarter cluster)
+0 +0.75 / -0.13, 0.3 +0.88 / +0.16, 1 +0.86 / -0.04. Off under CPU pressure, where the stranded
+GPU decides (weight 1 cost cpu2+cpuonly2 0.09 point)."""
+
+
 CPU_BOUND_STRANDING_WEIGHT = 100.0
 """Weight of the stranding term when the workload's CPU pressure is over 1 (StrandingModel): so
 large that the expected stranded GPU decides and FGD's gradient only breaks near-ties. Measured
@@ -291,7 +300,8 @@ on the full cluster, 10 seeds, ours - FGD on cpu3 / cpu2: weight 1 -0.30 / +1.20
 
 class SharegpuPolicy(FgdPolicy):
     """sharegpu's own policy: FGD's gradient, plus the GPU the node's host resources will strand,
-    plus a reserve on GPU models that few shapes may use; then best fit.
+    plus a reserve on GPU models that few shapes may use and on nodes that few shapes fit; then
+    best fit.
 
     * Stranding. FGD sees CPU only as a step: a node's free GPUs become fragments for a shape
       once its free CPU drops below that shape's CPU. Until then taking CPU looks free, so
@@ -308,6 +318,11 @@ class SharegpuPolicy(FgdPolicy):
       into a cost: flexible pods go to the models most shapes may use. It counts shapes, not
       demand per GPU of the model: a model that few shapes may use and no pinned shape needs
       gets flexible pods only once the others are full.
+    * Scarcity reserve. Host resources and GPU counts also confine shapes: only 39 of the
+      trace's 1,523 nodes hold an 8-GPU pod asking 120 cores. The key adds ``SCARCITY_RESERVE x
+      (scarcity of the node) x milli-GPU asked`` (StrandingModel.scarcity: the demand of the
+      shapes that can use the node, each over the capacity they can use), so pods that fit
+      anywhere take such nodes last. Not under CPU pressure (below).
     * CPU-bound workloads. When the workload asks more CPU per GPU than the GPU nodes have (CPU
       pressure over 1), CPU, not GPU fragmentation, bounds what can be allocated: the stranding
       term is weighted ``CPU_BOUND_STRANDING_WEIGHT`` and decides, FGD's gradient breaking
@@ -340,8 +355,11 @@ class SharegpuPolicy(FgdPolicy):
         mem = state.mem_free[n].astype(np.float64)
         before = model.host_stranded(n, gpu, cpu, mem)
         after = model.host_stranded(n, gpu - req.gpu_milli, cpu - req.cpu_milli, mem - req.host_memory_mib)
-        weight = CPU_BOUND_STRANDING_WEIGHT if model.cpu_pressure > 1.0 else 1.0
+        cpu_bound = model.cpu_pressure > 1.0
+        weight = CPU_BOUND_STRANDING_WEIGHT if cpu_bound else 1.0
         out: FloatArray = weight * (after - before) + MODEL_RESERVE * req.gpu_milli * model.model_excluded[n]
+        if not cpu_bound:
+            out = out + SCARCITY_RESERVE * req.gpu_milli * model.scarcity[n]
         return out
 
     def keys(self, state: ClusterState, cand: Candidates) -> list[Key]:

@@ -16,6 +16,16 @@ that node at all:
   the GPU the host resources left will not feed. SharegpuPolicy minimises the change of the second
   part (the first is already in FGD's fragmentation, which it adds).
 
+A node's *scarcity* is what the shapes that can use it need of the few nodes they can use:
+
+    scarcity_n = sum over shapes j that can use n of  share_j x C / supply_j
+
+with share_j the shape's part of the expected GPU demand, supply_j the GPU capacity of the nodes
+j can use and C the cluster's: a shape every node can hold adds its share, one that fits only a
+twentieth of the capacity (the 8-GPU, 120-core pods, on the 39 G3 nodes of the trace) twenty
+times its share. SharegpuPolicy charges a GPU pod for the scarcity of the node it takes, so
+flexible pods leave such nodes to the shapes that have nowhere else to go.
+
 The workload's *CPU pressure* is its CPU per milli-GPU (popularity-weighted over the shapes that
 ask GPUs) over the GPU nodes' CPU per milli-GPU: over 1, the cluster runs out of CPU before GPU
 and stranded GPU is what bounds allocation (SharegpuPolicy then ranks by it first).
@@ -34,7 +44,7 @@ if TYPE_CHECKING:
 
 
 class StrandingModel:
-    """W_n, rho_n and mu_n of every node of ``state`` against its workload."""
+    """W_n, rho_n, mu_n and the scarcity of every node of ``state`` against its workload."""
 
     def __init__(self, state: ClusterState) -> None:
         wl = state.workload
@@ -47,6 +57,7 @@ class StrandingModel:
             self.model_excluded: FloatArray = np.zeros(n)
             self.rho: FloatArray = np.zeros(n)
             self.mu: FloatArray = np.zeros(n)
+            self.scarcity: FloatArray = np.zeros(n)
             return
         p = np.array([w for _, w in shapes])
         count = np.array([sh.count for sh, _ in shapes], dtype=np.int64)
@@ -75,6 +86,10 @@ class StrandingModel:
         self.model_excluded = (~model_ok[state.model_id + 1] * p[None, :]).sum(axis=1)
         self.weight = pu.sum(axis=1)
         demand = pu @ gpu
+        supply = (usable * state.gpu_cap_node[:, None]).sum(axis=0).astype(np.float64)
+        share = p * gpu / max(float(p @ gpu), 1e-12)
+        need = np.where(supply > 0, share * state.capacity_milli / np.maximum(supply, 1.0), 0.0)
+        self.scarcity = usable @ need
         has_gpus = state.ngpu > 0
         node_ratio = state.cpu_cap[has_gpus].sum() / max(1, state.gpu_cap_node[has_gpus].sum())
         self.cpu_pressure = float(p @ cpu / max(float(p @ gpu), 1e-12) / max(node_ratio, 1e-12))
