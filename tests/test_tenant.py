@@ -186,6 +186,52 @@ def test_usage_mutex_is_robust_and_shared(tmp_path: Path) -> None:
     view.close()
 
 
+_LOCK_HOLDER = """
+import fcntl, os, struct, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR)
+lock = struct.pack("hh4xqqi4x", fcntl.F_WRLCK, os.SEEK_SET, int(sys.argv[2]), 1, 0)
+fcntl.fcntl(fd, getattr(fcntl, "F_OFD_SETLK", 37), lock)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_live_process_behind_freed_slots_is_judged_by_its_own_liveness_lock(tmp_path: Path) -> None:
+    """Slots are freed as processes exit, so a live process may sit in slot 3 with 0-2 empty: its
+    liveness lock is byte LIVE_LOCK_BASE + 3, and that lock, not slot 0's, says it lives."""
+    path = _make(tmp_path)
+    slot = 3
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _LOCK_HOLDER, str(path / "usage"), str(abi.LIVE_LOCK_BASE + slot)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "ready"
+        fd = os.open(path / "usage", os.O_RDWR)
+        view = mmap.mmap(fd, 0)
+        os.close(fd)
+        region = abi.Usage.from_buffer(view)
+        entry = region.procs[slot]
+        entry.pid, entry.start_time = holder.pid, process_start_time(holder.pid) or 0
+        entry.flags = abi.ENTRY_LIVE_LOCK
+        entry.pidns = 1  # not ours: only the lock can tell
+        entry.dev[0].mem_bytes = 64 * MIB
+        del region, entry
+        view.close()
+        (proc,) = tenant_status(path).processes
+        assert proc.alive
+        assert tenant_status(path).devices[0].mem_used_bytes == 64 * MIB
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
+    (proc,) = tenant_status(path).processes
+    assert not proc.alive  # the kernel dropped its lock: dead, from any namespace
+
+
 def test_start_time_identifies_processes() -> None:
     mine = process_start_time(os.getpid())
     assert mine is not None

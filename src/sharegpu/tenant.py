@@ -760,9 +760,8 @@ def tenant_status(path: Path) -> TenantStatus:
     uuids = [abi.bytes_to_uuid(bytes(d.uuid)) for d in limits.devices[: limits.device_count]]
     processes = []
     live_bytes = [0] * limits.device_count
-    for index, proc in enumerate(usage.procs):
-        if proc.pid == 0:
-            continue
+    # The slot's own index, not its place among the occupied ones: its liveness lock is there.
+    for index, proc in zip(usage.slots, usage.procs, strict=True):
         alive = slot_alive(path, index, proc)
         # A process's spare (charged, not allocated: ledger.c) is free memory, not its use.
         allocated = [
