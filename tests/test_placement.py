@@ -369,6 +369,46 @@ def test_under_cpu_pressure_the_stranded_gpu_decides(monkeypatch: pytest.MonkeyP
     assert chosen(_cpu_bound_case()[0], pod, "ours").node == "a"
 
 
+def _with_cpu_only_pods(cpu_node_milli: int, gpu_node_cpu: tuple[int, int] = (12000, 16000)) -> ClusterState:
+    # Half the pods ask 1 GPU and 6 cores, half no GPU and 8 cores. GPU nodes: a (2 GPUs) and b
+    # (4 GPUs), 4.7 cores per GPU by default: CPU-bound (pressure 6 / 4.7).
+    workload = Workload(
+        shapes=(Request(count=1, compute_milli=1000, cpu_milli=6000), Request(count=0, cpu_milli=8000)),
+        weights=(0.5, 0.5),
+    )
+    a_cpu, b_cpu = gpu_node_cpu
+    return cluster(
+        node("a", 2, cpu=a_cpu),
+        node("b", 4, cpu=b_cpu),
+        node("cpu", 0, cpu=cpu_node_milli),
+        workload=workload,
+    )
+
+
+def test_cpu_that_pods_without_gpus_take_from_gpu_nodes_counts_against_their_gpus() -> None:
+    from sharegpu.placement.policies import SharegpuPolicy
+
+    pod = Request(count=1, compute_milli=1000, cpu_milli=4000)
+    # A 512-core node without GPUs holds every CPU-only pod: a GPU needs its shape's 6 cores. a
+    # feeds both its GPUs, b only 2.7 of 4, so taking one of b's GPUs strands less.
+    roomy = SharegpuPolicy().stranding(_with_cpu_only_pods(512000))
+    assert roomy.spilled_cpu == 0.0
+    assert roomy.rho.tolist() == [6.0, 6.0, 0.0]
+    assert chosen(_with_cpu_only_pods(512000), pod, "ours").node == "b"
+    # A 1-core node without GPUs: per milli-GPU of demand, 8 milli-cores of CPU-only pods
+    # (4000 per pod over 500 milli-GPU per pod), less the 1/6 the node holds, come to the GPU
+    # nodes. Neither feeds all its GPUs now; the stranded GPU changes alike, FGD's gradient picks a.
+    short = SharegpuPolicy().stranding(_with_cpu_only_pods(1000))
+    assert short.spilled_cpu == pytest.approx(8.0 - 1.0 / 6.0)
+    assert short.rho[:2] == pytest.approx([6.0 + 8.0 - 1.0 / 6.0] * 2)
+    assert chosen(_with_cpu_only_pods(1000), pod, "ours").node == "a"
+    # Where GPU, not CPU, is the bound (32 cores per GPU), rho stays the GPU shapes' own.
+    gpu_bound = SharegpuPolicy().stranding(_with_cpu_only_pods(1000, (64000, 128000)))
+    assert gpu_bound.cpu_pressure < 1.0
+    assert gpu_bound.spilled_cpu > 0.0
+    assert gpu_bound.rho.tolist() == [6.0, 6.0, 0.0]
+
+
 def test_ours_sends_flexible_pods_to_the_model_most_shapes_may_use() -> None:
     # 40% of the workload may only use V100, 10% only T4. FGD counts the T4's GPUs as fragments
     # for the V100-only shapes, so filling them lowers F and a flexible pod goes there; ours

@@ -326,7 +326,8 @@ class SharegpuPolicy(FgdPolicy):
     * CPU-bound workloads. When the workload asks more CPU per GPU than the GPU nodes have (CPU
       pressure over 1), CPU, not GPU fragmentation, bounds what can be allocated: the stranding
       term is weighted ``CPU_BOUND_STRANDING_WEIGHT`` and decides, FGD's gradient breaking
-      near-ties. Below 1 (every shipped pod list) the weight is 1.
+      near-ties, and the stranding model counts the CPU that pods without GPUs will take from GPU
+      nodes (StrandingModel.spilled_cpu). Below 1 (every shipped pod list) the weight is 1.
     * Ties go to the GPU left with the least free compute plus memory (each as a share of the
       GPU: memory is the second dimension of a vGPU), then the node left with the least (best
       fit), not to node order.

@@ -30,6 +30,13 @@ The workload's *CPU pressure* is its CPU per milli-GPU (popularity-weighted over
 ask GPUs) over the GPU nodes' CPU per milli-GPU: over 1, the cluster runs out of CPU before GPU
 and stranded GPU is what bounds allocation (SharegpuPolicy then ranks by it first).
 
+Pods without GPUs fill the nodes without GPUs, then take CPU on GPU nodes. Per milli-GPU of
+demand, the CPU they ask beyond what the nodes without GPUs hold (``spilled_cpu``) is CPU that
+every GPU node must also find; under CPU pressure it is added to rho_n, so that a node is seen to
+feed fewer GPUs than the GPU shapes' CPU alone would say. (The trace's `cpu2` variant: 3.7
+milli-cores per milli-GPU on top of rho's ~21; `cpu2+cpuonly2`, with twice the pods without
+GPUs, 10.3.)
+
 Per-node figures depend only on the nodes' capacities and the workload: computed once per state.
 """
 
@@ -48,10 +55,12 @@ class StrandingModel:
 
     def __init__(self, state: ClusterState) -> None:
         wl = state.workload
-        shapes = [(sh, w) for sh, w in zip(wl.shapes, wl.normalised(), strict=True) if sh.count]
+        weights = wl.normalised()
+        shapes = [(sh, w) for sh, w in zip(wl.shapes, weights, strict=True) if sh.count]
         n = len(state.nodes)
         self.state = state
         self.cpu_pressure = 0.0
+        self.spilled_cpu = 0.0
         if not shapes:
             self.weight: FloatArray = np.zeros(n)
             self.model_excluded: FloatArray = np.zeros(n)
@@ -93,9 +102,16 @@ class StrandingModel:
         has_gpus = state.ngpu > 0
         node_ratio = state.cpu_cap[has_gpus].sum() / max(1, state.gpu_cap_node[has_gpus].sum())
         self.cpu_pressure = float(p @ cpu / max(float(p @ gpu), 1e-12) / max(node_ratio, 1e-12))
+        without_gpus = sum(w * sh.cpu_milli for sh, w in zip(wl.shapes, weights, strict=True) if not sh.count)
+        held = float(state.cpu_cap[~has_gpus].sum()) / max(1.0, float(state.capacity_milli))
+        self.spilled_cpu = max(0.0, without_gpus / max(float(p @ gpu), 1e-12) - held)
         with np.errstate(divide="ignore", invalid="ignore"):
             self.rho = np.where(demand > 0, (pu @ cpu) / np.maximum(demand, 1e-12), 0.0)
             self.mu = np.where(demand > 0, (pu @ mem) / np.maximum(demand, 1e-12), 0.0)
+        if self.cpu_pressure > 1.0:
+            # Where CPU is the bound, the CPU that pods without GPUs will take from GPU nodes is
+            # CPU their GPUs cannot have (module docstring). Where GPU is, measured: not needed.
+            self.rho = np.where(demand > 0, self.rho + self.spilled_cpu, 0.0)
 
     def feedable(self, nodes: IntArray, cpu_free: FloatArray, mem_free: FloatArray) -> FloatArray:
         """[d]: milli-GPU the given free host resources of ``nodes`` can still feed (inf: no limit)."""
