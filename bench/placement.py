@@ -64,7 +64,7 @@ VARIANTS = (
     "cpu0.5", "cpu2", "cpu2.75", "cpu3",
     "pin20+cpuonly2", "cpu2+cpuonly2",
 )  # fmt: skip
-TUNED = frozenset({"pin10", "pin25", "cpuonly2", "cpuonly3", "cpu2", "cpu3"})
+TUNED = frozenset({"pin10", "pin25", "cpuonly2", "cpuonly3", "cpu2", "cpu3", "cpu2.75", "cpu2+cpuonly2"})
 """Variants the policy's choices were measured on while changing it; every other one is held out."""
 VARIANT_POLICIES = ("fgd", "sharegpu", "best-fit", "random")
 
