@@ -135,6 +135,20 @@ def _ms(values: list[float]) -> str:
     return f"{statistics.mean(values):6.2f} ± {statistics.stdev(values):4.2f}"
 
 
+def run_all(jobs: list[tuple[str, str, str, int, bool]], workers: int) -> list[dict[str, Any]]:
+    """Every job on `workers` processes, results in job order; a progress line on stderr (the
+    variant table takes over an hour on 2 cores, and the tables print only at the end)."""
+    results: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
+        for done, result in enumerate(pool.map(run_one, jobs), 1):
+            results.append(result)
+            if sys.stderr.isatty() or done == len(jobs) or done % 10 == 0:
+                elapsed = time.perf_counter() - t0
+                print(f"{done}/{len(jobs)} runs in {elapsed:.0f} s", file=sys.stderr, flush=True)
+    return results
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -195,8 +209,7 @@ def main() -> int:
     # Longest first: the fragmentation-aware policies take the most time per run.
     jobs.sort(key=lambda j: (j[2] not in ("fgd", "sharegpu"), j[1], j[3]))
     t0 = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        results = list(pool.map(run_one, jobs))
+    results = run_all(jobs, args.jobs)
     wall = time.perf_counter() - t0
     # Latency alone, one run at a time, so that the pool's own runs do not inflate it.
     latency = [run_one((str(args.data), traces[0], p, seeds[0], True)) for p in policies]
@@ -278,8 +291,7 @@ def variants_main(args: argparse.Namespace) -> int:
     jobs = [(str(args.data), f"variant:{v}", p, s, False) for v in names for p in policies for s in seeds]
     jobs.sort(key=lambda j: (j[2] not in ("fgd", "sharegpu"), j[1], j[3]))
     t0 = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        results = list(pool.map(run_one, jobs))
+    results = run_all(jobs, args.jobs)
     wall = time.perf_counter() - t0
     latency = [
         run_one((str(args.data), "variant:default@full", p, seeds[0], True)) for p in ("fgd", "sharegpu")
@@ -330,8 +342,7 @@ def memory_qos_main(args: argparse.Namespace) -> int:
     lists = ["variant:default", "variant:mem"] if args.memory else ["variant:default", "qos:default"]
     jobs = [(str(args.data), t, p, s, False) for t in lists for p in policies for s in seeds]
     t0 = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        results = list(pool.map(run_one, jobs))
+    results = run_all(jobs, args.jobs)
     wall = time.perf_counter() - t0
     by: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in results:
