@@ -13,12 +13,8 @@ takes.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import logging
-import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from sharegpu import abi
@@ -29,26 +25,15 @@ from sharegpu.arbiter import iter_arbiters, read_arbiter, rebuild_arbiter
 from sharegpu.errors import ConfigError, SharegpuError
 from sharegpu.tenant import (
     iter_tenants,
+    node_lock,
     read_limits,
     read_meta,
     read_usage,
     remove_tenant,
     tenant_status,
-    tenants_dir,
 )
 
 log = logging.getLogger(__name__)
-
-
-@contextlib.contextmanager
-def _node_lock(root: Path) -> Iterator[None]:
-    """The lock `sharegpu.tenant.create_tenant` holds (flock on <runtime>/tenants/.lock)."""
-    fd = os.open(tenants_dir(root) / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 class Reaper:
@@ -216,7 +201,7 @@ class Reaper:
             status = tenant_status(path)
             if status.error is not None or live_slots(path):
                 continue
-            with _node_lock(self.root):
+            with node_lock(self.root):  # the one create_tenant holds
                 # Look again under the lock: tenant creation collects stale tenants too.
                 if not path.exists():
                     continue

@@ -47,6 +47,7 @@ from sharegpu.spec import format_size
 from sharegpu.tenant import (
     DeviceLimit,
     create_tenant,
+    device_limit_of,
     iter_tenants,
     node_lock,
     process_start_time,
@@ -408,16 +409,7 @@ class TenantService:
         devices = [DeviceLimit(**d) for d in row.spec.get("devices", [])]
         if not devices:
             devices = [
-                DeviceLimit(
-                    uuid=abi.bytes_to_uuid(bytes(d.uuid)),
-                    mem_cap_bytes=int(d.mem_cap_bytes),
-                    policy=int(d.policy),
-                    priority=int(d.priority),
-                    share_permille=int(d.share_permille),
-                    ceiling_permille=int(d.ceiling_permille),
-                    weight=int(d.weight),
-                )
-                for d in region.devices[: min(int(region.device_count), abi.MAX_DEVICES)]
+                device_limit_of(d) for d in region.devices[: min(int(region.device_count), abi.MAX_DEVICES)]
             ]
         with node_lock(self.root):
             generation = write_limits_in_place(path, devices)

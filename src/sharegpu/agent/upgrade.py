@@ -31,14 +31,12 @@ resolves the link when the process starts and maps that file, so:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import platform
 import re
 import struct
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +44,7 @@ from sharegpu import abi, native
 from sharegpu.agent.events import Event
 from sharegpu.agent.procs import proc_info
 from sharegpu.errors import ConfigError
+from sharegpu.tenant import directory_lock
 
 SHIM_DIR = "shim"
 STABLE_NAME = "libsharegpu.so"
@@ -157,16 +156,6 @@ def inspect_shim(src: Path) -> ShimInfo:
 # Installing.
 
 
-@contextlib.contextmanager
-def _lock(directory: Path) -> Iterator[None]:
-    fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def current_shim(runtime_dir: Path) -> Path | None:
     """The build the stable link names, or None when no shim is installed."""
     link = stable_path(runtime_dir)
@@ -237,7 +226,7 @@ def install_shim(src: Path, runtime_dir: Path) -> Path:
         raise ConfigError(f"cannot create {directory}: {err.strerror}") from err
     name = f"libsharegpu-{info.version}-{info.sha256[:12]}.so"
     target = directory / name
-    with _lock(directory):
+    with directory_lock(directory):
         if target.exists():
             existing = hashlib.sha256(target.read_bytes()).hexdigest()
             if existing != info.sha256:
@@ -322,7 +311,7 @@ def collect_old_shims(runtime_dir: Path, *, _locked: bool = False) -> list[Path]
     if not directory.is_dir():
         return []
     if not _locked:
-        with _lock(directory):
+        with directory_lock(directory):
             return collect_old_shims(runtime_dir, _locked=True)
     current = current_shim(runtime_dir)
     keep = {current.name} if current else set()

@@ -35,7 +35,14 @@ import contract checks it):
 from __future__ import annotations
 
 from sharegpu.tenant.admission import ADMISSION_FILE, overcommit_allowed, write_admission_policy
-from sharegpu.tenant.lifecycle import collect_stale, create_tenant, node_lock, remove_tenant, resize_tenant
+from sharegpu.tenant.lifecycle import (
+    collect_stale,
+    create_tenant,
+    directory_lock,
+    node_lock,
+    remove_tenant,
+    resize_tenant,
+)
 from sharegpu.tenant.paths import (
     GPUS_DIR,
     RUNTIME_ENV,
@@ -56,6 +63,7 @@ from sharegpu.tenant.processes import (
 from sharegpu.tenant.records import DeviceLimit, DeviceUsage, ProcessUsage, TenantStatus
 from sharegpu.tenant.regions import (
     UsageSnapshot,
+    device_limit_of,
     init_robust_mutex,
     limits_bytes,
     publish_region,
@@ -78,6 +86,8 @@ __all__ = [
     "UsageSnapshot",
     "collect_stale",
     "create_tenant",
+    "device_limit_of",
+    "directory_lock",
     "gpus_dir",
     "init_robust_mutex",
     "is_stale",

@@ -35,8 +35,9 @@ _DOOMED = ".gone."
 
 
 @contextlib.contextmanager
-def _node_lock(base: Path) -> Iterator[None]:
-    """Serialises tenant creation on a node, so admission checks see every tenant."""
+def directory_lock(base: Path) -> Iterator[None]:
+    """flock on ``base``/.lock: the node lock over tenants (creation, resize, removal see each
+    other's admission), and the shim upgrade's over its install directory."""
     fd = os.open(base / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -50,7 +51,7 @@ def node_lock(root: Path | None = None) -> Iterator[None]:
     """The node lock (flock on <runtime>/tenants/.lock) that creation, resize and removal take."""
     base = tenants_dir(root)
     base.mkdir(parents=True, exist_ok=True, mode=0o755)
-    with _node_lock(base):
+    with directory_lock(base):
         yield
 
 
@@ -91,7 +92,7 @@ def create_tenant(
         base.mkdir(parents=True, exist_ok=True, mode=0o755)
     except OSError as err:
         raise TenantError(f"cannot create the runtime directory {base}: {err.strerror}") from err
-    with _node_lock(base):
+    with directory_lock(base):
         collect_stale(base.parent)
         if (base / tenant_id).exists():
             raise TenantExists(f"tenant {tenant_id!r} already exists ({base / tenant_id})")
@@ -190,7 +191,7 @@ def resize_tenant(
     until its usage falls under the new cap."""
     path = tenant_path(tenant_id, root)
     base = path.parent
-    with _node_lock(base):
+    with directory_lock(base):
         if not path.is_dir():
             raise TenantNotFound(f"no tenant {tenant_id!r} on this node ({base})")
         before = read_device_limits(path)

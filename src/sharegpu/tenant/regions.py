@@ -102,14 +102,31 @@ def limits_bytes(tenant_id: str, devices: Sequence[DeviceLimit], generation: int
     region.device_count = len(devices)
     region.incarnation = secrets.randbits(64) | 1  # nonzero: a re-created tenant is another
     for slot, dev in zip(region.devices, devices, strict=False):
-        slot.uuid[:] = abi.uuid_to_bytes(dev.uuid)
-        slot.mem_cap_bytes = dev.mem_cap_bytes
-        slot.policy = dev.policy
-        slot.priority = dev.priority
-        slot.share_permille = dev.share_permille
-        slot.ceiling_permille = dev.ceiling_permille
-        slot.weight = dev.weight
+        _fill_slot(slot, dev)
     return bytes(region)
+
+
+def _fill_slot(slot: abi.LimitsDevice, dev: DeviceLimit) -> None:
+    slot.uuid[:] = abi.uuid_to_bytes(dev.uuid)
+    slot.mem_cap_bytes = dev.mem_cap_bytes
+    slot.policy = dev.policy
+    slot.priority = dev.priority
+    slot.share_permille = dev.share_permille
+    slot.ceiling_permille = dev.ceiling_permille
+    slot.weight = dev.weight
+
+
+def device_limit_of(slot: abi.LimitsDevice) -> DeviceLimit:
+    """One device entry of a limits region as a DeviceLimit (the inverse of _fill_slot)."""
+    return DeviceLimit(
+        uuid=abi.bytes_to_uuid(bytes(slot.uuid)),
+        mem_cap_bytes=int(slot.mem_cap_bytes),
+        policy=int(slot.policy),
+        priority=int(slot.priority),
+        share_permille=int(slot.share_permille),
+        ceiling_permille=int(slot.ceiling_permille),
+        weight=int(slot.weight),
+    )
 
 
 def init_usage_region(view: mmap.mmap) -> None:
@@ -153,14 +170,7 @@ def write_limits_in_place(path: Path, devices: Sequence[DeviceLimit]) -> int:
             for i in range(abi.MAX_DEVICES):
                 slot = abi.LimitsDevice()
                 if i < len(devices):
-                    dev = devices[i]
-                    slot.uuid[:] = abi.uuid_to_bytes(dev.uuid)
-                    slot.mem_cap_bytes = dev.mem_cap_bytes
-                    slot.policy = dev.policy
-                    slot.priority = dev.priority
-                    slot.share_permille = dev.share_permille
-                    slot.ceiling_permille = dev.ceiling_permille
-                    slot.weight = dev.weight
+                    _fill_slot(slot, devices[i])
                 region.devices[i] = slot
             region.generation = gen + 2
             del region  # release the buffer export before the mmap closes
@@ -213,18 +223,7 @@ def read_limits(path: Path) -> abi.Limits:
 def read_device_limits(path: Path) -> list[DeviceLimit]:
     """The vGPUs in `path`/limits as DeviceLimit (read under the seqlock)."""
     limits = read_limits(path)
-    return [
-        DeviceLimit(
-            uuid=abi.bytes_to_uuid(bytes(d.uuid)),
-            mem_cap_bytes=int(d.mem_cap_bytes),
-            policy=int(d.policy),
-            priority=int(d.priority),
-            share_permille=int(d.share_permille),
-            ceiling_permille=int(d.ceiling_permille),
-            weight=int(d.weight),
-        )
-        for d in limits.devices[: limits.device_count]
-    ]
+    return [device_limit_of(d) for d in limits.devices[: limits.device_count]]
 
 
 @dataclass
