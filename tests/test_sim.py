@@ -163,7 +163,7 @@ def test_tidying_other_shapes_gradients_keeps_every_decision_and_bounds_the_catc
 
     def counting(self: policies._GradientCache, state: ClusterState, limit: int | None = None) -> bool:
         if limit is None:
-            caught_up.append(int(np.count_nonzero(self.seen != state.version)))
+            caught_up.append(int(np.count_nonzero((self.seen != state.version) & self.eligible)))
         return refresh(self, state, limit)
 
     monkeypatch.setattr(policies._GradientCache, "refresh", counting)

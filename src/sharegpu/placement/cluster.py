@@ -145,6 +145,15 @@ class ClusterState:
             ok &= self.model_mask(request.models) & (self.ngpu >= request.count)
         return ok
 
+    def could_ever_host(self, request: Request) -> BoolArray:
+        """[N]: nodes that could take the request when empty (host_ok on capacity, not on what is
+        free): the only nodes whose state matters to a decision about it."""
+        ok = (self.cpu_cap >= request.cpu_milli) & (self.mem_cap >= request.host_memory_mib)
+        if request.count:
+            fits = (self.cap_c >= request.compute_milli) & (self.cap_m >= request.memory_mib)
+            ok &= self.model_mask(request.models) & (fits.sum(axis=1) >= request.count)
+        return ok
+
     def idle(self, nodes: IntArray) -> BoolArray:
         """[len(nodes), G]: GPUs with nothing allocated."""
         idle: BoolArray = (

@@ -186,6 +186,10 @@ class _GradientCache:
         n = len(state.nodes)
         self.request = request
         self.node_term = node_term
+        # Nodes that can never take the request (wrong model, too few or too small GPUs, too
+        # little CPU) are never its candidates: their gradient is never computed. With pods
+        # pinned to models that is most nodes for most shapes.
+        self.eligible: BoolArray = state.could_ever_host(request)
         self.seen: IntArray = np.full(n, -1, dtype=np.int64)
         self.values: FloatArray = np.zeros((n, state.width) if request.count == 1 else n)
         self.fresh_at = 0  # the policy's decision count when no node was last stale
@@ -195,7 +199,7 @@ class _GradientCache:
         from sharegpu.placement.engine import node_sets
 
         req, frag = self.request, state.frag
-        stale = np.flatnonzero(self.seen != state.version)
+        stale = np.flatnonzero((self.seen != state.version) & self.eligible)
         dirty = stale[:limit]
         if not len(dirty):
             return not len(stale)
