@@ -63,6 +63,7 @@ VARIANTS = (
     "cpuonly0", "cpuonly2", "cpuonly3",
     "cpu0.5", "cpu2", "cpu2.75", "cpu3",
     "pin20+cpuonly2", "cpu2+cpuonly2",
+    "cpu2.5", "cpu3.25", "cpu3.5", "cpu4", "cpu3+pin20",
 )  # fmt: skip
 TUNED = frozenset({"pin10", "pin25", "cpuonly2", "cpuonly3", "cpu2", "cpu3", "cpu2.75", "cpu2+cpuonly2"})
 """Variants the policy's choices were measured on while changing it; every other one is held out."""

@@ -105,14 +105,13 @@ class StrandingModel:
         without_gpus = sum(w * sh.cpu_milli for sh, w in zip(wl.shapes, weights, strict=True) if not sh.count)
         held = float(state.cpu_cap[~has_gpus].sum()) / max(1.0, float(state.capacity_milli))
         self.spilled_cpu = max(0.0, without_gpus / max(float(p @ gpu), 1e-12) - held)
+        # Where CPU is the bound, the CPU that pods without GPUs will take from GPU nodes is CPU
+        # their GPUs cannot have (module docstring). Where GPU is the bound it cost cpuonly3 0.4
+        # point (ours - FGD +1.95 -> +1.53) and left cpuonly2 as it was.
+        spilled = self.spilled_cpu if self.cpu_pressure > 1.0 else 0.0
         with np.errstate(divide="ignore", invalid="ignore"):
-            self.rho = np.where(demand > 0, (pu @ cpu) / np.maximum(demand, 1e-12), 0.0)
+            self.rho = np.where(demand > 0, (pu @ cpu) / np.maximum(demand, 1e-12) + spilled, 0.0)
             self.mu = np.where(demand > 0, (pu @ mem) / np.maximum(demand, 1e-12), 0.0)
-        if self.cpu_pressure > 1.0:
-            # Where CPU is the bound, the CPU that pods without GPUs will take from GPU nodes is
-            # CPU their GPUs cannot have (module docstring). Where GPU is the bound it cost
-            # cpuonly3 0.4 point (ours - FGD +1.95 -> +1.53) and left cpuonly2 as it was.
-            self.rho = np.where(demand > 0, self.rho + self.spilled_cpu, 0.0)
 
     def feedable(self, nodes: IntArray, cpu_free: FloatArray, mem_free: FloatArray) -> FloatArray:
         """[d]: milli-GPU the given free host resources of ``nodes`` can still feed (inf: no limit)."""
