@@ -295,3 +295,37 @@ def test_cached_keys_match_a_fresh_look_after_every_change(
     state._pressure_seen[:] = -1
     assert np.array_equal(cached, state.group_pressure(every))
     assert cached.any()
+
+
+def test_pinned_shapes_skip_nodes_they_can_never_use_and_decide_the_same(
+    small_cluster: list[Node], default_pods: list[Request], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a quarter of the pods pinned to GPU models, a shape's gradient is computed only on
+    the nodes that could ever take it, over the workload groups their model may serve: every
+    placement is the one a gradient over every node and every group gives."""
+    from sharegpu.placement.fragmentation import FragmentationTracker
+    from sharegpu.placement.workload import Workload
+    from sharegpu.sim.trace import LoadReport, screen_pods
+    from sharegpu.sim.variants import make_variant
+
+    nodes = small_cluster[::2]  # every 8th node: the two replays below take a few seconds
+    pods = screen_pods(
+        enumerate(make_variant(default_pods, nodes, "pin25", seed=0)),
+        nodes,
+        LoadReport("pin25"),
+    )
+    pinned = sum(1 for p in pods if p.models)
+    assert pinned > len(pods) // 5
+    narrow = simulate(nodes, pods, "ours", 42)
+    state = ClusterState(nodes, Workload.from_requests(pods))
+    assert len(state.frag.views) > 1, "every model serves every group"
+    eligible = [int(state.could_ever_host(p).sum()) for p in {p.shape: p for p in pods if p.models}.values()]
+    assert max(eligible) < len(nodes), "no pinned shape leaves a node out"
+
+    monkeypatch.setattr(
+        ClusterState, "could_ever_host", lambda self, request: np.ones(len(self.nodes), dtype=np.bool_)
+    )
+    monkeypatch.setattr(FragmentationTracker, "_per_model", lambda self, model: [(slice(None), self.all)])
+    wide = simulate(nodes, pods, "ours", 42)
+    assert narrow.points == wide.points
+    assert narrow.failed_pods == wide.failed_pods
