@@ -69,10 +69,12 @@ def at_meter_tick(port: int, uuid: str) -> tuple[dict[str, Any], float]:
 
 
 def close(measured: dict[str, float], before: dict[str, float], after: dict[str, float], what: str) -> None:
-    """Within 2 points of NVML, read just before and just after (the batch tenant's share moves
-    by a few points from one second to the next: the surface's second lies between the two)."""
+    """Within 3 points of NVML, read just before and just after: the surface's window lies
+    between the two, and the batch tenant's share moves by a few points from one second to the
+    next (on a loaded 2-core machine, `sharegpu top`'s half second read 0.73 between NVML's 0.69
+    and 0.70: 2 points flaked)."""
     for name, share in before.items():
-        low, high = min(share, after[name]) - 0.02, max(share, after[name]) + 0.02
+        low, high = min(share, after[name]) - 0.03, max(share, after[name]) + 0.03
         assert low - 1e-9 <= measured[name] <= high + 1e-9, (
             f"{what}: {name} {measured[name]:.3f}, NVML {share:.3f} before and {after[name]:.3f} after"
         )
@@ -147,6 +149,8 @@ def test_every_surface_reports_the_gpu_time_nvml_measures(sim: Sim, tmp_path: Pa
             }
             mean = {name: sum(s[name] for s in truth_samples) / len(truth_samples) for name in pids}
             print(f"metrics rate over {elapsed:.1f} s: {rate}, NVML mean {mean}")
+            # The counters' rate over the whole window against the mean of six one-second NVML
+            # samples taken inside it (seen: 0.775 against a mean of 0.755).
             close(rate, mean, mean, "the metrics")
         finally:
             for proc in (web, batch):

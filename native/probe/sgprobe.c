@@ -737,9 +737,11 @@ static int cmd_launch(int argc, char **argv)
             ;
     }
     uint64_t t0 = now_ns();
+    uint64_t t_launched = 0; /* the first launch returned: the engine has work from here on */
     CK(api.cuEventRecord(e0, stream));
     if (exec) {
         CK(api.cuGraphLaunch(exec, stream));
+        t_launched = now_ns();
     } else {
         for (long i = 0; i < n; i++) {
             if (!strcmp(mode, "kernel")) {
@@ -754,6 +756,8 @@ static int cmd_launch(int argc, char **argv)
             } else {
                 CK(api.cuLaunchCooperativeKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params));
             }
+            if (!t_launched)
+                t_launched = now_ns();
         }
     }
     CK(api.cuEventRecord(e1, stream));
@@ -768,6 +772,9 @@ static int cmd_launch(int argc, char **argv)
     out("start_ns=%" PRIu64, t0); /* CLOCK_MONOTONIC: comparable across processes */
     out("end_ns=%" PRIu64, t1);
     out("gpu_us=%.0f", (double)ms * 1000.0);
+    /* At most this much of gpu_us is the host's gap between recording the start event and the
+     * first launch (an idle engine completes the start event when it is recorded). */
+    out("launch_gap_us=%" PRIu64, (t_launched - t0) / 1000u);
     if (exec)
         CK(api.cuGraphExecDestroy(exec));
     if (graph)
@@ -1208,7 +1215,7 @@ static const struct command {
     {"threads", cmd_threads, "T KIND CHUNK: T threads allocate until refused: count= bytes="},
     {"launch", cmd_launch, "N US [kernel|ex|coop|graph|capture [START_NS]]: from CLOCK_MONOTONIC "
                            "START_NS if given, N spin kernels of US µs (launched=1 once queued), then "
-                           "sync: wall_us= gpu_us= (events), start_ns= end_ns= (CLOCK_MONOTONIC)"},
+                           "sync: wall_us= gpu_us= (events), launch_gap_us=, start_ns= end_ns= (CLOCK_MONOTONIC)"},
     {"launchbench", cmd_launchbench, "N: N launches of a 0 µs kernel, ns_per_launch= (calls only)"},
     {"copy", cmd_copy, "BYTES: HtoD, DtoD, DtoH round trip: copy=OK; memsets: memset=OK"},
     {"saturate", cmd_saturate, "SECONDS US [kernel|graph|capture [START_NS [BATCH]]]: from START_NS, "
