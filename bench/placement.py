@@ -138,7 +138,7 @@ def _ms(values: list[float]) -> str:
 
 def run_all(jobs: list[tuple[str, str, str, int, bool]], workers: int) -> list[dict[str, Any]]:
     """Every job on `workers` processes, results in job order; a progress line on stderr (the
-    variant table takes over an hour on 2 cores, and the tables print only at the end)."""
+    variant table takes 45 minutes on 2 cores, and the tables print only at the end)."""
     results: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
