@@ -18,12 +18,13 @@ No GPU is involved: these are simulated placements.
   python bench/placement.py --traces default --seeds 42-43 --policies fgd,ours
   python bench/placement.py --variants                       # the workload variants (one table)
   python bench/placement.py --variants pin20,cpu2 --seeds 42-44
+  python bench/placement.py --variants pin20,pin33 --variant-seed 1   # other pods pinned
 
 --variants replays variants of the default pod list (sharegpu.sim.variants: GPU-model pins,
 CPU-only share, CPU demand; made in memory from the seed 0 of each spec, as bench/variants.py
-writes them) and prints one row per variant: FGD, ours, best-fit and random at 100% arrived
-demand, and ours minus FGD paired by seed. The variants marked "tuned" are those the policy's
-constants were chosen on; the others are held out.
+writes them, or from --variant-seed) and prints one row per variant: FGD, ours, best-fit and
+random at 100% arrived demand, and ours minus FGD paired by seed. The variants marked "tuned"
+are those the policy's constants were chosen on; the others are held out.
 """
 
 from __future__ import annotations
@@ -80,20 +81,22 @@ def traces_in(data: Path) -> list[str]:
 
 
 def _load(data: str, trace: str) -> tuple[list[Node], list[Request]]:
-    """A pod list of the data folder, or ``variant:<spec>`` of the default one."""
+    """A pod list of the data folder, or ``variant:<spec>[#<variant seed>]`` of the default one."""
     if (data, trace) not in _loaded:
         nodes, _ = load_nodes(Path(data) / NODE_LIST)
         # Tuning runs may use every n-th node (the same mix, n times faster); latency never does.
         every = 1 if trace.endswith("@full") else int(os.environ.get("SHAREGPU_BENCH_EVERY_NTH_NODE", "1"))
         nodes = nodes[::every]
         qos = trace.startswith("qos:")
-        spec = trace.removeprefix("variant:").removeprefix("qos:").removesuffix("@full")
+        spec, _, variant_seed = (
+            trace.removeprefix("variant:").removeprefix("qos:").removesuffix("@full").partition("#")
+        )
         if "mem" in spec.split("+"):
             nodes = with_assumed_memory(nodes)
         base = "default" if spec != trace else trace
         pods, _ = load_pods(Path(data) / f"openb_pod_list_{base}.csv", nodes, qos=qos)
         if spec not in (trace, "default"):
-            made = make_variant(pods, nodes, spec, seed=0)
+            made = make_variant(pods, nodes, spec, seed=int(variant_seed or 0))
             pods = screen_pods(enumerate(made), nodes, LoadReport(spec))
         _loaded[(data, trace)] = (nodes, pods)
     return _loaded[(data, trace)]
@@ -165,6 +168,12 @@ def main() -> int:
         nargs="?",
         const=",".join(VARIANTS),
         help=f"replay variants of the default list instead (default: {','.join(VARIANTS)})",
+    )
+    parser.add_argument(
+        "--variant-seed",
+        type=int,
+        default=0,
+        help="seed the variants are drawn with (which pods are pinned, copied; default 0)",
     )
     parser.add_argument(
         "--memory",
@@ -289,7 +298,10 @@ def variants_main(args: argparse.Namespace) -> int:
         else [make_policy(p).name for p in args.policies.split(",")]
     )
     seeds = _seeds(args.seeds)
-    jobs = [(str(args.data), f"variant:{v}", p, s, False) for v in names for p in policies for s in seeds]
+    drawn = f"#{args.variant_seed}" if args.variant_seed else ""
+    jobs = [
+        (str(args.data), f"variant:{v}{drawn}", p, s, False) for v in names for p in policies for s in seeds
+    ]
     jobs.sort(key=lambda j: (j[2] not in ("fgd", "sharegpu"), j[1], j[3]))
     t0 = time.perf_counter()
     results = run_all(jobs, args.jobs)
@@ -302,11 +314,14 @@ def variants_main(args: argparse.Namespace) -> int:
         return 0
     by: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
     for r in results:
-        by.setdefault((r["trace"].removeprefix("variant:"), r["policy"]), {})[r["seed"]] = r
+        by.setdefault((r["trace"].removeprefix("variant:").removesuffix(drawn), r["policy"]), {})[
+            r["seed"]
+        ] = r
     every = os.environ.get("SHAREGPU_BENCH_EVERY_NTH_NODE", "1")
     where = f"{NODE_LIST} ({len(nodes)} nodes)" if every == "1" else f"every {every}th node of {NODE_LIST}"
     print(
-        f"Workload variants of openb_pod_list_default on {where}, seeds {args.seeds}, {len(results)} runs "
+        f"Workload variants of openb_pod_list_default (drawn with seed {args.variant_seed}) on {where}, "
+        f"seeds {args.seeds}, {len(results)} runs "
         f"in {wall:.0f} s with {args.jobs} workers. Simulated placements (no GPU).\n"
         "GPU allocation at 100% arrived demand (%), mean over seeds; ours-FGD paired by seed "
         "(mean ± sd, min, wins).\n"

@@ -171,6 +171,16 @@ def test_bench_variants_script_writes_what_the_benchmark_replays(
     made = make_variant(pods, cluster, "pin10+cpu1.5", seed=3)
     expected = screen_pods(enumerate(made), cluster, LoadReport("variant"))
     assert [p.shape for p in written] == [p.shape for p in expected]
+    # bench/placement.py --variants pin10+cpu1.5 --variant-seed 3 replays the same pods.
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import placement
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    _, replayed = placement._load(str(DATA), "variant:pin10+cpu1.5#3")
+    assert [p.shape for p in replayed] == [p.shape for p in written]
+    _, seed0 = placement._load(str(DATA), "variant:pin10+cpu1.5")
+    assert [p.shape for p in seed0] != [p.shape for p in written]
 
 
 def test_bench_variants_script_rejects_a_bad_spec_in_one_line(tmp_path: Path) -> None:
