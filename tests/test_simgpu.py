@@ -187,6 +187,7 @@ def test_spin_kernel_takes_its_time(sim_env: dict[str, str]) -> None:
     kv = probe(sim_env, "launch", "1", "20000")
     assert 18_000 <= int(kv["wall_us"]) <= 60_000
     assert_gpu_time(kv, 20_000)
+    assert probe(sim_env, "launch", "0", "20000")["launch_gap_us"] == "0"  # nothing launched
 
 
 @pytest.mark.parametrize("mode", ["kernel", "ex", "coop", "graph", "capture"])

@@ -774,7 +774,7 @@ static int cmd_launch(int argc, char **argv)
     out("gpu_us=%.0f", (double)ms * 1000.0);
     /* At most this much of gpu_us is the host's gap between recording the start event and the
      * first launch (an idle engine completes the start event when it is recorded). */
-    out("launch_gap_us=%" PRIu64, (t_launched - t0) / 1000u);
+    out("launch_gap_us=%" PRIu64, t_launched ? (t_launched - t0) / 1000u : 0); /* 0: N was 0 */
     if (exec)
         CK(api.cuGraphExecDestroy(exec));
     if (graph)
