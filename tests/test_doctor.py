@@ -97,6 +97,27 @@ def test_nvml_missing(sim: Sim) -> None:
     assert "failed" in proc.stdout.splitlines()[-1]
 
 
+def test_a_gpu_nvml_cannot_query_fails_the_nvml_check(sim: Sim) -> None:
+    sim.runtime.mkdir(parents=True)
+    proc = sim.cli("doctor", env=sim.env(SIMGPU_NVML_FAULTS="1:lost"))
+    print(proc.stdout)
+    assert proc.returncode == 1
+    line, fix = _line(proc.stdout, "nvml")
+    assert line.startswith("FAIL")
+    assert "1 GPU(s)" in line
+    assert "GPU 1: NVML cannot query it (GPU is lost)" in line
+    assert fix is not None
+    assert "xid" in fix
+
+
+def test_a_gpu_outside_the_container_is_named_and_passes(sim: Sim) -> None:
+    sim.runtime.mkdir(parents=True)
+    checks = _checks(sim.cli("doctor", "--json", env=sim.env(SIMGPU_NVML_FAULTS="0:no_permission")))
+    assert checks["nvml"]["status"] == "ok"
+    assert "1 GPU(s)" in checks["nvml"]["message"]
+    assert "GPU(s) 0 outside this process's devices" in checks["nvml"]["message"]
+
+
 def test_runtime_dir_that_is_not_a_directory(sim: Sim) -> None:
     sim.runtime.parent.mkdir(parents=True, exist_ok=True)
     sim.runtime.write_text("oops")

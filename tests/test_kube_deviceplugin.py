@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 import pytest
 
-from conftest import REPO, Sim
+from conftest import REPO, Sim, python
 from kubeletutil import FakeKubelet, PluginClient
 from sharegpu import abi
 from sharegpu.devices import Gpu
@@ -224,8 +224,40 @@ def test_registers_and_lists_sixteen_healthy_devices_per_gpu(sim: Sim, kubelet_d
     assert not (kubelet_dir / "sharegpu.sock").exists()  # removed at exit
 
 
+def test_one_lost_gpu_is_unhealthy_and_the_others_stay_healthy(sim: Sim) -> None:
+    """The real listing on the simulated NVML, with GPU 1 falling off the bus and coming back
+    (SIMGPU_NVML_FAULTS, read at every NVML session): only GPU 1's devices change."""
+    values, proc = python(
+        sim.env(),
+        """
+        import os
+        from sharegpu.devices import list_gpus
+        from sharegpu.kube.deviceplugin.slots import Inventory
+        inventory = Inventory(list_gpus, 2)
+        def health(step):
+            states = {}
+            for device in inventory.devices():
+                states.setdefault(device.id.split("::")[0], set()).add(device.health)
+            print(step + "=" + ";".join(f"{u}:{'/'.join(sorted(h))}" for u, h in states.items()))
+        inventory.poll(); health("start")
+        os.environ["SIMGPU_NVML_FAULTS"] = "1:lost"
+        print("changed=" + str(inventory.poll())); health("lost")
+        del os.environ["SIMGPU_NVML_FAULTS"]
+        print("back=" + str(inventory.poll())); health("again")
+        """,
+    )
+    assert proc.returncode == 0, proc.stderr
+    first, second = sim.uuids()
+    assert values["start"] == f"{first}:Healthy;{second}:Healthy"
+    assert values["changed"] == "True"
+    assert values["lost"] == f"{first}:Healthy;{second}:Unhealthy"
+    assert values["back"] == "True"
+    assert values["again"] == values["start"]
+
+
 def test_health_follows_nvml(kubelet_dir: Path) -> None:
-    """In a thread, with an NVML stand-in: the simulated GPU cannot lose a GPU (see above)."""
+    """In a thread, through the kubelet's watch, with an NVML stand-in (the listing fails as a
+    whole, which the simulated NVML cannot be made to do)."""
     gpus = [Gpu(i, f"GPU-{i}0000000-0000-0000-0000-000000000000", "sim", 1 << 30, 0, 0) for i in range(2)]
     listed: list[Gpu] | None = list(gpus)
 

@@ -10,20 +10,26 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import pynvml
 
 from sharegpu.errors import DeviceError
 from sharegpu.spec import GpuSelector
 
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
 _lock = threading.Lock()
 _preloaded: list[ctypes.CDLL] = []  # keeps a preloaded NVML alive for the process
+_said_faults: set[GpuFault] = set()  # [_lock] the faults logged last
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,28 @@ class Gpu:
 class GpuProcess:
     pid: int
     used_bytes: int
+
+
+@dataclass(frozen=True)
+class GpuFault:
+    """A GPU that NVML counts but cannot query: fallen off the bus (GPU is lost), outside this
+    container's devices (no permission), or failing otherwise. Left out of every listing, so
+    that one such GPU does not hide the others."""
+
+    index: int
+    error: str  # NVML's words
+    no_permission: bool = False
+
+    def describe(self) -> str:
+        if self.no_permission:
+            return f"GPU {self.index}: not this process's to query ({self.error}: outside its devices?)"
+        return f"GPU {self.index}: NVML cannot query it ({self.error})"
+
+
+@dataclass(frozen=True)
+class GpuListing:
+    gpus: list[Gpu]
+    faults: list[GpuFault]
 
 
 def use_library(path: Path) -> None:
@@ -69,8 +97,7 @@ def nvml() -> Iterator[None]:
             pynvml.nvmlShutdown()
 
 
-def _gpu(index: int) -> Gpu:
-    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+def _gpu(index: int, handle: object) -> Gpu:
     mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
     try:
         util = int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
@@ -91,9 +118,43 @@ def _gpu(index: int) -> Gpu:
     )
 
 
-def list_gpus() -> list[Gpu]:
+def _each_gpu(query: Callable[[int, object], T]) -> tuple[list[T], list[GpuFault]]:
+    """`query(index, handle)` of every GPU NVML counts (inside an NVML session), and the GPUs
+    that failed: an NVML error of one GPU skips that GPU only. A failure of NVML as a whole
+    (init, count) is still a DeviceError. A fault seen for the first time is logged."""
+    found: list[T] = []
+    faults: list[GpuFault] = []
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        try:
+            found.append(query(i, pynvml.nvmlDeviceGetHandleByIndex(i)))
+        except pynvml.NVMLError as err:
+            faults.append(GpuFault(i, str(err), isinstance(err, pynvml.NVMLError_NoPermission)))
+    _say(faults)
+    return found, faults
+
+
+def _say(faults: list[GpuFault]) -> None:
+    """Log faults once while they last (a listing runs every second in some loops); a GPU
+    outside this container's devices is routine, said at debug level."""
+    now = set(faults)
+    for fault in now - _said_faults:
+        log.log(logging.DEBUG if fault.no_permission else logging.WARNING, "%s; left out", fault.describe())
+    for fault in _said_faults - now:
+        log.info("GPU %d answers NVML again", fault.index)
+    _said_faults.clear()
+    _said_faults.update(now)
+
+
+def scan_gpus() -> GpuListing:
+    """The GPUs that answer NVML, and the ones it counts but cannot query."""
     with nvml():
-        return [_gpu(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        gpus, faults = _each_gpu(_gpu)
+    return GpuListing(gpus, faults)
+
+
+def list_gpus() -> list[Gpu]:
+    """The GPUs that answer NVML (see scan_gpus for the ones that do not)."""
+    return scan_gpus().gpus
 
 
 def nvml_library() -> Path | None:
@@ -143,12 +204,9 @@ def processes_by_gpu() -> dict[str, list[GpuProcess]]:
 
     `used_bytes` is what the driver charges the process on that GPU: its allocations plus its
     contexts and library workspaces (what a shim's ledger cannot see)."""
-    found: dict[str, list[GpuProcess]] = {}
     with nvml():
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            found[_text(pynvml.nvmlDeviceGetUUID(handle))] = _running(handle)
-    return found
+        listed, _ = _each_gpu(lambda _i, handle: (_text(pynvml.nvmlDeviceGetUUID(handle)), _running(handle)))
+    return dict(listed)
 
 
 # NVML keeps per-process utilization samples for a short while (the driver's buffer; the
@@ -159,26 +217,27 @@ BUSY_WINDOW_S = 1.0
 def busy_by_pid(window_s: float = BUSY_WINDOW_S) -> dict[str, dict[int, float]]:
     """Every GPU's processes with the share of the card (0-1) the GPU spent running their work
     over the last `window_s` seconds (at most BUSY_WINDOW_S), from NVML's per-process utilization
-    samples: {uuid: {host pid: ratio}}.  A GPU that does not report them is left out; one with no
-    samples in the window maps to {}."""
+    samples: {uuid: {host pid: ratio}}. A GPU that does not report them, or that NVML cannot
+    query, is left out; one with no samples in the window maps to {}."""
     since_us = int((time.time() - min(window_s, BUSY_WINDOW_S)) * 1e6)
-    found: dict[str, dict[int, float]] = {}
+
+    def busy(_index: int, handle: object) -> tuple[str, dict[int, float]] | None:
+        uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(handle, since_us)
+        except pynvml.NVMLError_NotFound:
+            samples = []
+        except pynvml.NVMLError_NotSupported:
+            return None
+        # Several samples of one process (one per sampling period): their mean.
+        per_pid: dict[int, list[int]] = {}
+        for sample in samples:
+            per_pid.setdefault(int(sample.pid), []).append(int(sample.smUtil))
+        return uuid, {pid: min(sum(v) / len(v), 100.0) / 100 for pid, v in per_pid.items()}
+
     with nvml():
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
-            try:
-                samples = pynvml.nvmlDeviceGetProcessUtilization(handle, since_us)
-            except pynvml.NVMLError_NotFound:
-                samples = []
-            except pynvml.NVMLError_NotSupported:
-                continue
-            # Several samples of one process (one per sampling period): their mean.
-            per_pid: dict[int, list[int]] = {}
-            for sample in samples:
-                per_pid.setdefault(int(sample.pid), []).append(int(sample.smUtil))
-            found[uuid] = {pid: min(sum(v) / len(v), 100.0) / 100 for pid, v in per_pid.items()}
-    return found
+        listed, _ = _each_gpu(busy)
+    return dict(row for row in listed if row is not None)
 
 
 def select_gpus(selectors: list[GpuSelector], gpus: list[Gpu]) -> list[Gpu]:

@@ -24,6 +24,51 @@ static int refcount;                /* [init_mu] nvmlInit minus nvmlShutdown */
 static struct sim_state *st;        /* set once at the first successful init */
 static struct nvmlDevice_st devs[SIM_MAX_GPUS];
 
+/*
+ * Faults a test asks for, per GPU (SIMGPU_NVML_FAULTS, read at every nvmlInit):
+ *   lost           every query of the GPU answers NVML_ERROR_GPU_IS_LOST (fallen off the bus);
+ *                  its handle is still given out, as the driver does until it notices
+ *   no_permission  its handle answers NVML_ERROR_NO_PERMISSION (a GPU outside a container's
+ *                  devices: nvmlDeviceGetCount_v2 still counts it)
+ * Written under init_mu, read by queries without it: atomics.
+ */
+static nvmlReturn_t faults[SIM_MAX_GPUS];
+
+static nvmlReturn_t fault_of(unsigned g)
+{
+    return __atomic_load_n(&faults[g], __ATOMIC_RELAXED);
+}
+
+/* "1:lost,2:no_permission" into out[]; a malformed list is an error, never half-applied. */
+static int parse_faults(struct sim_err *e, const char *v, nvmlReturn_t out[SIM_MAX_GPUS])
+{
+    memset(out, 0, sizeof(nvmlReturn_t) * SIM_MAX_GPUS);
+    const char *p = v;
+    while (*p) {
+        char *end;
+        if (*p < '0' || *p > '9')
+            return sim_fail(e, SIM_ECONFIG, "SIMGPU_NVML_FAULTS=%.60s: expected <index>:lost or "
+                            "<index>:no_permission, separated by commas", v);
+        unsigned long g = strtoul(p, &end, 10);
+        if (g >= SIM_MAX_GPUS || *end != ':')
+            return sim_fail(e, SIM_ECONFIG, "SIMGPU_NVML_FAULTS=%.60s: expected <index>:<fault> "
+                            "with an index below %d", v, SIM_MAX_GPUS);
+        p = end + 1;
+        size_t n = strcspn(p, ",");
+        if (n == 4 && strncmp(p, "lost", n) == 0)
+            out[g] = NVML_ERROR_GPU_IS_LOST;
+        else if (n == 13 && strncmp(p, "no_permission", n) == 0)
+            out[g] = NVML_ERROR_NO_PERMISSION;
+        else
+            return sim_fail(e, SIM_ECONFIG, "SIMGPU_NVML_FAULTS=%.60s: unknown fault %.*s "
+                            "(lost or no_permission)", v, (int)n, p);
+        p += n;
+        if (*p == ',')
+            p++;
+    }
+    return 0;
+}
+
 static nvmlReturn_t nvml_result(const struct sim_err *e)
 {
     switch (e->code) {
@@ -48,10 +93,14 @@ static nvmlReturn_t init(unsigned flags)
     nvmlReturn_t r = NVML_SUCCESS;
     struct sim_err e = {0};
     struct sim_state *s;
-    if (sim_state_open(&e, &s) < 0) {
+    nvmlReturn_t wanted[SIM_MAX_GPUS];
+    const char *fault_list = getenv("SIMGPU_NVML_FAULTS");
+    if (parse_faults(&e, fault_list ? fault_list : "", wanted) < 0 || sim_state_open(&e, &s) < 0) {
         sim_log("nvmlInit: %s", e.msg);
         r = nvml_result(&e);
     } else {
+        for (unsigned i = 0; i < SIM_MAX_GPUS; i++)
+            __atomic_store_n(&faults[i], wanted[i], __ATOMIC_RELAXED);
         for (unsigned i = 0; i < SIM_MAX_GPUS; i++) {
             devs[i].index = i;
             devs[i].magic = DEV_MAGIC;
@@ -93,6 +142,8 @@ static nvmlReturn_t check_dev(nvmlDevice_t d, unsigned *g)
     if (!d || d < devs || d >= devs + SIM_MAX_GPUS || d->magic != DEV_MAGIC ||
         d->index >= st->cfg.gpus)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (fault_of(d->index) == NVML_ERROR_GPU_IS_LOST)
+        return NVML_ERROR_GPU_IS_LOST;
     *g = d->index;
     return NVML_SUCCESS;
 }
@@ -184,6 +235,8 @@ static nvmlReturn_t by_index(unsigned index, nvmlDevice_t *device)
         return NVML_ERROR_UNINITIALIZED;
     if (index >= st->cfg.gpus)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (fault_of(index) == NVML_ERROR_NO_PERMISSION)
+        return NVML_ERROR_NO_PERMISSION;
     *device = &devs[index];
     return NVML_SUCCESS;
 }
@@ -201,6 +254,8 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_
         char u[SIM_UUID_STR_LEN];
         sim_uuid_string(g, u);
         if (strcmp(u, uuid) == 0) {
+            if (fault_of(g) == NVML_ERROR_NO_PERMISSION)
+                return NVML_ERROR_NO_PERMISSION;
             *device = &devs[g];
             return NVML_SUCCESS;
         }

@@ -14,9 +14,10 @@ The patch has no resourceVersion precondition: the component owns these keys, an
 leaves every other annotation and label as it is.
 
 NVML is read every `check_s`: a change of the GPUs is published at once, not at the next
-interval. `devices.list_gpus` fails as a whole when any one GPU fails (a GPU fallen off the
-bus answers NVML with an error); then each GPU of the last good listing is asked on its own
-(`probe`, a query of that GPU only) and the ones that answer are published, as last listed.
+interval. A GPU that NVML cannot query (fallen off the bus) is left out of `devices.list_gpus`
+and so of the inventory. When the listing fails as a whole (NVML's count or a session itself
+fails), each GPU of the last good listing is asked on its own (`probe`, a query of that GPU
+only) and the ones that answer are published, as last listed.
 
 A failed patch (API server down, 5xx, RBAC) is logged and tried again at the next interval,
 with the GPUs of then: nothing is queued, so nothing is lost. Stopping leaves the annotation:

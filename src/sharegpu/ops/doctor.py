@@ -68,11 +68,11 @@ def _mapped(fragment: str) -> str | None:
 
 
 def check_nvml(ctx: Context) -> Check:
-    from sharegpu.devices import list_gpus
+    from sharegpu.devices import scan_gpus
     from sharegpu.errors import SharegpuError
 
     try:
-        gpus = list_gpus()
+        listing = scan_gpus()
     except SharegpuError as err:
         return Check(
             "nvml",
@@ -82,10 +82,24 @@ def check_nvml(ctx: Context) -> Check:
             f"(ldconfig -p | grep nvidia-ml); {SIMGPU_HINT}",
         )
     library = _mapped("libnvidia-ml") or "libnvidia-ml.so.1"
-    if not gpus:
-        return Check("nvml", "warn", f"NVML loads from {library} but sees no GPU", "check nvidia-smi")
+    gpus = listing.gpus
+    failing = [f for f in listing.faults if not f.no_permission]
+    outside = [f.index for f in listing.faults if f.no_permission]
     names = ", ".join(sorted({g.name for g in gpus}))
-    return Check("nvml", "ok", f"NVML loads from {library}: {len(gpus)} GPU(s) ({names})")
+    seen = f"NVML loads from {library}: {len(gpus)} GPU(s)" + (f" ({names})" if names else "")
+    if outside:  # a container given some of the node's GPUs: routine, said for the record
+        seen += f"; GPU(s) {', '.join(map(str, outside))} outside this process's devices"
+    if failing:
+        return Check(
+            "nvml",
+            "fail",
+            f"{seen}; " + "; ".join(f.describe() for f in failing),
+            "a GPU that NVML cannot query is left out of every listing: see nvidia-smi and the "
+            "kernel log (dmesg | grep -i xid); a GPU that fell off the bus needs a reset or a reboot",
+        )
+    if not gpus:
+        return Check("nvml", "warn", f"{seen}, so none to share", "check nvidia-smi")
+    return Check("nvml", "ok", seen)
 
 
 def check_driver(ctx: Context) -> Check:

@@ -5,9 +5,10 @@ device IDs `<GPU uuid>::<n>`: the kubelet's count of `sharegpu.io/vgpu` per node
 that many containers' vGPUs per GPU. Which GPU a container really gets is the assignment's
 choice (matching.py), not the ID the kubelet picked.
 
-Health is NVML's word, polled: a GPU that NVML stops listing, or every GPU when an NVML query
-fails, has its devices Unhealthy (the kubelet stops counting them); a GPU that comes back is
-Healthy again. A GPU once seen stays listed, so the kubelet sees it go Unhealthy, not vanish.
+Health is NVML's word, polled: a GPU that NVML stops listing or cannot query (fallen off the
+bus: `devices.list_gpus` leaves it out), or every GPU when NVML itself fails, has its devices
+Unhealthy (the kubelet stops counting them); a GPU that comes back is Healthy again. A GPU once
+seen stays listed, so the kubelet sees it go Unhealthy, not vanish.
 """
 
 from __future__ import annotations
