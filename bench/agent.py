@@ -49,6 +49,15 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round((len(ordered) - 1) * q))]
 
 
+def loop_cpu(client: AgentClient) -> dict[str, float]:
+    """CPU seconds each periodic loop's ticks have taken so far, as the agent counts them."""
+    return {
+        name: stats.cpu_seconds
+        for name, stats in client.health().loops.items()
+        if stats.cpu_seconds is not None
+    }
+
+
 def start_agent(node: Node, *extra: str) -> tuple[subprocess.Popen[str], AgentClient]:
     env = node.base_env | {"SHAREGPU_RUNTIME_DIR": str(node.root / "run")}
     exe = Path(sys.executable).with_name("sharegpu")
@@ -126,9 +135,14 @@ def measure(tenants: int, gpus: int, seconds: float, *agent_args: str) -> dict[s
                     )
                 )
             time.sleep(3)  # every process started and is counted
+            loops0 = loop_cpu(client)
             cpu0, t0 = cpu_seconds(agent.pid), time.monotonic()
             time.sleep(seconds)
             cpu = (cpu_seconds(agent.pid) - cpu0) / (time.monotonic() - t0)
+            window = time.monotonic() - t0
+            per_loop = {
+                name: (spent - loops0.get(name, 0.0)) / window for name, spent in loop_cpu(client).items()
+            }
             rss, anon = rss_mib(agent.pid), rss_mib(agent.pid, "RssAnon")
             for _ in range(20):
                 latency["list"].append(timed(client.list_tenants))
@@ -155,6 +169,7 @@ def measure(tenants: int, gpus: int, seconds: float, *agent_args: str) -> dict[s
             except subprocess.TimeoutExpired:
                 agent.kill()
         figures = {"cpu_core_pct": cpu * 100, "rss_mib": rss, "anon_mib": anon}
+        figures |= {f"loop_{name}_cpu_pct": share * 100 for name, share in per_loop.items()}
         for op, values in latency.items():
             figures[f"{op}_p50_ms"] = statistics.median(values)
             figures[f"{op}_p99_ms"] = percentile(values, 0.99)
@@ -208,6 +223,17 @@ def main(argv: list[str] | None = None) -> int:
     for name, measured, goal, met in rows:
         print(f"{name:<24}{measured:<34}{goal:<14}{'' if met is None else 'yes' if met else 'NO'}")
     print(f"slowest API p99 over create/resize/delete: {api_p99:.2f} ms (goal < 20)")
+    loops = sorted(
+        ((k[len("loop_") : -len("_cpu_pct")], v) for k, v in f.items() if k.startswith("loop_")),
+        key=lambda kv: -kv[1],
+    )
+    print()
+    print("periodic loops' own CPU (thread time of their ticks), % of one core, metrics on:")
+    print("  " + ", ".join(f"{name} {pct:.2f}" for name, pct in loops))
+    print(
+        f"  all loops {sum(v for _, v in loops):.2f} of the agent's {f['cpu_core_pct']:.2f} "
+        "(the rest: the event loop, the API, the gpus and sync jobs)"
+    )
     return 0
 
 

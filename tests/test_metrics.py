@@ -36,6 +36,7 @@ from sharegpu.spec import MIB
 # Names a scrape of a node with tenants must have (docs/metrics.md lists them all).
 EXPECTED = {
     "sharegpu_build_info": "gauge",
+    "sharegpu_agent_loop_cpu_seconds": "counter",
     "sharegpu_gpu_info": "gauge",
     "sharegpu_tenant_memory_cap_bytes": "gauge",
     "sharegpu_tenant_memory_used_bytes": "gauge",
@@ -209,6 +210,7 @@ def test_a_scrape_agrees_with_the_api(sim: Sim, tmp_path: Path) -> None:
         first = families(text)
         tenants = {t["id"]: t for t in api(agent, "/v1/tenants")["items"]}
         gpus = {g["uuid"]: g for g in api(agent, "/v1/gpus")["items"]}
+        health = api(agent, "/v1/health")
         time.sleep(1.5)
         later = families(scrape_text(port))
 
@@ -271,6 +273,24 @@ def test_a_scrape_agrees_with_the_api(sim: Sim, tmp_path: Path) -> None:
     assert buckets[-1] == count > 0
     web = {s.labels["pod"] for s in samples}
     assert web == {"web-0"}
+
+    # Each periodic loop's own CPU: the API's figure lies between the two scrapes'; the jobs
+    # that run on the event loop (gpus, sync) are not measured, so have none.
+    cpu = "sharegpu_agent_loop_cpu_seconds"
+    measured = {name: loop["cpu_seconds"] for name, loop in health["loops"].items()}
+    assert {"reaper", "reconcile", "audit", "stalls", "qos", "metrics"} <= {
+        name for name, spent in measured.items() if spent is not None
+    }
+    assert measured["gpus"] is None
+    assert measured["sync"] is None
+    for name, spent in measured.items():
+        if spent is None:
+            assert not [s for s in first[cpu].samples if s.labels["loop"] == name]
+            continue
+        before, after = value(first, cpu, "_total", loop=name), value(later, cpu, "_total", loop=name)
+        assert before <= spent + 1e-6, (name, before, spent)
+        assert spent <= after + 1e-6, (name, spent, after)
+    assert value(later, cpu, "_total", loop="reaper") > 0
 
     # promtool's own lint of the exposition (required in CI, see agentutil.promtool).
     lint = subprocess.run(

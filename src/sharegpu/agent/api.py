@@ -136,6 +136,7 @@ def build_app(service: TenantService) -> FastAPI:
                     errors=s.errors,
                     last_tick=s.last_tick,
                     last_error=s.last_error,
+                    cpu_seconds=None if s.cpu_seconds is None else round(s.cpu_seconds, 6),
                 )
                 for name, s in service.loops.items()
             },

@@ -172,12 +172,51 @@ def _loops(settings: Settings, store: Store) -> list[Loop]:
     return built + list(settings.extra_loops)
 
 
+class Stop:
+    """The agent's stop flag, with a sleep that ends early when it is set.
+
+    Cheaper than `asyncio.wait_for(event.wait(), t)`, which makes a task and cancels it at every
+    wake: the periodic jobs and uvicorn's own 10 Hz timer woke an idle agent's event loop about
+    60 times a second, most of its idle CPU. Here a sleep is one timer and one future."""
+
+    def __init__(self) -> None:
+        self._set = False
+        self._sleepers: set[asyncio.Future[None]] = set()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+        for woke in self._sleepers:
+            if not woke.done():
+                woke.set_result(None)
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep `seconds`, or until set (at once when already set)."""
+        if self._set:
+            return
+        woke: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        timer = asyncio.get_running_loop().call_later(seconds, _wake, woke)
+        self._sleepers.add(woke)
+        try:
+            await woke
+        finally:
+            timer.cancel()
+            self._sleepers.discard(woke)
+
+
+def _wake(woke: asyncio.Future[None]) -> None:
+    if not woke.done():
+        woke.set_result(None)
+
+
 async def _every(
     name: str,
     interval_s: float,
     step: Callable[[], Awaitable[None]],
     stats: LoopStats,
-    stop: asyncio.Event,
+    stop: Stop,
 ) -> None:
     while not stop.is_set():
         began = time.monotonic()
@@ -189,15 +228,14 @@ async def _every(
             stats.errors += 1
             stats.last_error = f"{type(err).__name__}: {err}"
             log.warning("loop %s failed (retried in %.1f s): %s", name, interval_s, stats.last_error)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), max(interval_s - (time.monotonic() - began), 0.01))
+        await stop.sleep(max(interval_s - (time.monotonic() - began), 0.01))
 
 
 def _schedule(
     service: TenantService,
     settings: Settings,
     loops: list[Loop],
-    stop: asyncio.Event,
+    stop: Stop,
     on_events: Callable[[list[Event]], None] | None = None,
 ) -> list[asyncio.Task[None]]:
     jobs: list[tuple[str, float, Callable[[], Awaitable[None]]]] = []
@@ -211,10 +249,17 @@ def _schedule(
     jobs.append(("gpus", settings.gpu_scan_interval_s, scan))
     jobs.append(("sync", settings.sync_interval_s, sync))
     for loop in loops:
+        stats = service.loops.setdefault(loop.name, LoopStats(interval_s=loop.interval_s, cpu_seconds=0.0))
 
-        async def tick(loop: Loop = loop) -> None:
-            events = await asyncio.to_thread(loop.tick)
-            stored = await service.record(list(events))
+        def timed(loop: Loop = loop, stats: LoopStats = stats) -> list[Event]:
+            began = time.thread_time()  # this worker thread's CPU: the loop's own cost
+            try:
+                return list(loop.tick())
+            finally:
+                stats.cpu_seconds = (stats.cpu_seconds or 0.0) + time.thread_time() - began
+
+        async def tick(timed: Callable[[], list[Event]] = timed) -> None:
+            stored = await service.record(await asyncio.to_thread(timed))
             if on_events is not None:
                 on_events(stored)
 
@@ -274,15 +319,14 @@ def _status_line(service: TenantService) -> str:
     return f"{service.tenant_count()} tenant(s) on {gpus} GPU(s)"
 
 
-async def _keep_notifying(notifier: Notifier, service: TenantService, stop: asyncio.Event) -> None:
+async def _keep_notifying(notifier: Notifier, service: TenantService, stop: Stop) -> None:
     if not notifier.enabled:
         return
     # From the event loop itself, so a wedged loop stops the pings and systemd restarts the agent.
     period = min(notifier.watchdog_s or 10.0, 10.0)
     while not stop.is_set():
         notifier.send(status=_status_line(service), **({"watchdog": 1} if notifier.watchdog_s else {}))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), period)
+        await stop.sleep(period)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,9 +337,29 @@ class _Server(uvicorn.Server):
     """uvicorn, minus its signal handling: the agent handles SIGTERM/SIGINT itself (uvicorn's
     would re-raise the signal after shutdown, and the agent would not exit 0)."""
 
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.woken = Stop()  # set with should_exit, so that main_loop sees it at once
+
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    def exit(self) -> None:
+        if self.should_exit:
+            self.force_exit = True
+        self.should_exit = True
+        self.woken.set()
+
+    async def main_loop(self) -> None:
+        # uvicorn's own wakes every 0.1 s to look at should_exit; exit() wakes this one, so once
+        # a second is enough (on_tick refreshes the Date header at every 10th count).
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 10) % 864000
+            await self.woken.sleep(1.0)
+            should_exit = await self.on_tick(counter)
 
 
 async def _main(settings: Settings) -> int:
@@ -342,14 +406,12 @@ async def _serve(settings: Settings, store: Store, sock_path: Path) -> int:
     def on_signal(signum: int) -> None:
         received.append(signum)
         service.release_waiters()
-        if server.should_exit:
-            server.force_exit = True
-        server.should_exit = True
+        server.exit()
 
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
-    stop = asyncio.Event()
+    stop = Stop()
     loops = _loops(settings, store)
     service.meter = BusyMeter(root)  # GPU time per tenant, integrated from NVML
     loops.append(service.meter)

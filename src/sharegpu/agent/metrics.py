@@ -304,11 +304,19 @@ class SharegpuCollector(Collector):
         errors = CounterMetricFamily(
             "sharegpu_agent_loop_errors", "Ticks of each agent loop that failed", labels=["loop"]
         )
+        cpu = CounterMetricFamily(
+            "sharegpu_agent_loop_cpu_seconds",
+            "CPU time the ticks of each periodic loop have taken (thread time)",
+            labels=["loop"],
+        )
         for name, stats in sorted(self.loops.items()):
             ticks.add_metric([name], float(stats.ticks))
             errors.add_metric([name], float(stats.errors))
+            if stats.cpu_seconds is not None:
+                cpu.add_metric([name], stats.cpu_seconds)
         yield ticks
         yield errors
+        yield cpu
         audit, qos, reaped, reaped_tenants = self.counts.snapshot()
         yield _by_label(
             "sharegpu_audit_events", "Audit findings by kind (untracked, bypass, killed)", "kind", audit

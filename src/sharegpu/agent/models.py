@@ -416,6 +416,9 @@ class LoopHealth(BaseModel):
     errors: int
     last_tick: float | None
     last_error: str | None
+    cpu_seconds: float | None = Field(
+        default=None, description="CPU time its ticks have taken since the agent started (periodic loops)"
+    )
 
 
 class Health(BaseModel):

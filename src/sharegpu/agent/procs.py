@@ -31,8 +31,12 @@ class ProcInfo:
 
 def proc_info(pid: int) -> ProcInfo | None:
     """/proc/<pid>/stat, or None when there is no such process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+    try:  # os.open/os.read, not Path.read_text: three loops read every tenant's pids each second
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            stat = os.read(fd, 4096).decode("utf-8", "replace")
+        finally:
+            os.close(fd)
     except (OSError, ValueError):
         return None
     try:

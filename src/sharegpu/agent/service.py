@@ -75,6 +75,7 @@ class LoopStats:
     errors: int = 0
     last_tick: float | None = None
     last_error: str | None = None
+    cpu_seconds: float | None = None  # CPU its ticks took (thread time); None: not measured
 
 
 def describe(devices: list[DeviceLimit]) -> str:
