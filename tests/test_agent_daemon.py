@@ -303,6 +303,30 @@ def test_a_vanished_tenant_is_dropped_and_a_half_written_one_repaired(agent: Age
     assert int(meminfo["total"]) == 96 * MIB
 
 
+def test_a_gpu_that_falls_off_is_reported_with_nvmls_words_and_comes_back(sim: Sim, tmp_path: Path) -> None:
+    """The simulated NVML loses GPU 1 while the agent runs (a fault file it reads at every
+    nvmlInit): the agent says so with NVML's error, lists GPU 0 alone, and sees GPU 1 return."""
+    faults = tmp_path / "nvml-faults"
+    agent = Agent(sim, tmp_path / "state", env={"SIMGPU_NVML_FAULTS": f"@{faults}"}).start()
+    try:
+        gpu0, gpu1 = sim.uuids()
+        faults.write_text("1:lost\n")
+        removed = agent.wait_event("gpu.removed")
+        assert removed["gpu"] == gpu1
+        assert removed["message"].endswith("is gone: NVML cannot query it (GPU is lost)"), removed
+        assert removed["data"]["nvml_error"] == "GPU is lost"
+        with agent.client() as client:
+            assert [g.uuid for g in client.list_gpus()] == [gpu0]
+        faults.unlink()
+        added = agent.wait_event("gpu.added")
+        assert added["gpu"] == gpu1
+        with agent.client() as client:
+            assert [g.uuid for g in client.list_gpus()] == [gpu0, gpu1]
+        assert agent.stop() == 0
+    finally:
+        agent.close()
+
+
 def test_one_agent_per_node(agent: Agent, sim: Sim, tmp_path: Path) -> None:
     other = subprocess.run(
         Agent(sim, tmp_path / "state2").command(),

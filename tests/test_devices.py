@@ -105,3 +105,25 @@ def test_a_malformed_fault_list_is_a_clear_error(sim: Sim) -> None:
         assert proc.returncode == 0, proc.stderr
         assert values["error"].startswith("NVML is not available"), values
         assert words in proc.stderr, (faults, proc.stderr)
+
+
+def test_faults_can_come_from_a_file_that_may_not_exist(sim: Sim, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    faults = tmp_path / "faults"
+    code = """
+        from sharegpu.devices import list_gpus
+        from sharegpu.errors import DeviceError
+        try:
+            print("indexes=" + ",".join(str(g.index) for g in list_gpus()))
+        except DeviceError as err:
+            print(f"error={err}")
+        """
+    env = sim.env(SIMGPU_NVML_FAULTS=f"@{faults}")
+    values, proc = python(env, code)  # no file: no fault
+    assert values["indexes"] == "0,1", proc.stderr
+    faults.write_text("0:lost\n")
+    values, proc = python(env, code)
+    assert values["indexes"] == "1", proc.stderr
+    faults.write_text("0:gone\n")
+    values, proc = python(env, code)
+    assert values["error"].startswith("NVML is not available"), values
+    assert "unknown fault gone" in proc.stderr

@@ -59,10 +59,14 @@ class GpuFault:
     error: str  # NVML's words
     no_permission: bool = False
 
-    def describe(self) -> str:
+    @property
+    def reason(self) -> str:
         if self.no_permission:
-            return f"GPU {self.index}: not this process's to query ({self.error}: outside its devices?)"
-        return f"GPU {self.index}: NVML cannot query it ({self.error})"
+            return f"not this process's to query ({self.error}: outside its devices?)"
+        return f"NVML cannot query it ({self.error})"
+
+    def describe(self) -> str:
+        return f"GPU {self.index}: {self.reason}"
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,11 @@ def scan_gpus() -> GpuListing:
 def list_gpus() -> list[Gpu]:
     """The GPUs that answer NVML (see scan_gpus for the ones that do not)."""
     return scan_gpus().gpus
+
+
+def gpu_faults() -> list[GpuFault]:
+    """The GPUs NVML counts but cannot query now (see GpuFault)."""
+    return scan_gpus().faults
 
 
 def nvml_library() -> Path | None:

@@ -6,6 +6,7 @@
 #include "sharegpu/nvml_api.h"
 #include "../common/sim.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +26,8 @@ static struct sim_state *st;        /* set once at the first successful init */
 static struct nvmlDevice_st devs[SIM_MAX_GPUS];
 
 /*
- * Faults a test asks for, per GPU (SIMGPU_NVML_FAULTS, read at every nvmlInit):
+ * Faults a test asks for, per GPU (SIMGPU_NVML_FAULTS, read at every nvmlInit; "@<file>" reads
+ * the list from that file, none when it does not exist, so a running daemon's GPUs can fail):
  *   lost           every query of the GPU answers NVML_ERROR_GPU_IS_LOST (fallen off the bus);
  *                  its handle is still given out, as the driver does until it notices
  *   no_permission  its handle answers NVML_ERROR_NO_PERMISSION (a GPU outside a container's
@@ -86,6 +88,36 @@ static nvmlReturn_t nvml_result(const struct sim_err *e)
     return NVML_ERROR_UNKNOWN;
 }
 
+/* SIMGPU_NVML_FAULTS, or the file it names after '@', into out ("" for none). */
+static int fault_list(struct sim_err *e, char *out, size_t size)
+{
+    const char *v = getenv("SIMGPU_NVML_FAULTS");
+    out[0] = '\0';
+    if (!v)
+        return 0;
+    if (v[0] != '@') {
+        if (strlen(v) >= size)
+            return sim_fail(e, SIM_ECONFIG, "SIMGPU_NVML_FAULTS: longer than %zu bytes", size - 1);
+        memcpy(out, v, strlen(v) + 1);
+        return 0;
+    }
+    FILE *f = fopen(v + 1, "re");
+    if (!f)
+        return errno == ENOENT ? 0
+                               : sim_fail(e, SIM_ECONFIG, "SIMGPU_NVML_FAULTS=%.200s: %s", v,
+                                          strerror(errno));
+    size_t n = fread(out, 1, size - 1, f);
+    int overlong = n == size - 1 && fgetc(f) != EOF;
+    fclose(f);
+    if (overlong)
+        return sim_fail(e, SIM_ECONFIG, "SIMGPU_NVML_FAULTS=%.200s: longer than %zu bytes", v,
+                        size - 1);
+    while (n > 0 && (out[n - 1] == '\n' || out[n - 1] == ' '))
+        n--; /* a file written by echo ends in a newline */
+    out[n] = '\0';
+    return 0;
+}
+
 static nvmlReturn_t init(unsigned flags)
 {
     (void)flags; /* NVML_INIT_FLAG_NO_GPUS / NO_ATTACH change nothing here */
@@ -94,8 +126,9 @@ static nvmlReturn_t init(unsigned flags)
     struct sim_err e = {0};
     struct sim_state *s;
     nvmlReturn_t wanted[SIM_MAX_GPUS];
-    const char *fault_list = getenv("SIMGPU_NVML_FAULTS");
-    if (parse_faults(&e, fault_list ? fault_list : "", wanted) < 0 || sim_state_open(&e, &s) < 0) {
+    char listed[256];
+    if (fault_list(&e, listed, sizeof listed) < 0 || parse_faults(&e, listed, wanted) < 0 ||
+        sim_state_open(&e, &s) < 0) {
         sim_log("nvmlInit: %s", e.msg);
         r = nvml_result(&e);
     } else {

@@ -40,7 +40,7 @@ from sharegpu.agent.plan import compute_of, memory_totals, plan_devices, resized
 from sharegpu.agent.store import Store, TenantRow
 from sharegpu.agent.tuning import ArbiterTuner
 from sharegpu.arbiter import arbiter_path, ensure_arbiter, grant_arbiter
-from sharegpu.devices import Gpu, list_gpus
+from sharegpu.devices import Gpu, GpuFault, gpu_faults, list_gpus
 from sharegpu.errors import ConfigError, DeviceError, SpecError, TenantBusy, TenantNotFound
 from sharegpu.report import node_report, read_arbiters
 from sharegpu.spec import format_size
@@ -167,12 +167,14 @@ class TenantService:
         allow_overcommit: bool = False,
         enforce: str = "report",
         gpu_source: Callable[[], list[Gpu]] = list_gpus,
+        fault_source: Callable[[], list[GpuFault]] = gpu_faults,
     ) -> None:
         self.root = root
         self.store = store
         self.allow_overcommit = allow_overcommit
         self.enforce = enforce
         self.gpu_source = gpu_source
+        self.fault_source = fault_source  # asked only when a GPU went away: why
         self.started = time.time()
         self.loops: dict[str, LoopStats] = {}
         self.known_gpus: list[Gpu] | None = None  # as of the last scan (scan_gpus)
@@ -443,18 +445,32 @@ class TenantService:
             for uuid, g in new.items()
             if uuid not in old
         ]
+        gone = [g for uuid, g in old.items() if uuid not in new]
+        why = await self._why_gone(gone)
         events += [
             Event(
                 kind="gpu.removed",
                 severity="warning",
                 gpu=g.uuid,
-                message=f"GPU {g.index} {g.uuid} ({g.name}) is gone",
-                data={"index": g.index, "name": g.name},
+                message=f"GPU {g.index} {g.uuid} ({g.name}) is gone"
+                + (f": {why[g.index].reason}" if g.index in why else ""),
+                data={"index": g.index, "name": g.name}
+                | ({"nvml_error": why[g.index].error} if g.index in why else {}),
             )
-            for uuid, g in old.items()
-            if uuid not in new
+            for g in gone
         ]
         return await self.record(events)
+
+    async def _why_gone(self, gone: list[Gpu]) -> dict[int, GpuFault]:
+        """NVML's error for each GPU of `gone` it still counts (fallen off the bus); a GPU NVML
+        no longer counts at all has none."""
+        if not gone:
+            return {}
+        try:
+            faults = await asyncio.to_thread(self.fault_source)
+        except DeviceError:
+            return {}
+        return {f.index: f for f in faults}
 
     # -- events ----------------------------------------------------------------------------------
 
