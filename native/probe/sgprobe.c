@@ -1000,6 +1000,107 @@ static int cmd_saturate(int argc, char **argv)
     return 0;
 }
 
+/* Host time between bursts: spun (a process preparing its next step) up to 1 ms, slept beyond
+ * (a service waiting for its next request). */
+static void host_gap(uint64_t ns)
+{
+    if (ns > 1000000u) {
+        sleep_until(now_ns() + ns);
+        return;
+    }
+    for (uint64_t until = now_ns() + ns; now_ns() < until;)
+        ;
+}
+
+#define SYNCLOOP_MAX_K 64
+
+/* A program that waits for its own work: from START_NS for SECONDS, K kernels of US µs, then
+ * cuCtxSynchronize, then GAP_US of host time, again and again (the shape of a training step or
+ * an inference request).  achieved= is the kernel time this process completed inside the window
+ * over the window: every kernel of a burst that synchronised inside it, and of the burst that
+ * crosses its end, those whose event (recorded after each kernel) completed inside it. */
+static int cmd_syncloop(int argc, char **argv)
+{
+    double secs;
+    size_t us, gap_us;
+    long k;
+    uint64_t start_at = 0;
+    bool log = argc == 6 && !strcmp(argv[5], "log");
+    if (argc < 4 || argc > 6 || parse_seconds(argv[0], &secs) < 0 || parse_count(argv[1], &k) < 0 ||
+        k < 1 || k > SYNCLOOP_MAX_K || parse_size(argv[2], &us) < 0 || us == 0 ||
+        parse_size(argv[3], &gap_us) < 0 || (argc >= 5 && parse_start(argv[4], &start_at) < 0) ||
+        (argc == 6 && !log))
+        return usage("syncloop SECONDS K US GAP_US [START_NS [log]] (K 1..64)");
+    /* log: every burst's end (its sync's return), kept here and printed after the window. */
+    size_t cap = log ? (size_t)(secs * 1e6 / (double)(us * (size_t)k)) + 16 : 0;
+    uint64_t *ends = log ? calloc(cap, sizeof(*ends)) : NULL;
+    if (log && !ends)
+        return usage("out of host memory");
+    if (setup(1))
+        return 1;
+    CUmodule mod;
+    CUfunction f;
+    if (load_spin(&mod, &f))
+        return 1;
+    uint64_t arg = us;
+    void *params[] = {&arg};
+    CUevent ev0, ev[SYNCLOOP_MAX_K];
+    CK(api.cuEventCreate(&ev0, 0));
+    for (long j = 0; j < k; j++)
+        CK(api.cuEventCreate(&ev[j], 0));
+    /* One warm-up burst: the first launch pays for loading and for joining the arbiter. */
+    CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
+    CK(api.cuCtxSynchronize());
+    sleep_until(start_at);
+    uint64_t t0 = now_ns(), deadline = t0 + (uint64_t)(secs * 1e9);
+    CK(api.cuEventRecord(ev0, stream));
+    const float window_ms = (float)(secs * 1e3);
+    long bursts = 0, inside = 0;
+    uint64_t sync_ns = 0;
+    out("started=1");
+    while (now_ns() < deadline) {
+        for (long j = 0; j < k; j++) {
+            CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
+            CK(api.cuEventRecord(ev[j], stream));
+        }
+        uint64_t s = now_ns();
+        CK(api.cuCtxSynchronize());
+        uint64_t done = now_ns();
+        sync_ns += done - s;
+        if (ends && (size_t)bursts < cap)
+            ends[bursts] = done;
+        bursts++;
+        if (done <= deadline) {
+            inside += k;
+        } else {
+            for (long j = 0; j < k; j++) {
+                float ms;
+                CK(api.cuEventElapsedTime(&ms, ev0, ev[j]));
+                inside += ms <= window_ms;
+            }
+            break;
+        }
+        host_gap((uint64_t)gap_us * 1000u);
+    }
+    uint64_t t1 = now_ns();
+    for (long j = 0; j < k; j++)
+        CK(api.cuEventDestroy_v2(ev[j]));
+    CK(api.cuEventDestroy_v2(ev0));
+    for (long b = 0; ends && b < bursts && (size_t)b < cap; b++)
+        out("burst_end_ns=%" PRIu64, ends[b]);
+    free(ends);
+    out("bursts=%ld", bursts);
+    out("kernels=%ld", bursts * k);
+    out("window_kernels=%ld", inside);
+    out("achieved=%.4f", (double)inside * (double)us * 1e3 / (secs * 1e9));
+    out("sync_us_mean=%" PRIu64, bursts ? sync_ns / (uint64_t)bursts / 1000u : 0);
+    out("wall_ns=%" PRIu64, t1 - t0);
+    out("start_ns=%" PRIu64, t0);
+    out("end_ns=%" PRIu64, t1);
+    CK(api.cuModuleUnload(mod));
+    return 0;
+}
+
 /* How online requests arrive: at a fixed period, with exponential gaps of that mean (poisson:
  * nothing to predict), or in bursts of BURSTY_N requests, exponential gaps of an eighth of the
  * mean inside a burst and longer ones between bursts, the same mean overall (bursty). */
@@ -1225,6 +1326,11 @@ static const struct command {
                                "kernels= gpu_ns= (kernels x US) wall_ns= window_kernels= (batches "
                                "completed inside the window) achieved= (window_kernels x US / "
                                "SECONDS) max_gap_us= (longest time between two syncs)"},
+    {"syncloop", cmd_syncloop, "SECONDS K US GAP_US [START_NS [log]]: from START_NS for SECONDS: K spin "
+                               "kernels of US µs, cuCtxSynchronize, GAP_US of host time (spun up to "
+                               "1 ms, slept beyond), again: bursts= window_kernels= (kernels completed "
+                               "inside the window) achieved= (window_kernels x US / SECONDS) "
+                               "sync_us_mean=; with log, burst_end_ns= (CLOCK_MONOTONIC) per burst first"},
     {"timeline", cmd_timeline, "N US [START_NS]: from START_NS, N US-µs spin kernels back to back, an "
                                "event after each: kernels= wall_us=, then iv_us= (the time between "
                                "consecutive events) for each kernel in order"},
