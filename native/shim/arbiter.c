@@ -254,8 +254,17 @@ static void arb_unlock(struct sg_arbiter *a)
 
 /* ---- scheduling (all under the region lock) -------------------------------------------------- */
 
-/* Bring a ceiling bucket up to `now`: it earns credit at the ceiling and, while a client of the
- * tenant holds the card, spends it at 1.  Earning and spending are netted before the depth cap:
+/* Does a client of tenant t hold the token? */
+static bool tenant_holds_locked(const struct sg_arbiter *a, const struct sg_arb_tenant *t)
+{
+    int h = SG_ARB_TOKEN_HOLDER(a->token);
+    return h >= 0 && h < SG_ARB_MAX_CLIENTS && a->clients[h].tenant < SG_ARB_MAX_TENANTS &&
+           &a->tenants[a->clients[h].tenant] == t;
+}
+
+/* Bring a ceiling bucket up to `now`: it earns credit at the ceiling; the charge of a hold
+ * (charge_locked) spends the GPU time the hold used.  While the tenant holds the card the depth
+ * cap waits for that charge, so that a hold's earnings and spending are netted before the cap:
  * capping the earnings alone (and charging the hold afterwards) threw away up to C x hold of
  * credit per grant, which held a 90% cap alone to 67%. */
 static void refill_locked(struct sg_arbiter *a, struct sg_arb_tenant *t, uint64_t now)
@@ -267,14 +276,19 @@ static void refill_locked(struct sg_arbiter *a, struct sg_arb_tenant *t, uint64_
     uint64_t elapsed = now - from;
     if (elapsed > (uint64_t)INT64_MAX / 2000u)
         elapsed = (uint64_t)INT64_MAX / 2000u;
-    int64_t earned = (int64_t)(elapsed * t->ceiling_permille / 1000u), spent = 0;
-    int h = SG_ARB_TOKEN_HOLDER(a->token);
-    if (h >= 0 && h < SG_ARB_MAX_CLIENTS && a->clients[h].tenant < SG_ARB_MAX_TENANTS &&
-        &a->tenants[a->clients[h].tenant] == t) {
-        uint64_t since = a->clients[h].grant_ns > from ? a->clients[h].grant_ns : from;
-        spent = now > since ? (int64_t)(now - since) : 0;
-    }
-    int64_t depth = (int64_t)quantum(a), b = t->bucket_ns + earned - spent;
+    int64_t depth = (int64_t)quantum(a);
+    int64_t b = t->bucket_ns + (int64_t)(elapsed * t->ceiling_permille / 1000u);
+    t->bucket_ns = b > depth && !tenant_holds_locked(a, t) ? depth : b;
+}
+
+/* Spend `used` ns of GPU time from tenant t's bucket (earned up to now first). */
+static void spend_locked(struct sg_arbiter *a, struct sg_arb_tenant *t, uint64_t used,
+                         uint64_t now)
+{
+    refill_locked(a, t, now);
+    if (!has_ceiling(t))
+        return;
+    int64_t depth = (int64_t)quantum(a), b = t->bucket_ns - (int64_t)used;
     t->bucket_ns = b > depth ? depth : b;
 }
 
@@ -334,11 +348,40 @@ static uint64_t eff_weight_locked(struct sg_arbiter *a, int ti, uint64_t now)
     return w ? w : 1;
 }
 
-/* Charge the holder client c for the time since its last charge. */
+/* The idle time of our hold since `from` that the charge leaves out: what the launches after
+ * drained syncs closed (idle_ns), and, while we are still drained, the time since the drain (or
+ * `from`).  The open period is then restarted at `now`, unless a launch has come meanwhile. */
+static uint64_t idle_take(struct sg_gpu *g, uint64_t from, uint64_t now)
+{
+    uint64_t idle = __atomic_exchange_n(&g->idle_ns, 0, __ATOMIC_RELAXED);
+    uint64_t d = __atomic_exchange_n(&g->drained_at, 0, __ATOMIC_SEQ_CST);
+    if (!d)
+        return idle;
+    uint64_t start = d > from ? d : from;
+    if (now > start)
+        idle += now - start;
+    /* Still idle unless a launch came between the exchange and here (it found no mark). */
+    if (!__atomic_load_n(&g->launching, __ATOMIC_SEQ_CST) &&
+        __atomic_load_n(&g->last_launch, __ATOMIC_SEQ_CST) <= d) {
+        uint64_t zero = 0;
+        __atomic_compare_exchange_n(&g->drained_at, &zero, now, false, __ATOMIC_SEQ_CST,
+                                    __ATOMIC_SEQ_CST);
+    }
+    return idle;
+}
+
+/* Charge the holder client c for the GPU time its work used since its last charge: the wall
+ * time held, less the idle time after its syncs that drained the hold (g: ours; NULL when the
+ * holder is another process, which is charged the wall time).  Exclusive holds make this the
+ * time the card ran its work, up to the lateness of each sync's return. */
 static void charge_locked(struct sg_arbiter *a, struct sg_gpu *g, int c, uint64_t now)
 {
     struct sg_arb_client *cl = &a->clients[c];
     uint64_t held = now > cl->grant_ns ? now - cl->grant_ns : 0;
+    if (g && g->client == c) {
+        uint64_t idle = idle_take(g, cl->grant_ns, now);
+        held = idle < held ? held - idle : 0;
+    }
     if (cl->tenant >= SG_ARB_MAX_TENANTS) {
         cl->grant_ns = now;
         return;
@@ -349,7 +392,7 @@ static void charge_locked(struct sg_arbiter *a, struct sg_gpu *g, int c, uint64_
     if (g && g->usage)
         __atomic_fetch_add(&g->usage->gpu_time_ns, held, __ATOMIC_RELAXED);
     t->vtime += held * 1000u / eff_weight_locked(a, (int)cl->tenant, now);
-    refill_locked(a, t, now); /* spends the hold (still ours: the token is not yet moved) */
+    spend_locked(a, t, held, now);
     cl->grant_ns = now;
     t->last_active_ns = now;
 }
@@ -843,13 +886,35 @@ static bool holding(struct sg_gpu *g)
     return tok && __atomic_load_n(&g->a->token, __ATOMIC_ACQUIRE) == tok;
 }
 
-static void register_ctx(struct sg_gpu *g, CUcontext ctx)
+/* Where this hold's work went: its contexts (drained at release) and its streams, which say
+ * what a sync covers (shim.h, SG_HOLD_*). */
+static void register_work(struct sg_gpu *g, CUcontext ctx, CUstream s)
 {
+    bool known = false;
     for (int i = 0; i < g->nctx; i++)
-        if (g->ctxs[i] == ctx)
-            return;
-    if (g->nctx < (int)(sizeof g->ctxs / sizeof g->ctxs[0]))
+        known |= g->ctxs[i] == ctx;
+    if (!known && g->nctx < (int)(sizeof g->ctxs / sizeof g->ctxs[0]))
         g->ctxs[g->nctx++] = ctx;
+    if (sg_default_stream(s)) {
+        if (g->hold_streams == SG_HOLD_NONE || g->hold_streams == SG_HOLD_DEFAULT)
+            g->hold_streams = SG_HOLD_DEFAULT;
+        else
+            g->hold_streams = SG_HOLD_MIXED;
+    } else if (g->hold_streams == SG_HOLD_NONE) {
+        g->hold_stream = s;
+        g->hold_streams = SG_HOLD_ONE;
+    } else if (g->hold_streams != SG_HOLD_ONE || g->hold_stream != s) {
+        g->hold_streams = SG_HOLD_MIXED;
+    }
+}
+
+/* A new hold, or none: nothing launched, nothing idle yet. */
+static void hold_reset(struct sg_gpu *g)
+{
+    g->nctx = 0;
+    g->hold_streams = SG_HOLD_NONE;
+    __atomic_store_n(&g->drained_at, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&g->idle_ns, 0, __ATOMIC_RELAXED);
 }
 
 /* Wait for the work of one context, whichever is current on this thread. */
@@ -885,9 +950,7 @@ static void charge_drain_locked(struct sg_arbiter *a, struct sg_gpu *g, int c, u
     if (g->usage)
         __atomic_fetch_add(&g->usage->gpu_time_ns, held, __ATOMIC_RELAXED);
     t->vtime += held * 1000u / eff_weight_locked(a, (int)cl->tenant, now);
-    refill_locked(a, t, now); /* earnings up to now (we no longer hold: nothing spent there) */
-    if (has_ceiling(t))
-        t->bucket_ns -= (int64_t)held;
+    spend_locked(a, t, held, now);
 }
 
 /* Preempted by a higher class: grant it before our drain (the GPU preempts our work in flight
@@ -938,14 +1001,23 @@ static void start_quiet_locked(struct sg_arbiter *a, int c, uint64_t now)
     }
 }
 
-/* Give the token up: stop new fast-path launches, wait for those under way, charge, hand on
- * to the best waiter, and (between tenants of one class without ceilings) only then drain.  Handing on first keeps the card busy: the next
- * holder's first kernels queue behind our last ones instead of the card idling from our last
- * kernel's end to the next holder's wake-up and launch (2% of the card at 10 ms quanta on the
- * simulated GPU).  The drain is charged to us afterwards, and the next holder's charge starts
- * when our drain ends: every nanosecond is charged once.  During the drain both run (the GPU
- * time-slices the two contexts); the part of it that was the next holder's is charged to us,
- * and since every tenant hands the token on as often as it receives it, that evens out. */
+/* Give the token up: stop new fast-path launches, wait for those under way, drain our work,
+ * charge, and hand on to the best waiter.  The hold is exclusive, so the charge is exact: from
+ * the grant to the end of the drain the card ran our work and nobody else's, and the next
+ * holder's charge starts at its grant, after our drain.
+ *
+ * (From ABI 1.4 to 1.5 the token was handed on before the drain between share tenants, to save
+ * the next holder's wake-up.  The next holder's kernels then queued beside our last ones and
+ * the GPU time-sliced the two contexts; our drain was charged to us whole, so whoever took over
+ * in the middle of the other's burst got the GPU's slices of it for free.  With tenants that
+ * synchronise that took six points from a 70% tenant and gave them to a 30% one, and with bursts
+ * longer than the time slice it made any split 50/50: docs/design/arbitration.md, "Exact
+ * charges".)
+ *
+ * The one exception is a higher class's preemption under online_preempt early/by-kernel
+ * (early_pre): the request is granted at once and its kernels queue beside our kernel in flight,
+ * which the GPU preempts at the end of its time slice.  The preempting holder pays for the
+ * overlap (it chose not to wait for our drain); we pay for the part of the drain nobody held. */
 static void release(struct sg_gpu *g, bool preempted)
 {
     __atomic_store_n(&g->revoked, 1, __ATOMIC_SEQ_CST);
@@ -958,19 +1030,13 @@ static void release(struct sg_gpu *g, bool preempted)
         }
     }
     struct sg_arbiter *a = g->a;
-    /* A tenant under a ceiling drains first: its bucket is spent exactly by the time it held
-     * the card, which the early handover only approximates (three capped tenants that together
-     * use the whole card lost 2-3 points each with it).  So does a holder preempted by a higher
-     * class, unless online_preempt says to grant it first (early_pre): the request then
-     * waits for the GPU to preempt our work in flight instead of for our drain. */
     bool ceiling = g->tenant < 0 || g->tenant >= SG_ARB_MAX_TENANTS ||
                    has_ceiling(&a->tenants[g->tenant]);
     bool early_pre = preempted && !ceiling && preempt_early(g);
-    bool early = (!preempted && !ceiling) || early_pre;
-    if (!early)
+    if (!early_pre)
         drain(g);
     uint64_t now = sg_mono_ns();
-    int c = -1, next = -1;
+    int c = -1;
     uint64_t handed = 0;
     if (arb_lock(a) == 0) {
         if (holding(g)) {
@@ -983,7 +1049,7 @@ static void release(struct sg_gpu *g, bool preempted)
             a->last_release_ns = now;
             note_online_locked(a, c, now);
             start_quiet_locked(a, c, now);
-            next = pick_locked(a, now);
+            int next = pick_locked(a, now);
             if (next >= 0) {
                 grant_locked(a, next, now);
                 handed = a->token;
@@ -992,33 +1058,57 @@ static void release(struct sg_gpu *g, bool preempted)
             }
         }
         arb_unlock(a);
+        /* The card idles until the next holder launches: let it run now if it was woken onto
+         * our CPU, rather than after our host code (a program that syncs, hands on and spins
+         * kept it waiting ~1 ms per handover on a 2-core VM, a third of the card). */
+        if (handed)
+            sched_yield();
     }
-    if (early)
+    if (early_pre) {
         drain(g);
-    uint64_t done = sg_mono_ns(), drained = done - now;
-    if (early && c >= 0 && drained > 0 && arb_lock(a) == 0) {
-        uint64_t owed;
-        if (!early_pre && next >= 0 && a->token == handed) {
-            /* Handed on within our class and still held: we pay for our drain (less what the
-             * next holder was already charged), its charge starts where ours ended. */
-            struct sg_arb_client *n = &a->clients[next];
-            uint64_t from = n->grant_ns > now ? n->grant_ns : now;
-            owed = done > from ? done - from : 0;
-            if (n->grant_ns < done)
-                n->grant_ns = done;
-        } else {
-            owed = unheld_locked(a, handed, now, done);
+        uint64_t done = sg_mono_ns();
+        if (c >= 0 && done > now && arb_lock(a) == 0) {
+            uint64_t owed = unheld_locked(a, handed, now, done);
+            if (owed)
+                charge_drain_locked(a, g, c, owed, done);
+            arb_unlock(a);
         }
-        if (owed)
-            charge_drain_locked(a, g, c, owed, done);
-        arb_unlock(a);
     }
     if (preempted)
         count_preemption(g);
     __atomic_store_n(&g->token, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&g->since_sync, 0, __ATOMIC_RELAXED);
-    g->nctx = 0;
+    hold_reset(g);
     __atomic_store_n(&g->revoked, 0, __ATOMIC_SEQ_CST);
+}
+
+/* How long a holder that ended a burst may stay idle before a lower class gets the card. */
+static uint64_t idle_grace(uint64_t q)
+{
+    return q / 20;
+}
+
+/* How long a holder that drained its work may stay idle before a waiter of its own class gets
+ * the card: twice its usual idle time between bursts and 50 µs, at most the idle grace.  A loop
+ * that syncs and launches again keeps the card through its host time; a service that waits for
+ * its next request gives it up (at once when it usually idles longer than the grace), where it
+ * used to keep it until its quantum ended and it had been idle for half a quantum. */
+#define SAME_CLASS_GRACE_MIN_NS 50000ull
+static uint64_t same_class_grace(const struct sg_gpu *g, uint64_t q)
+{
+    uint64_t grace = 2 * __atomic_load_n(&g->gap_ns, __ATOMIC_RELAXED) + SAME_CLASS_GRACE_MIN_NS;
+    return grace < idle_grace(q) ? grace : idle_grace(q);
+}
+
+/* Under the region lock: watch our burst's end, handing the card on if no launch follows
+ * within `grace` (the watcher, watch_one). */
+static void watch_burst_end_locked(struct sg_arbiter *a, struct sg_gpu *g, int c, uint64_t now,
+                                   uint64_t grace)
+{
+    __atomic_store_n(&g->grace_ns, grace, __ATOMIC_RELAXED);
+    __atomic_store_n(&g->burst_end_ns, now, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&a->clients[c].watch, 1, __ATOMIC_RELEASE);
+    futex_wake(&a->clients[c].watch, true);
 }
 
 enum decision { KEEP, RELEASE, PREEMPT };
@@ -1029,10 +1119,11 @@ static enum decision decide(struct sg_gpu *g, uint64_t now, bool burst_end)
 {
     struct sg_arbiter *a = g->a;
     int c = g->client;
-    if (__atomic_load_n(&a->clients[c].yield, __ATOMIC_RELAXED))
+    uint32_t yield = __atomic_load_n(&a->clients[c].yield, __ATOMIC_RELAXED);
+    if (yield == SG_ARB_YIELD_CLASS)
         return PREEMPT;
     bool quantum_over = now >= __atomic_load_n(&g->qend, __ATOMIC_RELAXED);
-    if (burst_end && !__atomic_load_n(&a->waiting, __ATOMIC_RELAXED))
+    if (burst_end && !yield && !__atomic_load_n(&a->waiting, __ATOMIC_RELAXED))
         return KEEP;
     pthread_mutex_lock(&setup_mu);
     /* Follow a resize here too: a holder whose launches all take the fast path (the watcher
@@ -1059,18 +1150,38 @@ static enum decision decide(struct sg_gpu *g, uint64_t now, bool burst_end)
     int best = pick_locked(a, now);
     bool throttled = has_ceiling(t) && t->bucket_ns < min_grant_ns(a);
     bool min_held = now - a->grant_ns >= quantum(a) / 4;
+    /* A sync that drained our work is where handing on costs nothing but the wake-up; one that
+     * left work queued (a pipeline's event sync) is no better a place than the quantum's end. */
+    bool drained = burst_end && __atomic_load_n(&g->drained_at, __ATOMIC_SEQ_CST);
+    if (yield == SG_ARB_YIELD_TURN) {
+        /* A returning waiter of our class is behind: our turn ends a quarter quantum after
+         * our grant (now, if that has passed). */
+        __atomic_store_n(&a->clients[c].yield, 0, __ATOMIC_RELAXED);
+        uint64_t turn_end = a->grant_ns + quantum(a) / 4;
+        if (turn_end < a->quantum_end_ns) {
+            a->quantum_end_ns = turn_end > now ? turn_end : now;
+            __atomic_store_n(&g->qend, a->quantum_end_ns, __ATOMIC_RELAXED);
+        }
+        quantum_over = now >= a->quantum_end_ns;
+    }
     if (best >= 0 && a->clients[best].priority > a->clients[c].priority)
         d = RELEASE; /* a higher class waits */
     else if (best >= 0 && burst_end && a->clients[best].priority < a->clients[c].priority) {
         /* Our burst may be over: if no launch follows within the idle grace, the watcher hands
          * the card to the lower class (a loop that syncs and launches again keeps it). */
-        __atomic_store_n(&g->burst_end_ns, now, __ATOMIC_RELAXED);
-        __atomic_fetch_add(&a->clients[c].watch, 1, __ATOMIC_RELEASE);
-        futex_wake(&a->clients[c].watch, true);
+        watch_burst_end_locked(a, g, c, now, idle_grace(quantum(a)));
     } else if ((quantum_over || burst_end) && throttled)
         d = RELEASE;
-    else if (best >= 0 && (quantum_over || min_held) && better_locked(a, best, c, true))
+    else if (best >= 0 && (quantum_over || (min_held && drained)) && better_locked(a, best, c, true))
         d = RELEASE; /* same class, further behind in virtual time */
+    else if (best >= 0 && drained) {
+        /* Same class, and we keep the card by virtual time, but none of our work is on it. */
+        uint64_t grace = same_class_grace(g, quantum(a));
+        if (__atomic_load_n(&g->gap_ns, __ATOMIC_RELAXED) >= idle_grace(quantum(a)))
+            d = RELEASE; /* we usually idle longer than any grace: hand on now */
+        else
+            watch_burst_end_locked(a, g, c, now, grace);
+    }
     if (d == KEEP && quantum_over) {
         a->quantum_end_ns = now + quantum_len_locked(a, c, now);
         if (a->quantum_end_ns <= now)
@@ -1109,7 +1220,11 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
     }
     struct sg_arb_tenant *t = &a->tenants[g->tenant];
     tenant_sync_locked(a, g->tenant, &d, gen);
+    bool arrived = false;
     if (me->state != SG_ARB_WAITING && me->state != SG_ARB_HOLDING) {
+        /* Back after idling longer than a grace (me->grant_ns: our last charge, at our last
+         * release), not a loop that released and asks again at once. */
+        arrived = now - me->grant_ns >= idle_grace(quantum(a));
         bool active[SG_ARB_MAX_TENANTS];
         active_tenants_locked(a, now, active);
         if (!active[g->tenant]) {
@@ -1156,8 +1271,19 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
                 take_back_locked(a, holder, t_now); /* a stopped holder's token comes back */
                 continue;
             }
-            if (me->priority > h->priority && !__atomic_load_n(&h->yield, __ATOMIC_RELAXED)) {
-                __atomic_store_n(&h->yield, 1, __ATOMIC_RELAXED);
+            if (me->priority > h->priority &&
+                __atomic_load_n(&h->yield, __ATOMIC_RELAXED) != SG_ARB_YIELD_CLASS) {
+                __atomic_store_n(&h->yield, SG_ARB_YIELD_CLASS, __ATOMIC_RELAXED);
+                __atomic_fetch_add(&h->watch, 1, __ATOMIC_RELEASE);
+                futex_wake(&h->watch, true);
+            } else if (arrived && !slept && me->priority == h->priority &&
+                       h->tenant < SG_ARB_MAX_TENANTS && h->tenant != me->tenant &&
+                       t->vtime < a->tenants[h->tenant].vtime &&
+                       !__atomic_load_n(&h->yield, __ATOMIC_RELAXED)) {
+                /* Back from idling (a service's next request) and behind in virtual time: the
+                 * holder ends its turn a quarter quantum after its grant, at its next launch or
+                 * through its watcher, instead of at the end of its quantum or its next sync. */
+                __atomic_store_n(&h->yield, SG_ARB_YIELD_TURN, __ATOMIC_RELAXED);
                 __atomic_fetch_add(&h->watch, 1, __ATOMIC_RELEASE);
                 futex_wake(&h->watch, true);
             } else if (!slept && me->priority < h->priority) {
@@ -1200,12 +1326,29 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
         a->handover_idle_ns += now - a->last_release_ns;
     }
     __atomic_store_n(&g->qend, a->quantum_end_ns, __ATOMIC_RELAXED);
+    hold_reset(g);
+    /* Nothing of ours runs until our first launch: the wake-up is not ours to pay. */
+    __atomic_store_n(&g->drained_at, me->grant_ns ? me->grant_ns : now, __ATOMIC_SEQ_CST);
     __atomic_store_n(&g->token, a->token, __ATOMIC_RELAXED);
-    g->nctx = 0;
     arb_unlock(a);
     __atomic_fetch_add(&watcher_kick, 1, __ATOMIC_RELEASE);
     futex_wake(&watcher_kick, false);
     return 0;
+}
+
+/* Our usual idle time between bursts: from the end of the work a drained sync waited for to
+ * our next launch, held or not (a holder that hands on at once must still see its gaps shrink).
+ * One sample counts at most four idle graces: a host hiccup moves it, but not for long. */
+static void note_gap(struct sg_gpu *g, uint64_t now)
+{
+    uint64_t from = __atomic_exchange_n(&g->idle_from, 0, __ATOMIC_RELAXED);
+    if (!from || now <= from || !g->a)
+        return;
+    uint64_t sample = now - from, most = 4 * idle_grace(quantum(g->a));
+    if (sample > most)
+        sample = most;
+    uint64_t avg = __atomic_load_n(&g->gap_ns, __ATOMIC_RELAXED);
+    __atomic_store_n(&g->gap_ns, avg ? (avg * 3 + sample) / 4 : sample, __ATOMIC_RELAXED);
 }
 
 /* ---- the slow path ------------------------------------------------------------------------- */
@@ -1270,6 +1413,7 @@ CUresult sg_arb_enter_slow(struct sg_gate *gt, CUstream s)
         return CUDA_SUCCESS;
     }
     pthread_mutex_lock(&g->mu);
+    note_gap(g, sg_mono_ns());
     rc = ensure_client(g, &e);
     while (rc == 0) {
         if (!holding(g)) {
@@ -1288,13 +1432,18 @@ CUresult sg_arb_enter_slow(struct sg_gate *gt, CUstream s)
         release(g, d == PREEMPT);
     }
     if (rc == 0) {
-        register_ctx(g, ctx);
+        if (g->nctx == 0)
+            sg_bc_hold_start(g, ctx); /* before the hold's first launch, the stream idle */
+        register_work(g, ctx, s);
         *t = (struct sg_arb_tls){.ctx = ctx, .stream = sg_default_stream(s) ? NULL : s,
                                  .epoch = epoch, .g = g,
                                  .token = __atomic_load_n(&g->token, __ATOMIC_RELAXED)};
         gt->ctx = ctx;
-        __atomic_store_n(&g->last_launch, sg_clock_anchor(&t->clk), __ATOMIC_RELAXED);
         __atomic_fetch_add(&g->launching, 1, __ATOMIC_SEQ_CST);
+        uint64_t now = sg_clock_anchor(&t->clk);
+        __atomic_store_n(&g->last_launch, now, __ATOMIC_RELAXED);
+        if (__atomic_load_n(&g->drained_at, __ATOMIC_SEQ_CST))
+            sg_arb_idle_end(g, now);
         gt->g = g;
     }
     pthread_mutex_unlock(&g->mu);
@@ -1395,7 +1544,9 @@ void sg_arb_offline_bound(struct sg_gpu *g, CUcontext ctx)
         return;
     __atomic_store_n(&g->since_sync, 0, __ATOMIC_RELAXED);
     sg_in_hook++;
+    __atomic_fetch_add(&g->syncing, 1, __ATOMIC_RELAXED); /* waiting for our kernel: not idle */
     sync_context(ctx);
+    __atomic_fetch_sub(&g->syncing, 1, __ATOMIC_RELAXED);
     sg_in_hook--;
     uint64_t now = sg_mono_ns();
     /* What we had queued ran from `start` to `now`: a decaying maximum of that is what the
@@ -1411,6 +1562,66 @@ void sg_arb_offline_bound(struct sg_gpu *g, CUcontext ctx)
         hold_back(g, next + late);
 }
 
+/* A sync that may cover all the work of our hold is about to wait: record the burst clock's end
+ * event after that work.  Never blocks behind a release under way (its drain may be long): the
+ * sync's return then stands for the end. */
+uint32_t sg_arb_sync_mark(struct sg_gpu *g, enum sg_sync_kind kind, const void *what)
+{
+    if (pthread_mutex_trylock(&g->mu) != 0)
+        return 0;
+    sg_in_hook++;
+    uint32_t seq = holding(g) ? sg_bc_sync_begin(g, kind, what) : 0;
+    sg_in_hook--;
+    pthread_mutex_unlock(&g->mu);
+    return seq;
+}
+
+/* A sync returned that waited for `what` (a context, NULL the current one; or a stream).  When
+ * that covered all the work of our hold and nothing was launched since it began, nothing of
+ * ours is on the GPU until the next launch: mark the hold drained since the work ended (read
+ * from the GPU by the burst clock, else the sync's return), so that its charge leaves that idle
+ * time out.  A launch racing with the mark either sees it (its seq_cst load follows its
+ * seq_cst increment of `launching`), or is seen here: still under way in `launching`, or done,
+ * its `last_launch` published by the release decrement. */
+void sg_arb_drained(struct sg_gpu *g, const struct sg_sync *s, enum sg_sync_kind kind,
+                    const void *what)
+{
+    sg_in_hook++;
+    pthread_mutex_lock(&g->mu);
+    bool all = false;
+    if (kind == SG_SYNC_CTX && g->nctx == 1) {
+        CUcontext ctx = (CUcontext)what;
+        if (!ctx && SG_REAL(cuCtxGetCurrent) && SG_REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS)
+            ctx = NULL;
+        all = ctx && ctx == g->ctxs[0];
+    } else if (kind == SG_SYNC_STREAM) {
+        all = g->hold_streams == SG_HOLD_ONE && (CUstream)what == g->hold_stream;
+    }
+    uint64_t last = __atomic_load_n(&g->last_launch, __ATOMIC_SEQ_CST);
+    if (all && holding(g) && last < s->begin) {
+        uint64_t now = sg_mono_ns();
+        uint64_t end = sg_bc_end(g, s->end_seq, now);
+        if (end <= last)
+            end = last + 1;
+        __atomic_store_n(&g->idle_from, end, __ATOMIC_RELAXED);
+        __atomic_store_n(&g->drained_at, end, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&g->launching, __ATOMIC_SEQ_CST) ||
+            __atomic_load_n(&g->last_launch, __ATOMIC_SEQ_CST) >= s->begin)
+            __atomic_store_n(&g->drained_at, 0, __ATOMIC_SEQ_CST);
+    }
+    pthread_mutex_unlock(&g->mu);
+    sg_in_hook--;
+}
+
+/* The first launch after a drained sync: the idle period since it is over. */
+void sg_arb_idle_end(struct sg_gpu *g, uint64_t now)
+{
+    uint64_t d = __atomic_exchange_n(&g->drained_at, 0, __ATOMIC_SEQ_CST);
+    if (d && now > d)
+        __atomic_fetch_add(&g->idle_ns, now - d, __ATOMIC_RELAXED);
+    note_gap(g, now);
+}
+
 /* A sync call returned: the end of a burst.  Hand the token on if a better waiter exists. */
 void sg_arb_burst_end(void)
 {
@@ -1423,8 +1634,10 @@ void sg_arb_burst_end(void)
          * after the idle grace once a lower class asks, not at the end of our quantum. */
         int c = __atomic_load_n(&g->client, __ATOMIC_RELAXED);
         if (c >= 0 && c < SG_ARB_MAX_CLIENTS &&
-            __atomic_load_n(&g->a->clients[c].priority, __ATOMIC_RELAXED) == SG_PRIORITY_ONLINE)
+            __atomic_load_n(&g->a->clients[c].priority, __ATOMIC_RELAXED) == SG_PRIORITY_ONLINE) {
+            __atomic_store_n(&g->grace_ns, idle_grace(quantum(g->a)), __ATOMIC_RELAXED);
             __atomic_store_n(&g->burst_end_ns, sg_mono_ns(), __ATOMIC_RELAXED);
+        }
         return;
     }
     sg_in_hook++;
@@ -1440,11 +1653,6 @@ void sg_arb_burst_end(void)
 
 /* ---- the watcher ----------------------------------------------------------------------------- */
 
-/* How long a holder that ended a burst may stay idle before a lower class gets the card. */
-static uint64_t idle_grace(uint64_t q)
-{
-    return q / 20;
-}
 
 static void watch_one(struct sg_gpu *g, uint64_t now)
 {
@@ -1455,14 +1663,16 @@ static void watch_one(struct sg_gpu *g, uint64_t now)
         return;
     }
     uint64_t q = quantum(g->a);
-    bool yield = __atomic_load_n(&g->a->clients[g->client].yield, __ATOMIC_RELAXED);
-    bool over = now >= __atomic_load_n(&g->qend, __ATOMIC_RELAXED);
+    uint32_t why = __atomic_load_n(&g->a->clients[g->client].yield, __ATOMIC_RELAXED);
+    bool yield = why == SG_ARB_YIELD_CLASS;
+    bool over = now >= __atomic_load_n(&g->qend, __ATOMIC_RELAXED) || why == SG_ARB_YIELD_TURN;
     uint64_t last = __atomic_load_n(&g->last_launch, __ATOMIC_RELAXED);
     bool launching = __atomic_load_n(&g->launching, __ATOMIC_RELAXED) ||
                      __atomic_load_n(&g->syncing, __ATOMIC_RELAXED);
     bool idle = now > last && now - last >= q / 2 && !launching;
     uint64_t burst_end = __atomic_load_n(&g->burst_end_ns, __ATOMIC_RELAXED);
-    bool burst_over = burst_end > last && now > burst_end && now - burst_end >= idle_grace(q) &&
+    uint64_t grace = __atomic_load_n(&g->grace_ns, __ATOMIC_RELAXED);
+    bool burst_over = burst_end > last && now > burst_end && now - burst_end >= grace &&
                       !launching &&
                       __atomic_load_n(&g->a->waiting, __ATOMIC_RELAXED);
     if (yield) {
@@ -1506,7 +1716,7 @@ static void *watcher_main(void *arg)
                 if (qend > now && qend - now < q)
                     q = qend - now + 1000;
                 uint64_t be = __atomic_load_n(&g->burst_end_ns, __ATOMIC_RELAXED);
-                uint64_t grace = idle_grace(quantum(g->a));
+                uint64_t grace = __atomic_load_n(&g->grace_ns, __ATOMIC_RELAXED);
                 if (be > __atomic_load_n(&g->last_launch, __ATOMIC_RELAXED) && be + grace > now &&
                     be + grace - now + 1000 < q)
                     q = be + grace - now + 1000;
@@ -1577,7 +1787,7 @@ static void atfork_child(void)
         g->launching = 0;
         g->syncing = 0;
         g->since_sync = 0;
-        g->nctx = 0;
+        hold_reset(g);
         g->usage = NULL;
         if (g->live_fd >= 0)
             close(g->live_fd); /* the parent's liveness locks stay the parent's */

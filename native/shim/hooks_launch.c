@@ -164,10 +164,12 @@ SG_EXPORT CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_heig
 
 /* ---- sync calls: the end of a burst -------------------------------------------------------- */
 
-#define BURST_END(...)                                                                             \
-    struct sg_gpu *g_ = sg_arb_sync_begin();                                                       \
+/* kind/what: what the call waited for (sg_arb_sync_end: a sync that covered the hold's work). */
+#define BURST_END(kind, what, ...)                                                                 \
+    struct sg_sync s_;                                                                             \
+    sg_arb_sync_begin(&s_, kind, what);                                                            \
     CUresult res_ = real_(__VA_ARGS__);                                                            \
-    sg_arb_sync_end(g_);                                                                           \
+    sg_arb_sync_end(&s_, res_, kind, what);                                                        \
     sg_async_free_settle(); /* what the sync waited for includes queued frees */                   \
     return res_
 
@@ -175,7 +177,7 @@ SG_EXPORT CUresult cuCtxSynchronize(void)
 {
     REAL(cuCtxSynchronize);
     FORWARD_IF_PASSIVE();
-    BURST_END();
+    BURST_END(SG_SYNC_CTX, NULL);
 }
 
 /* CUDA 13: the context to synchronise is named (NULL: the current one). */
@@ -183,7 +185,7 @@ SG_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
 {
     REAL(cuCtxSynchronize_v2);
     FORWARD_IF_PASSIVE(ctx);
-    BURST_END(ctx);
+    BURST_END(SG_SYNC_CTX, ctx, ctx);
 }
 
 #define STREAM_SYNC(name)                                                                          \
@@ -191,7 +193,7 @@ SG_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
     {                                                                                              \
         REAL(name);                                                                                \
         FORWARD_IF_PASSIVE(stream);                                                                \
-        BURST_END(stream);                                                                         \
+        BURST_END(SG_SYNC_STREAM, stream, stream);                                                                         \
     }
 STREAM_SYNC(cuStreamSynchronize)
 STREAM_SYNC(cuStreamSynchronize_ptsz)
@@ -200,7 +202,7 @@ SG_EXPORT CUresult cuEventSynchronize(CUevent event)
 {
     REAL(cuEventSynchronize);
     FORWARD_IF_PASSIVE(event);
-    BURST_END(event);
+    BURST_END(SG_SYNC_OTHER, NULL, event);
 }
 
 #define COPY_HTOD(name)                                                                            \
@@ -208,7 +210,7 @@ SG_EXPORT CUresult cuEventSynchronize(CUevent event)
     {                                                                                              \
         REAL(name);                                                                                \
         FORWARD_IF_PASSIVE(dst, src, bytes);                                                       \
-        BURST_END(dst, src, bytes);                                                                \
+        BURST_END(SG_SYNC_OTHER, NULL, dst, src, bytes);                                                                \
     }
 COPY_HTOD(cuMemcpyHtoD_v2)
 COPY_HTOD(cuMemcpyHtoD_v2_ptds)
@@ -218,7 +220,7 @@ COPY_HTOD(cuMemcpyHtoD_v2_ptds)
     {                                                                                              \
         REAL(name);                                                                                \
         FORWARD_IF_PASSIVE(dst, src, bytes);                                                       \
-        BURST_END(dst, src, bytes);                                                                \
+        BURST_END(SG_SYNC_OTHER, NULL, dst, src, bytes);                                                                \
     }
 COPY_DTOH(cuMemcpyDtoH_v2)
 COPY_DTOH(cuMemcpyDtoH_v2_ptds)
@@ -228,7 +230,7 @@ COPY_DTOH(cuMemcpyDtoH_v2_ptds)
     {                                                                                              \
         REAL(name);                                                                                \
         FORWARD_IF_PASSIVE(dst, src, bytes);                                                       \
-        BURST_END(dst, src, bytes);                                                                \
+        BURST_END(SG_SYNC_OTHER, NULL, dst, src, bytes);                                                                \
     }
 COPY_DTOD(cuMemcpyDtoD_v2)
 COPY_DTOD(cuMemcpyDtoD_v2_ptds)

@@ -325,14 +325,41 @@ int sg_usage_slot(void);
  * only the atomics at the top; everything else is guarded by `mu`, which serialises this
  * process's slow path, its releases and its watcher thread for the GPU. */
 enum sg_gpu_state { SG_GPU_UNSET = 0, SG_GPU_NATIVE = 1, SG_GPU_ARB = 2 };
+/* The streams a hold launched to, which say what a sync covers: a context's sync covers them
+ * all; the sync of SG_HOLD_ONE's stream covers it; an event on the legacy stream follows all
+ * the work of the blocking streams (the legacy and per-thread default streams), SG_HOLD_DEFAULT. */
+enum sg_hold_streams { SG_HOLD_NONE, SG_HOLD_ONE, SG_HOLD_DEFAULT, SG_HOLD_MIXED };
+/* The GPU-side clock of a hold's bursts (burstclock.c): events of one context. */
+struct sg_burst_clock {
+    CUcontext ctx;     /* the context the events and the stream belong to; NULL: none */
+    CUevent ref, end;
+    CUstream stream;   /* private, non-blocking: `ref` completes as soon as it is recorded */
+    uint32_t epoch;    /* sg_stream_epoch when made */
+    uint32_t end_seq;  /* bumped by each record of `end` (and at each hold's start) */
+    uint64_t ref_host; /* CLOCK_MONOTONIC when `ref` was recorded */
+    bool ref_ok;       /* `ref` recorded in this hold */
+};
 struct sg_gpu {
     uint64_t token;      /* [atomic relaxed] the token word this process holds; 0: none */
     uint64_t qend;       /* [atomic relaxed] end of our quantum (CLOCK_MONOTONIC) */
     uint64_t last_launch; /* [atomic relaxed] last fast-path launch instant (the watcher's
                               idle test) */
-    uint64_t burst_end_ns; /* [atomic relaxed] a sync ended a burst while a lower class waited */
+    uint64_t burst_end_ns; /* [atomic relaxed] a sync ended a burst while another waited: the
+                              watcher hands the card on if no launch follows within grace_ns */
+    uint64_t grace_ns;   /* [atomic relaxed] that grace */
+    uint64_t gap_ns;     /* [atomic relaxed] moving average of our idle time after a drained sync
+                            (the GPU's end of our work to our next launch) */
     int syncing;         /* [atomic relaxed] threads inside a sync call: waiting for our own
                             work is not idleness */
+    uint64_t drained_at; /* [atomic seq_cst] while we hold the token: when a sync that covered
+                            all our work of this hold returned (nothing of ours is on the GPU
+                            since); 0 once a launch followed.  The time until that launch is
+                            not ours to pay (sg_arb_idle_end, charge_locked) */
+    uint64_t idle_ns;    /* [atomic relaxed] such idle time in this hold not yet charged */
+    uint64_t idle_from;  /* [atomic relaxed] the end of our work at our last drained sync, until
+                            our next launch measures the gap (gap_ns), held or not */
+    CUstream hold_stream; /* [mu] SG_HOLD_ONE: the stream */
+    int hold_streams;    /* [mu] SG_HOLD_*: the streams this hold launched to */
     int revoked;         /* [atomic seq_cst] set while a release is under way */
     int launching;       /* [atomic seq_cst] launches between the gate and the real call */
     int offline;         /* [atomic relaxed] our class is offline (in-flight bound applies) */
@@ -349,6 +376,7 @@ struct sg_gpu {
     int tenant;          /* [mu] */
     int nctx;            /* [mu] contexts that launched during this hold (drained at release) */
     CUcontext ctxs[8];
+    struct sg_burst_clock bc; /* [mu] */
 };
 extern struct sg_gpu sg_gpus[SG_MAX_DEVICES];
 
@@ -425,19 +453,48 @@ CUresult sg_arb_enter_slow(struct sg_gate *gt, CUstream s);
 void sg_arb_offline_bound(struct sg_gpu *g, CUcontext ctx);
 void sg_arb_burst_end(void);
 
-/* Around a sync call: the holder is waiting for its own work, not idle. */
-static inline struct sg_gpu *sg_arb_sync_begin(void)
+/* Around a sync call: the holder is waiting for its own work, not idle.  A sync that returns
+ * with all of this hold's work done (a context synchronised that is the only one that launched
+ * in the hold, or the one stream it launched to) starts an idle period that ends at the next
+ * launch: the hold's charge leaves it out (sg_arb_drained). */
+enum sg_sync_kind { SG_SYNC_CTX, SG_SYNC_STREAM, SG_SYNC_OTHER };
+struct sg_sync {
+    struct sg_gpu *g;
+    uint64_t begin;
+    uint32_t end_seq; /* the burst clock's end event recorded for this sync; 0: none */
+};
+uint32_t sg_arb_sync_mark(struct sg_gpu *g, enum sg_sync_kind kind, const void *what);
+void sg_arb_drained(struct sg_gpu *g, const struct sg_sync *s, enum sg_sync_kind kind,
+                    const void *what);
+void sg_arb_idle_end(struct sg_gpu *g, uint64_t now);
+
+/* The burst clock (burstclock.c; callers hold g->mu). */
+void sg_bc_hold_start(struct sg_gpu *g, CUcontext ctx);
+uint32_t sg_bc_sync_begin(struct sg_gpu *g, enum sg_sync_kind kind, const void *what);
+/* When the work the end event followed ended (CLOCK_MONOTONIC), at the latest `fallback`. */
+uint64_t sg_bc_end(struct sg_gpu *g, uint32_t seq, uint64_t fallback);
+
+static inline void sg_arb_sync_begin(struct sg_sync *s, enum sg_sync_kind kind, const void *what)
 {
-    struct sg_gpu *g = sg_arb_tls.g;
-    if (g)
-        __atomic_fetch_add(&g->syncing, 1, __ATOMIC_RELAXED);
-    return g;
+    s->g = sg_arb_tls.g;
+    s->end_seq = 0;
+    if (s->g) {
+        __atomic_fetch_add(&s->g->syncing, 1, __ATOMIC_RELAXED);
+        s->begin = sg_mono_ns();
+        if (kind != SG_SYNC_OTHER && __atomic_load_n(&s->g->token, __ATOMIC_RELAXED))
+            s->end_seq = sg_arb_sync_mark(s->g, kind, what);
+    }
 }
 
-static inline void sg_arb_sync_end(struct sg_gpu *g)
+static inline void sg_arb_sync_end(struct sg_sync *s, CUresult res, enum sg_sync_kind kind,
+                                   const void *what)
 {
-    if (g)
-        __atomic_fetch_sub(&g->syncing, 1, __ATOMIC_RELAXED);
+    if (s->g) {
+        __atomic_fetch_sub(&s->g->syncing, 1, __ATOMIC_RELAXED);
+        if (res == CUDA_SUCCESS && kind != SG_SYNC_OTHER &&
+            __atomic_load_n(&s->g->token, __ATOMIC_RELAXED))
+            sg_arb_drained(s->g, s, kind, what);
+    }
     sg_arb_burst_end();
 }
 void sg_arb_setup(void);
@@ -451,7 +508,8 @@ void sg_arb_start_watcher(void);
  * read in the driver).  Then one uncontended atomic increment and decrement of a
  * process-private counter (so that a release never overlaps a launch), one acquire load of the
  * region's token word, two relaxed loads (our yield flag, the quantum end) and the launch
- * clock (a CPU counter read): no system call, no lock, no allocation.  Measured by tests/test_arbiter.py (sanity
+ * clock (a CPU counter read), and one load of the drained mark (set only between a sync that
+ * drained the hold and the next launch): no system call, no lock, no allocation.  Measured by tests/test_arbiter.py (sanity
  * bound) and bench/.
  */
 static inline CUresult sg_arb_enter(struct sg_gate *gt, CUstream s)
@@ -481,6 +539,8 @@ static inline CUresult sg_arb_enter(struct sg_gate *gt, CUstream s)
                 uint64_t now = sg_fast_ns(&t->clk);
                 if (now < __atomic_load_n(&g->qend, __ATOMIC_RELAXED)) {
                     __atomic_store_n(&g->last_launch, now, __ATOMIC_RELAXED);
+                    if (__builtin_expect(__atomic_load_n(&g->drained_at, __ATOMIC_SEQ_CST), 0))
+                        sg_arb_idle_end(g, now); /* the first launch after a drained sync */
                     gt->g = g;
                     gt->ctx = t->ctx;
                     return CUDA_SUCCESS;

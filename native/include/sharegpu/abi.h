@@ -24,13 +24,18 @@
 #include <stdint.h>
 
 #define SG_ABI_MAJOR 1
-#define SG_ABI_MINOR 5 /* 1.1: the GPU arbiter region and the compute counters;
+#define SG_ABI_MINOR 6 /* 1.1: the GPU arbiter region and the compute counters;
                           1.2: predicted online arrivals (offline hold-back);
                           1.3: liveness locks and pid namespaces of entries, tenant
                                incarnations;
                           1.4: a process's spare bytes (charged, not allocated);
                           1.5: unpredicted online requests (early preemption, quiet
-                               window after online requests) */
+                               window after online requests);
+                          1.6: exact charges: holds are exclusive within a class (drained
+                               before the token moves), a charge is the GPU time the hold's
+                               work used (the idle time after a sync that drained it is left
+                               out), and a returning waiter behind in virtual time asks a
+                               holder of its class to end its turn (yield SG_ARB_YIELD_TURN) */
 
 #define SG_MAGIC_LIMITS 0x4d4c4753u  /* "SGLM" little-endian */
 #define SG_MAGIC_USAGE 0x53554753u   /* "SGUS" */
@@ -293,6 +298,10 @@ _Static_assert(sizeof(struct sg_usage) ==
 #define SG_ARB_DEFAULT_ONLINE_PREEMPT SG_ARB_PREEMPT_EARLY
 #define SG_ARB_DEFAULT_PREEMPT_MIN_KERNEL_NS 1000000ull
 #define SG_ARB_DEFAULT_OFFLINE_QUIET_NS 0ull
+/* sg_arb_client.yield: why a waiter asks the holder to give the card up. */
+#define SG_ARB_YIELD_CLASS 1u /* a higher class waits: yield now */
+#define SG_ARB_YIELD_TURN 2u  /* one of the same class came back behind in virtual time: end the
+                                 turn a quarter quantum after the grant (1.6) */
 
 #define SG_ARB_TOKEN_HOLDER(t) ((int)((t) & 0xffffu) - 1)
 #define SG_ARB_TOKEN_GEN(t) ((t) >> 16)
@@ -318,15 +327,18 @@ struct sg_arb_tenant {
     uint32_t clients;                 /* [lock] live client entries of this tenant (invariant) */
     uint64_t limits_generation;       /* [lock] limits generation the copies above come from;
                                          a client whose limits moved refreshes them */
-    uint64_t vtime;                   /* [lock] weighted virtual time: += held_ns * 1000 /
+    uint64_t vtime;                   /* [lock] weighted virtual time: += charged_ns * 1000 /
                                          effective weight at each charge; a tenant that becomes
                                          active again starts at max(vtime, min active vtime) */
     int64_t bucket_ns;                /* [lock] ceiling token bucket (cap, burst), ns of GPU time:
-                                         += elapsed * ceiling / 1000 (at most quantum_ns),
-                                         -= held time; eligible for the token only while > 0 */
+                                         += elapsed * ceiling / 1000 (at most quantum_ns, the cap
+                                         applied once a hold is charged), -= the GPU time charged;
+                                         eligible for a grant only while >= quantum_ns / 2 */
     uint64_t bucket_ts_ns;            /* [lock] CLOCK_MONOTONIC of the last refill */
     uint64_t last_active_ns;          /* [lock] last request, grant or release by a client */
-    uint64_t gpu_time_ns;             /* [atomic relaxed, written under lock] wall time held */
+    uint64_t gpu_time_ns;             /* [atomic relaxed, written under lock] GPU time charged
+                                         (1.6: the GPU time of the holds' work; before, the wall
+                                         time held) */
     uint64_t wait_ns;                 /* [atomic relaxed] waiting for the token, eligible */
     uint64_t throttled_ns;            /* [atomic relaxed] waiting, held back by the ceiling */
     uint64_t preemptions;             /* [atomic relaxed] yields to a higher-class request */
@@ -367,15 +379,20 @@ struct sg_arb_client {
     uint32_t priority;       /* [lock] the tenant's class, copied for the pick */
     uint32_t wake;           /* [atomic release/acquire] futex word the client waits on: +1 at
                                 every grant to it (then FUTEX_WAKE) */
-    uint32_t yield;          /* [atomic relaxed] W: a waiter of a higher class (under lock);
-                                cleared by the owner when it releases.  Read on the fast path */
+    uint32_t yield;          /* [atomic relaxed] W: a waiter (under lock): SG_ARB_YIELD_CLASS,
+                                one of a higher class; SG_ARB_YIELD_TURN (1.6), one of the same
+                                class that came back behind in virtual time.  Cleared by the
+                                owner when it releases (TURN: when it has shortened its
+                                quantum to a quarter).  Nonzero sends launches to the slow path */
     uint32_t watch;          /* [atomic] futex word of the owner's watcher thread: +1 (then
                                 FUTEX_WAKE) with every yield request, so an idle holder yields
                                 at once */
     uint32_t flags;          /* [lock] SG_ENTRY_* (1.3); 0: judged by pid + start time only */
     uint64_t wait_since_ns;  /* [lock] when it started waiting (FIFO among equals) */
     uint64_t grant_ns;       /* [lock] start of the current charge period while HOLDING */
-    uint64_t gpu_time_ns;    /* [atomic relaxed] wall time held, this client */
+    uint64_t gpu_time_ns;    /* [atomic relaxed] GPU time charged, this client (1.6: the holds'
+                                wall time less their idle time after drained syncs; before,
+                                the wall time held) */
     uint64_t wait_ns;        /* [atomic relaxed] */
     uint64_t throttled_ns;   /* [atomic relaxed] */
     uint64_t preemptions;    /* [atomic relaxed] */
