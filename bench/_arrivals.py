@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from _node import Node
-from sharegpu.arbiter import tune_arbiter
+from sharegpu.arbiter import read_arbiter, tune_arbiter
 from sharegpu.spec import ComputeSpec
 
 REQUEST = {"mean_ms": 20, "kernels": 3, "us": 300}
@@ -95,10 +95,30 @@ def alone(node: Node, run_together: RunTogether, pattern: str, requests: int) ->
     return float(on["p50_us"]), float(on["p99_us"])
 
 
+@dataclass
+class RunCounters:
+    """What the GPU's arbiter counted during one run (bench --random, periodic repeats)."""
+
+    holdbacks: int  # offline launches held back ahead of a predicted request
+    misses: int  # hold-backs whose request never came
+    early: int  # requests granted before the offline holder's drain (unpredicted ones)
+    samples: int  # consistent intervals the prediction held at the end of the run
+    late: int  # requests that took more than 1.2 x the alone p50 (filled in by the caller)
+
+
 def shared(
-    node: Node, run_together: RunTogether, pattern: str, requests: int, *, kernel_us: int, mechanism: str
+    node: Node,
+    run_together: RunTogether,
+    pattern: str,
+    requests: int,
+    *,
+    kernel_us: int,
+    mechanism: str,
+    latencies: list[float] | None = None,
+    counters: list[RunCounters] | None = None,
 ) -> tuple[float, float, float]:
-    """One run next to the offline job: online p50, p99 (µs) and the offline share of idle time."""
+    """One run next to the offline job: online p50, p99 (µs) and the offline share of idle time;
+    each request's latency (µs) into `latencies` and the arbiter's counters into `counters`."""
     node.clear_tenants()
     online_env = node.tenant_env("online", ComputeSpec.parse(priority="online"))
     offline_env = node.tenant_env("offline", ComputeSpec.parse(priority="offline"))
@@ -108,9 +128,23 @@ def shared(
         settings = {k: v for k, v in MECHANISMS[mechanism].items() if k != "gpu"}
         tune_arbiter(node.arbiter(), **settings)
     window = (requests - 1) * REQUEST["mean_ms"] / 1000
+    before = read_arbiter(node.arbiter()) if mechanism != NONE else None
     on, off = run_together(
         node, [(online_env, _online_args(pattern, requests)), (offline_env, _offline_args(window, kernel_us))]
     )
+    if before is not None and counters is not None:
+        after = read_arbiter(node.arbiter())
+        counters.append(
+            RunCounters(
+                after.holdbacks - before.holdbacks,
+                after.holdback_misses - before.holdback_misses,
+                after.early_preemptions - before.early_preemptions,
+                after.online_samples,
+                0,
+            )
+        )
+    if latencies is not None:
+        latencies.extend(float(v) for v in on.get("lat_us_all", "").split(",") if v)
     online_busy = requests * REQUEST["kernels"] * REQUEST["us"] / 1e6
     idle = float(off["wall_ns"]) / 1e9 - online_busy
     return float(on["p50_us"]), float(on["p99_us"]), float(off["gpu_ns"]) / 1e9 / idle
@@ -207,12 +241,28 @@ def table(cells: list[Cell], alones: dict[str, Cell], runs: int) -> list[str]:
 
 def periodic_repeats(
     node: Node, run_together: RunTogether, *, repeats: int, requests: int, kernel_us: int, mechanism: str
-) -> tuple[float, list[float]]:
-    """The service's periodic p99 alone (median of `repeats` runs) and p99 / that of `repeats`
-    periodic runs next to the offline job."""
-    alone99 = statistics.median(alone(node, run_together, "periodic", requests)[1] for _ in range(repeats))
-    ratios = []
+) -> tuple[float, list[float], list[RunCounters]]:
+    """The service's periodic p99 alone (median of `repeats` runs), p99 / that of `repeats`
+    periodic runs next to the offline job, and each run's arbiter counters (with `late`: the
+    requests over 1.2 x the alone p50)."""
+    alones = [alone(node, run_together, "periodic", requests) for _ in range(repeats)]
+    alone50 = statistics.median(a[0] for a in alones)
+    alone99 = statistics.median(a[1] for a in alones)
+    ratios: list[float] = []
+    counters: list[RunCounters] = []
     for _ in range(repeats):
-        _, s99, _ = shared(node, run_together, "periodic", requests, kernel_us=kernel_us, mechanism=mechanism)
+        lat: list[float] = []
+        _, s99, _ = shared(
+            node,
+            run_together,
+            "periodic",
+            requests,
+            kernel_us=kernel_us,
+            mechanism=mechanism,
+            latencies=lat,
+            counters=counters,
+        )
         ratios.append(s99 / alone99)
-    return alone99, ratios
+        if counters:
+            counters[-1].late = sum(1 for v in lat if v > 1.2 * alone50)
+    return alone99, ratios, counters

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conftest import Sim
+from conftest import Sim, parse_kv
 from test_metrics import api, families, free_port, running_agent, scrape_text, value
 
 TRUTH = """
@@ -156,3 +156,111 @@ def test_every_surface_reports_the_gpu_time_nvml_measures(sim: Sim, tmp_path: Pa
             for proc in (web, batch):
                 proc.kill()
                 proc.communicate(timeout=30)
+
+
+def _own_share(ends: list[int], burst_ns: int, t0: int, t1: int) -> float:
+    """The kernel time a syncloop workload finished in [t0, t1] (CLOCK_MONOTONIC ns) over the
+    window: the bursts whose sync returned inside it (each burst's kernels ended by then; the
+    window's edges cut at most one burst of 4 ms per tenant)."""
+    return sum(1 for e in ends if t0 < e <= t1) * burst_ns / (t1 - t0)
+
+
+def test_what_operators_see_is_what_the_workloads_got(sim: Sim, tmp_path: Path) -> None:
+    """Two tenants that wait for their own work (4 x 1 ms, then cuCtxSynchronize; share 30/70):
+    what `sharegpu tenants`, the API, the metrics and the arbiter's charge report for each is
+    within 1 point of the kernel time the workload itself finished over the same window."""
+    from sharegpu.arbiter import arbiter_path, read_arbiter
+
+    port = free_port()
+    uuid = sim.uuids()[0]
+    with running_agent(sim, tmp_path, "--metrics-port", str(port), "--metrics-address", "127.0.0.1") as agent:
+        for name, pct in (("a", "30%"), ("b", "70%")):
+            api(
+                agent,
+                "/v1/tenants",
+                "POST",
+                name=name,
+                memory="64MiB",
+                gpus=["0"],
+                compute=pct,
+                policy="share",
+            )
+        start = time.monotonic_ns() + 1_000_000_000
+        procs = {
+            name: sim.spawn_probe(
+                "syncloop",
+                "7",
+                "4",
+                "1000",
+                "20",
+                str(start),
+                "log",
+                env=sim.tenant_env(sim.runtime / "tenants" / name),
+            )
+            for name in ("a", "b")
+        }
+
+        def counter(fams: dict[str, Any], name: str) -> float:
+            return value(fams, "sharegpu_tenant_gpu_busy_seconds", "_total", tenant=name, gpu=uuid)
+
+        def at_tick() -> tuple[dict[str, Any], int]:
+            begin = counter(families(scrape_text(port)), "b")
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                fams = families(scrape_text(port))
+                if counter(fams, "b") != begin:
+                    return fams, time.monotonic_ns()
+                time.sleep(0.01)
+            raise AssertionError("the GPU-time meter never ticked")
+
+        def charged() -> tuple[dict[str, int], int]:
+            at = time.monotonic_ns()  # the region is copied first; its walk may take a while
+            status = read_arbiter(arbiter_path(sim.runtime, uuid))
+            return {n: status.tenant(n).gpu_time_ns for n in ("a", "b")}, at  # type: ignore[union-attr]
+
+        read_arbiter(arbiter_path(sim.runtime, uuid))  # its first call imports numpy
+
+        try:
+            time.sleep((start - time.monotonic_ns()) / 1e9 + 1.5)
+            first, tick0 = at_tick()
+            held0, at0 = charged()
+            views = []
+            for read in (
+                lambda: json.loads(sim.cli("tenants", "-o", "json").stdout)["items"],
+                lambda: api(agent, "/v1/tenants")["items"],
+            ):
+                before = time.monotonic_ns()
+                items = read()
+                views.append((by_tenant(items, "gpu_busy_ratio"), (before + time.monotonic_ns()) // 2))
+                time.sleep(1.2)
+            time.sleep(1.0)
+            last, tick1 = at_tick()
+            held1, at1 = charged()
+            ends = {}
+            for name, proc in procs.items():
+                out, err = proc.communicate(timeout=60)
+                assert proc.returncode == 0, err
+                ends[name] = [int(v) for k, v in parse_kv(out)[1] if k == "burst_end_ns"]
+        finally:
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.communicate(timeout=30)
+    burst = 4 * 1_000_000
+    for name in ("a", "b"):
+        own = _own_share(ends[name], burst, tick0, tick1)
+        rate = (counter(last, name) - counter(first, name)) / ((tick1 - tick0) / 1e9)
+        arb = (held1[name] - held0[name]) / (at1 - at0)
+        own_arb = _own_share(ends[name], burst, at0, at1)
+        print(f"{name}: workload {own:.3f}, metrics {rate:.3f}; workload {own_arb:.3f}, arbiter {arb:.3f}")
+        assert abs(rate - own) <= 0.01, f"{name}: the metrics' rate {rate:.3f}, the workload {own:.3f}"
+        assert abs(arb - own_arb) <= 0.01, (
+            f"{name}: the arbiter's charge {arb:.3f}, the workload {own_arb:.3f}"
+        )
+        for (view, mid), what in zip(views, ("sharegpu tenants", "the API"), strict=True):
+            own_view = _own_share(ends[name], burst, mid - 1_000_000_000, mid)
+            print(f"  {what}: {view[name]:.3f}, the workload over the same second {own_view:.3f}")
+            assert abs(view[name] - own_view) <= 0.01, (
+                f"{what}: {name} {view[name]:.3f}, workload {own_view:.3f}"
+            )
+    assert 0.25 <= _own_share(ends["a"], burst, tick0, tick1) <= 0.35  # the shares themselves
