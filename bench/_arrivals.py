@@ -95,6 +95,11 @@ def alone(node: Node, run_together: RunTogether, pattern: str, requests: int) ->
     return float(on["p50_us"]), float(on["p99_us"])
 
 
+def _tenant_wait_us(status: Any, name: str) -> float:
+    t = status.tenant(name)
+    return t.wait_ns / 1000 if t is not None else 0.0
+
+
 @dataclass
 class RunCounters:
     """What the GPU's arbiter counted during one run (bench --random, periodic repeats)."""
@@ -103,7 +108,9 @@ class RunCounters:
     misses: int  # hold-backs whose request never came
     early: int  # requests granted before the offline holder's drain (unpredicted ones)
     samples: int  # consistent intervals the prediction held at the end of the run
-    late: int  # requests that took more than 1.2 x the alone p50 (filled in by the caller)
+    waited_us: float  # the online tenant's wait for the token over the run
+    late: int = 0  # requests that took more than 1.2 x the alone p50 (filled in by the caller)
+    late_at: list[int] = field(default_factory=list)  # their indices, in order
 
 
 def shared(
@@ -140,7 +147,7 @@ def shared(
                 after.holdback_misses - before.holdback_misses,
                 after.early_preemptions - before.early_preemptions,
                 after.online_samples,
-                0,
+                _tenant_wait_us(after, "online"),  # a new tenant each run: its entry starts at 0
             )
         )
     if latencies is not None:
@@ -264,5 +271,6 @@ def periodic_repeats(
         )
         ratios.append(s99 / alone99)
         if counters:
-            counters[-1].late = sum(1 for v in lat if v > 1.2 * alone50)
+            counters[-1].late_at = [i for i, v in enumerate(lat) if v > 1.2 * alone50]
+            counters[-1].late = len(counters[-1].late_at)
     return alone99, ratios, counters
