@@ -10,10 +10,12 @@ Two figures of compute, not to be confused:
   the last ``busy_window_s`` seconds, from NVML's per-process utilization (summed over the
   tenant's processes; the tenants of one card scaled down together if NVML's samples add up to
   more than the whole card). This is what the tenant got.
-- Token time (``held_ns``, ``held_ratio``): the wall time the tenant held the GPU's token (its
-  drain included) and that divided by the tenant's age. A tenant with short kernels or host work
-  between them holds the card much longer than the GPU runs for it: this is what the arbiter
-  charged, not GPU time.
+- Charged time (``held_ns``, ``held_ratio``): what the arbiter charged the tenant for its holds of
+  the GPU's token, and that divided by the tenant's age. Since ABI 1.6 that is the GPU time its
+  work used while it held the token (the holds' wall time less their idle time after syncs that
+  drained them: docs/design/arbitration.md, "Exact charges"); a shim of ABI 1.5 or older charges
+  the wall time held, which for a tenant with short kernels or host work between them is much
+  longer than the GPU ran for it. Lifetime, from the arbiter's books; GPU time above is NVML's.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class DeviceReport:
     overhead_bytes: int
     mem_peak_bytes: int
     oom_events: int
-    held_ns: int = 0  # token time (not GPU time): wall time the tenant held the GPU's token
+    held_ns: int = 0  # charged by the arbiter: GPU time of its holds (ABI 1.6; before, wall time held)
     wait_ns: int = 0
     throttled_ns: int = 0
     preemptions: int = 0

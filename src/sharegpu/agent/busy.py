@@ -1,9 +1,9 @@
 """GPU time per tenant, measured: the agent integrates NVML's per-process utilization.
 
-What the arbiter counts is the time a tenant *held the token* (drain included); a tenant that
-holds the card while its kernels are short or it mostly waits on its host code holds much more
-than the GPU ran for it (an online service at 13% of the card held it 43% of the time). GPU time
-is what NVML measures per process: every second this loop asks for each process's share of the
+What the arbiter charges is its own book of the token's holds (since ABI 1.6 the GPU time of the
+holds' work; a shim of ABI 1.5 or older charged the wall time held, which for an online service
+at 13% of the card was 43%), and it knows nothing of `native` tenants. GPU time here is what
+NVML measures per process: every second this loop asks for each process's share of the
 card over the past second (``sharegpu.devices.busy_by_pid``, attributed to tenants by
 ``sharegpu.report.busy_by_tenant``: only the processes NVML names are looked up, by host pid and
 start time; the tenants of a card scaled to at most the whole card) and adds share x

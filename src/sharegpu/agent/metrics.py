@@ -392,7 +392,8 @@ class SharegpuCollector(Collector):
         )
         held = counter(
             "sharegpu_tenant_gpu_held_seconds",
-            "Token time, not GPU time: wall time the tenant held the GPU's token (drain included)",
+            "What the arbiter charged for the tenant's holds of the GPU's token: the GPU time its work "
+            "used while it held it (ABI 1.6; older shims: the wall time held, drain included)",
         )
         wait = counter("sharegpu_tenant_gpu_wait_seconds", "Time the tenant's processes waited for the GPU")
         throttled = counter(

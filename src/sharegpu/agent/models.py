@@ -262,7 +262,8 @@ class DeviceView(BaseModel):
         "agent's start; null when no agent measured it",
     )
     held_seconds: float = Field(
-        description="Token time, not GPU time: wall time the tenant held the GPU's token, drain included"
+        description="What the arbiter charged for the tenant's holds of the GPU's token: the GPU time its "
+        "work used while it held it (ABI 1.6; older shims: the wall time held, drain included)"
     )
     held_ratio: float | None = Field(description="held_seconds / the tenant's age; null for native tenants")
     wait_seconds: float

@@ -141,7 +141,8 @@ def tenants_renderable(items: list[TenantView], *, wide: bool = False) -> Render
     if not items:
         return Text("no tenants")
     # GPU TIME is what the GPU ran for the tenant over the last window (NVML); HELD, in the wide
-    # table, is the lifetime share of token time (what the arbiter charged), not GPU time.
+    # table, is the lifetime share the arbiter charged for its holds of the token (ABI 1.6: the GPU
+    # time of the holds' work; older shims charged the wall time held).
     window = f"{items[0].devices[0].busy_window_seconds:g}s" if items[0].devices else "1s"
     columns = [
         "TENANT",
