@@ -678,6 +678,23 @@ static int load_spin(CUmodule *mod, CUfunction *f)
     return 0;
 }
 
+/* A context, the spin kernel and its one parameter (µs), for the compute commands. */
+struct spin {
+    CUmodule mod;
+    CUfunction f;
+    uint64_t arg;
+    void *params[1];
+};
+
+static int spin_setup(struct spin *sp, uint64_t us)
+{
+    if (setup(1) || load_spin(&sp->mod, &sp->f))
+        return 1;
+    sp->arg = us;
+    sp->params[0] = &sp->arg;
+    return 0;
+}
+
 static int cmd_launch(int argc, char **argv)
 {
     long n;
@@ -695,14 +712,9 @@ static int cmd_launch(int argc, char **argv)
     if (strcmp(mode, "kernel") && strcmp(mode, "ex") && strcmp(mode, "coop") &&
         strcmp(mode, "graph") && strcmp(mode, "capture"))
         return usage("unknown launch mode");
-    if (setup(1))
+    struct spin sp;
+    if (spin_setup(&sp, us))
         return 1;
-    CUmodule mod;
-    CUfunction f;
-    if (load_spin(&mod, &f))
-        return 1;
-    uint64_t arg = us;
-    void *params[] = {&arg};
     CUevent e0, e1;
     CK(api.cuEventCreate(&e0, 0));
     CK(api.cuEventCreate(&e1, 0));
@@ -714,10 +726,10 @@ static int cmd_launch(int argc, char **argv)
         for (long i = 0; i < n; i++) {
             CUDA_KERNEL_NODE_PARAMS_v2 p;
             memset(&p, 0, sizeof(p));
-            p.func = f;
+            p.func = sp.f;
             p.gridDimX = p.gridDimY = p.gridDimZ = 1;
             p.blockDimX = p.blockDimY = p.blockDimZ = 1;
-            p.kernelParams = params;
+            p.kernelParams = sp.params;
             CUgraphNode node;
             CK(api.cuGraphAddKernelNode_v2(&node, graph, prev ? &prev : NULL, prev ? 1 : 0, &p));
             prev = node;
@@ -726,7 +738,7 @@ static int cmd_launch(int argc, char **argv)
     } else if (!strcmp(mode, "capture")) {
         CK(api.cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
         for (long i = 0; i < n; i++)
-            CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
+            CK(api.cuLaunchKernel(sp.f, 1, 1, 1, 1, 1, 1, 0, stream, sp.params, NULL));
         CK(api.cuStreamEndCapture(stream, &graph));
         CK(api.cuGraphInstantiateWithFlags(&exec, graph, 0));
     }
@@ -745,16 +757,16 @@ static int cmd_launch(int argc, char **argv)
     } else {
         for (long i = 0; i < n; i++) {
             if (!strcmp(mode, "kernel")) {
-                CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
+                CK(api.cuLaunchKernel(sp.f, 1, 1, 1, 1, 1, 1, 0, stream, sp.params, NULL));
             } else if (!strcmp(mode, "ex")) {
                 CUlaunchConfig cfg;
                 memset(&cfg, 0, sizeof(cfg));
                 cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
                 cfg.blockDimX = cfg.blockDimY = cfg.blockDimZ = 1;
                 cfg.hStream = stream;
-                CK(api.cuLaunchKernelEx(&cfg, f, params, NULL));
+                CK(api.cuLaunchKernelEx(&cfg, sp.f, sp.params, NULL));
             } else {
-                CK(api.cuLaunchCooperativeKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params));
+                CK(api.cuLaunchCooperativeKernel(sp.f, 1, 1, 1, 1, 1, 1, 0, stream, sp.params));
             }
             if (!t_launched)
                 t_launched = now_ns();
@@ -781,7 +793,7 @@ static int cmd_launch(int argc, char **argv)
         CK(api.cuGraphDestroy(graph));
     CK(api.cuEventDestroy_v2(e0));
     CK(api.cuEventDestroy_v2(e1));
-    CK(api.cuModuleUnload(mod));
+    CK(api.cuModuleUnload(sp.mod));
     return 0;
 }
 
@@ -790,22 +802,17 @@ static int cmd_launchbench(int argc, char **argv)
     long n;
     if (argc != 1 || parse_count(argv[0], &n) < 0 || n == 0)
         return usage("launchbench N");
-    if (setup(1))
+    struct spin sp;
+    if (spin_setup(&sp, 0))
         return 1;
-    CUmodule mod;
-    CUfunction f;
-    if (load_spin(&mod, &f))
-        return 1;
-    uint64_t arg = 0;
-    void *params[] = {&arg};
     uint64_t t0 = now_ns();
     for (long i = 0; i < n; i++)
-        CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
+        CK(api.cuLaunchKernel(sp.f, 1, 1, 1, 1, 1, 1, 0, stream, sp.params, NULL));
     uint64_t t1 = now_ns();
     CK(api.cuStreamSynchronize(stream));
     out("launches=%ld", n);
     out("ns_per_launch=%" PRIu64, (t1 - t0) / (uint64_t)n);
-    CK(api.cuModuleUnload(mod));
+    CK(api.cuModuleUnload(sp.mod));
     return 0;
 }
 
@@ -921,17 +928,12 @@ static int cmd_saturate(int argc, char **argv)
         return usage("unknown saturate mode");
     if (!batch) /* about 2 ms of work between syncs */
         batch = us >= 2000 ? 1 : (long)(2000 / us);
-    if (setup(1))
+    struct spin sp;
+    if (spin_setup(&sp, us))
         return 1;
-    CUmodule mod;
-    CUfunction f;
-    if (load_spin(&mod, &f))
-        return 1;
-    uint64_t arg = us;
-    void *params[] = {&arg};
     CUgraph graph = NULL;
     CUgraphExec exec = NULL;
-    if (strcmp(mode, "kernel") && build_graph(mode, f, params, batch, &graph, &exec))
+    if (strcmp(mode, "kernel") && build_graph(mode, sp.f, sp.params, batch, &graph, &exec))
         return 1;
     /* Double-buffered, as a real training loop: after queueing batch i, wait for batch i-1, so
      * the GPU always has work queued while the host waits.  achieved= counts only the batches
@@ -953,7 +955,7 @@ static int cmd_saturate(int argc, char **argv)
             CK(api.cuGraphLaunch(exec, stream));
         } else {
             for (long i = 0; i < batch; i++)
-                CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
+                CK(api.cuLaunchKernel(sp.f, 1, 1, 1, 1, 1, 1, 0, stream, sp.params, NULL));
         }
         CK(api.cuEventRecord(ev[it % 2], stream));
         if (it > 0) {
@@ -996,7 +998,7 @@ static int cmd_saturate(int argc, char **argv)
         CK(api.cuGraphExecDestroy(exec));
     if (graph)
         CK(api.cuGraphDestroy(graph));
-    CK(api.cuModuleUnload(mod));
+    CK(api.cuModuleUnload(sp.mod));
     return 0;
 }
 
@@ -1036,20 +1038,15 @@ static int cmd_syncloop(int argc, char **argv)
     uint64_t *ends = log ? calloc(cap, sizeof(*ends)) : NULL;
     if (log && !ends)
         return usage("out of host memory");
-    if (setup(1))
+    struct spin sp;
+    if (spin_setup(&sp, us))
         return 1;
-    CUmodule mod;
-    CUfunction f;
-    if (load_spin(&mod, &f))
-        return 1;
-    uint64_t arg = us;
-    void *params[] = {&arg};
     CUevent ev0, ev[SYNCLOOP_MAX_K];
     CK(api.cuEventCreate(&ev0, 0));
     for (long j = 0; j < k; j++)
         CK(api.cuEventCreate(&ev[j], 0));
     /* One warm-up burst: the first launch pays for loading and for joining the arbiter. */
-    CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
+    CK(api.cuLaunchKernel(sp.f, 1, 1, 1, 1, 1, 1, 0, stream, sp.params, NULL));
     CK(api.cuCtxSynchronize());
     sleep_until(start_at);
     uint64_t t0 = now_ns(), deadline = t0 + (uint64_t)(secs * 1e9);
@@ -1060,7 +1057,7 @@ static int cmd_syncloop(int argc, char **argv)
     out("started=1");
     while (now_ns() < deadline) {
         for (long j = 0; j < k; j++) {
-            CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
+            CK(api.cuLaunchKernel(sp.f, 1, 1, 1, 1, 1, 1, 0, stream, sp.params, NULL));
             CK(api.cuEventRecord(ev[j], stream));
         }
         uint64_t s = now_ns();
@@ -1097,7 +1094,7 @@ static int cmd_syncloop(int argc, char **argv)
     out("wall_ns=%" PRIu64, t1 - t0);
     out("start_ns=%" PRIu64, t0);
     out("end_ns=%" PRIu64, t1);
-    CK(api.cuModuleUnload(mod));
+    CK(api.cuModuleUnload(sp.mod));
     return 0;
 }
 
@@ -1128,14 +1125,9 @@ static int run_bursts(int argc, char **argv, enum arrivals how)
         parse_count(argv[1], &period_ms) < 0 || parse_count(argv[2], &k) < 0 || k < 1 ||
         parse_size(argv[3], &us) < 0 || (argc == 5 && parse_start(argv[4], &start_at) < 0))
         return usage(poisson ? "poisson|bursty N MEAN_MS K US [START_NS]" : "bursts N PERIOD_MS K US [START_NS]");
-    if (setup(1))
+    struct spin sp;
+    if (spin_setup(&sp, us))
         return 1;
-    CUmodule mod;
-    CUfunction f;
-    if (load_spin(&mod, &f))
-        return 1;
-    uint64_t arg = us;
-    void *params[] = {&arg};
     uint64_t *lat = calloc((size_t)n, sizeof(*lat));
     double *gap = calloc((size_t)n, sizeof(*gap));
     if (!lat || !gap)
@@ -1149,7 +1141,7 @@ static int run_bursts(int argc, char **argv, enum arrivals how)
     for (long i = 1; i < n && total > 0; i++)
         gap[i] *= (double)(n - 1) * (double)period_ms * 1e6 / total;
     /* One warm-up burst: the first launch pays for loading and for joining the arbiter. */
-    CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
+    CK(api.cuLaunchKernel(sp.f, 1, 1, 1, 1, 1, 1, 0, stream, sp.params, NULL));
     CK(api.cuStreamSynchronize(stream));
     sleep_until(start_at);
     uint64_t t0 = now_ns(), sum = 0, at = t0;
@@ -1160,7 +1152,7 @@ static int run_bursts(int argc, char **argv, enum arrivals how)
         sleep_until(at);
         uint64_t b = now_ns();
         for (long j = 0; j < k; j++)
-            CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
+            CK(api.cuLaunchKernel(sp.f, 1, 1, 1, 1, 1, 1, 0, stream, sp.params, NULL));
         CK(api.cuStreamSynchronize(stream));
         lat[i] = now_ns() - b;
         sum += lat[i];
@@ -1178,7 +1170,7 @@ static int run_bursts(int argc, char **argv, enum arrivals how)
     out("wall_ns=%" PRIu64, t1 - t0);
     free(lat);
     free(gap);
-    CK(api.cuModuleUnload(mod));
+    CK(api.cuModuleUnload(sp.mod));
     return 0;
 }
 
@@ -1193,24 +1185,19 @@ static int cmd_timeline(int argc, char **argv)
     if (argc < 2 || argc > 3 || parse_count(argv[0], &n) < 0 || n < 2 || n > 100000 ||
         parse_size(argv[1], &us) < 0 || (argc == 3 && parse_start(argv[2], &start_at) < 0))
         return usage("timeline N US [START_NS]");
-    if (setup(1))
-        return 1;
-    CUmodule mod;
-    CUfunction f;
-    if (load_spin(&mod, &f))
+    struct spin sp;
+    if (spin_setup(&sp, us))
         return 1;
     CUevent *ev = calloc((size_t)n + 1, sizeof(*ev));
     if (!ev)
         return usage("out of host memory");
     for (long i = 0; i <= n; i++)
         CK(api.cuEventCreate(&ev[i], 0));
-    uint64_t arg = us;
-    void *params[] = {&arg};
     sleep_until(start_at);
     uint64_t t0 = now_ns();
     CK(api.cuEventRecord(ev[0], stream));
     for (long i = 1; i <= n; i++) {
-        CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
+        CK(api.cuLaunchKernel(sp.f, 1, 1, 1, 1, 1, 1, 0, stream, sp.params, NULL));
         CK(api.cuEventRecord(ev[i], stream));
     }
     CK(api.cuStreamSynchronize(stream));
@@ -1225,7 +1212,7 @@ static int cmd_timeline(int argc, char **argv)
     for (long i = 0; i <= n; i++)
         CK(api.cuEventDestroy_v2(ev[i]));
     free(ev);
-    CK(api.cuModuleUnload(mod));
+    CK(api.cuModuleUnload(sp.mod));
     return 0;
 }
 
@@ -1252,15 +1239,10 @@ static int cmd_forklaunch(int argc, char **argv)
     double hold;
     if (argc != 2 || parse_size(argv[0], &us) < 0 || parse_seconds(argv[1], &hold) < 0)
         return usage("forklaunch US HOLD_SECONDS");
-    if (setup(1))
+    struct spin sp;
+    if (spin_setup(&sp, us))
         return 1;
-    CUmodule mod;
-    CUfunction f;
-    if (load_spin(&mod, &f))
-        return 1;
-    uint64_t arg = us;
-    void *params[] = {&arg};
-    CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
+    CK(api.cuLaunchKernel(sp.f, 1, 1, 1, 1, 1, 1, 0, stream, sp.params, NULL));
     CK(api.cuStreamSynchronize(stream));
     out("parent_pid=%d", (int)getpid());
     fflush(stdout);
@@ -1269,12 +1251,12 @@ static int cmd_forklaunch(int argc, char **argv)
         return usage("fork failed");
     if (pid == 0) {
         /* A real driver needs a fresh initialisation after fork; the simulated one too. */
-        CUresult r = api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL);
+        CUresult r = api.cuLaunchKernel(sp.f, 1, 1, 1, 1, 1, 1, 0, stream, sp.params, NULL);
         if (r == CUDA_ERROR_NOT_INITIALIZED || r == CUDA_ERROR_INVALID_CONTEXT ||
             r == CUDA_ERROR_INVALID_HANDLE) {
-            if (setup(1) || load_spin(&mod, &f))
+            if (spin_setup(&sp, us))
                 _exit(1);
-            r = api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL);
+            r = api.cuLaunchKernel(sp.f, 1, 1, 1, 1, 1, 1, 0, stream, sp.params, NULL);
         }
         if (!r)
             r = api.cuStreamSynchronize(stream);
@@ -1286,7 +1268,7 @@ static int cmd_forklaunch(int argc, char **argv)
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
         ;
-    CK(api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
+    CK(api.cuLaunchKernel(sp.f, 1, 1, 1, 1, 1, 1, 0, stream, sp.params, NULL));
     CK(api.cuStreamSynchronize(stream));
     out("child_status=%d", WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
     out("parent_launch=OK");
