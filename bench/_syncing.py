@@ -264,17 +264,16 @@ def run_together(node: Node, jobs: list[tuple[dict[str, str], Work]], seconds: f
     python = any(w.client == "py" for _, w in jobs)
     delay = (1.5 if python else 0.4) + 0.1 * len(jobs)
     start = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + int(delay * 1e9)
+    commands = [work.command(seconds, start) for _, work in jobs]
     procs = [
-        subprocess.Popen(
-            work.command(seconds, start), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for env, work in jobs
+        subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for argv, (env, _) in zip(commands, jobs, strict=True)
     ]
     got = []
-    for proc in procs:
+    for argv, proc in zip(commands, procs, strict=True):
         out, err = proc.communicate(timeout=120 + 3 * seconds)
         if proc.returncode != 0:
-            raise RuntimeError(f"{proc.args[0]} failed ({proc.returncode}): {err.strip()} {out.strip()}")
+            raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}): {err.strip()} {out.strip()}")
         values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
         got.append(float(values["achieved"]) * 100)
     return got
