@@ -1188,8 +1188,11 @@ static enum decision decide(struct sg_gpu *g, uint64_t now, bool burst_end)
             d = RELEASE;
         __atomic_store_n(&g->qend, a->quantum_end_ns, __ATOMIC_RELAXED);
     }
+    bool renewed = d == KEEP && quantum_over;
     note_online_locked(a, c, now);
     arb_unlock(a);
+    if (renewed)
+        sg_bc_renew(g); /* a driver call: outside the region lock (the caller holds g->mu) */
     return d;
 }
 

@@ -470,6 +470,7 @@ void sg_arb_idle_end(struct sg_gpu *g, uint64_t now);
 
 /* The burst clock (burstclock.c; callers hold g->mu). */
 void sg_bc_hold_start(struct sg_gpu *g, CUcontext ctx);
+void sg_bc_renew(struct sg_gpu *g);
 uint32_t sg_bc_sync_begin(struct sg_gpu *g, enum sg_sync_kind kind, const void *what);
 /* When the work the end event followed ended (CLOCK_MONOTONIC), at the latest `fallback`. */
 uint64_t sg_bc_end(struct sg_gpu *g, uint32_t seq, uint64_t fallback);
