@@ -109,8 +109,11 @@ class RunCounters:
     early: int  # requests granted before the offline holder's drain (unpredicted ones)
     samples: int  # consistent intervals the prediction held at the end of the run
     waited_us: float  # the online tenant's wait for the token over the run
-    late: int = 0  # requests that took more than 1.2 x the alone p50 (filled in by the caller)
-    late_at: list[int] = field(default_factory=list)  # their indices, in order
+    late_at: list[int] = field(default_factory=list)  # requests over 1.2 x the alone p50 (caller)
+
+    @property
+    def late(self) -> int:
+        return len(self.late_at)
 
 
 def shared(
@@ -272,5 +275,4 @@ def periodic_repeats(
         ratios.append(s99 / alone99)
         if counters:
             counters[-1].late_at = [i for i, v in enumerate(lat) if v > 1.2 * alone50]
-            counters[-1].late = len(counters[-1].late_at)
     return alone99, ratios, counters

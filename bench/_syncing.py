@@ -25,12 +25,11 @@ from __future__ import annotations
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _node import Node
+from _node import Node, parse, start_at
 from sharegpu.arbiter import read_arbiter
 from sharegpu.native import probe_path
 from sharegpu.spec import ComputeSpec
@@ -263,7 +262,7 @@ def run_together(node: Node, jobs: list[tuple[dict[str, str], Work]], seconds: f
     """Start every job at one common instant; each one's achieved share of the card, percent."""
     python = any(w.client == "py" for _, w in jobs)
     delay = (1.5 if python else 0.4) + 0.1 * len(jobs)
-    start = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + int(delay * 1e9)
+    start = start_at(delay)
     commands = [work.command(seconds, start) for _, work in jobs]
     procs = [
         subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -274,8 +273,7 @@ def run_together(node: Node, jobs: list[tuple[dict[str, str], Work]], seconds: f
         out, err = proc.communicate(timeout=120 + 3 * seconds)
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}): {err.strip()} {out.strip()}")
-        values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-        got.append(float(values["achieved"]) * 100)
+        got.append(float(parse(out)["achieved"]) * 100)
     return got
 
 

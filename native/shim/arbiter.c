@@ -1176,11 +1176,10 @@ static enum decision decide(struct sg_gpu *g, uint64_t now, bool burst_end)
         d = RELEASE; /* same class, further behind in virtual time */
     else if (best >= 0 && drained) {
         /* Same class, and we keep the card by virtual time, but none of our work is on it. */
-        uint64_t grace = same_class_grace(g, quantum(a));
         if (__atomic_load_n(&g->gap_ns, __ATOMIC_RELAXED) >= idle_grace(quantum(a)))
             d = RELEASE; /* we usually idle longer than any grace: hand on now */
         else
-            watch_burst_end_locked(a, g, c, now, grace);
+            watch_burst_end_locked(a, g, c, now, same_class_grace(g, quantum(a)));
     }
     if (d == KEEP && quantum_over) {
         a->quantum_end_ns = now + quantum_len_locked(a, c, now);
@@ -1565,6 +1564,21 @@ void sg_arb_offline_bound(struct sg_gpu *g, CUcontext ctx)
         hold_back(g, next + late);
 }
 
+/* Does a sync of `what` (a context, NULL the current one; or a stream) wait for all the work of
+ * our hold: the one context that launched in it, or the one stream it launched to?  Caller
+ * holds g->mu. */
+bool sg_sync_covers_hold(struct sg_gpu *g, enum sg_sync_kind kind, const void *what)
+{
+    if (kind == SG_SYNC_STREAM)
+        return g->hold_streams == SG_HOLD_ONE && (CUstream)what == g->hold_stream;
+    if (kind != SG_SYNC_CTX || g->nctx != 1)
+        return false;
+    CUcontext ctx = (CUcontext)what;
+    if (!ctx && (!SG_REAL(cuCtxGetCurrent) || SG_REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS))
+        return false;
+    return ctx && ctx == g->ctxs[0];
+}
+
 /* A sync that may cover all the work of our hold is about to wait: record the burst clock's end
  * event after that work.  Never blocks behind a release under way (its drain may be long): the
  * sync's return then stands for the end. */
@@ -1573,14 +1587,14 @@ uint32_t sg_arb_sync_mark(struct sg_gpu *g, enum sg_sync_kind kind, const void *
     if (pthread_mutex_trylock(&g->mu) != 0)
         return 0;
     sg_in_hook++;
-    uint32_t seq = holding(g) ? sg_bc_sync_begin(g, kind, what) : 0;
+    uint32_t seq = holding(g) && sg_sync_covers_hold(g, kind, what) ? sg_bc_sync_begin(g) : 0;
     sg_in_hook--;
     pthread_mutex_unlock(&g->mu);
     return seq;
 }
 
-/* A sync returned that waited for `what` (a context, NULL the current one; or a stream).  When
- * that covered all the work of our hold and nothing was launched since it began, nothing of
+/* A sync returned that waited for `what`.  When that covered all the work of our hold
+ * (sg_sync_covers_hold) and nothing was launched since it began, nothing of
  * ours is on the GPU until the next launch: mark the hold drained since the work ended (read
  * from the GPU by the burst clock, else the sync's return), so that its charge leaves that idle
  * time out.  A launch racing with the mark either sees it (its seq_cst load follows its
@@ -1591,17 +1605,8 @@ void sg_arb_drained(struct sg_gpu *g, const struct sg_sync *s, enum sg_sync_kind
 {
     sg_in_hook++;
     pthread_mutex_lock(&g->mu);
-    bool all = false;
-    if (kind == SG_SYNC_CTX && g->nctx == 1) {
-        CUcontext ctx = (CUcontext)what;
-        if (!ctx && SG_REAL(cuCtxGetCurrent) && SG_REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS)
-            ctx = NULL;
-        all = ctx && ctx == g->ctxs[0];
-    } else if (kind == SG_SYNC_STREAM) {
-        all = g->hold_streams == SG_HOLD_ONE && (CUstream)what == g->hold_stream;
-    }
     uint64_t last = __atomic_load_n(&g->last_launch, __ATOMIC_SEQ_CST);
-    if (all && holding(g) && last < s->begin) {
+    if (holding(g) && last < s->begin && sg_sync_covers_hold(g, kind, what)) {
         uint64_t now = sg_mono_ns();
         uint64_t end = sg_bc_end(g, s->end_seq, now);
         if (end <= last)
@@ -1655,7 +1660,6 @@ void sg_arb_burst_end(void)
 }
 
 /* ---- the watcher ----------------------------------------------------------------------------- */
-
 
 static void watch_one(struct sg_gpu *g, uint64_t now)
 {

@@ -126,18 +126,14 @@ void sg_bc_renew(struct sg_gpu *g)
         record_ref(&g->bc);
 }
 
-uint32_t sg_bc_sync_begin(struct sg_gpu *g, enum sg_sync_kind kind, const void *what)
+uint32_t sg_bc_sync_begin(struct sg_gpu *g)
 {
     struct sg_burst_clock *bc = &g->bc;
     CUstream s;
     if (!bc->ref_ok || g->nctx != 1 || g->ctxs[0] != bc->ctx || !hold_end_stream(g, &s))
         return 0;
-    if (kind == SG_SYNC_STREAM && (g->hold_streams != SG_HOLD_ONE || (CUstream)what != s))
-        return 0;
-    if (kind == SG_SYNC_CTX && what && (CUcontext)what != bc->ctx)
-        return 0;
-    if (s == CU_STREAM_LEGACY || kind == SG_SYNC_CTX) {
-        /* The legacy stream, or a context named by the current one: ours must be current. */
+    if (s == CU_STREAM_LEGACY) {
+        /* The legacy stream of the current context: ours must be current. */
         CUcontext cur = NULL;
         if (!SG_REAL(cuCtxGetCurrent) || SG_REAL(cuCtxGetCurrent)(&cur) != CUDA_SUCCESS ||
             cur != bc->ctx)

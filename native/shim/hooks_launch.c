@@ -193,7 +193,7 @@ SG_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
     {                                                                                              \
         REAL(name);                                                                                \
         FORWARD_IF_PASSIVE(stream);                                                                \
-        BURST_END(SG_SYNC_STREAM, stream, stream);                                                                         \
+        BURST_END(SG_SYNC_STREAM, stream, stream);                                                 \
     }
 STREAM_SYNC(cuStreamSynchronize)
 STREAM_SYNC(cuStreamSynchronize_ptsz)
@@ -210,7 +210,7 @@ SG_EXPORT CUresult cuEventSynchronize(CUevent event)
     {                                                                                              \
         REAL(name);                                                                                \
         FORWARD_IF_PASSIVE(dst, src, bytes);                                                       \
-        BURST_END(SG_SYNC_OTHER, NULL, dst, src, bytes);                                                                \
+        BURST_END(SG_SYNC_OTHER, NULL, dst, src, bytes);                                           \
     }
 COPY_HTOD(cuMemcpyHtoD_v2)
 COPY_HTOD(cuMemcpyHtoD_v2_ptds)
@@ -220,7 +220,7 @@ COPY_HTOD(cuMemcpyHtoD_v2_ptds)
     {                                                                                              \
         REAL(name);                                                                                \
         FORWARD_IF_PASSIVE(dst, src, bytes);                                                       \
-        BURST_END(SG_SYNC_OTHER, NULL, dst, src, bytes);                                                                \
+        BURST_END(SG_SYNC_OTHER, NULL, dst, src, bytes);                                           \
     }
 COPY_DTOH(cuMemcpyDtoH_v2)
 COPY_DTOH(cuMemcpyDtoH_v2_ptds)
@@ -230,7 +230,7 @@ COPY_DTOH(cuMemcpyDtoH_v2_ptds)
     {                                                                                              \
         REAL(name);                                                                                \
         FORWARD_IF_PASSIVE(dst, src, bytes);                                                       \
-        BURST_END(SG_SYNC_OTHER, NULL, dst, src, bytes);                                                                \
+        BURST_END(SG_SYNC_OTHER, NULL, dst, src, bytes);                                           \
     }
 COPY_DTOD(cuMemcpyDtoD_v2)
 COPY_DTOD(cuMemcpyDtoD_v2_ptds)

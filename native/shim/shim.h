@@ -351,10 +351,11 @@ struct sg_gpu {
                             (the GPU's end of our work to our next launch) */
     int syncing;         /* [atomic relaxed] threads inside a sync call: waiting for our own
                             work is not idleness */
-    uint64_t drained_at; /* [atomic seq_cst] while we hold the token: when a sync that covered
-                            all our work of this hold returned (nothing of ours is on the GPU
-                            since); 0 once a launch followed.  The time until that launch is
-                            not ours to pay (sg_arb_idle_end, charge_locked) */
+    uint64_t drained_at; /* [atomic seq_cst] while we hold the token: when our work last ended,
+                            as a sync that covered all of it saw (the burst clock's reading, or
+                            the sync's return), or the grant before our first launch: nothing of
+                            ours is on the GPU since; 0 once a launch followed.  The time until
+                            that launch is not ours to pay (sg_arb_idle_end, charge_locked) */
     uint64_t idle_ns;    /* [atomic relaxed] such idle time in this hold not yet charged */
     uint64_t idle_from;  /* [atomic relaxed] the end of our work at our last drained sync, until
                             our next launch measures the gap (gap_ns), held or not */
@@ -467,11 +468,13 @@ uint32_t sg_arb_sync_mark(struct sg_gpu *g, enum sg_sync_kind kind, const void *
 void sg_arb_drained(struct sg_gpu *g, const struct sg_sync *s, enum sg_sync_kind kind,
                     const void *what);
 void sg_arb_idle_end(struct sg_gpu *g, uint64_t now);
+bool sg_sync_covers_hold(struct sg_gpu *g, enum sg_sync_kind kind, const void *what);
 
 /* The burst clock (burstclock.c; callers hold g->mu). */
 void sg_bc_hold_start(struct sg_gpu *g, CUcontext ctx);
 void sg_bc_renew(struct sg_gpu *g);
-uint32_t sg_bc_sync_begin(struct sg_gpu *g, enum sg_sync_kind kind, const void *what);
+/* A sync that covers the hold's work (sg_sync_covers_hold) is about to wait: its end event. */
+uint32_t sg_bc_sync_begin(struct sg_gpu *g);
 /* When the work the end event followed ended (CLOCK_MONOTONIC), at the latest `fallback`. */
 uint64_t sg_bc_end(struct sg_gpu *g, uint32_t seq, uint64_t fallback);
 
