@@ -495,6 +495,50 @@ def test_a_spare_never_keeps_memory_from_another_process(sim: Sim) -> None:
         stop(cycler)
 
 
+FORGED_SPARE_SCRIPT = """
+    import ctypes, mmap, os
+    from cuda.bindings import driver as d
+    from sharegpu import abi
+    M = 1 << 20
+    results = []
+    assert d.cuInit(0)[0] == 0
+    d.cuCtxSetCurrent(d.cuDevicePrimaryCtxRetain(0)[1])
+    err, p = d.cuMemAlloc(M)
+    d.cuMemFree(p)  # a slot, and a spare topped up under the lock
+    held = [d.cuMemAlloc(200 * M)[1]]
+    fd = os.open(os.path.join(TENANT, abi.USAGE_FILE), os.O_RDWR)
+    usage = abi.Usage.from_buffer(mmap.mmap(fd, ctypes.sizeof(abi.Usage)))
+    (slot,) = [s for s in usage.procs if s.pid == os.getpid()]
+
+    def forge_and_take(spare, count):
+        slot.dev[0].spare_bytes = spare  # one store into the tenant's own, writable, file
+        for _ in range(count):
+            err, p = d.cuMemAlloc(60 * M)
+            results.append(err.name)
+            if err == d.CUresult.CUDA_SUCCESS:
+                held.append(p)
+
+    forge_and_take(8 << 30, 4)  # the lock-free path spent the slot's spare
+    forge_and_take(60 * M, 1)  # a steal before a refusal gave the slot's spare back
+    print("allocs=" + ",".join(results))
+    print("free_mib=%d" % (d.cuMemGetInfo()[1] // M))
+"""
+
+
+def test_a_spare_written_into_the_usage_file_admits_nothing(sim: Sim) -> None:
+    """Issue 34, hole 5: the usage file is writable by the tenant's processes, and the spare's
+    lock-free path trusted the slot's spare_bytes: one store let 4 x 60 MiB through a 256 MiB
+    cap holding 200 MiB, and a forged spare given back by a steal hid 60 MiB more; the views
+    showed the cap free. Our own count (process memory) now decides; the views ignore what no
+    process keeps."""
+    tenant = sim.tenant("t", 256, gpus=[0])
+    env = {**sim.tenant_env(tenant), "PYTHONPATH": str(REPO / "src")}
+    values, proc = python(env, f"TENANT = {str(tenant)!r}\n" + textwrap.dedent(FORGED_SPARE_SCRIPT))
+    assert proc.returncode == 0, proc.stderr
+    assert values["allocs"] == ",".join(["CUDA_ERROR_OUT_OF_MEMORY"] * 5)
+    assert int(values["free_mib"]) <= 256 - 200
+
+
 SPARE_RESIZE_SCRIPT = """
     import sys
     from cuda.bindings import driver as d

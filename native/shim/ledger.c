@@ -14,16 +14,21 @@
  * slot's spare_bytes (part of its mem_bytes, so of the device total).  A free puts its bytes
  * there, an allocation that fits takes them back with one compare-and-swap on the process's
  * own slot: an alloc/free pair of a running program takes no shared lock at all.  The spare is
- * bounded (spare_limit: min(64 MiB, cap / 16); above it a free gives back down to half), an
- * allocation under the lock tops it up from free headroom only, and it never hides memory:
+ * bounded (spare_limit: min(64 MiB, cap / 16); a free that would pass it gives back down to
+ * half, under the lock), an allocation under the lock tops it up from free headroom only, and it
+ * never hides memory:
  *   - an admission that would be refused first takes every process's spare back (steal_spares:
  *     an exchange with 0 under the lock), so the cap still admits exactly N bytes;
  *   - views (cuMemGetInfo, the process list, `sharegpu tenants`) count spares as free;
  *   - a resize (new limits generation) empties the spare of each process as it follows it,
- *     and the fast path is only taken under the generation it was set up in.
+ *     and the fast path is only taken under the generation it was set up in;
+ *   - the usage file is writable by the tenant's processes, so the fast path never admits on
+ *     the slot's spare_bytes alone: it spends only what our own count in process memory
+ *     (own_spare) also holds, and a slot's spare above SPARE_MAX (no process keeps that much)
+ *     is written by someone else: neither given back by a steal nor counted free by a view.
  *
- * Cost per alloc+free pair (goal: < 200 ns added, bench/overhead.py): with the spare, two
- * relaxed loads and one CAS on our own slot, a thread-local context -> device cache in front
+ * Cost per alloc+free pair (goal: < 200 ns added, bench/overhead.py): with the spare, a CAS
+ * each on our own count and on our own slot, a thread-local context -> device cache in front
  * of cuCtxGetDevice, and the process-local allocation table (an open-addressing insert and
  * delete under a private futex lock).  Without it (the first allocation, a big one, near the cap):
  * one uncontended robust-mutex lock/unlock, a 16-device UUID compare, a vDSO clock read.
@@ -66,6 +71,11 @@
  * /proc (sg_identity_read). */
 static struct sg_identity self;
 static int self_slot = -1; /* written under the usage mutex; read relaxed by the spare paths */
+/* Our spare per limits index by our own count, in process memory: the usage file is writable
+ * by every process of the tenant, so its spare_bytes alone never admits anything.  The fast
+ * path spends what both say; a free puts bytes into both; only a steal (another process, under
+ * the lock) lowers the slot's alone, and we follow it at our next locked call (own_follow). */
+static uint64_t own_spare[SG_MAX_DEVICES]; /* [atomic relaxed] */
 static int live_fd = -1; /* the usage file, for liveness locks (our slot's, and tests of others') */
 static uint64_t last_scan_ns;
 static int slot_logged, lock_logged, busy_logged;
@@ -115,8 +125,11 @@ static void release_slot_locked(uint32_t s)
         __atomic_store_n(&p->dev[d].spare_bytes, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&p->dev[d].alloc_count, 0, __ATOMIC_RELAXED);
     }
-    if (mine(p))
+    if (mine(p)) {
         sg_live_drop(live_fd, s);
+        for (int d = 0; d < SG_MAX_DEVICES; d++)
+            __atomic_store_n(&own_spare[d], 0, __ATOMIC_RELAXED);
+    }
     p->start_time = 0;
     p->attached_ns = 0;
     p->flags = 0;
@@ -398,6 +411,36 @@ static uint64_t fast_idx[MAX_ORDINALS];     /* [atomic acquire/release] */
 static uint64_t spare_limit[SG_MAX_DEVICES]; /* [atomic relaxed] per limits index */
 static uint64_t spare_gen = UINT64_MAX;      /* [usage mutex] the generation spare_limit is of */
 #define GEN_BITS(g) ((g) & (UINT64_MAX >> 8))
+/* What a slot's spare on idx can hold: a process keeps at most the spare limit (SPARE_MAX when
+ * the limits changed since).  More was written by a process of the tenant, not by a shim; the
+ * excess is neither given back by a steal nor counted free by a view. */
+static uint64_t plausible_spare(int idx, uint64_t spare)
+{
+    static int forged_logged;
+    uint64_t limit = spare_gen == sg_lim.generation
+                         ? __atomic_load_n(&spare_limit[idx], __ATOMIC_RELAXED)
+                         : SPARE_MAX;
+    if (spare <= limit)
+        return spare;
+    if (spare > SPARE_MAX)
+        sg_log_once(&forged_logged, "%s/%s: a process slot claims a spare of %llu bytes, more than "
+                    "any process keeps: the usage region was written outside sharegpu",
+                    sg_tenant_dir, SG_USAGE_FILE, (unsigned long long)spare);
+    return limit;
+}
+
+/* Our count follows the slot's down (a steal); never up: more in the slot than we put there
+ * was written by someone else. */
+static void own_follow(int idx, const uint64_t *slot_spare)
+{
+    uint64_t own = __atomic_load_n(&own_spare[idx], __ATOMIC_RELAXED), slot;
+    do {
+        slot = __atomic_load_n(slot_spare, __ATOMIC_RELAXED);
+        if (slot >= own)
+            return;
+    } while (!__atomic_compare_exchange_n(&own_spare[idx], &own, slot, true, __ATOMIC_RELAXED,
+                                          __ATOMIC_RELAXED));
+}
 
 /* Give slot s's spare on device idx above `keep` back to the free headroom; the bytes given. */
 static uint64_t take_spare_locked(uint32_t s, int idx, uint64_t keep)
@@ -411,6 +454,14 @@ static uint64_t take_spare_locked(uint32_t s, int idx, uint64_t keep)
         give = spare - keep;
     } while (!__atomic_compare_exchange_n(&pd->spare_bytes, &spare, keep, true, __ATOMIC_RELAXED,
                                           __ATOMIC_RELAXED));
+    if ((int)s == self_slot) { /* ours: what we know we kept, whatever the slot says */
+        uint64_t own = __atomic_load_n(&own_spare[idx], __ATOMIC_RELAXED);
+        uint64_t ours = own > keep ? own - keep : 0;
+        give = give < ours ? give : ours;
+        own_follow(idx, &pd->spare_bytes);
+    } else {
+        give = plausible_spare(idx, give);
+    }
     give = give < pd->mem_bytes ? give : pd->mem_bytes;
     pd->mem_bytes -= give;
     uint64_t used = u->devices[idx].mem_used_bytes;
@@ -457,10 +508,18 @@ static bool spend_spare(CUdevice dev, uint64_t bytes, struct sg_charge *c)
         return false;
     int idx = (int)(k & 0xff) - 1;
     struct sg_usage_proc_dev *pd = &sg_usage_map->procs[s].dev[idx];
+    uint64_t own = __atomic_load_n(&own_spare[idx], __ATOMIC_RELAXED);
+    do {
+        if (own < bytes)
+            return false;
+    } while (!__atomic_compare_exchange_n(&own_spare[idx], &own, own - bytes, true,
+                                          __ATOMIC_RELAXED, __ATOMIC_RELAXED));
     uint64_t spare = __atomic_load_n(&pd->spare_bytes, __ATOMIC_RELAXED);
     do {
-        if (spare < bytes)
+        if (spare < bytes) { /* taken by a steal: the locked path follows it */
+            __atomic_fetch_add(&own_spare[idx], bytes, __ATOMIC_RELAXED);
             return false;
+        }
     } while (!__atomic_compare_exchange_n(&pd->spare_bytes, &spare, spare - bytes, true,
                                           __ATOMIC_RELAXED, __ATOMIC_RELAXED));
     __atomic_fetch_add(&pd->alloc_count, 1, __ATOMIC_RELAXED);
@@ -486,7 +545,8 @@ static uint64_t spares_of(int idx)
     uint64_t sum = 0;
     for (uint32_t s = 0; s < sg_usage_map->slot_count && s < SG_MAX_PROCS; s++)
         if (sg_usage_map->procs[s].pid != 0)
-            sum += __atomic_load_n(&sg_usage_map->procs[s].dev[idx].spare_bytes, __ATOMIC_RELAXED);
+            sum += plausible_spare(
+                idx, __atomic_load_n(&sg_usage_map->procs[s].dev[idx].spare_bytes, __ATOMIC_RELAXED));
     return sum;
 }
 
@@ -547,16 +607,19 @@ int sg_reserve(CUdevice dev, uint64_t bytes, struct sg_charge *c, struct sg_err 
     /* A small allocation tops the spare up to half its limit from free headroom, so the next
      * ones take the fast path. */
     struct sg_usage_proc_dev *pd = &sg_usage_map->procs[slot].dev[idx];
+    own_follow(idx, &pd->spare_bytes);
     uint64_t limit = __atomic_load_n(&spare_limit[idx], __ATOMIC_RELAXED), topup = 0;
-    uint64_t spare = __atomic_load_n(&pd->spare_bytes, __ATOMIC_RELAXED);
+    uint64_t spare = __atomic_load_n(&own_spare[idx], __ATOMIC_RELAXED);
     if (bytes < limit && spare < limit / 2) {
         topup = limit / 2 - spare;
         uint64_t room = headroom_locked(idx, bytes);
         topup = topup < room ? topup : room;
     }
     charge_locked(slot, idx, bytes + topup);
-    if (topup)
+    if (topup) {
+        __atomic_fetch_add(&own_spare[idx], topup, __ATOMIC_RELAXED);
         __atomic_fetch_add(&pd->spare_bytes, topup, __ATOMIC_RELAXED);
+    }
     __atomic_fetch_add(&pd->alloc_count, 1, __ATOMIC_RELAXED);
     if (dev >= 0 && dev < MAX_ORDINALS)
         __atomic_store_n(&fast_idx[dev], (GEN_BITS(sg_lim.generation) << 8) | (uint64_t)(idx + 1),
@@ -576,18 +639,30 @@ static void give_back(int idx, uint64_t bytes, bool one_alloc)
     if (s >= 0) {
         /* Into our spare: no lock, unless it grew past its limit (then back down to half). */
         struct sg_usage_proc_dev *pd = &sg_usage_map->procs[s].dev[idx];
-        uint64_t spare = __atomic_add_fetch(&pd->spare_bytes, bytes, __ATOMIC_RELAXED);
         if (one_alloc && __atomic_load_n(&pd->alloc_count, __ATOMIC_RELAXED) > 0)
             __atomic_fetch_sub(&pd->alloc_count, 1, __ATOMIC_RELAXED);
         uint64_t limit = __atomic_load_n(&spare_limit[idx], __ATOMIC_RELAXED);
-        if (spare <= limit)
+        uint64_t own = __atomic_load_n(&own_spare[idx], __ATOMIC_RELAXED);
+        bool kept = false;
+        while (own + bytes >= own && own + bytes <= limit && !kept)
+            kept = __atomic_compare_exchange_n(&own_spare[idx], &own, own + bytes, true,
+                                               __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+        if (kept) {
+            __atomic_fetch_add(&pd->spare_bytes, bytes, __ATOMIC_RELAXED);
             return;
+        }
+        /* Past the spare's limit: under the lock, the spare goes back down to half of it. */
         if (usage_lock(&e) < 0) {
             sg_log_once(&lock_logged, "%s", e.msg);
             return;
         }
-        if (self_slot == s && mine(&sg_usage_map->procs[s]))
+        if (self_slot == s && mine(&sg_usage_map->procs[s])) {
+            __atomic_fetch_add(&own_spare[idx], bytes, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&pd->spare_bytes, bytes, __ATOMIC_RELAXED);
             take_spare_locked((uint32_t)s, idx, limit / 2);
+        } else {
+            uncharge_locked(idx, bytes);
+        }
         usage_unlock();
         return;
     }
@@ -709,7 +784,8 @@ int sg_list_procs(const uint8_t uuid[16], struct sg_proc_info *out, unsigned cap
             if (p->pid == 0)
                 continue;
             uint64_t b = p->dev[idx].mem_bytes,
-                     spare = __atomic_load_n(&p->dev[idx].spare_bytes, __ATOMIC_RELAXED);
+                     spare = plausible_spare(
+                         idx, __atomic_load_n(&p->dev[idx].spare_bytes, __ATOMIC_RELAXED));
             b = b > spare ? b - spare : 0;
             if (b == 0 && __atomic_load_n(&p->dev[idx].alloc_count, __ATOMIC_RELAXED) == 0)
                 continue;
@@ -933,6 +1009,7 @@ static void atfork_child(void)
     pthread_mutex_init(&ordinal_lock, NULL);
     memset(&self, 0, sizeof self);
     self_slot = -1;
+    memset(own_spare, 0, sizeof own_spare);
     last_scan_ns = 0;
     if (live_fd >= 0)
         close(live_fd); /* the parent's liveness lock stays the parent's */
