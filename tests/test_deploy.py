@@ -183,6 +183,13 @@ ALERT_CASES: list[dict[str, Any]] = [
         "labels": {**N, "kind": "bypass"},
     },
     {
+        "alert": "SharegpuArbiterLockTimedOut",
+        "eval": "5m",
+        "fire": [("sharegpu_arbiter_lock_timeouts_total", {**N, "gpu": "GPU-0"}, "0 0 0 1x10")],
+        "quiet": [("sharegpu_arbiter_lock_timeouts_total", {**N, "gpu": "GPU-0"}, "0x12")],
+        "labels": {**N, "gpu": "GPU-0"},
+    },
+    {
         "alert": "SharegpuAgentLoopFailing",
         "eval": "31m",
         "fire": [("sharegpu_agent_loop_errors_total", {**N, "loop": "audit"}, "0+1x40")],

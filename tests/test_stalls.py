@@ -1,5 +1,8 @@
-"""The stall breaker, through the running agent: a process stopped inside a region's critical
-section is killed so that the others run again; a stopped process that holds no lock is not.
+"""Stalls: a process stopped inside a region's critical section. In a tenant's own usage region
+the agent's stall breaker kills it so that the tenant's other processes run again; a GPU's
+arbiter lock is shared by tenants, so nobody waits for it past its deadline (the GPU then runs
+unarbitrated) and the agent replaces the region. A stopped process that holds no lock is left
+alone.
 
 The stopped holder is a real process that takes the region's robust mutex the way the shim
 does (pthread_mutex_lock on the shared mapping) and stops itself while holding it, as a
@@ -18,7 +21,7 @@ from pathlib import Path
 from agentutil import Agent
 from conftest import Sim, parse_kv
 from sharegpu import abi
-from sharegpu.arbiter import arbiter_path, ensure_arbiter
+from sharegpu.arbiter import arbiter_path, ensure_arbiter, read_arbiter
 from sharegpu.spec import MIB
 from sharegpu.tenant import DeviceLimit, create_tenant, read_usage
 
@@ -93,32 +96,87 @@ def test_a_holder_stopped_in_the_usage_lock_is_killed_and_allocations_resume(
         agent.close()
 
 
-def test_a_holder_stopped_in_the_arbiter_lock_no_longer_blocks_other_tenants(
-    sim: Sim, tmp_path: Path
-) -> None:
-    """Another tenant's first launch needs the arbiter's lock: it waits until the agent has
-    killed the stopped holder, then runs."""
-    uuid = sim.uuids()[0]
+def share_tenant(sim: Sim, name: str, uuid: str) -> Path:
     limit = DeviceLimit(
         uuid=uuid, mem_cap_bytes=256 * MIB, policy=abi.POLICY_SHARE, share_permille=500, ceiling_permille=500
     )
-    tenant = create_tenant("b", [limit], root=sim.runtime)
+    tenant = create_tenant(name, [limit], root=sim.runtime)
     ensure_arbiter(sim.runtime, uuid)
-    agent = Agent(sim, tmp_path / "state").start()
-    holder = stopped_holder(arbiter_path(sim.runtime, uuid), abi.Arbiter.lock.offset)
-    launcher = sim.spawn_probe("launch", "3", "100", env=sim.tenant_env(tenant))
+    return tenant
+
+
+def test_a_tenant_holding_the_arbiter_lock_holds_up_another_for_at_most_the_deadline(sim: Sim) -> None:
+    """Issue 34, hole 8: tenant a takes its GPU's arbiter lock through its own tenant directory
+    and stops (as a hostile program, a debugger or `docker pause` at the wrong instant would);
+    tenant b's 100 launches of 1 ms waited for it without bound (6.1 s for as long as it held
+    it). Now b waits once, the lock's deadline, and runs unarbitrated; the region says why."""
+    uuid = sim.uuids()[0]
+    a, b = share_tenant(sim, "a", uuid), share_tenant(sim, "b", uuid)
+    region = a / abi.GPUS_DIR / uuid / abi.ARBITER_FILE  # the way a's own processes reach it
+    holder = stopped_holder(region, abi.Arbiter.lock.offset)
     try:
-        wait_killed(holder, timeout=15)
-        out, err = launcher.communicate(timeout=30)
-        assert launcher.returncode == 0, err
-        assert parse_kv(out)[0]["kernels"] == "3"
-        (event,) = agent.events(kind="process.lock_holder_killed")
-        assert event["pid"] == holder.pid
+        start = time.monotonic()
+        res = sim.probe("launch", "100", "1000", env=sim.tenant_env(b))
+        took = time.monotonic() - start
+        assert res["kernels"] == "100"
+        wall_s = int(res["wall_us"]) / 1e6
+        # 0.1 s of kernels + one deadline (0.2 s); generous for a loaded 2-core machine, and far
+        # below the unbounded wait it was (the holder stays stopped for the whole test).
+        assert wall_s < 0.1 + abi.ARB_LOCK_DEADLINE_NS / 1e9 + 1.0, wall_s
+        assert took < 10
+        state = read_arbiter(arbiter_path(sim.runtime, uuid))
+        assert state.broken
+        assert state.lock_timeouts >= 1
+        assert "held the GPU arbiter's lock past 200 ms" in res.stderr
+    finally:
+        finish(holder)
+
+
+def test_the_agent_replaces_a_broken_arbiter_and_its_clients_move_to_the_new_one(
+    sim: Sim, tmp_path: Path
+) -> None:
+    """After a lock timed out, the agent moves the region aside and makes a new one (event,
+    metric); a running client maps it at its next launch and is arbitrated again there. The
+    stopped holder is left alone: it holds a lock nobody uses any more."""
+    uuid = sim.uuids()[0]
+    a, b = share_tenant(sim, "a", uuid), share_tenant(sim, "b", uuid)
+    path = arbiter_path(sim.runtime, uuid)
+    holder = stopped_holder(a / abi.GPUS_DIR / uuid / abi.ARBITER_FILE, abi.Arbiter.lock.offset)
+    old_inode = path.stat().st_ino
+    launcher = sim.spawn_probe("launch", "4000", "1000", env=sim.tenant_env(b))
+    agent = Agent(sim, tmp_path / "state").start()
+    try:
+        event = agent.wait_event("gpu.arbiter_rebuilt", timeout=30)
         assert event["gpu"] == uuid
-        assert event["data"]["region"] == "arbiter"
+        assert "held its lock past 200 ms" in event["data"]["damage"]
+        assert path.stat().st_ino != old_inode
+        deadline = time.monotonic() + 20
+        while not [c for c in read_arbiter(path).clients if c.pid == launcher.pid]:
+            assert launcher.poll() is None, "the launcher ended before it moved to the new region"
+            assert time.monotonic() < deadline, "the launcher never joined the new region"
+            time.sleep(0.05)
+        assert read_arbiter(path).grants >= 1  # arbitrated again
+        assert not read_arbiter(path).broken
+        out, err = launcher.communicate(timeout=60)
+        assert launcher.returncode == 0, err
+        assert parse_kv(out)[0]["kernels"] == "4000"
+        assert holder.poll() is None  # not killed: harmless now
+        assert agent.events(kind="process.lock_holder_killed") == []
     finally:
         finish(holder, launcher)
         agent.close()
+
+
+def test_a_tenant_sees_only_the_arbiters_of_its_own_gpus(sim: Sim) -> None:
+    """Under `--gpu 0` the tenant's directory leads to GPU 0's arbiter and to no other GPU's."""
+    uuid0, uuid1 = sim.uuids()[:2]
+    share_tenant(sim, "other", uuid1)  # GPU 1's arbiter exists
+    tenant = share_tenant(sim, "t", uuid0)
+    assert sorted(p.name for p in (tenant / abi.GPUS_DIR).iterdir()) == [uuid0]
+    assert (tenant / abi.GPUS_DIR / uuid0 / abi.ARBITER_FILE).exists()
+    assert not (tenant / abi.GPUS_DIR / uuid1).exists()
+    res = sim.probe("launch", "3", "100", env=sim.tenant_env(tenant))
+    assert res["kernels"] == "3"  # its own arbiter is where the shim looks for it
 
 
 def test_a_stopped_process_outside_the_locks_is_left_alone(sim: Sim, tmp_path: Path) -> None:

@@ -53,6 +53,7 @@
 #define MIN_SLEEP_NS 100000ull
 #define MAX_ORDINALS 64
 #define WATCHER_BUSY_RETRY_NS 200000ull
+#define REATTACH_POLL_NS 20000000ull /* a client of a broken region looks for its successor */
 /* Hold-back ahead of a predicted online request (see predicted_arrival): the prediction is
  * trusted after this many consistent intervals, and the hold starts this much (plus twice the
  * jitter) before the predicted instant and waits this long after it. */
@@ -76,7 +77,7 @@ static int agent_live_fd = -1; /* the region file for liveness tests when the ag
 static bool watcher_started;
 static uint32_t watcher_kick; /* [atomic] private futex word: a grant wakes the watcher */
 static uint64_t last_reap_ns;
-static int lock_logged, entry_logged;
+static int lock_logged, entry_logged, broken_logged;
 
 /* ---- futexes ------------------------------------------------------------------------------- */
 
@@ -234,9 +235,47 @@ static void repair_locked(struct sg_arbiter *a)
     a->recoveries++;
 }
 
+static bool region_broken(const struct sg_arbiter *a)
+{
+    return __atomic_load_n(&a->broken_since_ns, __ATOMIC_ACQUIRE) != 0;
+}
+
+/* The lock was held past SG_ARB_LOCK_DEADLINE_NS: no critical section lasts near that long, so
+ * its holder is stopped, asleep or hostile.  Mark the region broken (abi.h, 1.7): nobody waits
+ * on its lock again, every client launches unarbitrated, and the agent replaces the file. */
+static void mark_broken(struct sg_arbiter *a)
+{
+    __atomic_fetch_add(&a->lock_timeouts, 1, __ATOMIC_RELAXED);
+    uint64_t healthy = 0, now = sg_mono_ns();
+    __atomic_compare_exchange_n(&a->broken_since_ns, &healthy, now ? now : 1, false,
+                                __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+    sg_log_once(&broken_logged,
+                "another process held the GPU arbiter's lock past %llu ms: the GPU runs "
+                "unarbitrated until the agent replaces its region",
+                (unsigned long long)(SG_ARB_LOCK_DEADLINE_NS / 1000000));
+}
+
+/* The region lock, waited for at most SG_ARB_LOCK_DEADLINE_NS (not at all on a broken region):
+ * no tenant holds up another's launches for longer than that. */
 static int arb_lock(struct sg_arbiter *a)
 {
-    int rc = pthread_mutex_lock(&a->lock.mutex);
+    int rc;
+    if (region_broken(a)) {
+        rc = pthread_mutex_trylock(&a->lock.mutex);
+        if (rc == EBUSY)
+            return -1;
+    } else {
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        uint64_t ns = (uint64_t)until.tv_nsec + SG_ARB_LOCK_DEADLINE_NS;
+        until.tv_sec += (time_t)(ns / 1000000000ull);
+        until.tv_nsec = (long)(ns % 1000000000ull);
+        rc = pthread_mutex_clocklock(&a->lock.mutex, CLOCK_MONOTONIC, &until);
+        if (rc == ETIMEDOUT) {
+            mark_broken(a);
+            return -1;
+        }
+    }
     if (rc == EOWNERDEAD) {
         repair_locked(a);
         pthread_mutex_consistent(&a->lock.mutex);
@@ -635,11 +674,17 @@ static void uuid_text(const uint8_t *b, char *out, size_t n)
              b[13], b[14], b[15]);
 }
 
+static void region_path(const struct sg_gpu *g, char *path, size_t n)
+{
+    char id[48];
+    uuid_text(alim.devices[g->idx].uuid, id, sizeof id);
+    snprintf(path, n, "%s/%s/%s/%s", sg_tenant_dir, SG_GPUS_DIR, id, SG_ARBITER_FILE);
+}
+
 static int open_region(struct sg_gpu *g, struct sg_err *e)
 {
-    char id[48], path[PATH_MAX + 96];
-    uuid_text(alim.devices[g->idx].uuid, id, sizeof id);
-    snprintf(path, sizeof path, "%s/%s/%s/%s", sg_tenant_dir, SG_GPUS_DIR, id, SG_ARBITER_FILE);
+    char path[PATH_MAX + 96];
+    region_path(g, path, sizeof path);
     int fd = open(path, O_RDWR | O_CLOEXEC);
     if (fd < 0)
         return sg_fail(e, SG_E_CONFIG, "%s: cannot open the GPU arbiter: %s", path,
@@ -656,6 +701,8 @@ static int open_region(struct sg_gpu *g, struct sg_err *e)
     struct sg_arbiter *a =
         mmap(NULL, sizeof *a, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
+    g->region_dev = (uint64_t)st.st_dev;
+    g->region_ino = (uint64_t)st.st_ino;
     if (a == MAP_FAILED)
         return sg_fail(e, SG_E_CONFIG, "%s: cannot map: %s", path, strerror(errno));
     int rc = 0;
@@ -690,6 +737,58 @@ static int open_region(struct sg_gpu *g, struct sg_err *e)
     }
     g->a = a;
     return 0;
+}
+
+static void hold_reset(struct sg_gpu *g);
+
+/* Our hold on a region we leave: the token word is forgotten (a launch on another thread then
+ * takes the slow path), nothing is charged or handed on (the region's lock is not ours). */
+static void forget_hold(struct sg_gpu *g)
+{
+    __atomic_store_n(&g->token, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g->qend, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g->drained_at, 0, __ATOMIC_SEQ_CST);
+}
+
+/* A broken region (mark_broken) is replaced by the agent: map the new file when it is there.
+ * False while it is not (looked for at most every REATTACH_POLL_NS): launch unarbitrated.  The
+ * old mapping stays: another thread of ours may still read it on the fast path.  Caller holds
+ * g->mu. */
+static bool reattach(struct sg_gpu *g)
+{
+    uint64_t now = sg_mono_ns();
+    if (now < g->reattach_at)
+        return false;
+    g->reattach_at = now + REATTACH_POLL_NS;
+    char path[PATH_MAX + 96];
+    pthread_mutex_lock(&setup_mu);
+    region_path(g, path, sizeof path);
+    pthread_mutex_unlock(&setup_mu);
+    struct stat st;
+    if (stat(path, &st) != 0 ||
+        ((uint64_t)st.st_dev == g->region_dev && (uint64_t)st.st_ino == g->region_ino))
+        return false;
+    struct sg_arbiter *old = g->a;
+    int old_live = g->live_fd;
+    g->live_fd = -1;
+    struct sg_err e;
+    sg_err_clear(&e);
+    pthread_mutex_lock(&setup_mu);
+    int rc = open_region(g, &e);
+    pthread_mutex_unlock(&setup_mu);
+    if (rc < 0) {
+        if (g->live_fd >= 0)
+            close(g->live_fd);
+        g->live_fd = old_live;
+        g->a = old;
+        return false;
+    }
+    if (old_live >= 0)
+        close(old_live); /* our liveness locks on the old file go with it */
+    forget_hold(g);
+    hold_reset(g);
+    g->client = -1; /* a new entry in the new region at this launch */
+    return true;
 }
 
 /* Copy the tenant's limits into its entry when they differ.  Under the region lock.  The values
@@ -1415,6 +1514,12 @@ CUresult sg_arb_enter_slow(struct sg_gate *gt, CUstream s)
         return CUDA_SUCCESS;
     }
     pthread_mutex_lock(&g->mu);
+    if (g->a && region_broken(g->a) && !reattach(g)) {
+        forget_hold(g); /* unarbitrated until the region is replaced */
+        pthread_mutex_unlock(&g->mu);
+        sg_in_hook--;
+        return CUDA_SUCCESS;
+    }
     note_gap(g, sg_mono_ns());
     rc = ensure_client(g, &e);
     while (rc == 0) {
@@ -1432,6 +1537,10 @@ CUresult sg_arb_enter_slow(struct sg_gate *gt, CUstream s)
         if (d == KEEP)
             break;
         release(g, d == PREEMPT);
+    }
+    if (rc < 0 && region_broken(g->a)) {
+        forget_hold(g); /* the lock timed out on the way: this launch goes unarbitrated */
+        rc = 1;
     }
     if (rc == 0) {
         if (g->nctx == 0)
@@ -1704,7 +1813,8 @@ static void *watcher_main(void *arg)
         uint32_t *word = NULL, val = 0;
         for (int i = 0; i < SG_MAX_DEVICES; i++) {
             struct sg_gpu *g = &sg_gpus[i];
-            if (__atomic_load_n(&g->state, __ATOMIC_ACQUIRE) != SG_GPU_ARB || !g->a)
+            if (__atomic_load_n(&g->state, __ATOMIC_ACQUIRE) != SG_GPU_ARB || !g->a ||
+                region_broken(g->a))
                 continue;
             int c = __atomic_load_n(&g->client, __ATOMIC_RELAXED);
             if (c < 0 || c >= SG_ARB_MAX_CLIENTS)

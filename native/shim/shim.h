@@ -369,7 +369,10 @@ struct sg_gpu {
                             work, measured by the bound sync (the hold-back's estimate) */
     int state;           /* [atomic acquire/release] enum sg_gpu_state */
     int client;          /* [mu] our entry in a->clients, -1 before the first launch */
-    struct sg_arbiter *a; /* [mu] set once, then read-only */
+    struct sg_arbiter *a; /* [mu] the region mapped; replaced only when it broke and the agent
+                             made a new one (arbiter.c, reattach), the old one staying mapped */
+    uint64_t region_dev, region_ino; /* [mu] the file `a` maps */
+    uint64_t reattach_at; /* [mu] a broken region: next look for its successor */
     struct sg_usage_proc_dev *usage; /* [mu] our usage counters on this device, or NULL */
     pthread_mutex_t mu;
     int idx;             /* limits index */

@@ -11,7 +11,7 @@ import ctypes
 import uuid as uuidlib
 
 ABI_MAJOR = 1
-ABI_MINOR = 6
+ABI_MINOR = 7
 
 MAGIC_LIMITS = 0x4D4C4753  # "SGLM"
 MAGIC_USAGE = 0x53554753  # "SGUS"
@@ -44,6 +44,7 @@ ARB_MAX_TENANTS = 64
 ARB_MAX_CLIENTS = 256
 ARB_TENANT_MAX_CLIENTS = 32  # client entries one tenant may hold on a GPU (1.3)
 ARB_STALL_NS = 1_000_000_000  # a holder this long past its quantum loses the token (1.3)
+ARB_LOCK_DEADLINE_NS = 200_000_000  # the longest a client waits for the region's lock (1.7)
 ARB_DEFAULT_QUANTUM_NS = 10_000_000
 ARB_MIN_QUANTUM_NS = 500_000
 ARB_MAX_QUANTUM_NS = 1_000_000_000
@@ -259,7 +260,9 @@ class Arbiter(ctypes.Structure):
         ("offline_quiet_until_ns", u64),
         ("early_preemptions", u64),
         ("quiet_windows", u64),
-        ("reserved", u8 * 112),
+        ("lock_timeouts", u64),  # ABI 1.7: the lock's deadline
+        ("broken_since_ns", u64),
+        ("reserved", u8 * 96),
         ("tenants", ArbTenant * ARB_MAX_TENANTS),
         ("clients", ArbClient * ARB_MAX_CLIENTS),
     )

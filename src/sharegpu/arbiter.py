@@ -249,6 +249,13 @@ def _problem(data: bytes, path: Path, uuid: str, *, shim_checks: bool) -> tuple[
     quantum = TUNABLES["quantum_ns"]
     if not quantum.low <= region.quantum_ns <= quantum.high:
         return f"{path}: quantum {region.quantum_ns} ns out of range", True
+    if region.broken_since_ns:
+        deadline_ms = abi.ARB_LOCK_DEADLINE_NS // 1_000_000
+        return (
+            f"{path}: a process held its lock past {deadline_ms} ms "
+            f"({region.lock_timeouts} lock attempts gave up); the GPU runs unarbitrated",
+            True,
+        )
     at = abi.Arbiter.lock.offset + _MUTEX_KIND_AT
     if int.from_bytes(data[at : at + 4], "little") & _MUTEX_ROBUST_PSHARED != _MUTEX_ROBUST_PSHARED:
         return f"{path}: the arbiter mutex is not initialised as robust and process-shared", True
@@ -295,7 +302,46 @@ def rebuild_arbiter(root: Path, uuid: str) -> tuple[str, Path] | None:
         except OSError as err:
             raise TenantError(f"cannot move the damaged {path} aside: {err.strerror}") from err
         _create(path, uuid, abi.ARB_DEFAULT_QUANTUM_NS)
+        _carry_tunables(moved, path)
+        _keep_grants(moved, path)
     return damage, moved
+
+
+def _carry_tunables(old: Path, new: Path) -> None:
+    """The operator's tuning of the region being replaced goes to its successor: each tunable the
+    old file holds within its range (a damaged one's others keep their defaults)."""
+    try:
+        data = old.read_bytes()[: ctypes.sizeof(abi.Arbiter)]
+    except OSError:
+        return
+    if len(data) < ctypes.sizeof(abi.Arbiter):
+        return
+    before = abi.Arbiter.from_buffer_copy(data)
+    fd = os.open(new, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        with mmap.mmap(fd, ctypes.sizeof(abi.Arbiter)) as view:
+            region = abi.Arbiter.from_buffer(view)
+            for tunable in TUNABLES.values():
+                value = getattr(before, tunable.name)
+                sane = (
+                    value in tunable.codes.values() if tunable.codes else tunable.low <= value <= tunable.high
+                )
+                if sane:
+                    setattr(region, tunable.name, value)
+            del region
+    finally:
+        os.close(fd)
+
+
+def _keep_grants(old: Path, new: Path) -> None:
+    """The tenant owners the old region let in (ACL entries, or world-writable) keep their way in."""
+    try:
+        if access.world_writable(old):
+            new.chmod(0o666)
+        for uid in access.acl_users(old):
+            access.grant(new, uid)
+    except OSError as err:
+        raise TenantError(f"cannot give {new} the grants of {old}: {err.strerror}") from err
 
 
 def grant_arbiter(root: Path, uuid: str, uid: int) -> bool:
@@ -449,6 +495,8 @@ class ArbiterStatus:
     offline_quiet_ns: int = 0  # quiet window after each online request (1.5)
     early_preemptions: int = 0  # grants to a higher class before the holder's drain (1.5)
     quiet_windows: int = 0
+    lock_timeouts: int = 0  # lock attempts that gave up at the deadline (1.7)
+    broken: bool = False  # a lock timed out: the GPU runs unarbitrated until the region is replaced
     tenants: list[ArbiterTenant] = field(default_factory=list)
     clients: list[ArbiterClient] = field(default_factory=list)
 
@@ -558,6 +606,8 @@ def read_arbiter(path: Path) -> ArbiterStatus:
         reclaims=region.reclaims,
         recoveries=region.recoveries,
         stall_reclaims=region.stall_reclaims,
+        lock_timeouts=region.lock_timeouts,
+        broken=region.broken_since_ns != 0,
         entry_waits=region.entry_waits,
         online_preempt=abi.ARB_PREEMPT_NAMES.get(region.online_preempt, str(region.online_preempt)),
         preempt_min_kernel_ns=region.preempt_min_kernel_ns,

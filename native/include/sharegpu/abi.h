@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 #define SG_ABI_MAJOR 1
-#define SG_ABI_MINOR 6 /* 1.1: the GPU arbiter region and the compute counters;
+#define SG_ABI_MINOR 7 /* 1.1: the GPU arbiter region and the compute counters;
                           1.2: predicted online arrivals (offline hold-back);
                           1.3: liveness locks and pid namespaces of entries, tenant
                                incarnations;
@@ -35,7 +35,10 @@
                                before the token moves), a charge is the GPU time the hold's
                                work used (the idle time after a sync that drained it is left
                                out), and a returning waiter behind in virtual time asks a
-                               holder of its class to end its turn (yield SG_ARB_YIELD_TURN) */
+                               holder of its class to end its turn (yield SG_ARB_YIELD_TURN);
+                          1.7: the arbiter's lock is taken with a deadline: a lock held past
+                               it marks the region broken (broken_since_ns, lock_timeouts), the
+                               GPU runs unarbitrated until the agent replaces the region */
 
 #define SG_MAGIC_LIMITS 0x4d4c4753u  /* "SGLM" little-endian */
 #define SG_MAGIC_USAGE 0x53554753u   /* "SGUS" */
@@ -275,6 +278,8 @@ _Static_assert(sizeof(struct sg_usage) ==
 /* A holder that keeps the token this long past its quantum end is stopped (SIGSTOP, docker
  * pause, a debugger) or draining a kernel that long: a waiter takes the token back (1.3). */
 #define SG_ARB_STALL_NS 1000000000ull
+/* The longest any client waits for the region's lock (1.7); past it the region is broken. */
+#define SG_ARB_LOCK_DEADLINE_NS 200000000ull
 /* Default quantum, chosen by measurement (docs/design/arbitration.md). */
 #define SG_ARB_DEFAULT_QUANTUM_NS 10000000ull
 /* Accepted quantum range; a region outside it is corrupt (fail closed). */
@@ -486,7 +491,13 @@ struct sg_arbiter {
     uint64_t early_preemptions;     /* [lock] grants to a higher class made before the lower-class
                                        holder's drain (EARLY, BY_KERNEL) */
     uint64_t quiet_windows;         /* [lock] quiet windows started */
-    uint8_t reserved[112];
+    /* ABI 1.7: a lock held past SG_ARB_LOCK_DEADLINE_NS.  No critical section lasts near it, so
+       its holder is stopped, asleep or hostile: the client that gave up marks the region
+       broken; from then on nobody waits on its lock, every client launches unarbitrated, and
+       the agent replaces the file (each client maps the new one at its next launch). */
+    uint64_t lock_timeouts;         /* [atomic] lock attempts that gave up at the deadline */
+    uint64_t broken_since_ns;       /* [atomic] CLOCK_MONOTONIC of the first; 0: healthy */
+    uint8_t reserved[96];
     struct sg_arb_tenant tenants[SG_ARB_MAX_TENANTS];
     struct sg_arb_client clients[SG_ARB_MAX_CLIENTS];
 };
@@ -514,6 +525,8 @@ _Static_assert(offsetof(struct sg_arbiter, holdback_ns) == 312, "arb holdback_ns
 _Static_assert(offsetof(struct sg_arbiter, misses_in_row) == 328, "arb misses_in_row");
 _Static_assert(offsetof(struct sg_arbiter, online_preempt) == 352, "arb online_preempt");
 _Static_assert(offsetof(struct sg_arbiter, quiet_windows) == 392, "arb quiet_windows");
+_Static_assert(offsetof(struct sg_arbiter, lock_timeouts) == 400, "arb lock_timeouts");
+_Static_assert(offsetof(struct sg_arbiter, broken_since_ns) == 408, "arb broken_since_ns");
 _Static_assert(offsetof(struct sg_arbiter, tenants) == 512, "arb tenants");
 _Static_assert(offsetof(struct sg_arbiter, clients) == 512 + 192 * SG_ARB_MAX_TENANTS, "arb clients");
 _Static_assert(sizeof(struct sg_arbiter) ==

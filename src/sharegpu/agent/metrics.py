@@ -506,6 +506,10 @@ class SharegpuCollector(Collector):
             "sharegpu_arbiter_entry_waits", "Processes that waited for a free client entry instead of failing"
         )
         recoveries = counter("sharegpu_arbiter_recoveries", "Arbiter regions recovered after a crash")
+        lock_timeouts = counter(
+            "sharegpu_arbiter_lock_timeouts",
+            "Lock attempts that gave up at the deadline (the region is then replaced; counts from 0 again)",
+        )
         settings = [
             (t, GaugeMetricFamily(_setting_metric(t), f"Arbiter setting: {t.doc}", labels=["gpu"]))
             for t in TUNABLES.values()
@@ -524,6 +528,7 @@ class SharegpuCollector(Collector):
             stall_reclaims.add_metric([uuid], float(a.stall_reclaims))
             entry_waits.add_metric([uuid], float(a.entry_waits))
             recoveries.add_metric([uuid], float(a.recoveries))
+            lock_timeouts.add_metric([uuid], float(a.lock_timeouts))
             for tunable, gauge in settings:
                 gauge.add_metric([uuid], _setting_value(tunable, getattr(a, tunable.name)))
         yield from (
@@ -540,6 +545,7 @@ class SharegpuCollector(Collector):
             stall_reclaims,
             entry_waits,
             recoveries,
+            lock_timeouts,
         )
         yield from (gauge for _, gauge in settings)
 

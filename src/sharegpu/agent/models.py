@@ -338,6 +338,14 @@ class ArbiterView(BaseModel):
         description="Tokens taken back from live holders stopped past their quantum (SIGSTOP, docker pause)"
     )
     entry_waits: int = Field(description="Processes that waited for a free client entry instead of failing")
+    lock_timeouts: int = Field(
+        default=0,
+        description="Lock attempts that gave up at the deadline (ABI 1.7; the region is then replaced)",
+    )
+    broken: bool = Field(
+        default=False,
+        description="A lock timed out: the GPU runs unarbitrated until the agent replaces the region",
+    )
     holdback_max_ns: int = Field(
         description="Longest offline hold-back ahead of a predicted online request; 0: off"
     )

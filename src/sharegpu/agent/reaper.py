@@ -131,7 +131,8 @@ class Reaper:
             severity="warning",
             gpu=uuid,
             message=f"the GPU's arbiter region was damaged ({damage}); made anew, the damaged one "
-            f"kept at {moved}. Processes that had it open keep using it until they restart",
+            f"kept at {moved}. Processes that gave up on its lock move to the new one at their next "
+            "launch; others that had it open keep it until they restart",
             data={"damage": damage, "moved_to": str(moved)},
         )
 
@@ -140,7 +141,12 @@ class Reaper:
         for path in iter_arbiters(self.root):
             uuid = path.parent.name
             try:
-                if all(alive_in(table, c.pid, c.start_time) for c in read_arbiter(path).clients):
+                status = read_arbiter(path)
+                if status.broken:  # a lock held past its deadline: the GPU runs unarbitrated
+                    if (rebuilt := self._rebuild(path, uuid)) is not None:
+                        events.append(rebuilt)
+                    continue
+                if all(alive_in(table, c.pid, c.start_time) for c in status.clients):
                     continue
                 reap = regions.reap_arbiter(path)
             except ConfigError as err:

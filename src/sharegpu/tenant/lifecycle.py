@@ -126,7 +126,7 @@ def _create_locked(
         )
         # The tenant's processes keep their ledger here: their owner's alone (and root's).
         publish_region(staging, abi.USAGE_FILE, None, ctypes.sizeof(abi.Usage), 0o600, fill=init_usage_region)
-        (staging / GPUS_DIR).symlink_to(base.parent / GPUS_DIR)
+        _link_gpus(staging, base.parent / GPUS_DIR, devices)
         info = {"id": tenant_id, "created": time.time(), **(meta or {})}
         (staging / "meta.json").write_text(json.dumps(info, indent=2) + "\n")
         if owner is not None and owner != os.geteuid():
@@ -141,6 +141,15 @@ def _create_locked(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return path
+
+
+def _link_gpus(directory: Path, gpus: Path, devices: Sequence[DeviceLimit]) -> None:
+    """The tenant's way to the arbiters of its own GPUs, and of no other: `gpus/<uuid>` links to
+    the node's `gpus/<uuid>` for each of its GPUs (as a container mounts exactly those)."""
+    (directory / GPUS_DIR).mkdir(mode=0o755)
+    for dev in devices:
+        uuid = abi.bytes_to_uuid(abi.uuid_to_bytes(dev.uuid))
+        (directory / GPUS_DIR / uuid).symlink_to(gpus / uuid)
 
 
 def _give_usage(directory: Path, tenant_id: str, owner: int) -> None:
