@@ -4,10 +4,11 @@
  * or with the context).  No allocation call shows it, so unhooked a module with a large global
  * array is memory past the cap.
  *
- * The names come from the image, the sizes from the driver: a PTX image's module-scope `.global`
- * and `.const` declarations, an ELF cubin's object symbols in its `.nv.global*` and
- * `.nv.constant*` sections; each name is asked of the loaded module with cuModuleGetGlobal, so a
- * name read wrongly costs nothing and the size is the driver's own.  The sum is admitted after
+ * The names come from the image, the sizes from the driver: every identifier of a PTX image (a
+ * superset of its declarations' names, so no lexing difference from the driver can hide one), an
+ * ELF cubin's object symbols in its `.nv.global*` and `.nv.constant*` sections; each distinct
+ * name is asked of the loaded module with cuModuleGetGlobal, so a name read wrongly costs one
+ * failed lookup and the size is the driver's own.  PTX with a preprocessor line is refused.  The sum is admitted after
  * the real load (it is only known then): refused, the module is unloaded again and the load
  * fails with CUDA_ERROR_OUT_OF_MEMORY.  Fatbins (what nvcc embeds in programs, possibly
  * compressed) and libraries (cuLibraryLoad*, placed lazily per context) are not read here: what
@@ -23,61 +24,166 @@
 #define MAX_IMAGE_FILE (256u << 20)
 
 
-static bool ident(char c)
+/* A PTX identifier's characters after its first (PTX ISA "Identifiers": followsym). */
+static bool follow(char c)
 {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
            c == '_' || c == '$';
 }
 
-/* Each module-scope `.global` / `.const` declaration of a PTX text: the identifier before its
- * first `[`, `=` or `;`.  Instructions (`ld.global`) have no blank before the directive, and
- * `.extern` declarations place nothing. */
-static void ptx_names(const char *text, void (*fn)(const char *, size_t, void *), void *arg)
+static bool digit(char c)
 {
-    for (const char *p = text; (p = strchr(p, '.')) != NULL; p++) {
-        size_t dir = strncmp(p, ".global", 7) == 0 ? 7 : strncmp(p, ".const", 6) == 0 ? 6 : 0;
-        if (!dir || ident(p[dir]) || (p > text && p[-1] != ' ' && p[-1] != '\t' && p[-1] != '\n'))
-            continue;
-        const char *stmt = p;
-        while (stmt > text && !strchr(";{}\n", stmt[-1]))
-            stmt--;
-        const char *end = p + strcspn(p, "[=;");
-        if (*end == '\0')
-            return;
-        bool external = false;
-        for (const char *q = stmt; q + 7 <= p && !external; q++)
-            external = strncmp(q, ".extern", 7) == 0;
-        const char *e = end;
-        while (e > p && !ident(e[-1]))
-            e--;
-        const char *s = e;
-        while (s > p && ident(s[-1]))
-            s--;
-        if (!external && e > s && s[-1] != '.')
-            fn(s, (size_t)(e - s), arg);
-        p = end;
-    }
+    return c >= '0' && c <= '9';
 }
 
+/* The names already asked of the driver: open addressing over slices of the image, so that a
+ * name written a million times (a register, a label) costs one lookup. */
+struct name_set {
+    struct {
+        const char *s;
+        size_t len;
+    } *slot;
+    size_t cap, n;
+    bool oom;
+};
+
+static uint64_t name_hash(const char *s, size_t len)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    return h;
+}
+
+/* true the first time a name is offered; false after, and when the set cannot grow (then
+ * `oom` is set and the load is refused: a name left unasked could be a global). */
+static bool first_time(struct name_set *set, const char *s, size_t len)
+{
+    if (set->n * 2 >= set->cap) {
+        size_t cap = set->cap ? set->cap * 2 : 1024;
+        __typeof__(set->slot) slot = calloc(cap, sizeof(*slot));
+        if (!slot) {
+            set->oom = true;
+            return false;
+        }
+        for (size_t i = 0; i < set->cap; i++) {
+            if (!set->slot[i].s)
+                continue;
+            size_t k = name_hash(set->slot[i].s, set->slot[i].len) & (cap - 1);
+            while (slot[k].s)
+                k = (k + 1) & (cap - 1);
+            slot[k] = set->slot[i];
+        }
+        free(set->slot);
+        set->slot = slot;
+        set->cap = cap;
+    }
+    size_t k = name_hash(s, len) & (set->cap - 1);
+    for (; set->slot[k].s; k = (k + 1) & (set->cap - 1))
+        if (set->slot[k].len == len && memcmp(set->slot[k].s, s, len) == 0)
+            return false;
+    set->slot[k].s = s;
+    set->slot[k].len = len;
+    set->n++;
+    return true;
+}
+
+/* What the loaded image's globals take, asked name by name of the driver. */
 struct sizing {
-    CUmodule mod;
+    CUresult (*get)(size_t *bytes, void *handle, const char *name);
+    void *handle;
     uint64_t bytes;
+    struct name_set asked;
 };
 
 static void add_global(const char *name, size_t len, void *arg)
 {
     struct sizing *s = arg;
-    char buf[256];
-    if (len >= sizeof buf)
+    if (len == 0 || digit(name[0]) || !first_time(&s->asked, name, len))
         return;
+    char small[256];
+    char *buf = len < sizeof small ? small : malloc(len + 1);
+    if (!buf) {
+        s->asked.oom = true;
+        return;
+    }
     memcpy(buf, name, len);
     buf[len] = '\0';
-    CUdeviceptr p;
     size_t bytes = 0;
-    if (SG_REAL(cuModuleGetGlobal_v2) &&
-        SG_REAL(cuModuleGetGlobal_v2)(&p, &bytes, s->mod, buf) == CUDA_SUCCESS &&
+    if (s->get(&bytes, s->handle, buf) == CUDA_SUCCESS &&
         __builtin_add_overflow(s->bytes, (uint64_t)bytes, &s->bytes))
         s->bytes = UINT64_MAX;
+    if (buf != small)
+        free(buf);
+}
+
+/* Every identifier of a PTX text, offered to fn: a superset of the names its declarations give,
+ * whatever separates them (any whitespace, comments, strings, several declarators, `.visible`,
+ * `.weak`, `.common`, `.align`, dimensions, initialisers).  Reading only declarations would mean
+ * matching the driver's lexer exactly, and every difference would be a name missed, so a hole;
+ * a name offered that is no global costs one failed lookup.  A run of identifier characters is
+ * cut where `%` starts a new identifier (PTX: `%` only begins one), and a run that starts with
+ * digits (a number glued to a name) is also offered without them. */
+static void ptx_identifiers(const char *text, void (*fn)(const char *, size_t, void *), void *arg)
+{
+    const char *p = text;
+    while (*p) {
+        if (!follow(*p) && *p != '%') {
+            p++;
+            continue;
+        }
+        const char *run = p;
+        while (follow(*p) || *p == '%')
+            p++;
+        for (const char *s = run, *e; s < p; s = e) {
+            for (e = s + 1; e < p && *e != '%'; e++)
+                ;
+            const char *name = s;
+            while (name < e && digit(*name))
+                name++;
+            if (name < e)
+                fn(name, (size_t)(e - name), arg);
+        }
+    }
+}
+
+/* The text with every backslash-newline removed (a reader that joins continued lines, as the C
+ * preprocessor does, sees these names); NULL when there is none or no memory (*oom set). */
+static char *spliced(const char *text, bool *oom)
+{
+    if (!strstr(text, "\\\n") && !strstr(text, "\\\r\n"))
+        return NULL;
+    char *out = malloc(strlen(text) + 1), *o = out;
+    if (!out) {
+        *oom = true;
+        return NULL;
+    }
+    for (const char *p = text; *p;) {
+        if (p[0] == '\\' && p[1] == '\n')
+            p += 2;
+        else if (p[0] == '\\' && p[1] == '\r' && p[2] == '\n')
+            p += 3;
+        else
+            *o++ = *p++;
+    }
+    *o = '\0';
+    return out;
+}
+
+/* A preprocessor line (`#` first on a line, PTX ISA "Source Format"): a driver that runs one
+ * could paste a name together that no identifier of the text spells, so such PTX is refused. */
+static bool has_preprocessor_line(const char *text)
+{
+    bool line_start = true;
+    for (const char *p = text; *p; p++) {
+        if (*p == '#' && line_start)
+            return true;
+        if (*p == '\n')
+            line_start = true;
+        else if (!strchr(" \t\r\v\f", *p))
+            line_start = false;
+    }
+    return false;
 }
 
 static void add_cubin_var(const char *name, uint64_t size, void *arg)
@@ -86,18 +192,43 @@ static void add_cubin_var(const char *name, uint64_t size, void *arg)
     add_global(name, strlen(name), arg);
 }
 
-/* What the loaded module's globals take, as far as its image names them. */
-static uint64_t globals_bytes(CUmodule mod, const void *image)
+#define FATBIN_MAGIC 0xBA55ED50u
+#define FATBIN_WRAPPER_MAGIC 0x466243B1u
+
+static bool is_fatbin(const void *image)
 {
-    struct sizing s = {.mod = mod, .bytes = 0};
-    const unsigned char *img = image;
-    if (!img)
-        return 0;
-    if (sg_is_elf(img))
-        sg_cubin_vars(img, MAX_IMAGE_FILE, add_cubin_var, &s);
-    else if (strstr(image, ".version") || strstr(image, ".entry") || strstr(image, ".target"))
-        ptx_names(image, add_global, &s);
-    return s.bytes;
+    uint32_t m;
+    memcpy(&m, image, sizeof m);
+    return m == FATBIN_MAGIC || m == FATBIN_WRAPPER_MAGIC;
+}
+
+/* An image the shim will not let the driver load: PTX that a preprocessor could rewrite. */
+static bool image_refused(const void *image)
+{
+    return image && !sg_is_elf(image) && !is_fatbin(image) && has_preprocessor_line(image);
+}
+
+/* Sum the driver's sizes of the globals the image names into s; -1 when the names could not
+ * all be asked (host memory), so the load must be refused. */
+static int globals_bytes(struct sizing *s, const void *image)
+{
+    if (sg_is_elf(image)) {
+        sg_cubin_vars(image, MAX_IMAGE_FILE, add_cubin_var, s);
+    } else if (!is_fatbin(image)) { /* anything else the driver reads as PTX text */
+        ptx_identifiers(image, add_global, s);
+        char *joined = spliced(image, &s->asked.oom);
+        if (joined)
+            ptx_identifiers(joined, add_global, s);
+        free(joined);
+    }
+    free(s->asked.slot);
+    return s->asked.oom ? -1 : 0;
+}
+
+static CUresult module_global(size_t *bytes, void *mod, const char *name)
+{
+    CUdeviceptr p;
+    return SG_REAL(cuModuleGetGlobal_v2)(&p, bytes, (CUmodule)mod, name);
 }
 
 /* After a successful real load: admit its globals, or unload it and refuse. */
@@ -109,13 +240,17 @@ static CUresult charge_module(CUresult res, CUmodule *module, const void *image)
     CUdevice dev;
     if (sg_current_place(&ctx, &dev) != CUDA_SUCCESS || !ctx)
         return res;
-    uint64_t bytes = globals_bytes(*module, image);
-    if (!bytes)
+    struct sizing s = {.get = module_global, .handle = *module};
+    int rc = SG_REAL(cuModuleGetGlobal_v2) ? globals_bytes(&s, image) : -1;
+    if (rc == 0 && !s.bytes)
         return res;
     struct sg_charge c;
     struct sg_err e;
     sg_err_clear(&e);
-    int rc = sg_reserve(dev, bytes, &c, &e);
+    if (rc == 0)
+        rc = sg_reserve(dev, s.bytes, &c, &e);
+    else
+        rc = SG_E_NOMEM;
     if (rc == 0) {
         c.ctx = ctx; /* the module's globals go with its context */
         if (!c.active || sg_track(SG_KIND_MODULE, (uint64_t)(uintptr_t)*module, &c, &e) == 0)
@@ -140,6 +275,8 @@ SG_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
     REAL(cuModuleLoadData);
     if (!ACCOUNTED)
         return real_(module, image);
+    if (image_refused(image))
+        return CUDA_ERROR_NOT_SUPPORTED;
     sg_in_hook++;
     CUresult res = charge_module(real_(module, image), module, image);
     sg_in_hook--;
@@ -152,6 +289,8 @@ SG_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsig
     REAL(cuModuleLoadDataEx);
     if (!ACCOUNTED)
         return real_(module, image, numOptions, options, optionValues);
+    if (image_refused(image))
+        return CUDA_ERROR_NOT_SUPPORTED;
     sg_in_hook++;
     CUresult res =
         charge_module(real_(module, image, numOptions, options, optionValues), module, image);
