@@ -301,3 +301,40 @@ def test_every_global_a_ptx_reader_would_place_is_charged(sim_factory: Callable[
     # model, which does not run one, refuses it too)
     assert capped["preprocessor"] == bare["preprocessor"] == "CUDA_ERROR_NOT_SUPPORTED,0"
     assert proc.stderr == ""
+
+
+def test_a_module_file_is_read_once_and_that_image_is_charged(
+    sim_factory: Callable[..., Sim], tmp_path: Path
+) -> None:
+    """cuModuleLoad: the file is read once, by the shim, and the bytes read are what the driver
+    loads and what is sized.  A pipe (readable once) and a file past 256 MiB are charged like
+    any file; a file that cannot be read fails as the driver fails it."""
+    sim = sim_factory(memory_mib=8 * 1024)
+    image = ptx_with(f".global .b8 big[{G3}];")[:-1]
+    padded = tmp_path / "padded.ptx"
+    with padded.open("wb") as f:
+        f.write(image)
+        f.write(b" " * (257 << 20))
+    tenant = sim.tenant("t", [1000], gpus=[0])
+    values, proc = run(
+        sim.tenant_env(tenant),
+        f"""
+        import os
+        def load(path):
+            before = d.cuMemGetInfo()[1]
+            err, mod = d.cuModuleLoad(path.encode())
+            return "%s,%d" % (err.name, (before - d.cuMemGetInfo()[1]) >> 20)
+        r, w = os.pipe()
+        os.write(w, {image!r})
+        os.close(w)
+        print("pipe=" + load("/proc/self/fd/%d" % r))
+        print("padded=" + load({str(padded)!r}))
+        print("missing=" + load({str(tmp_path / "missing.ptx")!r}))
+        print("directory=" + load({str(tmp_path)!r}))
+        """,
+    )
+    assert values["pipe"] == "CUDA_ERROR_OUT_OF_MEMORY,0"
+    assert values["padded"] == "CUDA_ERROR_OUT_OF_MEMORY,0"
+    assert values["missing"] == "CUDA_ERROR_FILE_NOT_FOUND,0"
+    assert values["directory"] == "CUDA_ERROR_FILE_NOT_FOUND,0"
+    assert proc.stderr == ""

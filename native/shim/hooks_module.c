@@ -17,11 +17,11 @@
 #include "shim.h"
 #include "sharegpu/cubin.h"
 
-#include <stdio.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define MAX_IMAGE_FILE (256u << 20)
+#include <unistd.h>
 
 
 /* A PTX identifier's characters after its first (PTX ISA "Identifiers": followsym). */
@@ -210,10 +210,10 @@ static bool image_refused(const void *image)
 
 /* Sum the driver's sizes of the globals the image names into s; -1 when the names could not
  * all be asked (host memory), so the load must be refused. */
-static int globals_bytes(struct sizing *s, const void *image)
+static int globals_bytes(struct sizing *s, const void *image, uint64_t length)
 {
     if (sg_is_elf(image)) {
-        sg_cubin_vars(image, MAX_IMAGE_FILE, add_cubin_var, s);
+        sg_cubin_vars(image, length, add_cubin_var, s);
     } else if (!is_fatbin(image)) { /* anything else the driver reads as PTX text */
         ptx_identifiers(image, add_global, s);
         char *joined = spliced(image, &s->asked.oom);
@@ -231,8 +231,10 @@ static CUresult module_global(size_t *bytes, void *mod, const char *name)
     return SG_REAL(cuModuleGetGlobal_v2)(&p, bytes, (CUmodule)mod, name);
 }
 
-/* After a successful real load: admit its globals, or unload it and refuse. */
-static CUresult charge_module(CUresult res, CUmodule *module, const void *image)
+/* After a successful real load: admit its globals, or unload it and refuse.  length bounds the
+ * offsets followed in a cubin: the file's size, or none for an image in memory (the driver has
+ * just accepted it, so its headers are its own). */
+static CUresult charge_module(CUresult res, CUmodule *module, const void *image, uint64_t length)
 {
     if (res != CUDA_SUCCESS || !image)
         return res;
@@ -241,7 +243,7 @@ static CUresult charge_module(CUresult res, CUmodule *module, const void *image)
     if (sg_current_place(&ctx, &dev) != CUDA_SUCCESS || !ctx)
         return res;
     struct sizing s = {.get = module_global, .handle = *module};
-    int rc = SG_REAL(cuModuleGetGlobal_v2) ? globals_bytes(&s, image) : -1;
+    int rc = SG_REAL(cuModuleGetGlobal_v2) ? globals_bytes(&s, image, length) : -1;
     if (rc == 0 && !s.bytes)
         return res;
     struct sg_charge c;
@@ -278,7 +280,7 @@ SG_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
     if (image_refused(image))
         return CUDA_ERROR_NOT_SUPPORTED;
     sg_in_hook++;
-    CUresult res = charge_module(real_(module, image), module, image);
+    CUresult res = charge_module(real_(module, image), module, image, UINT64_MAX);
     sg_in_hook--;
     return res;
 }
@@ -293,45 +295,81 @@ SG_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsig
         return CUDA_ERROR_NOT_SUPPORTED;
     sg_in_hook++;
     CUresult res =
-        charge_module(real_(module, image, numOptions, options, optionValues), module, image);
+        charge_module(real_(module, image, numOptions, options, optionValues), module, image,
+                      UINT64_MAX);
     sg_in_hook--;
     return res;
 }
 
-/* The file's contents (NUL-terminated), or NULL when it cannot be read. */
-static void *read_image(const char *path)
+#define IMAGE_PAD 8 /* zero bytes after a file's contents: a short file's magic reads stay inside */
+
+/* The whole file, read once (a pipe or a FIFO too, any size), followed by IMAGE_PAD zero bytes;
+ * NULL with *res set to the driver's error for a file it cannot read, or host OOM. */
+static char *read_file(const char *path, size_t *length, CUresult *res)
 {
-    FILE *f = path ? fopen(path, "rb") : NULL;
-    if (!f)
+    int fd = path ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+    if (fd < 0) {
+        *res = path ? CUDA_ERROR_FILE_NOT_FOUND : CUDA_ERROR_INVALID_VALUE;
         return NULL;
-    char *buf = NULL;
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && (unsigned long)n <= MAX_IMAGE_FILE &&
-        fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) != NULL) {
-        if (fread(buf, 1, (size_t)n, f) == (size_t)n) {
-            buf[n] = '\0';
-        } else {
-            free(buf);
-            buf = NULL;
-        }
     }
-    fclose(f);
+    size_t n = 0, cap = 0;
+    char *buf = NULL;
+    for (;;) {
+        if (cap - n < IMAGE_PAD + 4096) {
+            size_t grown = cap ? cap * 2 : 1u << 16;
+            char *nb = grown > cap ? realloc(buf, grown) : NULL;
+            if (!nb) {
+                *res = CUDA_ERROR_OUT_OF_MEMORY;
+                break;
+            }
+            buf = nb;
+            cap = grown;
+        }
+        ssize_t got = read(fd, buf + n, cap - n - IMAGE_PAD);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0) {
+            *res = got < 0 ? CUDA_ERROR_FILE_NOT_FOUND : CUDA_SUCCESS; /* EISDIR, EIO, ... */
+            break;
+        }
+        n += (size_t)got;
+    }
+    close(fd);
+    if (*res != CUDA_SUCCESS) {
+        free(buf);
+        return NULL;
+    }
+    memset(buf + n, 0, IMAGE_PAD);
+    *length = n;
     return buf;
 }
 
+/* Under a tenant the file is read here, once, and those bytes are loaded with cuModuleLoadData
+ * and sized: reading it a second time to size it would miss a pipe (readable once) and a file
+ * swapped between the two reads.  The real cuModuleLoad is never called then. */
 SG_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
 {
     REAL(cuModuleLoad);
     if (!ACCOUNTED)
         return real_(module, fname);
-    sg_in_hook++;
-    CUresult res = real_(module, fname);
-    if (res == CUDA_SUCCESS) {
-        void *image = read_image(fname);
-        res = charge_module(res, module, image);
-        free(image);
+    __typeof__(&cuModuleLoadData) load = SG_REAL(cuModuleLoadData);
+    if (!load)
+        return CUDA_ERROR_NOT_FOUND;
+    if (!module)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t length;
+    CUresult res;
+    char *image = read_file(fname, &length, &res);
+    if (!image)
+        return res;
+    if (image_refused(image)) {
+        res = CUDA_ERROR_NOT_SUPPORTED;
+    } else {
+        sg_in_hook++;
+        res = charge_module(load(module, image), module, image, length);
+        sg_in_hook--;
     }
-    sg_in_hook--;
+    free(image);
     return res;
 }
 

@@ -242,7 +242,13 @@ void *cu_read_file(const char *path, CUresult *r)
         if (got == 0)
             break;
     }
+    int unreadable = ferror(f); /* a directory, an I/O error */
     fclose(f);
+    if (unreadable) {
+        free(buf);
+        *r = CUDA_ERROR_FILE_NOT_FOUND;
+        return NULL;
+    }
     if (n < 4) {
         free(buf);
         *r = CUDA_ERROR_INVALID_IMAGE;
