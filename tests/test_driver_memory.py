@@ -338,3 +338,46 @@ def test_a_module_file_is_read_once_and_that_image_is_charged(
     assert values["missing"] == "CUDA_ERROR_FILE_NOT_FOUND,0"
     assert values["directory"] == "CUDA_ERROR_FILE_NOT_FOUND,0"
     assert proc.stderr == ""
+
+
+def test_library_globals_are_charged_at_load_and_given_back_at_unload(
+    sim_factory: Callable[..., Sim], tmp_path: Path
+) -> None:
+    """cuLibraryLoadData / cuLibraryLoadFromFile (how CUDA 12+ runtimes load every fatbin): the
+    library's globals, placed in the current context, are charged at load, refused past the
+    cap (a use after the load would have placed them uncharged), given back at cuLibraryUnload."""
+    sim = sim_factory(memory_mib=8 * 1024)
+    big = tmp_path / "big.ptx"
+    big.write_bytes(ptx_with(f".global .b8 big[{G3}];")[:-1])
+    tenant = sim.tenant("t", [1000], gpus=[0])
+    values, proc = run(
+        sim.tenant_env(tenant),
+        f"""
+        def report(err, before):
+            return "%s,%d" % (err.name, (before - d.cuMemGetInfo()[1]) >> 20)
+        def from_data(image):
+            before = d.cuMemGetInfo()[1]
+            err, lib = d.cuLibraryLoadData(image, [], [], 0, [], [], 0)
+            return report(err, before), lib
+        before = d.cuMemGetInfo()[1]
+        err, lib = d.cuLibraryLoadFromFile({str(big)!r}.encode(), [], [], 0, [], [], 0)
+        print("file_big=" + report(err, before))
+        result, lib = from_data({ptx_with(f".global .b8 big[{G3}];")!r})
+        print("data_big=" + result)
+        if lib is not None and result.startswith("CUDA_SUCCESS"):
+            d.cuLibraryGetGlobal(lib, b"big")  # a use places it in this context
+            print("alloc_after_use=%s" % d.cuMemAlloc(900 * M)[0].name)
+        result, lib = from_data({ptx_with(f".global .b8 fits[{48 << 20}];")!r})
+        print("data_fits=" + result)
+        print("global=%d" % d.cuLibraryGetGlobal(lib, b"fits")[2])
+        before = d.cuMemGetInfo()[1]
+        print("unload=%s,%d" % (d.cuLibraryUnload(lib)[0].name, (d.cuMemGetInfo()[1] - before) >> 20))
+        """,
+    )
+    assert values["file_big"] == "CUDA_ERROR_OUT_OF_MEMORY,0"
+    assert values["data_big"] == "CUDA_ERROR_OUT_OF_MEMORY,0"
+    assert "alloc_after_use" not in values
+    assert values["data_fits"] == "CUDA_SUCCESS,48"
+    assert values["global"] == str(48 << 20)
+    assert values["unload"] == "CUDA_SUCCESS,48"
+    assert proc.stderr == ""

@@ -1,18 +1,26 @@
 /*
- * Module globals: the `__device__` and `__constant__` variables of a module are device memory the
- * driver places when the module is loaded into the current context (and frees at cuModuleUnload
- * or with the context).  No allocation call shows it, so unhooked a module with a large global
- * array is memory past the cap.
+ * Module and library globals: the `__device__` and `__constant__` variables of a module are
+ * device memory the driver places when the module is loaded into the current context (and frees
+ * at cuModuleUnload or with the context).  No allocation call shows it, so unhooked a module with
+ * a large global array is memory past the cap.  A library (cuLibraryLoad*, how CUDA 12+
+ * runtimes load every fatbin) is placed per context, at load (EAGER) or at its first use there
+ * (LAZY); the hooks ask for its globals in the current context right after the load, which
+ * places them there under either mode, and charge them like a module's.
  *
  * The names come from the image, the sizes from the driver: every identifier of a PTX image (a
  * superset of its declarations' names, so no lexing difference from the driver can hide one), an
  * ELF cubin's object symbols in its `.nv.global*` and `.nv.constant*` sections; each distinct
- * name is asked of the loaded module with cuModuleGetGlobal, so a name read wrongly costs one
- * failed lookup and the size is the driver's own.  PTX with a preprocessor line is refused.  The sum is admitted after
- * the real load (it is only known then): refused, the module is unloaded again and the load
- * fails with CUDA_ERROR_OUT_OF_MEMORY.  Fatbins (what nvcc embeds in programs, possibly
- * compressed) and libraries (cuLibraryLoad*, placed lazily per context) are not read here: what
- * their globals take is in the agent's NVML reconciliation, like the driver's own overhead.
+ * name is asked of the loaded module (cuModuleGetGlobal) or library (cuLibraryGetGlobal), so a
+ * name read wrongly costs one failed lookup and the size is the driver's own.  PTX with a
+ * preprocessor line is refused.  The sum is admitted after the real load (it is only known
+ * then): refused, the module or library is unloaded again and the load fails with
+ * CUDA_ERROR_OUT_OF_MEMORY.  A file (cuModuleLoad, cuLibraryLoadFromFile) is read once, here,
+ * and loaded from those bytes, so what is sized is what is loaded.
+ *
+ * Not read: fatbins (what nvcc embeds in programs, possibly compressed); a library's placement
+ * in a context other than the one current at its load (another device, a context created
+ * later, a load with no current context): what those take is in the agent's NVML
+ * reconciliation, like the driver's own overhead.
  */
 #include "shim.h"
 #include "sharegpu/cubin.h"
@@ -231,37 +239,70 @@ static CUresult module_global(size_t *bytes, void *mod, const char *name)
     return SG_REAL(cuModuleGetGlobal_v2)(&p, bytes, (CUmodule)mod, name);
 }
 
-/* After a successful real load: admit its globals, or unload it and refuse.  length bounds the
- * offsets followed in a cubin: the file's size, or none for an image in memory (the driver has
- * just accepted it, so its headers are its own). */
+static CUresult library_global(size_t *bytes, void *lib, const char *name)
+{
+    CUdeviceptr p;
+    return SG_REAL(cuLibraryGetGlobal)(&p, bytes, (CUlibrary)lib, name);
+}
+
+/* Admit the globals the loaded image names (sized by s->get) on the current context's device
+ * and track them under key with that context; 0 when admitted or nothing is placed, else the
+ * error (the caller unloads).  length bounds the offsets followed in a cubin: the file's size,
+ * or none for an image in memory (the driver has just accepted its headers). */
+static int charge_globals(struct sizing *s, const void *image, uint64_t length, uint64_t key)
+{
+    CUcontext ctx;
+    CUdevice dev;
+    if (sg_current_place(&ctx, &dev) != CUDA_SUCCESS || !ctx)
+        return 0;
+    if (globals_bytes(s, image, length) < 0)
+        return SG_E_NOMEM;
+    if (!s->bytes)
+        return 0;
+    struct sg_charge c;
+    struct sg_err e;
+    sg_err_clear(&e);
+    int rc = sg_reserve(dev, s->bytes, &c, &e);
+    if (rc != 0)
+        return rc;
+    c.ctx = ctx; /* the globals go with their context */
+    if (!c.active || sg_track(SG_KIND_MODULE, key, &c, &e) == 0)
+        return 0;
+    sg_unreserve(&c);
+    return SG_E_NOMEM;
+}
+
+/* After a real module load: admit its globals, or unload it and refuse. */
 static CUresult charge_module(CUresult res, CUmodule *module, const void *image, uint64_t length)
 {
     if (res != CUDA_SUCCESS || !image)
         return res;
-    CUcontext ctx;
-    CUdevice dev;
-    if (sg_current_place(&ctx, &dev) != CUDA_SUCCESS || !ctx)
-        return res;
     struct sizing s = {.get = module_global, .handle = *module};
-    int rc = SG_REAL(cuModuleGetGlobal_v2) ? globals_bytes(&s, image, length) : -1;
-    if (rc == 0 && !s.bytes)
-        return res;
-    struct sg_charge c;
-    struct sg_err e;
-    sg_err_clear(&e);
+    int rc = SG_REAL(cuModuleGetGlobal_v2)
+                 ? charge_globals(&s, image, length, (uint64_t)(uintptr_t)*module)
+                 : SG_E_NOMEM;
     if (rc == 0)
-        rc = sg_reserve(dev, s.bytes, &c, &e);
-    else
-        rc = SG_E_NOMEM;
-    if (rc == 0) {
-        c.ctx = ctx; /* the module's globals go with its context */
-        if (!c.active || sg_track(SG_KIND_MODULE, (uint64_t)(uintptr_t)*module, &c, &e) == 0)
-            return CUDA_SUCCESS;
-        sg_unreserve(&c);
-        rc = SG_E_NOMEM;
-    }
+        return CUDA_SUCCESS;
     SG_REAL(cuModuleUnload)(*module);
     *module = NULL;
+    return sg_cu_result(rc);
+}
+
+/* After a real library load: its globals are placed in the current context now (asking for
+ * one makes a lazily loading driver load the library there) and admitted, or the library is
+ * unloaded and the load refused. */
+static CUresult charge_library(CUresult res, CUlibrary *library, const void *code, uint64_t length)
+{
+    if (res != CUDA_SUCCESS || !code)
+        return res;
+    struct sizing s = {.get = library_global, .handle = *library};
+    int rc = SG_REAL(cuLibraryGetGlobal)
+                 ? charge_globals(&s, code, length, (uint64_t)(uintptr_t)*library)
+                 : SG_E_NOMEM;
+    if (rc == 0)
+        return CUDA_SUCCESS;
+    SG_REAL(cuLibraryUnload)(*library);
+    *library = NULL;
     return sg_cu_result(rc);
 }
 
@@ -382,6 +423,81 @@ SG_EXPORT CUresult cuModuleUnload(CUmodule hmod)
     struct sg_charge c;
     bool tracked = sg_untrack(SG_KIND_MODULE, (uint64_t)(uintptr_t)hmod, &c);
     CUresult res = sg_free_end(real_(hmod), tracked, SG_KIND_MODULE, (uint64_t)(uintptr_t)hmod, &c);
+    sg_in_hook--;
+    return res;
+}
+
+/* ---- libraries (CUDA 12+: the runtime loads every fatbin this way) ---- */
+
+#define LIB_ACCOUNTED (!sg_in_hook && sg_configured() && SG_REAL(cuLibraryUnload))
+
+SG_EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
+                                     void **jitOptionsValues, unsigned int numJitOptions,
+                                     CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                                     unsigned int numLibraryOptions)
+{
+    REAL(cuLibraryLoadData);
+    if (!LIB_ACCOUNTED)
+        return real_(library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
+                     libraryOptionValues, numLibraryOptions);
+    if (image_refused(code))
+        return CUDA_ERROR_NOT_SUPPORTED;
+    sg_in_hook++;
+    CUresult res = charge_library(real_(library, code, jitOptions, jitOptionsValues, numJitOptions,
+                                        libraryOptions, libraryOptionValues, numLibraryOptions),
+                                  library, code, UINT64_MAX);
+    sg_in_hook--;
+    return res;
+}
+
+/* As cuModuleLoad: the file is read once here and those bytes are loaded with
+ * cuLibraryLoadData.  CU_LIBRARY_BINARY_IS_PRESERVED is invalid for a file (cuda.h), and must
+ * not reach cuLibraryLoadData, which would keep our buffer. */
+SG_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName,
+                                         CUjit_option *jitOptions, void **jitOptionsValues,
+                                         unsigned int numJitOptions, CUlibraryOption *libraryOptions,
+                                         void **libraryOptionValues, unsigned int numLibraryOptions)
+{
+    REAL(cuLibraryLoadFromFile);
+    if (!LIB_ACCOUNTED)
+        return real_(library, fileName, jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
+                     libraryOptionValues, numLibraryOptions);
+    __typeof__(&cuLibraryLoadData) load = SG_REAL(cuLibraryLoadData);
+    if (!load)
+        return CUDA_ERROR_NOT_FOUND;
+    if (!library || (numLibraryOptions && !libraryOptions))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < numLibraryOptions; i++)
+        if (libraryOptions[i] == 1 /* CU_LIBRARY_BINARY_IS_PRESERVED */)
+            return CUDA_ERROR_INVALID_VALUE;
+    size_t length;
+    CUresult res;
+    char *code = read_file(fileName, &length, &res);
+    if (!code)
+        return res;
+    if (image_refused(code)) {
+        res = CUDA_ERROR_NOT_SUPPORTED;
+    } else {
+        sg_in_hook++;
+        res = charge_library(load(library, code, jitOptions, jitOptionsValues, numJitOptions,
+                                  libraryOptions, libraryOptionValues, numLibraryOptions),
+                             library, code, length);
+        sg_in_hook--;
+    }
+    free(code);
+    return res;
+}
+
+SG_EXPORT CUresult cuLibraryUnload(CUlibrary library)
+{
+    REAL(cuLibraryUnload);
+    if (!LIB_ACCOUNTED)
+        return real_(library);
+    sg_in_hook++;
+    uint64_t key = (uint64_t)(uintptr_t)library;
+    struct sg_charge c;
+    bool tracked = sg_untrack(SG_KIND_MODULE, key, &c);
+    CUresult res = sg_free_end(real_(library), tracked, SG_KIND_MODULE, key, &c);
     sg_in_hook--;
     return res;
 }
