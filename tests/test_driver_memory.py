@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import struct
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 from conftest import Sim, python
@@ -237,4 +238,146 @@ def test_module_globals_are_charged_at_load_and_given_back_at_unload(sim: Sim, t
     assert values["file"] == f"CUDA_SUCCESS,{cap - (40 << 20) - small}"
     assert values["other_ctx"] == f"CUDA_SUCCESS,{cap - (56 << 20) - 2 * small}"
     assert values["ctx_gone"] == str(cap - (40 << 20) - small)  # the context's module went with it
+    assert proc.stderr == ""
+
+
+# Each way of writing a module-scope variable of 3 GiB that a PTX reader (the driver's lexer:
+# all whitespace equivalent, C comments, strings) takes as a declaration, shown with the very
+# characters.  A shim that misses one lets 3 GiB past a 1000 MiB cap.
+G3 = 3 << 30
+HIDDEN_GLOBALS = {
+    "cr_before_global": f".visible\r.global .align 8 .b8 big[{G3}];",
+    "vt_before_global": f"\v.global .b8 big[{G3}];",
+    "ff_before_global": f"\f.global .b8 big[{G3}];",
+    "comment_end_before_global": f"/* x */.global .b8 big[{G3}];",
+    "semicolon_in_a_comment": f".global /* ; */ .b8 big[{G3}];",
+    "percent_name": f".global .b8 %big[{G3}];",
+    "name_of_300_chars": f".global .b8 {'g' * 300}[{G3}];",
+    "second_declarator": f".global .b8 small[16], big[{G3}];",
+    "declarator_after_an_initialiser": f".global .u32 tab[4] = {{1, 2, 3, 4}}, big[{G3 // 4}];",
+    "constant_expression_dimension": ".global .b8 big[3 << 30];",
+    "three_dimensions": ".global .b8 big[3][1024][1048576];",
+    "string_holding_a_comment_opener": f'.file 1 "a/*b.cu"\n.global .b8 big[{G3}];\n// */',
+    "weak": f".weak .global .b8 big[{G3}];",
+    "common": f".common .global .b8 big[{G3}];",
+    "line_continuation": f".glo\\\nbal .b8 big[{G3}];",
+}
+COMMENTED_GLOBALS = f"// .global .b8 fake[{G3}];\n/* .global .b8 fake2[{G3}];\n*/"
+
+
+def ptx_with(decl: str) -> bytes:
+    head = ".version 8.0\n.target sm_90\n.address_size 64\n"
+    return (head + decl + "\n.visible .entry k()\n{\n\tret;\n}\n").encode() + b"\0"
+
+
+LOAD_EACH = """
+for name, image in images.items():
+    before = d.cuMemGetInfo()[1]
+    err, mod = d.cuModuleLoadData(image)
+    print("%s=%s,%d" % (name, err.name, (before - d.cuMemGetInfo()[1]) >> 20))
+    if err == d.CUresult.CUDA_SUCCESS:
+        d.cuModuleUnload(mod)
+"""
+
+
+def test_every_global_a_ptx_reader_would_place_is_charged(sim_factory: Callable[..., Sim]) -> None:
+    """Under a 1000 MiB cap every hidden 3 GiB global is refused; a global inside a comment is
+    none (the driver places nothing for it) and loads.  On the bare simulated GPU each hidden
+    global takes its 3 GiB: the model reads PTX as the driver does, not more forgivingly."""
+    sim = sim_factory(memory_mib=8 * 1024)
+    images = {name: ptx_with(decl) for name, decl in HIDDEN_GLOBALS.items()}
+    images["commented"] = ptx_with(COMMENTED_GLOBALS)
+    images["preprocessor"] = ptx_with(f"#define G .glo ## bal\nG .b8 big[{G3}];")
+    body = f"images = {images!r}\n" + LOAD_EACH
+    tenant = sim.tenant("t", [1000], gpus=[0])
+    capped, proc = run(sim.tenant_env(tenant), body)
+    bare, _ = run(sim.env(), body)
+    for name in HIDDEN_GLOBALS:
+        assert bare[name] == "CUDA_SUCCESS,3072", name  # the model places it
+        assert capped[name] == "CUDA_ERROR_OUT_OF_MEMORY,0", name
+    assert bare["commented"] == "CUDA_SUCCESS,0"
+    assert capped["commented"] == "CUDA_SUCCESS,0"
+    # a preprocessor could paste names no text spells: the shim refuses such PTX (and the
+    # model, which does not run one, refuses it too)
+    assert capped["preprocessor"] == bare["preprocessor"] == "CUDA_ERROR_NOT_SUPPORTED,0"
+    assert proc.stderr == ""
+
+
+def test_a_module_file_is_read_once_and_that_image_is_charged(
+    sim_factory: Callable[..., Sim], tmp_path: Path
+) -> None:
+    """cuModuleLoad: the file is read once, by the shim, and the bytes read are what the driver
+    loads and what is sized.  A pipe (readable once) and a file past 256 MiB are charged like
+    any file; a file that cannot be read fails as the driver fails it."""
+    sim = sim_factory(memory_mib=8 * 1024)
+    image = ptx_with(f".global .b8 big[{G3}];")[:-1]
+    padded = tmp_path / "padded.ptx"
+    with padded.open("wb") as f:
+        f.write(image)
+        f.write(b" " * (257 << 20))
+    tenant = sim.tenant("t", [1000], gpus=[0])
+    values, proc = run(
+        sim.tenant_env(tenant),
+        f"""
+        import os
+        def load(path):
+            before = d.cuMemGetInfo()[1]
+            err, mod = d.cuModuleLoad(path.encode())
+            return "%s,%d" % (err.name, (before - d.cuMemGetInfo()[1]) >> 20)
+        r, w = os.pipe()
+        os.write(w, {image!r})
+        os.close(w)
+        print("pipe=" + load("/proc/self/fd/%d" % r))
+        print("padded=" + load({str(padded)!r}))
+        print("missing=" + load({str(tmp_path / "missing.ptx")!r}))
+        print("directory=" + load({str(tmp_path)!r}))
+        """,
+    )
+    assert values["pipe"] == "CUDA_ERROR_OUT_OF_MEMORY,0"
+    assert values["padded"] == "CUDA_ERROR_OUT_OF_MEMORY,0"
+    assert values["missing"] == "CUDA_ERROR_FILE_NOT_FOUND,0"
+    assert values["directory"] == "CUDA_ERROR_FILE_NOT_FOUND,0"
+    assert proc.stderr == ""
+
+
+def test_library_globals_are_charged_at_load_and_given_back_at_unload(
+    sim_factory: Callable[..., Sim], tmp_path: Path
+) -> None:
+    """cuLibraryLoadData / cuLibraryLoadFromFile (how CUDA 12+ runtimes load every fatbin): the
+    library's globals, placed in the current context, are charged at load, refused past the
+    cap (a use after the load would have placed them uncharged), given back at cuLibraryUnload."""
+    sim = sim_factory(memory_mib=8 * 1024)
+    big = tmp_path / "big.ptx"
+    big.write_bytes(ptx_with(f".global .b8 big[{G3}];")[:-1])
+    tenant = sim.tenant("t", [1000], gpus=[0])
+    values, proc = run(
+        sim.tenant_env(tenant),
+        f"""
+        def report(err, before):
+            return "%s,%d" % (err.name, (before - d.cuMemGetInfo()[1]) >> 20)
+        def from_data(image):
+            before = d.cuMemGetInfo()[1]
+            err, lib = d.cuLibraryLoadData(image, [], [], 0, [], [], 0)
+            return report(err, before), lib
+        before = d.cuMemGetInfo()[1]
+        err, lib = d.cuLibraryLoadFromFile({str(big)!r}.encode(), [], [], 0, [], [], 0)
+        print("file_big=" + report(err, before))
+        result, lib = from_data({ptx_with(f".global .b8 big[{G3}];")!r})
+        print("data_big=" + result)
+        if lib is not None and result.startswith("CUDA_SUCCESS"):
+            d.cuLibraryGetGlobal(lib, b"big")  # a use places it in this context
+            print("alloc_after_use=%s" % d.cuMemAlloc(900 * M)[0].name)
+        result, lib = from_data({ptx_with(f".global .b8 fits[{48 << 20}];")!r})
+        print("data_fits=" + result)
+        print("global=%d" % d.cuLibraryGetGlobal(lib, b"fits")[2])
+        before = d.cuMemGetInfo()[1]
+        print("unload=%s,%d" % (d.cuLibraryUnload(lib)[0].name, (d.cuMemGetInfo()[1] - before) >> 20))
+        """,
+    )
+    assert values["file_big"] == "CUDA_ERROR_OUT_OF_MEMORY,0"
+    assert values["data_big"] == "CUDA_ERROR_OUT_OF_MEMORY,0"
+    assert "alloc_after_use" not in values
+    assert values["data_fits"] == "CUDA_SUCCESS,48"
+    assert values["global"] == str(48 << 20)
+    assert values["unload"] == "CUDA_SUCCESS,48"
     assert proc.stderr == ""

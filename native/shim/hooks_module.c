@@ -1,83 +1,197 @@
 /*
- * Module globals: the `__device__` and `__constant__` variables of a module are device memory the
- * driver places when the module is loaded into the current context (and frees at cuModuleUnload
- * or with the context).  No allocation call shows it, so unhooked a module with a large global
- * array is memory past the cap.
+ * Module and library globals: the `__device__` and `__constant__` variables of a module are
+ * device memory the driver places when the module is loaded into the current context (and frees
+ * at cuModuleUnload or with the context).  No allocation call shows it, so unhooked a module with
+ * a large global array is memory past the cap.  A library (cuLibraryLoad*, how CUDA 12+
+ * runtimes load every fatbin) is placed per context, at load (EAGER) or at its first use there
+ * (LAZY); the hooks ask for its globals in the current context right after the load, which
+ * places them there under either mode, and charge them like a module's.
  *
- * The names come from the image, the sizes from the driver: a PTX image's module-scope `.global`
- * and `.const` declarations, an ELF cubin's object symbols in its `.nv.global*` and
- * `.nv.constant*` sections; each name is asked of the loaded module with cuModuleGetGlobal, so a
- * name read wrongly costs nothing and the size is the driver's own.  The sum is admitted after
- * the real load (it is only known then): refused, the module is unloaded again and the load
- * fails with CUDA_ERROR_OUT_OF_MEMORY.  Fatbins (what nvcc embeds in programs, possibly
- * compressed) and libraries (cuLibraryLoad*, placed lazily per context) are not read here: what
- * their globals take is in the agent's NVML reconciliation, like the driver's own overhead.
+ * The names come from the image, the sizes from the driver: every identifier of a PTX image (a
+ * superset of its declarations' names, so no lexing difference from the driver can hide one), an
+ * ELF cubin's object symbols in its `.nv.global*` and `.nv.constant*` sections; each distinct
+ * name is asked of the loaded module (cuModuleGetGlobal) or library (cuLibraryGetGlobal), so a
+ * name read wrongly costs one failed lookup and the size is the driver's own.  PTX with a
+ * preprocessor line is refused.  The sum is admitted after the real load (it is only known
+ * then): refused, the module or library is unloaded again and the load fails with
+ * CUDA_ERROR_OUT_OF_MEMORY.  A file (cuModuleLoad, cuLibraryLoadFromFile) is read once, here,
+ * and loaded from those bytes, so what is sized is what is loaded.
+ *
+ * Not read: fatbins (what nvcc embeds in programs, possibly compressed); a library's placement
+ * in a context other than the one current at its load (another device, a context created
+ * later, a load with no current context): what those take is in the agent's NVML
+ * reconciliation, like the driver's own overhead.
  */
 #include "shim.h"
 #include "sharegpu/cubin.h"
 
-#include <stdio.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
-#define MAX_IMAGE_FILE (256u << 20)
 
-
-static bool ident(char c)
+/* A PTX identifier's characters after its first (PTX ISA "Identifiers": followsym). */
+static bool follow(char c)
 {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
            c == '_' || c == '$';
 }
 
-/* Each module-scope `.global` / `.const` declaration of a PTX text: the identifier before its
- * first `[`, `=` or `;`.  Instructions (`ld.global`) have no blank before the directive, and
- * `.extern` declarations place nothing. */
-static void ptx_names(const char *text, void (*fn)(const char *, size_t, void *), void *arg)
+static bool digit(char c)
 {
-    for (const char *p = text; (p = strchr(p, '.')) != NULL; p++) {
-        size_t dir = strncmp(p, ".global", 7) == 0 ? 7 : strncmp(p, ".const", 6) == 0 ? 6 : 0;
-        if (!dir || ident(p[dir]) || (p > text && p[-1] != ' ' && p[-1] != '\t' && p[-1] != '\n'))
-            continue;
-        const char *stmt = p;
-        while (stmt > text && !strchr(";{}\n", stmt[-1]))
-            stmt--;
-        const char *end = p + strcspn(p, "[=;");
-        if (*end == '\0')
-            return;
-        bool external = false;
-        for (const char *q = stmt; q + 7 <= p && !external; q++)
-            external = strncmp(q, ".extern", 7) == 0;
-        const char *e = end;
-        while (e > p && !ident(e[-1]))
-            e--;
-        const char *s = e;
-        while (s > p && ident(s[-1]))
-            s--;
-        if (!external && e > s && s[-1] != '.')
-            fn(s, (size_t)(e - s), arg);
-        p = end;
-    }
+    return c >= '0' && c <= '9';
 }
 
+/* The names already asked of the driver: open addressing over slices of the image, so that a
+ * name written a million times (a register, a label) costs one lookup. */
+struct name_set {
+    struct {
+        const char *s;
+        size_t len;
+    } *slot;
+    size_t cap, n;
+    bool oom;
+};
+
+static uint64_t name_hash(const char *s, size_t len)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    return h;
+}
+
+/* true the first time a name is offered; false after, and when the set cannot grow (then
+ * `oom` is set and the load is refused: a name left unasked could be a global). */
+static bool first_time(struct name_set *set, const char *s, size_t len)
+{
+    if (set->n * 2 >= set->cap) {
+        size_t cap = set->cap ? set->cap * 2 : 1024;
+        __typeof__(set->slot) slot = calloc(cap, sizeof(*slot));
+        if (!slot) {
+            set->oom = true;
+            return false;
+        }
+        for (size_t i = 0; i < set->cap; i++) {
+            if (!set->slot[i].s)
+                continue;
+            size_t k = name_hash(set->slot[i].s, set->slot[i].len) & (cap - 1);
+            while (slot[k].s)
+                k = (k + 1) & (cap - 1);
+            slot[k] = set->slot[i];
+        }
+        free(set->slot);
+        set->slot = slot;
+        set->cap = cap;
+    }
+    size_t k = name_hash(s, len) & (set->cap - 1);
+    for (; set->slot[k].s; k = (k + 1) & (set->cap - 1))
+        if (set->slot[k].len == len && memcmp(set->slot[k].s, s, len) == 0)
+            return false;
+    set->slot[k].s = s;
+    set->slot[k].len = len;
+    set->n++;
+    return true;
+}
+
+/* What the loaded image's globals take, asked name by name of the driver. */
 struct sizing {
-    CUmodule mod;
+    CUresult (*get)(size_t *bytes, void *handle, const char *name);
+    void *handle;
     uint64_t bytes;
+    struct name_set asked;
 };
 
 static void add_global(const char *name, size_t len, void *arg)
 {
     struct sizing *s = arg;
-    char buf[256];
-    if (len >= sizeof buf)
+    if (len == 0 || digit(name[0]) || !first_time(&s->asked, name, len))
         return;
+    char small[256];
+    char *buf = len < sizeof small ? small : malloc(len + 1);
+    if (!buf) {
+        s->asked.oom = true;
+        return;
+    }
     memcpy(buf, name, len);
     buf[len] = '\0';
-    CUdeviceptr p;
     size_t bytes = 0;
-    if (SG_REAL(cuModuleGetGlobal_v2) &&
-        SG_REAL(cuModuleGetGlobal_v2)(&p, &bytes, s->mod, buf) == CUDA_SUCCESS &&
+    if (s->get(&bytes, s->handle, buf) == CUDA_SUCCESS &&
         __builtin_add_overflow(s->bytes, (uint64_t)bytes, &s->bytes))
         s->bytes = UINT64_MAX;
+    if (buf != small)
+        free(buf);
+}
+
+/* Every identifier of a PTX text, offered to fn: a superset of the names its declarations give,
+ * whatever separates them (any whitespace, comments, strings, several declarators, `.visible`,
+ * `.weak`, `.common`, `.align`, dimensions, initialisers).  Reading only declarations would mean
+ * matching the driver's lexer exactly, and every difference would be a name missed, so a hole;
+ * a name offered that is no global costs one failed lookup.  A run of identifier characters is
+ * cut where `%` starts a new identifier (PTX: `%` only begins one), and a run that starts with
+ * digits (a number glued to a name) is also offered without them. */
+static void ptx_identifiers(const char *text, void (*fn)(const char *, size_t, void *), void *arg)
+{
+    const char *p = text;
+    while (*p) {
+        if (!follow(*p) && *p != '%') {
+            p++;
+            continue;
+        }
+        const char *run = p;
+        while (follow(*p) || *p == '%')
+            p++;
+        for (const char *s = run, *e; s < p; s = e) {
+            for (e = s + 1; e < p && *e != '%'; e++)
+                ;
+            const char *name = s;
+            while (name < e && digit(*name))
+                name++;
+            if (name < e)
+                fn(name, (size_t)(e - name), arg);
+        }
+    }
+}
+
+/* The text with every backslash-newline removed (a reader that joins continued lines, as the C
+ * preprocessor does, sees these names); NULL when there is none or no memory (*oom set). */
+static char *spliced(const char *text, bool *oom)
+{
+    if (!strstr(text, "\\\n") && !strstr(text, "\\\r\n"))
+        return NULL;
+    char *out = malloc(strlen(text) + 1), *o = out;
+    if (!out) {
+        *oom = true;
+        return NULL;
+    }
+    for (const char *p = text; *p;) {
+        if (p[0] == '\\' && p[1] == '\n')
+            p += 2;
+        else if (p[0] == '\\' && p[1] == '\r' && p[2] == '\n')
+            p += 3;
+        else
+            *o++ = *p++;
+    }
+    *o = '\0';
+    return out;
+}
+
+/* A preprocessor line (`#` first on a line, PTX ISA "Source Format"): a driver that runs one
+ * could paste a name together that no identifier of the text spells, so such PTX is refused. */
+static bool has_preprocessor_line(const char *text)
+{
+    bool line_start = true;
+    for (const char *p = text; *p; p++) {
+        if (*p == '#' && line_start)
+            return true;
+        if (*p == '\n')
+            line_start = true;
+        else if (!strchr(" \t\r\v\f", *p))
+            line_start = false;
+    }
+    return false;
 }
 
 static void add_cubin_var(const char *name, uint64_t size, void *arg)
@@ -86,45 +200,109 @@ static void add_cubin_var(const char *name, uint64_t size, void *arg)
     add_global(name, strlen(name), arg);
 }
 
-/* What the loaded module's globals take, as far as its image names them. */
-static uint64_t globals_bytes(CUmodule mod, const void *image)
+#define FATBIN_MAGIC 0xBA55ED50u
+#define FATBIN_WRAPPER_MAGIC 0x466243B1u
+
+static bool is_fatbin(const void *image)
 {
-    struct sizing s = {.mod = mod, .bytes = 0};
-    const unsigned char *img = image;
-    if (!img)
-        return 0;
-    if (sg_is_elf(img))
-        sg_cubin_vars(img, MAX_IMAGE_FILE, add_cubin_var, &s);
-    else if (strstr(image, ".version") || strstr(image, ".entry") || strstr(image, ".target"))
-        ptx_names(image, add_global, &s);
-    return s.bytes;
+    uint32_t m;
+    memcpy(&m, image, sizeof m);
+    return m == FATBIN_MAGIC || m == FATBIN_WRAPPER_MAGIC;
 }
 
-/* After a successful real load: admit its globals, or unload it and refuse. */
-static CUresult charge_module(CUresult res, CUmodule *module, const void *image)
+/* An image the shim will not let the driver load: PTX that a preprocessor could rewrite. */
+static bool image_refused(const void *image)
 {
-    if (res != CUDA_SUCCESS || !image)
-        return res;
+    return image && !sg_is_elf(image) && !is_fatbin(image) && has_preprocessor_line(image);
+}
+
+/* Sum the driver's sizes of the globals the image names into s; -1 when the names could not
+ * all be asked (host memory), so the load must be refused. */
+static int globals_bytes(struct sizing *s, const void *image, uint64_t length)
+{
+    if (sg_is_elf(image)) {
+        sg_cubin_vars(image, length, add_cubin_var, s);
+    } else if (!is_fatbin(image)) { /* anything else the driver reads as PTX text */
+        ptx_identifiers(image, add_global, s);
+        char *joined = spliced(image, &s->asked.oom);
+        if (joined)
+            ptx_identifiers(joined, add_global, s);
+        free(joined);
+    }
+    free(s->asked.slot);
+    return s->asked.oom ? -1 : 0;
+}
+
+static CUresult module_global(size_t *bytes, void *mod, const char *name)
+{
+    CUdeviceptr p;
+    return SG_REAL(cuModuleGetGlobal_v2)(&p, bytes, (CUmodule)mod, name);
+}
+
+static CUresult library_global(size_t *bytes, void *lib, const char *name)
+{
+    CUdeviceptr p;
+    return SG_REAL(cuLibraryGetGlobal)(&p, bytes, (CUlibrary)lib, name);
+}
+
+/* Admit the globals the loaded image names (sized by s->get) on the current context's device
+ * and track them under key with that context; 0 when admitted or nothing is placed, else the
+ * error (the caller unloads).  length bounds the offsets followed in a cubin: the file's size,
+ * or none for an image in memory (the driver has just accepted its headers). */
+static int charge_globals(struct sizing *s, const void *image, uint64_t length, uint64_t key)
+{
     CUcontext ctx;
     CUdevice dev;
     if (sg_current_place(&ctx, &dev) != CUDA_SUCCESS || !ctx)
-        return res;
-    uint64_t bytes = globals_bytes(*module, image);
-    if (!bytes)
-        return res;
+        return 0;
+    if (globals_bytes(s, image, length) < 0)
+        return SG_E_NOMEM;
+    if (!s->bytes)
+        return 0;
     struct sg_charge c;
     struct sg_err e;
     sg_err_clear(&e);
-    int rc = sg_reserve(dev, bytes, &c, &e);
-    if (rc == 0) {
-        c.ctx = ctx; /* the module's globals go with its context */
-        if (!c.active || sg_track(SG_KIND_MODULE, (uint64_t)(uintptr_t)*module, &c, &e) == 0)
-            return CUDA_SUCCESS;
-        sg_unreserve(&c);
-        rc = SG_E_NOMEM;
-    }
+    int rc = sg_reserve(dev, s->bytes, &c, &e);
+    if (rc != 0)
+        return rc;
+    c.ctx = ctx; /* the globals go with their context */
+    if (!c.active || sg_track(SG_KIND_MODULE, key, &c, &e) == 0)
+        return 0;
+    sg_unreserve(&c);
+    return SG_E_NOMEM;
+}
+
+/* After a real module load: admit its globals, or unload it and refuse. */
+static CUresult charge_module(CUresult res, CUmodule *module, const void *image, uint64_t length)
+{
+    if (res != CUDA_SUCCESS || !image)
+        return res;
+    struct sizing s = {.get = module_global, .handle = *module};
+    int rc = SG_REAL(cuModuleGetGlobal_v2)
+                 ? charge_globals(&s, image, length, (uint64_t)(uintptr_t)*module)
+                 : SG_E_NOMEM;
+    if (rc == 0)
+        return CUDA_SUCCESS;
     SG_REAL(cuModuleUnload)(*module);
     *module = NULL;
+    return sg_cu_result(rc);
+}
+
+/* After a real library load: its globals are placed in the current context now (asking for
+ * one makes a lazily loading driver load the library there) and admitted, or the library is
+ * unloaded and the load refused. */
+static CUresult charge_library(CUresult res, CUlibrary *library, const void *code, uint64_t length)
+{
+    if (res != CUDA_SUCCESS || !code)
+        return res;
+    struct sizing s = {.get = library_global, .handle = *library};
+    int rc = SG_REAL(cuLibraryGetGlobal)
+                 ? charge_globals(&s, code, length, (uint64_t)(uintptr_t)*library)
+                 : SG_E_NOMEM;
+    if (rc == 0)
+        return CUDA_SUCCESS;
+    SG_REAL(cuLibraryUnload)(*library);
+    *library = NULL;
     return sg_cu_result(rc);
 }
 
@@ -140,8 +318,10 @@ SG_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
     REAL(cuModuleLoadData);
     if (!ACCOUNTED)
         return real_(module, image);
+    if (image_refused(image))
+        return CUDA_ERROR_NOT_SUPPORTED;
     sg_in_hook++;
-    CUresult res = charge_module(real_(module, image), module, image);
+    CUresult res = charge_module(real_(module, image), module, image, UINT64_MAX);
     sg_in_hook--;
     return res;
 }
@@ -152,47 +332,85 @@ SG_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsig
     REAL(cuModuleLoadDataEx);
     if (!ACCOUNTED)
         return real_(module, image, numOptions, options, optionValues);
+    if (image_refused(image))
+        return CUDA_ERROR_NOT_SUPPORTED;
     sg_in_hook++;
     CUresult res =
-        charge_module(real_(module, image, numOptions, options, optionValues), module, image);
+        charge_module(real_(module, image, numOptions, options, optionValues), module, image,
+                      UINT64_MAX);
     sg_in_hook--;
     return res;
 }
 
-/* The file's contents (NUL-terminated), or NULL when it cannot be read. */
-static void *read_image(const char *path)
+#define IMAGE_PAD 8 /* zero bytes after a file's contents: a short file's magic reads stay inside */
+
+/* The whole file, read once (a pipe or a FIFO too, any size), followed by IMAGE_PAD zero bytes;
+ * NULL with *res set to the driver's error for a file it cannot read, or host OOM. */
+static char *read_file(const char *path, size_t *length, CUresult *res)
 {
-    FILE *f = path ? fopen(path, "rb") : NULL;
-    if (!f)
+    int fd = path ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+    if (fd < 0) {
+        *res = path ? CUDA_ERROR_FILE_NOT_FOUND : CUDA_ERROR_INVALID_VALUE;
         return NULL;
-    char *buf = NULL;
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && (unsigned long)n <= MAX_IMAGE_FILE &&
-        fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) != NULL) {
-        if (fread(buf, 1, (size_t)n, f) == (size_t)n) {
-            buf[n] = '\0';
-        } else {
-            free(buf);
-            buf = NULL;
-        }
     }
-    fclose(f);
+    size_t n = 0, cap = 0;
+    char *buf = NULL;
+    for (;;) {
+        if (cap - n < IMAGE_PAD + 4096) {
+            size_t grown = cap ? cap * 2 : 1u << 16;
+            char *nb = grown > cap ? realloc(buf, grown) : NULL;
+            if (!nb) {
+                *res = CUDA_ERROR_OUT_OF_MEMORY;
+                break;
+            }
+            buf = nb;
+            cap = grown;
+        }
+        ssize_t got = read(fd, buf + n, cap - n - IMAGE_PAD);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0) {
+            *res = got < 0 ? CUDA_ERROR_FILE_NOT_FOUND : CUDA_SUCCESS; /* EISDIR, EIO, ... */
+            break;
+        }
+        n += (size_t)got;
+    }
+    close(fd);
+    if (*res != CUDA_SUCCESS) {
+        free(buf);
+        return NULL;
+    }
+    memset(buf + n, 0, IMAGE_PAD);
+    *length = n;
     return buf;
 }
 
+/* Under a tenant the file is read here, once, and those bytes are loaded with cuModuleLoadData
+ * and sized: reading it a second time to size it would miss a pipe (readable once) and a file
+ * swapped between the two reads.  The real cuModuleLoad is never called then. */
 SG_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
 {
     REAL(cuModuleLoad);
     if (!ACCOUNTED)
         return real_(module, fname);
-    sg_in_hook++;
-    CUresult res = real_(module, fname);
-    if (res == CUDA_SUCCESS) {
-        void *image = read_image(fname);
-        res = charge_module(res, module, image);
-        free(image);
+    __typeof__(&cuModuleLoadData) load = SG_REAL(cuModuleLoadData);
+    if (!load)
+        return CUDA_ERROR_NOT_FOUND;
+    if (!module)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t length;
+    CUresult res;
+    char *image = read_file(fname, &length, &res);
+    if (!image)
+        return res;
+    if (image_refused(image)) {
+        res = CUDA_ERROR_NOT_SUPPORTED;
+    } else {
+        sg_in_hook++;
+        res = charge_module(load(module, image), module, image, length);
+        sg_in_hook--;
     }
-    sg_in_hook--;
+    free(image);
     return res;
 }
 
@@ -205,6 +423,81 @@ SG_EXPORT CUresult cuModuleUnload(CUmodule hmod)
     struct sg_charge c;
     bool tracked = sg_untrack(SG_KIND_MODULE, (uint64_t)(uintptr_t)hmod, &c);
     CUresult res = sg_free_end(real_(hmod), tracked, SG_KIND_MODULE, (uint64_t)(uintptr_t)hmod, &c);
+    sg_in_hook--;
+    return res;
+}
+
+/* ---- libraries (CUDA 12+: the runtime loads every fatbin this way) ---- */
+
+#define LIB_ACCOUNTED (!sg_in_hook && sg_configured() && SG_REAL(cuLibraryUnload))
+
+SG_EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
+                                     void **jitOptionsValues, unsigned int numJitOptions,
+                                     CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                                     unsigned int numLibraryOptions)
+{
+    REAL(cuLibraryLoadData);
+    if (!LIB_ACCOUNTED)
+        return real_(library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
+                     libraryOptionValues, numLibraryOptions);
+    if (image_refused(code))
+        return CUDA_ERROR_NOT_SUPPORTED;
+    sg_in_hook++;
+    CUresult res = charge_library(real_(library, code, jitOptions, jitOptionsValues, numJitOptions,
+                                        libraryOptions, libraryOptionValues, numLibraryOptions),
+                                  library, code, UINT64_MAX);
+    sg_in_hook--;
+    return res;
+}
+
+/* As cuModuleLoad: the file is read once here and those bytes are loaded with
+ * cuLibraryLoadData.  CU_LIBRARY_BINARY_IS_PRESERVED is invalid for a file (cuda.h), and must
+ * not reach cuLibraryLoadData, which would keep our buffer. */
+SG_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName,
+                                         CUjit_option *jitOptions, void **jitOptionsValues,
+                                         unsigned int numJitOptions, CUlibraryOption *libraryOptions,
+                                         void **libraryOptionValues, unsigned int numLibraryOptions)
+{
+    REAL(cuLibraryLoadFromFile);
+    if (!LIB_ACCOUNTED)
+        return real_(library, fileName, jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
+                     libraryOptionValues, numLibraryOptions);
+    __typeof__(&cuLibraryLoadData) load = SG_REAL(cuLibraryLoadData);
+    if (!load)
+        return CUDA_ERROR_NOT_FOUND;
+    if (!library || (numLibraryOptions && !libraryOptions))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < numLibraryOptions; i++)
+        if (libraryOptions[i] == 1 /* CU_LIBRARY_BINARY_IS_PRESERVED */)
+            return CUDA_ERROR_INVALID_VALUE;
+    size_t length;
+    CUresult res;
+    char *code = read_file(fileName, &length, &res);
+    if (!code)
+        return res;
+    if (image_refused(code)) {
+        res = CUDA_ERROR_NOT_SUPPORTED;
+    } else {
+        sg_in_hook++;
+        res = charge_library(load(library, code, jitOptions, jitOptionsValues, numJitOptions,
+                                  libraryOptions, libraryOptionValues, numLibraryOptions),
+                             library, code, length);
+        sg_in_hook--;
+    }
+    free(code);
+    return res;
+}
+
+SG_EXPORT CUresult cuLibraryUnload(CUlibrary library)
+{
+    REAL(cuLibraryUnload);
+    if (!LIB_ACCOUNTED)
+        return real_(library);
+    sg_in_hook++;
+    uint64_t key = (uint64_t)(uintptr_t)library;
+    struct sg_charge c;
+    bool tracked = sg_untrack(SG_KIND_MODULE, key, &c);
+    CUresult res = sg_free_end(real_(library), tracked, SG_KIND_MODULE, key, &c);
     sg_in_hook--;
     return res;
 }

@@ -101,6 +101,9 @@ static const struct proc_row rows[] = {
     {"cuModuleLoad", 2000, ANY, H(cuModuleLoad)},
     {"cuModuleLoadData", 2000, ANY, H(cuModuleLoadData)},
     {"cuModuleLoadDataEx", 2010, ANY, H(cuModuleLoadDataEx)},
+    {"cuLibraryLoadData", 12000, ANY, H(cuLibraryLoadData)},
+    {"cuLibraryLoadFromFile", 12000, ANY, H(cuLibraryLoadFromFile)},
+    {"cuLibraryUnload", 12000, ANY, H(cuLibraryUnload)},
     {"cuModuleUnload", 2000, ANY, H(cuModuleUnload)},
 
     /* graph memory: instantiation reads the allocation nodes, launch and upload admit them */

@@ -79,7 +79,7 @@ struct CUfunc_st {
 
 /* A `.global` or `.const` variable of a PTX image: device memory of the module. */
 struct cu_var {
-    char name[96];
+    char *name;            /* malloc'd: PTX names have no length limit */
     uint64_t offset, size;
 };
 
@@ -219,6 +219,9 @@ SIM_HIDDEN CUresult cu_stream_wait(struct CUstream_st *s); /* until all its work
 SIM_HIDDEN CUresult cu_func_check(CUfunction f); /* a CUfunction, or a CUkernel cast to one */
 /* Parses an image into m (ctx NULL): CUDA_ERROR_INVALID_IMAGE for what is no PTX/cubin/fatbin. */
 SIM_HIDDEN CUresult cu_module_parse(struct CUmod_st *m, const void *image);
+/* ptx.c: the variables of a PTX text as a driver reads them (names malloc'd, laid out in order) */
+SIM_HIDDEN CUresult cu_ptx_vars(const char *text, struct cu_var **out, size_t *n, uint64_t *bytes);
+SIM_HIDDEN void cu_vars_free(struct cu_var *v, size_t n);
 /* A live module of ctx from a parsed prototype: copies its names, places and charges its
  * variables on ctx's GPU. */
 SIM_HIDDEN CUresult cu_module_instance(const struct CUmod_st *proto, struct CUctx_st *ctx,

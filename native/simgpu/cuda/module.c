@@ -1,7 +1,7 @@
 /*
  * Modules.  Nothing is compiled or run: a module is the list of its kernel names and its
  * variables.  A PTX image (text) exposes exactly its `.entry` names and its `.global`/`.const`
- * variables, which are device memory of the module: placed and charged to the process when the
+ * variables (read as a driver reads them, ptx.c), which are device memory of the module: placed and charged to the process when the
  * module is loaded, given back when it is unloaded (or its context dies).  An ELF cubin's
  * variables are the object symbols of its global and constant sections (sharegpu/cubin.h); its
  * kernels cannot be listed without the toolkit, so it accepts any kernel name, as does a fatbin,
@@ -58,115 +58,6 @@ static char *ptx_entries(const char *text)
     return out;
 }
 
-/* Bytes of a PTX fundamental type (`.u32`, `.f64`, `.b8`, ...), 0 if it is none. */
-static uint64_t type_bytes(const char *t, size_t len)
-{
-    if (len < 3 || t[0] != '.' || !strchr("ubsf", t[1]))
-        return 0;
-    unsigned bits = (unsigned)strtoul(t + 2, NULL, 10);
-    return (bits == 8 || bits == 16 || bits == 32 || bits == 64 || bits == 128) ? bits / 8 : 0;
-}
-
-/* One variable declaration `[.visible|.weak] (.global|.const) [.align N] .type name[dims] [= {...}];`
- * starting at the state-space directive; 1 with name/size/align filled, 0 if it is none. */
-static int parse_var(const char *p, const char *end, struct cu_var *v, uint64_t *align)
-{
-    uint64_t elem = 0;
-    *align = 1;
-    p += strcspn(p, " \t\r\n"); /* past .global / .const */
-    while (p < end) {
-        while (p < end && isspace((unsigned char)*p))
-            p++;
-        if (*p != '.')
-            break;
-        size_t len = strcspn(p, " \t\r\n;[=");
-        if (len == 6 && strncmp(p, ".align", 6) == 0) {
-            *align = strtoull(p + 6, (char **)&p, 10);
-            continue;
-        }
-        uint64_t b = type_bytes(p, len);
-        if (b)
-            elem = b;
-        p += len;
-    }
-    size_t n = 0;
-    while (p + n < end && ident_char(p[n]))
-        n++;
-    if (!elem || n == 0 || n >= sizeof(v->name))
-        return 0;
-    memcpy(v->name, p, n);
-    v->name[n] = '\0';
-    p += n;
-    uint64_t count = 1;
-    while (p < end && *p == '[') {
-        char *q;
-        unsigned long long d = strtoull(p + 1, &q, 10);
-        if (q == p + 1) { /* `[]`: as many elements as the initializer lists */
-            const char *init = memchr(p, '{', (size_t)(end - p));
-            d = 1;
-            for (const char *c = init; c && c < end && *c != '}'; c++)
-                d += *c == ',';
-        }
-        count *= d ? d : 1;
-        p = strchr(q, ']');
-        if (!p || p >= end)
-            return 0;
-        p++;
-    }
-    v->size = count * elem;
-    if (*align < elem)
-        *align = elem;
-    return 1;
-}
-
-/* Every module-scope `.global`/`.const` variable (not `.extern`), laid out in order. */
-static int ptx_vars(const char *text, struct cu_var **out, size_t *nout, uint64_t *bytes)
-{
-    struct cu_var *vars = NULL;
-    size_t n = 0, cap = 0;
-    uint64_t off = 0;
-    for (const char *p = text; *p;) {
-        const char *g = strstr(p, ".global");
-        const char *c = strstr(p, ".const");
-        const char *d = !g ? c : !c ? g : (g < c ? g : c);
-        if (!d)
-            break;
-        const char *stmt = d;
-        while (stmt > text && stmt[-1] != ';' && stmt[-1] != '}' && stmt[-1] != '{' && stmt[-1] != '\n')
-            stmt--;
-        const char *end = strchr(d, ';');
-        if (!end)
-            break;
-        p = end + 1;
-        /* `ld.global` and friends have a letter right before the directive: not a declaration. */
-        if (d > text && !isspace((unsigned char)d[-1]))
-            continue;
-        if (memmem(stmt, (size_t)(end - stmt), ".extern", 7))
-            continue;
-        struct cu_var v;
-        uint64_t align;
-        if (!parse_var(d, end, &v, &align))
-            continue;
-        if (n == cap) {
-            cap = cap ? cap * 2 : 8;
-            struct cu_var *nv = realloc(vars, cap * sizeof(*nv));
-            if (!nv) {
-                free(vars);
-                return -1;
-            }
-            vars = nv;
-        }
-        off = (off + align - 1) / align * align;
-        v.offset = off;
-        off += v.size;
-        vars[n++] = v;
-    }
-    *out = vars;
-    *nout = n;
-    *bytes = off;
-    return 0;
-}
-
 /* The variables of an ELF cubin (its symbol table), laid out in order, 8-byte aligned. */
 struct elf_vars {
     struct cu_var *vars;
@@ -179,7 +70,7 @@ static void add_elf_var(const char *name, uint64_t size, void *arg)
 {
     struct elf_vars *ev = arg;
     size_t len = strlen(name);
-    if (ev->oom || len == 0 || len >= sizeof(ev->vars->name))
+    if (ev->oom || len == 0)
         return;
     if (ev->n == ev->cap) {
         size_t cap = ev->cap ? ev->cap * 2 : 8;
@@ -191,8 +82,13 @@ static void add_elf_var(const char *name, uint64_t size, void *arg)
         ev->vars = nv;
         ev->cap = cap;
     }
+    char *copy = strdup(name);
+    if (!copy) {
+        ev->oom = 1;
+        return;
+    }
     struct cu_var *v = &ev->vars[ev->n++];
-    memcpy(v->name, name, len + 1);
+    v->name = copy;
     v->size = size;
     v->offset = (ev->off + 7) / 8 * 8;
     ev->off = v->offset + size;
@@ -205,7 +101,7 @@ CUresult cu_module_parse(struct CUmod_st *m, const void *image)
         struct elf_vars ev = {0};
         sg_cubin_vars(image, MAX_IMAGE_FILE, add_elf_var, &ev);
         if (ev.oom) {
-            free(ev.vars);
+            cu_vars_free(ev.vars, ev.n);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
         m->vars = ev.vars;
@@ -220,18 +116,20 @@ CUresult cu_module_parse(struct CUmod_st *m, const void *image)
         return CUDA_ERROR_INVALID_IMAGE;
     m->ptx = 1;
     m->entries = ptx_entries(text);
-    if (!m->entries || ptx_vars(text, &m->vars, &m->nvars, &m->var_bytes) < 0) {
+    if (!m->entries)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = cu_ptx_vars(text, &m->vars, &m->nvars, &m->var_bytes);
+    if (r) {
         free(m->entries);
         m->entries = NULL;
-        return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    return CUDA_SUCCESS;
+    return r;
 }
 
 void cu_module_clear(struct CUmod_st *m)
 {
     free(m->entries);
-    free(m->vars);
+    cu_vars_free(m->vars, m->nvars);
     m->entries = NULL;
     m->vars = NULL;
 }
@@ -253,12 +151,15 @@ CUresult cu_module_instance(const struct CUmod_st *proto, struct CUctx_st *ctx, 
         if (m->entries)
             memcpy(m->entries, proto->entries, len + 1);
     }
+    int names_ok = 1;
     if (proto->nvars) {
-        m->vars = malloc(proto->nvars * sizeof(*m->vars));
-        if (m->vars)
-            memcpy(m->vars, proto->vars, proto->nvars * sizeof(*m->vars));
+        m->vars = calloc(proto->nvars, sizeof(*m->vars));
+        for (size_t i = 0; m->vars && i < proto->nvars; i++) {
+            m->vars[i] = proto->vars[i];
+            names_ok &= (m->vars[i].name = strdup(proto->vars[i].name)) != NULL;
+        }
     }
-    if ((proto->entries && !m->entries) || (proto->nvars && !m->vars)) {
+    if ((proto->entries && !m->entries) || (proto->nvars && !m->vars) || !names_ok) {
         cu_module_clear(m);
         free(m);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -341,7 +242,13 @@ void *cu_read_file(const char *path, CUresult *r)
         if (got == 0)
             break;
     }
+    int unreadable = ferror(f); /* a directory, an I/O error */
     fclose(f);
+    if (unreadable) {
+        free(buf);
+        *r = CUDA_ERROR_FILE_NOT_FOUND;
+        return NULL;
+    }
     if (n < 4) {
         free(buf);
         *r = CUDA_ERROR_INVALID_IMAGE;
