@@ -32,7 +32,7 @@ from arbiterutil import (
     kill_while_holding,
     start_at,
 )
-from conftest import Sim, parse_kv
+from conftest import Sim, parse_kv, python
 from sharegpu import abi, native
 from sharegpu.arbiter import (
     TUNABLES,
@@ -333,6 +333,44 @@ def test_cap_alone_on_an_idle_card_stays_under_its_ceiling(sim: Sim) -> None:
     t = read_arbiter(arbiter_of(sim)).tenant("c")
     assert t is not None
     assert t.throttled_ns == counters["throttled_ns"]
+
+
+MANY_CONTEXTS = """
+    import ctypes, time
+    from cuda.bindings import driver as cu
+    PTX = b".version 8.0\\n.target sm_90\\n.address_size 64\\n.visible .entry spin(.param .u64 us)\\n{\\n ret;\\n}\\n"
+    assert cu.cuInit(0)[0] == 0
+    arg = ctypes.c_uint64(1000)  # 1 ms kernels
+    params = (ctypes.c_void_p * 1)(ctypes.addressof(arg))
+    places = []
+    for _ in range(12):
+        ctx = cu.cuCtxCreate(None, 0, 0)[1]
+        fn = cu.cuModuleGetFunction(cu.cuModuleLoadData(PTX)[1], b"spin")[1]
+        places.append((ctx, fn, cu.cuStreamCreate(0)[1]))
+    t0 = time.monotonic()
+    kernels = 0
+    while time.monotonic() < t0 + 2:
+        for ctx, fn, stream in places:  # one kernel in each context, then wait for them all
+            cu.cuCtxSetCurrent(ctx)
+            assert cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, ctypes.addressof(params), 0)[0] == 0
+            kernels += 1
+        for ctx, _, stream in places:
+            cu.cuCtxSetCurrent(ctx)
+            cu.cuStreamSynchronize(stream)
+    print("achieved=%.4f" % (kernels * 1e-3 / (time.monotonic() - t0)))
+"""
+
+
+def test_a_cap_holds_for_work_on_many_contexts(sim: Sim) -> None:
+    """Issue 34: a release drained the first 8 contexts a hold launched to; the work of a ninth
+    kept running after the token moved on, uncharged, so a 20% cap launching on 12 contexts got
+    more. Every context of the hold is drained now."""
+    c = compute_tenant(sim, "c", "cap", 20)
+    values, proc = python(sim.tenant_env(c), MANY_CONTEXTS)
+    assert proc.returncode == 0, proc.stderr
+    x = float(values["achieved"]) * 100
+    print(f"cap 20%, 1 ms kernels on 12 contexts: {x:.1f}%")
+    assert x <= 25
 
 
 def test_a_high_cap_alone_reaches_its_ceiling(sim: Sim) -> None:

@@ -82,3 +82,12 @@ int sg_stream_ordinal(CUstream s, CUdevice *dev)
     (void)dev;
     return CUDA_ERROR_NOT_SUPPORTED; /* the agent launches nothing */
 }
+
+int sg_grow(void **arr, size_t *cap, size_t n, size_t elem)
+{
+    (void)arr;
+    (void)cap;
+    (void)n;
+    (void)elem;
+    return -1; /* the agent launches nothing, so records no contexts of a hold */
+}

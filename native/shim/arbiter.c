@@ -987,13 +987,20 @@ static bool holding(struct sg_gpu *g)
 
 /* Where this hold's work went: its contexts (drained at release) and its streams, which say
  * what a sync covers (shim.h, SG_HOLD_*). */
-static void register_work(struct sg_gpu *g, CUcontext ctx, CUstream s)
+static int register_work(struct sg_gpu *g, CUcontext ctx, CUstream s)
 {
     bool known = false;
     for (int i = 0; i < g->nctx; i++)
         known |= g->ctxs[i] == ctx;
-    if (!known && g->nctx < (int)(sizeof g->ctxs / sizeof g->ctxs[0]))
+    if (!known) {
+        /* Every context is remembered: one left out would keep running after the release (a
+         * cap tenant launching on a ninth context passed its ceiling with a table of 8). */
+        size_t cap = (size_t)g->ctx_cap;
+        if (sg_grow((void **)&g->ctxs, &cap, (size_t)g->nctx, sizeof *g->ctxs) < 0)
+            return SG_E_NOMEM;
+        g->ctx_cap = (int)cap;
         g->ctxs[g->nctx++] = ctx;
+    }
     if (sg_default_stream(s)) {
         if (g->hold_streams == SG_HOLD_NONE || g->hold_streams == SG_HOLD_DEFAULT)
             g->hold_streams = SG_HOLD_DEFAULT;
@@ -1005,6 +1012,7 @@ static void register_work(struct sg_gpu *g, CUcontext ctx, CUstream s)
     } else if (g->hold_streams != SG_HOLD_ONE || g->hold_stream != s) {
         g->hold_streams = SG_HOLD_MIXED;
     }
+    return 0;
 }
 
 /* A new hold, or none: nothing launched, nothing idle yet. */
@@ -1545,7 +1553,9 @@ CUresult sg_arb_enter_slow(struct sg_gate *gt, CUstream s)
     if (rc == 0) {
         if (g->nctx == 0)
             sg_bc_hold_start(g, ctx); /* before the hold's first launch, the stream idle */
-        register_work(g, ctx, s);
+        rc = register_work(g, ctx, s);
+    }
+    if (rc == 0) {
         *t = (struct sg_arb_tls){.ctx = ctx, .stream = sg_default_stream(s) ? NULL : s,
                                  .epoch = epoch, .g = g,
                                  .token = __atomic_load_n(&g->token, __ATOMIC_RELAXED)};

@@ -379,7 +379,8 @@ struct sg_gpu {
     int live_fd;         /* [mu] the region file, for our liveness lock and tests of others' */
     int tenant;          /* [mu] */
     int nctx;            /* [mu] contexts that launched during this hold (drained at release) */
-    CUcontext ctxs[8];
+    int ctx_cap;         /* [mu] room in ctxs, grown as a hold reaches more contexts */
+    CUcontext *ctxs;     /* [mu] */
     struct sg_burst_clock bc; /* [mu] */
 };
 extern struct sg_gpu sg_gpus[SG_MAX_DEVICES];
