@@ -338,7 +338,8 @@ def test_cap_alone_on_an_idle_card_stays_under_its_ceiling(sim: Sim) -> None:
 MANY_CONTEXTS = """
     import ctypes, time
     from cuda.bindings import driver as cu
-    PTX = b".version 8.0\\n.target sm_90\\n.address_size 64\\n.visible .entry spin(.param .u64 us)\\n{\\n ret;\\n}\\n"
+    PTX = b".version 8.0\\n.target sm_90\\n.address_size 64\\n"
+    PTX += b".visible .entry spin(.param .u64 us)\\n{\\n ret;\\n}\\n"
     assert cu.cuInit(0)[0] == 0
     arg = ctypes.c_uint64(1000)  # 1 ms kernels
     params = (ctypes.c_void_p * 1)(ctypes.addressof(arg))

@@ -1546,7 +1546,7 @@ CUresult sg_arb_enter_slow(struct sg_gate *gt, CUstream s)
             break;
         release(g, d == PREEMPT);
     }
-    if (rc < 0 && region_broken(g->a)) {
+    if (rc < 0 && g->a && region_broken(g->a)) {
         forget_hold(g); /* the lock timed out on the way: this launch goes unarbitrated */
         rc = 1;
     }
