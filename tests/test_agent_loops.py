@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from agentutil import Agent
-from conftest import Sim, parse_kv
+from conftest import REPO, Sim, parse_kv
 from sharegpu import abi, mps, native
 from sharegpu.agent.audit import Auditor
 from sharegpu.agent.events import Event
@@ -564,3 +565,65 @@ def test_the_simulated_context_overhead_is_configured_strictly(sim: Sim) -> None
     assert '"context_overhead_mib" must be less than memory_mib' in bad.stderr
     with_context_overhead(sim, 64)
     assert sim.probe("meminfo")["free"] == str(1024 * MIB - 64 * MIB)  # the probe's own context
+
+
+FORGER = """
+    import ctypes, mmap, os, sys, time
+    from cuda.bindings import driver as d
+    from sharegpu import abi
+    M = 1 << 20
+    assert d.cuInit(0)[0] == 0
+    d.cuCtxSetCurrent(d.cuDevicePrimaryCtxRetain(0)[1])
+    held = [d.cuMemAlloc(100 * M)[1]]
+    fd = os.open(os.path.join(os.environ["SHAREGPU_TENANT"], abi.USAGE_FILE), os.O_RDWR)
+    usage = abi.Usage.from_buffer(mmap.mmap(fd, ctypes.sizeof(abi.Usage)))
+    (slot,) = [s for s in usage.procs if s.pid == os.getpid()]
+    for _ in range(5):  # the ledger says nothing is used before each allocation
+        slot.dev[0].mem_bytes = slot.dev[0].spare_bytes = 0
+        usage.devices[0].mem_used_bytes = usage.devices[0].overhead_bytes = 0
+        err, p = d.cuMemAlloc(800 * M)
+        assert err == d.CUresult.CUDA_SUCCESS, err
+        held.append(p)
+    print("over_ns=%d" % time.monotonic_ns(), flush=True)
+    time.sleep(60)
+"""
+
+
+def test_the_audit_kills_a_tenant_that_forged_its_ledger_within_its_interval(
+    sim_factory, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """The usage file is the tenant's to write: a process that rewrites its own totals gets past
+    its cap (4100 MiB under a 1024 MiB one here). The agent's NVML audit reads what the driver
+    gives the tenant's processes, not the ledger: with `--enforce kill` it kills them within its
+    interval (2 s). What it cannot tell from driver overhead it lets pass: up to the
+    reconciler's 2 GiB per process in the ledger, plus its 256 MiB tolerance."""
+    sim = sim_factory(memory_mib=8192)
+    tenant = sim.tenant("forger", 1024, gpus=[0])
+    agent = Agent(sim, tmp_path / "state", "--enforce", "kill").start()
+    env = {**sim.tenant_env(tenant), "PYTHONPATH": str(REPO / "src")}
+    forger = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(FORGER)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        over_ns = int(wait_line(forger, "over_ns")["over_ns"])
+        try:
+            forger.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"not killed; events: {agent.events()}") from None
+        took = (time.monotonic_ns() - over_ns) / 1e9
+        assert forger.returncode == -signal.SIGKILL
+        (bypass,) = [e for e in agent.events(kind="audit.bypass") if not e["data"].get("cleared")]
+        assert bypass["tenant"] == "forger"
+        assert bypass["data"]["measured_bytes"] == 4100 * MIB
+        assert "its ledger disagrees with the driver" in bypass["message"]
+        (killed,) = agent.events(kind="audit.killed")
+        assert killed["pid"] == forger.pid
+        print(f"forged ledger, 4100 MiB under a 1024 MiB cap: killed {took:.2f} s after the overuse")
+        assert took < 2.0 + 4.0  # one interval, and a tick's lateness on a loaded machine
+    finally:
+        stop(forger)
+        agent.close()
