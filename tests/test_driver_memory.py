@@ -13,6 +13,7 @@ module.c).
 
 from __future__ import annotations
 
+import json
 import struct
 import textwrap
 from collections.abc import Callable
@@ -381,3 +382,103 @@ def test_library_globals_are_charged_at_load_and_given_back_at_unload(
     assert values["global"] == str(48 << 20)
     assert values["unload"] == "CUDA_SUCCESS,48"
     assert proc.stderr == ""
+
+
+# ---------------------------------------------------------------------------------------------
+# the device runtime's reservations: cuCtxSetLimit(SYNC_DEPTH / PENDING_LAUNCH_COUNT)
+
+SLOT = 4096  # bytes the simulated driver places per pending-launch slot (simgpu cuda/limits.c)
+LEVEL = 860  # MiB it places per sync-depth level, the Programming Guide's "up to 860MB"
+
+LIMITS = """
+L = d.CUlimit
+def get(limit):
+    err, value = d.cuCtxGetLimit(limit)
+    return "%s,%d" % (err.name, value or 0)
+def set_(limit, value):
+    before = d.cuMemGetInfo()[1]
+    err = d.cuCtxSetLimit(limit, value)[0]
+    return "%s,%d" % (err.name, (before - d.cuMemGetInfo()[1]) >> 20)
+"""
+
+
+def test_pending_launch_slots_are_placed_and_charged(sim_factory: Callable[..., Sim]) -> None:
+    """Each pending device-runtime launch above the default 2048 is a slot of device memory: the
+    simulated driver places it (refused when the card cannot hold it), the shim charges it,
+    refuses it past the cap, gives it back when lowered and with the context."""
+    sim = sim_factory(memory_mib=1024)
+    pending = "L.CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT"
+    body = LIMITS + textwrap.dedent(f"""
+        print("default=" + get({pending}))
+        print("up=" + set_({pending}, 2048 + 8192))
+        print("over=" + set_({pending}, 2048 + 300 * 256))
+        print("huge=" + set_({pending}, 1 << 62))
+        print("alloc_over=%s" % d.cuMemAlloc(40 * M)[0].name)
+        print("down=" + set_({pending}, 2048))
+        print("alloc=%s" % d.cuMemAlloc(40 * M)[0].name)
+        ctx = d.cuCtxCreate(None, 0, 0)[1]
+        print("other_ctx=" + set_({pending}, 2048 + 4096))
+        d.cuCtxDestroy(ctx)
+        d.cuCtxSetCurrent(d.cuDevicePrimaryCtxRetain(0)[1])
+        print("ctx_gone=%d" % free())
+        """)
+    bare, _ = run(sim.env(), body.replace("300 * 256", "2000 * 256"))
+    assert bare["default"] == "CUDA_SUCCESS,2048"
+    assert bare["up"] == "CUDA_SUCCESS,32"  # 8192 slots of 4 KiB
+    assert bare["over"] == "CUDA_ERROR_OUT_OF_MEMORY,0"  # 2000 MiB more than a 1024 MiB card
+    assert bare["huge"] == "CUDA_ERROR_OUT_OF_MEMORY,0"
+    assert bare["down"] == "CUDA_SUCCESS,-32"
+    assert bare["other_ctx"] == "CUDA_SUCCESS,16"
+    tenant = sim.tenant("t", [CAP], gpus=[0])
+    capped, proc = run(sim.tenant_env(tenant), body)
+    assert capped["up"] == "CUDA_SUCCESS,32"
+    assert capped["over"] == "CUDA_ERROR_OUT_OF_MEMORY,0"  # 300 MiB past a 64 MiB cap
+    assert capped["huge"] == "CUDA_ERROR_OUT_OF_MEMORY,0"
+    assert capped["alloc_over"] == "CUDA_ERROR_OUT_OF_MEMORY"  # 32 + 40 > 64
+    assert capped["down"] == "CUDA_SUCCESS,-32"
+    assert capped["alloc"] == "CUDA_SUCCESS"
+    assert capped["other_ctx"] == "CUDA_SUCCESS,16"
+    assert capped["ctx_gone"] == str(CAP - 40)  # the other context's slots went with it
+    assert proc.stderr == ""
+
+
+def test_sync_depth_levels_are_placed_and_charged_below_compute_capability_9(
+    sim_factory: Callable[..., Sim],
+) -> None:
+    """Below compute capability 9.0 each sync-depth level above the default 2 reserves parent-grid
+    state (860 MiB a level): placed by the simulated driver, charged by the shim, refused past
+    the cap or the card.  From 9.0 on the driver refuses the limit and nothing is placed."""
+    sim = sim_factory(memory_mib=4096)
+    sim.config.write_text(json.dumps({"gpus": sim.gpus, "memory_mib": sim.memory_mib, "cc_major": 8}))
+    depth = "L.CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH"
+    body = LIMITS + textwrap.dedent(f"""
+        print("default=" + get({depth}))
+        print("up=" + set_({depth}, 3))
+        print("over=" + set_({depth}, 8))
+        print("too_deep=" + set_({depth}, 25))
+        print("alloc_over=%s" % d.cuMemAlloc(200 * M)[0].name)
+        print("down=" + set_({depth}, 2))
+        print("alloc=%s" % d.cuMemAlloc(200 * M)[0].name)
+        """)
+    bare, _ = run(sim.env(), body)
+    assert bare["default"] == "CUDA_SUCCESS,2"
+    assert bare["up"] == f"CUDA_SUCCESS,{LEVEL}"
+    assert bare["over"] == "CUDA_ERROR_OUT_OF_MEMORY,0"  # 6 levels: 5160 MiB, a 4096 MiB card
+    assert bare["too_deep"] == "CUDA_ERROR_INVALID_VALUE,0"
+    assert bare["down"] == f"CUDA_SUCCESS,-{LEVEL}"
+    tenant = sim.tenant("t", [1000], gpus=[0])
+    capped, proc = run(sim.tenant_env(tenant), body)
+    assert capped["up"] == f"CUDA_SUCCESS,{LEVEL}"
+    assert capped["over"] == "CUDA_ERROR_OUT_OF_MEMORY,0"
+    assert capped["alloc_over"] == "CUDA_ERROR_OUT_OF_MEMORY"  # 860 + 200 > 1000
+    assert capped["down"] == f"CUDA_SUCCESS,-{LEVEL}"
+    assert capped["alloc"] == "CUDA_SUCCESS"
+    assert proc.stderr == ""
+
+    hopper = sim_factory(memory_mib=4096)  # compute capability 9.0, the default
+    tenant = hopper.tenant("t", [1000], gpus=[0])
+    for env in (hopper.env(), hopper.tenant_env(tenant)):
+        values, _ = run(env, body)
+        assert values["default"] == "CUDA_ERROR_UNSUPPORTED_LIMIT,0"
+        assert values["up"] == "CUDA_ERROR_UNSUPPORTED_LIMIT,0"
+        assert values["alloc"] == "CUDA_SUCCESS"
