@@ -1,11 +1,17 @@
 /*
  * Context limits that take device memory: cuCtxSetLimit.
  *
- * The driver backs three limits with memory of the context that no allocation call returns:
+ * The driver backs five limits with memory of the context that no allocation call returns:
  * the device malloc heap (CU_LIMIT_MALLOC_HEAP_SIZE, what in-kernel malloc() draws on), the
- * printf FIFO, and the per-thread stack, reserved for every thread the GPU can hold resident
- * (CUDA Programming Guide, "Stack size"; multiprocessors x max threads per multiprocessor).
- * Unhooked, a raised heap limit is device memory past the cap (in-kernel malloc of any size).
+ * printf FIFO, the per-thread stack, reserved for every thread the GPU can hold resident
+ * (CUDA Programming Guide, "Stack size"; multiprocessors x max threads per multiprocessor), and
+ * the device runtime's reservations (cuda.h, cuCtxSetLimit): a backing store of parent-grid state
+ * per level of CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH ("up to 860MB" a level, Programming Guide, CDP1
+ * "Memory Footprint"; the limit exists below compute capability 9.0 only, above it the driver
+ * refuses it) and a slot per CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT (no size published: 4 KiB,
+ * the __global__ parameter bytes a slot must hold, our estimate; the agent's reconciliation
+ * counts whatever a driver places beyond it).  Unhooked, a raised heap limit is device memory
+ * past the cap (in-kernel malloc of any size), and so is a raised sync depth (860 MiB a level).
  *
  * Raising a limit is charged like an allocation, before the real call (refused:
  * CUDA_ERROR_OUT_OF_MEMORY, one of cuCtxSetLimit's documented errors); what the context already
@@ -16,10 +22,13 @@
  */
 #include "shim.h"
 
-/* The charge of (ctx, limit) lives in the allocation table under this key. */
+#define SYNC_LEVEL_BYTES (860ull << 20)  /* per CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH level */
+#define PENDING_LAUNCH_BYTES 4096ull      /* per CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT slot */
+
+/* The charge of (ctx, limit) lives in the allocation table under this key (limits 0..4 < 8). */
 static uint64_t limit_key(CUcontext ctx, CUlimit limit)
 {
-    return (uint64_t)(uintptr_t)ctx * 4u + (uint64_t)limit;
+    return (uint64_t)(uintptr_t)ctx * 8u + (uint64_t)limit;
 }
 
 /* Bytes of device memory one unit of the limit costs on dev; 0: the limit takes none. */
@@ -27,6 +36,17 @@ static uint64_t unit_bytes(CUlimit limit, CUdevice dev)
 {
     if (limit == CU_LIMIT_MALLOC_HEAP_SIZE || limit == CU_LIMIT_PRINTF_FIFO_SIZE)
         return 1;
+    if (limit == CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT)
+        return PENDING_LAUNCH_BYTES;
+    if (limit == CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH) {
+        int major = 0;
+        if (!SG_REAL(cuDeviceGetAttribute) ||
+            SG_REAL(cuDeviceGetAttribute)(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                                          dev) != CUDA_SUCCESS ||
+            major <= 0)
+            return UINT64_MAX; /* cannot tell: any growth is refused rather than let through */
+        return major >= 9 ? 0 : SYNC_LEVEL_BYTES; /* 9.0 on: the driver refuses the limit */
+    }
     if (limit != CU_LIMIT_STACK_SIZE)
         return 0;
     int sms = 0, threads = 0;

@@ -49,7 +49,7 @@ class SimConfig:
     memory_bytes: int = 80 * 1024 * MIB
     name: str = "sharegpu simulated H100"
     sm_count: int = 132
-    context_overhead_bytes: int = 0  # memory a process's first context on a GPU takes
+    context_overhead_bytes: int = 0  # memory each context takes
 
     def validate(self) -> None:
         if not 1 <= self.gpus <= 16:

@@ -93,13 +93,13 @@ static int parse_uint(struct parser *ps, const char *key, unsigned long long lo,
 
 enum {
     K_GPUS, K_MEM, K_NAME, K_SM, K_DRV, K_CUDA, K_SLICE, K_CTXMEM, K_PITCH, K_CTXSW, K_PREEMPT,
-    K_MPS, K_COUNT
+    K_MPS, K_CCMAJOR, K_COUNT
 };
 static const char *const keys[K_COUNT] = {"gpus",           "memory_mib",   "name",
                                           "sm_count",       "driver_version", "cuda_version",
                                           "timeslice_us",   "context_overhead_mib",
                                           "pitch_alignment", "ctxsw_us",    "preempt_us",
-                                          "mps_block_us"};
+                                          "mps_block_us", "cc_major"};
 
 static int parse_value(struct parser *ps, int k, struct sim_config *c)
 {
@@ -151,6 +151,13 @@ static int parse_value(struct parser *ps, int k, struct sim_config *c)
             return -1;
         c->mps_block_us = (uint32_t)v;
         return 0;
+    case K_CCMAJOR:
+        /* The compute capability's major number (minor stays 0): 9 (Hopper) by default; below 9
+         * the driver still has the device runtime's sync depth (limits.c). */
+        if (parse_uint(ps, keys[k], 5, 12, &v) < 0)
+            return -1;
+        c->cc_major = (int32_t)v;
+        return 0;
     case K_CTXMEM:
         /* Checked against memory_mib once the whole object is read (sim_config_parse). */
         if (parse_uint(ps, keys[k], 0, 16ull * 1024 * 1024, &v) < 0)
@@ -193,7 +200,7 @@ int sim_config_parse(struct sim_err *e, const char *text, struct sim_config *c)
                                 "unknown key \"%s\" (known: gpus, memory_mib, name, sm_count, "
                                 "driver_version, cuda_version, timeslice_us, "
                                 "context_overhead_mib, pitch_alignment, ctxsw_us, preempt_us, "
-                                "mps_block_us)",
+                                "mps_block_us, cc_major)",
                                 key);
             if (seen[k]++)
                 return sim_fail(e, SIM_ECONFIG, "duplicate key \"%s\"", key);

@@ -41,20 +41,28 @@ CUresult cu_ctx_wait(struct CUctx_st *c)
     return sim_engine_wait(&e, cu_g.st, c->phys, &c->last) < 0 ? cu_result(&e) : CUDA_SUCCESS;
 }
 
-/* Called under cu_g.mu when a context on phys starts (on=1) or ends (on=0).  The first context
- * of the process on a GPU takes the configured context memory; when it does not fit, the start
- * fails (CUDA_ERROR_OUT_OF_MEMORY) and nothing changes. */
+/* Called under cu_g.mu when a context on phys starts (on=1) or ends (on=0).  Every context
+ * takes the configured context memory, as each of a driver's contexts has its own (the first
+ * one of the process on a GPU through sim_set_ctx, which also marks the process as having a
+ * context there); when it does not fit, the start fails (CUDA_ERROR_OUT_OF_MEMORY) and nothing
+ * changes. */
 static CUresult note_live(int phys, int on)
 {
     struct sim_err e = {0};
+    const uint64_t ovh = cu_g.st->cfg.context_overhead_bytes;
     if (on) {
-        if (live_per_gpu[phys] == 0 && sim_set_ctx(&e, cu_g.st, phys, 1) < 0 &&
-            e.code == SIM_ENODEV_MEM)
+        if (live_per_gpu[phys] == 0) {
+            if (sim_set_ctx(&e, cu_g.st, phys, 1) < 0 && e.code == SIM_ENODEV_MEM)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        } else if (ovh && sim_charge(&e, cu_g.st, phys, ovh) < 0 && e.code == SIM_ENODEV_MEM) {
             return CUDA_ERROR_OUT_OF_MEMORY;
+        }
         live_per_gpu[phys]++;
     } else if (--live_per_gpu[phys] == 0) {
         cu_pools_trim_device(phys); /* no context left on the GPU: the pools keep nothing */
         sim_set_ctx(NULL, cu_g.st, phys, 0);
+    } else if (ovh) {
+        sim_uncharge(cu_g.st, phys, ovh);
     }
     return CUDA_SUCCESS;
 }
