@@ -183,10 +183,10 @@ ALERT_CASES: list[dict[str, Any]] = [
         "labels": {**N, "kind": "bypass"},
     },
     {
-        "alert": "SharegpuArbiterLockTimedOut",
+        "alert": "SharegpuArbiterRebuilt",
         "eval": "5m",
-        "fire": [("sharegpu_arbiter_lock_timeouts_total", {**N, "gpu": "GPU-0"}, "0 0 0 1x10")],
-        "quiet": [("sharegpu_arbiter_lock_timeouts_total", {**N, "gpu": "GPU-0"}, "0x12")],
+        "fire": [("sharegpu_arbiter_rebuilds_total", {**N, "gpu": "GPU-0"}, "0 0 0 1x10")],
+        "quiet": [("sharegpu_arbiter_rebuilds_total", {**N, "gpu": "GPU-0"}, "0x12")],
         "labels": {**N, "gpu": "GPU-0"},
     },
     {

@@ -331,13 +331,6 @@ class SharegpuCollector(Collector):
             reaped,
         )
         yield _by_label(
-            "sharegpu_arbiter_rebuilds",
-            "Damaged arbiter regions the agent moved aside and made anew (every launch on the GPU "
-            "failed until then)",
-            "gpu",
-            self.counts.rebuilds(),
-        )
-        yield _by_label(
             "sharegpu_lock_holder_kills",
             "Processes killed because they stayed stopped holding a usage or arbiter region's lock "
             "(every process needing that lock waited)",
@@ -506,6 +499,16 @@ class SharegpuCollector(Collector):
             "sharegpu_arbiter_entry_waits", "Processes that waited for a free client entry instead of failing"
         )
         recoveries = counter("sharegpu_arbiter_recoveries", "Arbiter regions recovered after a crash")
+        # From the agent's events, not the region (a new region counts from 0); every GPU with a
+        # region has a sample, 0 until its first rebuild, so an alert's increase() sees the first.
+        rebuilt = self.counts.rebuilds()
+        rebuilds = _by_label(
+            "sharegpu_arbiter_rebuilds",
+            "Damaged or broken (a lock held past its deadline) arbiter regions the agent moved "
+            "aside and made anew",
+            "gpu",
+            {**dict.fromkeys(arbiters, 0), **rebuilt},
+        )
         lock_timeouts = counter(
             "sharegpu_arbiter_lock_timeouts",
             "Lock attempts that gave up at the deadline (the region is then replaced; counts from 0 again)",
@@ -546,6 +549,7 @@ class SharegpuCollector(Collector):
             entry_waits,
             recoveries,
             lock_timeouts,
+            rebuilds,
         )
         yield from (gauge for _, gauge in settings)
 
