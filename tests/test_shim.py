@@ -22,13 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from cbuild import INCLUDE, SHIM_DIR, gcc
 from conftest import REPO, Sim, parse_kv, python
 from sharegpu import abi, native
 from sharegpu.spec import MIB
 from sharegpu.tenant import DeviceLimit, create_tenant, tenant_status
 
-SHIM_DIR = REPO / "native" / "shim"
-INCLUDE = REPO / "native" / "include"
 CUDA_ERROR_OUT_OF_MEMORY = 2
 CUDA_ERROR_NOT_PERMITTED = 800
 KINDS = ["plain", "pitch", "managed", "async", "pool", "vmm", "array"]
@@ -37,25 +36,6 @@ FAKE_UUID = "GPU-11111111-2222-3333-4444-555555555555"
 
 # ---------------------------------------------------------------------------------------------
 # helpers
-
-
-def gcc(tmp_path: Path, out: str, *args: str) -> Path:
-    target = tmp_path / out
-    cmd = [
-        "gcc",
-        "-std=c11",
-        "-D_GNU_SOURCE",
-        f"-I{INCLUDE}",
-        "-Wall",
-        "-Wextra",
-        "-Werror",
-        "-O2",
-        "-o",
-        str(target),
-        *args,
-    ]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return target
 
 
 def hook_names() -> list[str]:
