@@ -88,13 +88,13 @@ def wait_for_line(proc: subprocess.Popen[str], key: str, timeout: float = 60) ->
 # the library itself
 
 
-def test_exports_are_exactly_the_hooks_dlsym_and_dlopen() -> None:
+def test_exports_are_exactly_the_hooks_dlsym_dlvsym_and_dlopen() -> None:
     nm = subprocess.run(
         ["nm", "-D", "--defined-only", str(native.shim_path())], capture_output=True, text=True, check=True
     ).stdout
     exported = {line.split()[-1].split("@")[0] for line in nm.splitlines() if line.strip()}
     mapped = set(re.findall(r"^\s+(\w+);", (SHIM_DIR / "exports.map").read_text(), flags=re.M))
-    listed = set(hook_names()) | {"dlsym", "dlopen"}
+    listed = set(hook_names()) | {"dlsym", "dlvsym", "dlopen"}
     assert len(hook_names()) == len(set(hook_names())), "a hook is listed twice"
     assert exported == listed
     assert mapped == listed

@@ -105,6 +105,11 @@ void sg_real_cu_all(void);
 void *sg_hook_addr(enum sg_hook_id id);
 /* Hook id for an exact exported name, or -1. */
 int sg_hook_find(const char *name);
+/* Dynamic symbol tables (elfsym.c).  sg_libc_sym: glibc's function `name` at exactly `version`,
+ * from the objects after the shim.  sg_elf_sym: the function `name` that the object with that
+ * .dynamic and load address defines itself, at `version` or (NULL) its default one; NULL if none. */
+void *sg_libc_sym(const char *name, const char *version);
+void *sg_elf_sym(const void *dynamic, uintptr_t base, const char *name, const char *version);
 /* Length of the base of an entry-point name: without a trailing _ptsz/_ptds and then without a
  * trailing _v<digits> ("cuMemAllocAsync_ptsz" -> "cuMemAllocAsync", "cuMemAlloc_v2" ->
  * "cuMemAlloc"). */
