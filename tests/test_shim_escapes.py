@@ -128,3 +128,17 @@ def test_vmm_charge_follows_the_memory_through_an_imported_handle(sim: Sim, tmp_
     assert [int(v) for v in res.all("used")] == [600 * MIB, 600 * MIB, 0]
     assert res.int("after") == CUDA_SUCCESS
     assert_within_cap(res)
+
+
+# ---------------------------------------------------------------------------------------------
+# a process that is not its parent
+
+
+def test_raw_clone_child_is_charged_to_its_own_slot(sim: Sim, tmp_path: Path) -> None:
+    """A child of the clone system call (no atfork handlers) must not charge its memory to its
+    parent's slot: the parent's normal exit would credit 600 MiB the child still holds."""
+    res = run(sim, tmp_path, "raw-clone")
+    assert res.int("parent") == CUDA_SUCCESS
+    assert res.int("child") == CUDA_SUCCESS
+    assert res.int("over") == CUDA_ERROR_OUT_OF_MEMORY, res.stdout
+    assert_within_cap(res)

@@ -12,6 +12,8 @@
  *     dlsym-dlvsym <ver>   the same from dlsym(RTLD_DEFAULT, "dlvsym")
  *     wrapper              wrapa_next() (the first wrapper's RTLD_NEXT) called past the cap, and
  *                          how often each wrapper's cuMemAlloc_v2 ran (calls_a=, calls_b=)
+ *     raw-clone            a child made by the clone system call, past fork's atfork handlers,
+ *                          allocating after its parent exited
  *     vmm-import           a VMM allocation exported and imported in the same process, the
  *                          original released: then as much again
  * Each prints over=<CUresult of an allocation past the cap> (-1: the lookup found nothing), and used=/total= from cuMemGetInfo.
@@ -21,6 +23,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include "sharegpu/cuda_api.h"
@@ -139,6 +143,36 @@ static void vmm_import(void)
     printf("after=%d\n", (int)cuMemCreate(&h3, size, &prop, 0));
 }
 
+/* A raw clone (no atfork handlers run): the parent holds 100 MiB, the child 600 MiB; the parent
+ * exits normally; then the child asks for 500 MiB more, which is past the cap as long as its
+ * 600 MiB count, as they must (the driver frees them only when the child lets go). */
+static void raw_clone(void)
+{
+    CUdeviceptr p = 0;
+    printf("parent=%d\n", (int)cuMemAlloc_v2(&p, 100 * MIB));
+    fflush(stdout);
+    int ready[2], gone[2];
+    if (pipe(ready) || pipe(gone))
+        exit(1);
+    long pid = syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0);
+    if (pid == 0) {
+        char c;
+        close(gone[1]);
+        printf("child=%d\n", (int)cuMemAlloc_v2(&p, 600 * MIB));
+        fflush(stdout);
+        if (write(ready[1], "r", 1) != 1 || read(gone[0], &c, 1) != 0)
+            _exit(1); /* EOF: the parent has exited */
+        try_alloc("over", cuMemAlloc_v2, 500 * MIB);
+        report();
+        fflush(stdout);
+        _exit(0);
+    }
+    char c;
+    if (pid < 0 || read(ready[0], &c, 1) != 1)
+        exit(1);
+    exit(0); /* a normal exit: the shim's destructor gives the parent's slot back */
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
@@ -167,6 +201,9 @@ int main(int argc, char **argv)
         try_alloc("fit", next ? (alloc_fn)next() : NULL, 100 * MIB);
         int *a = (int *)dlsym(RTLD_DEFAULT, "wrapa_calls"), *b = (int *)dlsym(RTLD_DEFAULT, "wrapb_calls");
         printf("calls_a=%d\ncalls_b=%d\n", a ? *a : -1, b ? *b : -1);
+    } else if (strcmp(cmd, "raw-clone") == 0) {
+        raw_clone();
+        return 0;
     } else if (strcmp(cmd, "vmm-import") == 0) {
         vmm_import();
         return 0;
