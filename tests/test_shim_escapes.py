@@ -9,7 +9,8 @@ CUDA_ERROR_OUT_OF_MEMORY and the tenant's usage, as its views show it, must stay
 - RTLD_NEXT from a library preloaded after the shim (the tracing-wrapper idiom), which must
   still reach the next interposer when there is one;
 - a second VMM handle of the same memory (export + import in one process), which must keep the
-  charge after the first is released.
+  charge after the first is released;
+- a child of the raw clone system call (no atfork handlers), which must not charge its parent.
 """
 
 from __future__ import annotations
