@@ -22,13 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from cbuild import INCLUDE, SHIM_DIR, gcc
 from conftest import REPO, Sim, parse_kv, python
 from sharegpu import abi, native
 from sharegpu.spec import MIB
 from sharegpu.tenant import DeviceLimit, create_tenant, tenant_status
 
-SHIM_DIR = REPO / "native" / "shim"
-INCLUDE = REPO / "native" / "include"
 CUDA_ERROR_OUT_OF_MEMORY = 2
 CUDA_ERROR_NOT_PERMITTED = 800
 KINDS = ["plain", "pitch", "managed", "async", "pool", "vmm", "array"]
@@ -37,25 +36,6 @@ FAKE_UUID = "GPU-11111111-2222-3333-4444-555555555555"
 
 # ---------------------------------------------------------------------------------------------
 # helpers
-
-
-def gcc(tmp_path: Path, out: str, *args: str) -> Path:
-    target = tmp_path / out
-    cmd = [
-        "gcc",
-        "-std=c11",
-        "-D_GNU_SOURCE",
-        f"-I{INCLUDE}",
-        "-Wall",
-        "-Wextra",
-        "-Werror",
-        "-O2",
-        "-o",
-        str(target),
-        *args,
-    ]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return target
 
 
 def hook_names() -> list[str]:
@@ -108,13 +88,13 @@ def wait_for_line(proc: subprocess.Popen[str], key: str, timeout: float = 60) ->
 # the library itself
 
 
-def test_exports_are_exactly_the_hooks_dlsym_and_dlopen() -> None:
+def test_exports_are_exactly_the_hooks_dlsym_dlvsym_and_dlopen() -> None:
     nm = subprocess.run(
         ["nm", "-D", "--defined-only", str(native.shim_path())], capture_output=True, text=True, check=True
     ).stdout
     exported = {line.split()[-1].split("@")[0] for line in nm.splitlines() if line.strip()}
     mapped = set(re.findall(r"^\s+(\w+);", (SHIM_DIR / "exports.map").read_text(), flags=re.M))
-    listed = set(hook_names()) | {"dlsym", "dlopen"}
+    listed = set(hook_names()) | {"dlsym", "dlvsym", "dlopen"}
     assert len(hook_names()) == len(set(hook_names())), "a hook is listed twice"
     assert exported == listed
     assert mapped == listed

@@ -255,6 +255,8 @@ SG_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
     if (res == CUDA_SUCCESS) {
         res = real_(handle, size, prop, flags);
         res = sg_alloc_end(res, SG_KIND_VMM, res == CUDA_SUCCESS ? *handle : 0, &c);
+        if (res == CUDA_SUCCESS)
+            sg_vmm_created(*handle);
     }
     sg_in_hook--;
     return res;
@@ -344,11 +346,41 @@ SG_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     struct sg_charge c;
     bool tracked = sg_untrack(SG_KIND_VMM, handle, &c);
     CUresult res = real_(handle);
-    /* Still mapped: the memory lives on until the last unmap (vmmlife.c), and so does the charge. */
-    if (res == CUDA_SUCCESS && tracked && sg_vmm_hold_if_mapped(handle, &c))
+    /* Still mapped, or another handle of it alive: the memory lives on (vmmlife.c), and so does
+     * the charge. */
+    if (res == CUDA_SUCCESS && !sg_vmm_release(handle, tracked ? &c : NULL))
         tracked = false;
     res = sg_free_end(res, tracked, SG_KIND_VMM, handle, &c);
     sg_in_hook--;
+    return res;
+}
+
+/* A POSIX descriptor of a VMM allocation: remembered, so that importing it again in this
+ * process is known as a second handle of the same memory (vmmlife.c).  Other handle types
+ * (Win32, fabric) are not known there: their import is another process's memory. */
+SG_EXPORT CUresult cuMemExportToShareableHandle(void *shareableHandle,
+                                                CUmemGenericAllocationHandle handle,
+                                                CUmemAllocationHandleType handleType,
+                                                unsigned long long flags)
+{
+    REAL(cuMemExportToShareableHandle);
+    FORWARD_IF_PASSIVE(shareableHandle, handle, handleType, flags);
+    CUresult res = real_(shareableHandle, handle, handleType, flags);
+    if (res == CUDA_SUCCESS && handleType == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        sg_vmm_exported(handle, *(int *)shareableHandle);
+    return res;
+}
+
+SG_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+                                                  void *osHandle,
+                                                  CUmemAllocationHandleType shHandleType)
+{
+    REAL(cuMemImportFromShareableHandle);
+    FORWARD_IF_PASSIVE(handle, osHandle, shHandleType);
+    CUresult res = real_(handle, osHandle, shHandleType);
+    /* The driver takes a descriptor cast to the pointer, not a pointer to it. */
+    if (res == CUDA_SUCCESS && shHandleType == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        sg_vmm_imported(*handle, (int)(intptr_t)osHandle);
     return res;
 }
 

@@ -220,10 +220,17 @@ static void usage_unlock(void)
     pthread_mutex_unlock(&sg_usage_map->lock.mutex);
 }
 
+static void forget_parent(void);
+
 /* Our slot, claimed on first use.  -1 when every slot is taken by a live process. */
 static int ensure_slot_locked(void)
 {
     struct sg_usage *u = sg_usage_map;
+    /* A child of a raw clone system call ran no atfork handler: it still has its parent's
+     * identity and slot, and would charge the parent, whose exit would then credit memory the
+     * child still holds.  One getpid() per admission tells it (fork's children never differ). */
+    if (self.pid && self.pid != (int32_t)getpid())
+        forget_parent();
     uint32_t n = u->slot_count < SG_MAX_PROCS ? u->slot_count : SG_MAX_PROCS;
     if (self_slot >= 0 && (uint32_t)self_slot < n && mine(&u->procs[self_slot]))
         return self_slot;
@@ -997,16 +1004,15 @@ static void atfork_parent(void)
     map_lock_give();
 }
 
-static void atfork_child(void)
+/* The child holds none of the parent's device memory and claims its own slot on its first
+ * allocation.  Run single-threaded: by fork's atfork handler, or by the first admission of a
+ * raw clone's child. */
+static void forget_parent(void)
 {
-    /* The child holds none of the parent's device memory and claims its own slot on its first
-     * allocation. */
     free(tab);
     tab = NULL;
     tab_mask = 0;
     tab_count = 0;
-    map_lock = 0;
-    pthread_mutex_init(&ordinal_lock, NULL);
     memset(&self, 0, sizeof self);
     self_slot = -1;
     memset(own_spare, 0, sizeof own_spare);
@@ -1014,6 +1020,13 @@ static void atfork_child(void)
     if (live_fd >= 0)
         close(live_fd); /* the parent's liveness lock stays the parent's */
     live_fd = -1;
+}
+
+static void atfork_child(void)
+{
+    map_lock = 0;
+    pthread_mutex_init(&ordinal_lock, NULL);
+    forget_parent();
 }
 
 void sg_ledger_setup(void)

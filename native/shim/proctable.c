@@ -76,6 +76,8 @@ static const struct proc_row rows[] = {
     {"cuMemFreeAsync", 11020, ANY, H(cuMemFreeAsync)},
     {"cuMemRelease", 10020, ANY, H(cuMemRelease)},
     {"cuMemMap", 10020, ANY, H(cuMemMap)},
+    {"cuMemExportToShareableHandle", 10020, ANY, H(cuMemExportToShareableHandle)},
+    {"cuMemImportFromShareableHandle", 10020, ANY, H(cuMemImportFromShareableHandle)},
     {"cuMemUnmap", 10020, ANY, H(cuMemUnmap)},
     {"cuArrayDestroy", 2000, ANY, H(cuArrayDestroy)},
     {"cuArray3DCreate", 3020, ANY, H(cuArray3DCreate_v2)},

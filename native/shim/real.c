@@ -11,6 +11,7 @@
  *      version table of proctable.c when the pointer is not one we can name).
  */
 #include <dlfcn.h>
+#include <link.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -138,30 +139,36 @@ void sg_log_once(int *once, const char *fmt, ...)
     (void)w;
 }
 
-/* ---- the real dlsym --------------------------------------------------------------------- */
+/* ---- the real dlsym, dlvsym and dlopen ------------------------------------------------------ */
 
-/* The next definition of a libdl function after ours, by glibc's symbol versions (2.34 moved
- * libdl into libc; older glibc has only the 2.2.5 version). */
-static void *libc_next(const char *name)
+/* glibc's definition of a libdl function, by its symbol versions (2.34 moved libdl into libc;
+ * older glibc has only the 2.2.5 version).  Read from the symbol tables (libcsym.c): asking
+ * dlvsym would reach our own. */
+static void *libc_fn(const char *name)
 {
-    void *p = dlvsym(RTLD_NEXT, name, "GLIBC_2.34");
-    return p ? p : dlvsym(RTLD_NEXT, name, "GLIBC_2.2.5");
+    void *p = sg_libc_sym(name, "GLIBC_2.34");
+    return p ? p : sg_libc_sym(name, "GLIBC_2.2.5");
 }
 
 typedef void *(*sg_dlsym_fn)(void *, const char *);
-static sg_dlsym_fn real_dlsym_ptr;
+typedef void *(*sg_dlvsym_fn)(void *, const char *, const char *);
+typedef void *(*sg_dlopen_fn)(const char *, int);
 
-static sg_dlsym_fn real_dlsym(void)
-{
-    sg_dlsym_fn fn = __atomic_load_n(&real_dlsym_ptr, __ATOMIC_ACQUIRE);
-    if (fn)
-        return fn;
-    /* dlvsym is not ours, so this cannot recurse.  Both look-ups give the same pointer to every
-     * thread, so a race only repeats the work. */
-    fn = (sg_dlsym_fn)libc_next("dlsym");
-    __atomic_store_n(&real_dlsym_ptr, fn, __ATOMIC_RELEASE);
-    return fn;
-}
+/* Each found once: every thread finds the same pointer, so a race only repeats the work. */
+#define SG_LIBC_FN(fn_name, type, name)                                                                \
+    static type fn_name##_ptr;                                                                     \
+    static type fn_name(void)                                                                      \
+    {                                                                                              \
+        type fn = __atomic_load_n(&fn_name##_ptr, __ATOMIC_ACQUIRE);                               \
+        if (!fn) {                                                                                 \
+            fn = (type)libc_fn(name);                                                              \
+            __atomic_store_n(&fn_name##_ptr, fn, __ATOMIC_RELEASE);                                \
+        }                                                                                          \
+        return fn;                                                                                 \
+    }
+SG_LIBC_FN(real_dlsym, sg_dlsym_fn, "dlsym")
+SG_LIBC_FN(real_dlvsym, sg_dlvsym_fn, "dlvsym")
+SG_LIBC_FN(real_dlopen, sg_dlopen_fn, "dlopen")
 
 /* ---- resolving the real functions (each once, on first use) ----------------------------- */
 
@@ -234,7 +241,13 @@ int sg_hook_find(const char *name)
     return -1;
 }
 
-/* ---- dlsym -------------------------------------------------------------------------------- */
+/* ---- dlsym and dlvsym ------------------------------------------------------------------------ */
+
+/*
+ * Every lookup a program can make lands here: dlsym, and dlvsym of any version.  A hooked name
+ * found by the real lookup is answered with its hook; dlsym, dlvsym and dlopen with ours (through
+ * glibc's, a program would reach the driver past the shim).  RTLD_NEXT is different (below).
+ */
 
 static void *launder(const void *p)
 {
@@ -243,38 +256,157 @@ static void *launder(const void *p)
     return q;
 }
 
-static void *dlsym_impl(void *handle, const char *name)
+/* Ours for glibc's dlsym, dlvsym and dlopen (one address serves all their versions); else p. */
+static void *ours_for_libc(void *p)
 {
-    sg_dlsym_fn dls = real_dlsym();
-    if (!dls)
-        return NULL;
-    void *p = dls(handle, name);
-    /* glibc declares name nonnull; a NULL from a buggy caller is passed on, never read. */
-    if (!p || !launder(name) || !sg_configured())
-        return p;
+    if (p == (void *)real_dlsym())
+        return (void *)&dlsym;
+    if (p == (void *)real_dlvsym())
+        return (void *)&dlvsym;
+    if (p == (void *)real_dlopen())
+        return (void *)&dlopen;
+    return p;
+}
+
+/* Ours for a lookup of dlsym, dlvsym or dlopen by name, whoever defines it (a second libc in a
+ * dlmopen namespace too); NULL for other names. */
+static void *ours_by_name(const char *name)
+{
     if (strcmp(name, "dlsym") == 0)
         return (void *)&dlsym;
+    if (strcmp(name, "dlvsym") == 0)
+        return (void *)&dlvsym;
+    if (strcmp(name, "dlopen") == 0)
+        return (void *)&dlopen;
+    return NULL;
+}
+
+/* What a lookup of `name` on a handle that found p (not NULL) returns to the program. */
+static void *answer(const char *name, void *p)
+{
     int id = sg_hook_find(name);
-    return id >= 0 ? sg_hook_addr((enum sg_hook_id)id) : p;
+    if (id >= 0)
+        return sg_hook_addr((enum sg_hook_id)id);
+    void *ours = ours_by_name(name);
+    return ours ? ours : p;
+}
+
+/* The object (link map) that holds address p, NULL if none. */
+static struct link_map *object_of(const void *p)
+{
+    Dl_info info;
+    struct link_map *lm = NULL;
+    if (!dladdr1(p, &info, (void **)&lm, RTLD_DL_LINKMAP))
+        return NULL;
+    return lm;
+}
+
+/* Is p a function of the real libcuda or libnvidia-ml, the objects the hooks forward to? */
+static bool in_driver(int id, const void *p)
+{
+    void *h;
+    if (sg_hook_lib[id] == SG_LIB_CU) {
+        open_cu_once();
+        h = cu_handle;
+    } else {
+        open_nvml_once();
+        h = nvml_handle;
+    }
+    struct link_map *lm = NULL;
+    return h && dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm && object_of(p) == lm;
 }
 
 /*
- * RTLD_NEXT is resolved relative to the caller, which glibc finds from the return address.  So
- * for RTLD_NEXT we must jump to the real dlsym with our caller's return address intact: a
- * sibling call, which the optimize attribute asks for even in a -O0 build (another preloaded
- * library wrapping malloc with dlsym(RTLD_NEXT, "malloc") would otherwise find itself).
+ * RTLD_NEXT is resolved relative to the caller, which glibc finds from its return address, so a
+ * plain forward must be a sibling call (below).  But the next definition of a hooked name after
+ * a library loaded after the shim (a tracing wrapper's dlsym(RTLD_NEXT, "cuMemAlloc_v2")) is the
+ * driver's own, past the cap; and glibc's answer cannot be post-processed without losing the
+ * caller.  For those names only we find the next definition ourselves, as glibc does: the
+ * caller's object from the return address (dladdr1), then the first object after it in load
+ * order that defines the name itself (read from its symbol table, elfsym.c).  It is the
+ * next interposer, left alone, or the driver, answered with the hook, or glibc's dl* function,
+ * answered with ours.  (glibc skips objects dlopen'ed RTLD_LOCAL; the public interface cannot
+ * tell them, so such an object's own definition is returned where glibc would look past it: it
+ * is never the driver's, which is what matters here.)
+ */
+static void *next_definition(const void *caller, const char *name, const char *version)
+{
+    struct link_map *from = object_of(caller);
+    if (!from)
+        return NULL;
+    for (struct link_map *o = from->l_next; o; o = o->l_next) {
+        void *p = sg_elf_sym(o->l_ld, o->l_addr, name, version);
+        if (p)
+            return p;
+    }
+    return NULL;
+}
+
+/* Does RTLD_NEXT for name need our answer (see above), not a plain forward? */
+static bool next_needs_us(const char *name)
+{
+    if (!launder(name) || !sg_configured())
+        return false;
+    return sg_hook_find(name) >= 0 || ours_by_name(name) != NULL;
+}
+
+static void *next_answer(const void *caller, const char *name, const char *version)
+{
+    if (!real_dlsym() || !real_dlvsym())
+        return NULL;
+    void *p = next_definition(caller, name, version);
+    if (!p)
+        return NULL;
+    int id = sg_hook_find(name);
+    if (id >= 0)
+        return in_driver(id, p) ? sg_hook_addr((enum sg_hook_id)id) : p;
+    return ours_for_libc(p);
+}
+
+/* A handle other than RTLD_NEXT: the real lookup, then our answer. */
+static void *lookup(void *handle, const char *name, const char *version)
+{
+    sg_dlsym_fn dls = real_dlsym();
+    sg_dlvsym_fn dlv = real_dlvsym();
+    if (!dls || (version && !dlv))
+        return NULL;
+    void *p = version ? dlv(handle, name, version) : dls(handle, name);
+    /* glibc declares name nonnull; a NULL from a buggy caller is passed on, never read. */
+    if (!p || !launder(name) || !sg_configured())
+        return p;
+    return answer(name, p);
+}
+
+/*
+ * The forwards under RTLD_NEXT are sibling calls, which the optimize attribute asks for even in
+ * a -O0 build, so that glibc sees our caller's return address (another preloaded library
+ * wrapping malloc with dlsym(RTLD_NEXT, "malloc") would otherwise find itself).
  * tests/test_shim.py checks this with two preloaded libraries.
  */
-SG_EXPORT __attribute__((optimize("O2", "optimize-sibling-calls"))) void *
+SG_EXPORT __attribute__((optimize("O2", "optimize-sibling-calls"), noinline)) void *
 dlsym(void *__restrict handle, const char *__restrict name)
 {
-    if (handle == RTLD_NEXT) {
-        sg_dlsym_fn dls = real_dlsym();
-        if (dls)
-            return dls(handle, name); /* tail call */
-        return NULL;
-    }
-    return dlsym_impl(handle, name);
+    if (handle != RTLD_NEXT)
+        return lookup(handle, name, NULL);
+    if (next_needs_us(name))
+        return next_answer(__builtin_return_address(0), name, NULL);
+    sg_dlsym_fn dls = real_dlsym();
+    if (dls)
+        return dls(handle, name); /* tail call */
+    return NULL;
+}
+
+SG_EXPORT __attribute__((optimize("O2", "optimize-sibling-calls"), noinline)) void *
+dlvsym(void *__restrict handle, const char *__restrict name, const char *__restrict version)
+{
+    if (handle != RTLD_NEXT)
+        return lookup(handle, name, version);
+    if (next_needs_us(name))
+        return next_answer(__builtin_return_address(0), name, version);
+    sg_dlvsym_fn dlv = real_dlvsym();
+    if (dlv)
+        return dlv(handle, name, version); /* tail call */
+    return NULL;
 }
 
 /* ---- dlopen: no RTLD_DEEPBIND past the shim ------------------------------------------------ */
@@ -286,19 +418,6 @@ dlsym(void *__restrict handle, const char *__restrict name)
  * reached by a sibling call, as dlsym above is, so glibc still sees the caller's return address
  * and resolves the caller's RUNPATH and $ORIGIN as without us.
  */
-typedef void *(*sg_dlopen_fn)(const char *, int);
-static sg_dlopen_fn real_dlopen_ptr;
-
-static sg_dlopen_fn real_dlopen(void)
-{
-    sg_dlopen_fn fn = __atomic_load_n(&real_dlopen_ptr, __ATOMIC_ACQUIRE);
-    if (fn)
-        return fn;
-    fn = (sg_dlopen_fn)libc_next("dlopen");
-    __atomic_store_n(&real_dlopen_ptr, fn, __ATOMIC_RELEASE);
-    return fn;
-}
-
 static int deepbind_logged;
 
 SG_EXPORT __attribute__((optimize("O2", "optimize-sibling-calls"))) void *

@@ -105,6 +105,11 @@ void sg_real_cu_all(void);
 void *sg_hook_addr(enum sg_hook_id id);
 /* Hook id for an exact exported name, or -1. */
 int sg_hook_find(const char *name);
+/* Dynamic symbol tables (elfsym.c).  sg_libc_sym: glibc's function `name` at exactly `version`,
+ * from the objects after the shim.  sg_elf_sym: the function `name` that the object with that
+ * .dynamic and load address defines itself, at `version` or (NULL) its default one; NULL if none. */
+void *sg_libc_sym(const char *name, const char *version);
+void *sg_elf_sym(const void *dynamic, uintptr_t base, const char *name, const char *version);
 /* Length of the base of an entry-point name: without a trailing _ptsz/_ptds and then without a
  * trailing _v<digits> ("cuMemAllocAsync_ptsz" -> "cuMemAllocAsync", "cuMemAlloc_v2" ->
  * "cuMemAlloc"). */
@@ -259,9 +264,15 @@ bool sg_stream_capturing(CUstream stream, bool per_thread);
 void sg_async_free_queue(CUstream stream, bool per_thread, const struct sg_charge *c);
 void sg_async_free_settle(void);
 
-/* vmmlife.c: a released handle that is still mapped keeps its charge until its last unmap;
- * true when it was kept (the caller must not credit it). */
-bool sg_vmm_hold_if_mapped(CUmemGenericAllocationHandle handle, const struct sg_charge *c);
+/* vmmlife.c: a VMM allocation's charge lasts until its last handle is released and its last
+ * mapping unmapped.  created: a new charged handle; exported/imported: a POSIX descriptor of it
+ * left or came back (an import of our own export is a second handle of the same allocation);
+ * release: handle released after the real call succeeded, c its charge if it was the charged
+ * one (else NULL); true when the caller must credit c now (nothing else keeps the memory). */
+void sg_vmm_created(CUmemGenericAllocationHandle handle);
+void sg_vmm_exported(CUmemGenericAllocationHandle handle, int fd);
+void sg_vmm_imported(CUmemGenericAllocationHandle handle, int fd);
+bool sg_vmm_release(CUmemGenericAllocationHandle handle, const struct sg_charge *c);
 
 /* Reserve bytes on device ordinal `dev` (or uuid when dev < 0 and uuid != NULL) against the
  * cap, atomically across the tenant's processes.  Inert: returns 0 with c->active = false. */

@@ -11,10 +11,13 @@
  * Sharing between processes: a handle created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR gets
  * a memfd of its own (named "simgpu-vmm:gpu<N>", sealed against resizing); exporting it gives a
  * new file descriptor of that memfd, and importing one (received over a Unix socket, or through
- * pidfd_getfd) makes a handle whose mappings share the exporter's pages.  The memory stays
- * charged to the process that created it, as a driver attributes it, until that process has
- * released and unmapped it (or exited); an importer's handle is never charged.  A descriptor that
- * is not such a memfd is refused with CUDA_ERROR_INVALID_VALUE.
+ * pidfd_getfd) makes a handle whose mappings share the exporter's pages.  As the driver, the
+ * memory lives while any handle or mapping of it lives: an import of our own export in the same
+ * process is the same allocation (one charge, ended by the last handle and mapping of either);
+ * an import of another process's is charged to the importer too, until it has released and
+ * unmapped it, so memory that outlives its creator's handles never leaves the card's count (it
+ * is counted twice while both hold it: a difference that only makes the card look fuller).  A
+ * descriptor that is not such a memfd is refused with CUDA_ERROR_INVALID_VALUE.
  */
 #include "cu.h"
 
@@ -34,7 +37,9 @@ struct vmm_handle {
     int refs;         /* live mappings */
     int released;
     int fd;           /* an exportable or imported handle's own memfd, else -1 (shared backing) */
-    int imported;     /* another process's memory: never charged here */
+    int imported;     /* memory created elsewhere: charged here only if another process's */
+    int sharers;      /* live handles imported from this one's export in this process */
+    struct vmm_handle *origin; /* an import of our own export: the handle it shares */
     uint64_t off;     /* in the memfd */
     size_t size;
 };
@@ -116,10 +121,11 @@ static struct vmm_handle *handle_find(CUmemGenericAllocationHandle hv, size_t *i
     return NULL;
 }
 
-/* Under vmm_mu: frees the handle if released and unmapped; returns the bytes to uncharge. */
+/* Under vmm_mu: frees the handle if released, unmapped and shared by no import of it; returns
+ * the bytes to uncharge.  The last import of our own export to go takes its origin with it. */
 static uint64_t handle_maybe_destroy(struct vmm_handle *h, int *phys)
 {
-    if (!h->released || h->refs > 0)
+    if (!h->released || h->refs > 0 || h->sharers > 0)
         return 0;
     size_t idx;
     if (!handle_find((CUmemGenericAllocationHandle)(uintptr_t)h, &idx))
@@ -131,9 +137,14 @@ static uint64_t handle_maybe_destroy(struct vmm_handle *h, int *phys)
         fallocate(memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)h->off, (off_t)h->size);
         arena_give(&backing, h->off, h->size);
     }
-    uint64_t b = h->imported ? 0 : h->size;
+    struct vmm_handle *origin = h->origin;
+    uint64_t b = h->origin ? 0 : h->size; /* an import of another process's: charged at import */
     *phys = h->phys;
     free(h);
+    if (origin) {
+        origin->sharers--;
+        b = handle_maybe_destroy(origin, phys);
+    }
     return b;
 }
 
@@ -520,6 +531,21 @@ static int exported_gpu(int fd, size_t *size)
     return phys >= 0 && phys < SIM_MAX_GPUS ? phys : -1;
 }
 
+/* Under vmm_mu: the live handle of this process whose export fd is (its memfd), NULL if none. */
+static struct vmm_handle *local_origin(int fd)
+{
+    struct stat want, sb;
+    if (fstat(fd, &want) < 0)
+        return NULL;
+    for (size_t i = 0; i < nhandles; i++) {
+        struct vmm_handle *h = handles[i];
+        if (h->fd >= 0 && !h->imported && fstat(h->fd, &sb) == 0 && sb.st_dev == want.st_dev &&
+            sb.st_ino == want.st_ino)
+            return h;
+    }
+    return NULL;
+}
+
 SIM_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
                                                    void *osHandle,
                                                    CUmemAllocationHandleType shHandleType)
@@ -539,13 +565,25 @@ SIM_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle 
     int own = fcntl(fd, F_DUPFD_CLOEXEC, 0); /* the caller keeps (and closes) its descriptor */
     struct vmm_handle *h = calloc(1, sizeof(*h));
     pthread_mutex_lock(&vmm_mu);
+    struct vmm_handle *origin = own >= 0 ? local_origin(own) : NULL;
     int ok = own >= 0 && h &&
              grow_array((void **)&handles, &caphandles, nhandles, sizeof(*handles)) == 0;
     if (ok) {
-        *h = (struct vmm_handle){.phys = phys, .fd = own, .imported = 1, .size = size};
+        *h = (struct vmm_handle){.phys = phys, .fd = own, .imported = 1, .size = size, .origin = origin};
         handles[nhandles++] = h;
+        if (origin)
+            origin->sharers++;
     }
     pthread_mutex_unlock(&vmm_mu);
+    struct sim_err e = {0};
+    if (ok && !origin && sim_charge(&e, cu_g.st, phys, size) < 0) {
+        int p = -1;
+        pthread_mutex_lock(&vmm_mu);
+        h->released = 1;
+        handle_maybe_destroy(h, &p);
+        pthread_mutex_unlock(&vmm_mu);
+        return cu_result(&e);
+    }
     if (!ok) {
         if (own >= 0)
             close(own);

@@ -1,0 +1,145 @@
+"""Ways past the memory cap through symbol lookup and shared handles (issue 34), each kept closed.
+
+Every test builds native/shim/tests/escapes.c (a program linked against libcuda.so.1 with one
+command per way, and a tracing-wrapper library) and runs it as a tenant process under a
+1000 MiB cap on a simulated 8 GiB GPU: the allocation past the cap must be refused with
+CUDA_ERROR_OUT_OF_MEMORY and the tenant's usage, as its views show it, must stay within the cap.
+
+- versioned lookups: dlvsym for glibc's dlsym or dlvsym, or straight for a driver entry point;
+- RTLD_NEXT from a library preloaded after the shim (the tracing-wrapper idiom), which must
+  still reach the next interposer when there is one;
+- a second VMM handle of the same memory (export + import in one process), which must keep the
+  charge after the first is released;
+- a child of the raw clone system call (no atfork handlers), which must not charge its parent.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cbuild import SHIM_DIR, gcc
+from conftest import ProbeResult, Sim, parse_kv
+from sharegpu import native
+from sharegpu.spec import MIB
+
+CAP_MIB = 1000
+CUDA_SUCCESS = 0
+CUDA_ERROR_OUT_OF_MEMORY = 2
+SOURCE = str(SHIM_DIR / "tests" / "escapes.c")
+
+
+@pytest.fixture
+def sim(sim_factory) -> Sim:  # type: ignore[no-untyped-def]
+    return sim_factory(gpus=1, memory_mib=8 * 1024)  # type: ignore[no-any-return]
+
+
+def program(tmp_path: Path) -> Path:
+    simgpu = str(native.LIB_DIR / "simgpu")
+    return gcc(tmp_path, "escapes", SOURCE, f"-L{simgpu}", "-l:libcuda.so.1", "-ldl")
+
+
+def wrapper(tmp_path: Path, name: str) -> Path:
+    return gcc(
+        tmp_path,
+        f"lib{name}.so",
+        "-DWRAPPER",
+        f"-DWRAP_NAME(x)={name}_##x",
+        "-fPIC",
+        "-shared",
+        SOURCE,
+        "-ldl",
+    )
+
+
+def run(sim: Sim, tmp_path: Path, *args: str, preload_after: tuple[Path, ...] = ()) -> ProbeResult:
+    tenant = sim.tenant("t", CAP_MIB, gpus=[0])
+    env = sim.tenant_env(tenant)
+    env["LD_PRELOAD"] = " ".join([env["LD_PRELOAD"], *map(str, preload_after)])
+    proc = subprocess.run(
+        [str(program(tmp_path)), *args], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    values, lines = parse_kv(proc.stdout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return ProbeResult(proc.returncode, proc.stdout, proc.stderr, values, lines)
+
+
+def assert_within_cap(res: ProbeResult) -> None:
+    assert res.int("total") == CAP_MIB * MIB
+    assert all(int(v) <= CAP_MIB * MIB for v in res.all("used")), res.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# versioned lookups
+
+
+@pytest.mark.parametrize("version", [pytest.param(v, id=v) for v in ("GLIBC_2.34", "GLIBC_2.2.5")])
+@pytest.mark.parametrize(
+    "way",
+    [
+        pytest.param("dlvsym-dlsym", id="glibc-dlsym-by-version"),
+        pytest.param("dlvsym-dlvsym", id="glibc-dlvsym-by-version"),
+        pytest.param("dlsym-dlvsym", id="dlvsym-by-dlsym"),
+        pytest.param("dlvsym-cu", id="driver-entry-by-version"),
+    ],
+)
+def test_versioned_lookups_return_the_hooks(sim: Sim, tmp_path: Path, way: str, version: str) -> None:
+    res = run(sim, tmp_path, way, version)
+    if way == "dlvsym-cu":
+        # glibc finds no definition of any version in a driver without version nodes (the
+        # simulated one, as NVIDIA's): nothing (-1) or our hook, never the driver's function.
+        assert res.int("over") in (-1, CUDA_ERROR_OUT_OF_MEMORY), res.stdout
+    else:
+        assert res.int("over") == CUDA_ERROR_OUT_OF_MEMORY, res.stdout
+    assert_within_cap(res)
+
+
+# ---------------------------------------------------------------------------------------------
+# RTLD_NEXT from a library after the shim
+
+
+def test_rtld_next_after_the_shim_reaches_the_hook_not_the_driver(sim: Sim, tmp_path: Path) -> None:
+    """Two tracing wrappers preloaded after the shim: the first one's RTLD_NEXT is the second
+    wrapper (other interposers are left alone), whose RTLD_NEXT, the driver's definition, must
+    be our hook."""
+    a, b = wrapper(tmp_path, "wrapa"), wrapper(tmp_path, "wrapb")
+    res = run(sim, tmp_path, "wrapper", preload_after=(a, b))
+    assert res.int("over") == CUDA_ERROR_OUT_OF_MEMORY, res.stdout
+    assert res.int("fit") == CUDA_SUCCESS
+    assert res.int("calls_a") == 0
+    assert res.int("calls_b") == 2
+    assert_within_cap(res)
+
+
+# ---------------------------------------------------------------------------------------------
+# shared handles
+
+
+def test_vmm_charge_follows_the_memory_through_an_imported_handle(sim: Sim, tmp_path: Path) -> None:
+    """600 MiB exported and imported in one process, mapped through the imported handle, the
+    original released: the memory is alive, so a second 600 MiB is past the cap; the charge ends
+    only with the last mapping and the last handle."""
+    res = run(sim, tmp_path, "vmm-import")
+    for key in ("create", "export", "import", "release", "write"):
+        assert res.int(key) == CUDA_SUCCESS, res.stdout
+    assert res.int("mapped") == 1
+    assert res.int("over") == CUDA_ERROR_OUT_OF_MEMORY, res.stdout
+    assert [int(v) for v in res.all("used")] == [600 * MIB, 600 * MIB, 0]
+    assert res.int("after") == CUDA_SUCCESS
+    assert_within_cap(res)
+
+
+# ---------------------------------------------------------------------------------------------
+# a process that is not its parent
+
+
+def test_raw_clone_child_is_charged_to_its_own_slot(sim: Sim, tmp_path: Path) -> None:
+    """A child of the clone system call (no atfork handlers) must not charge its memory to its
+    parent's slot: the parent's normal exit would credit 600 MiB the child still holds."""
+    res = run(sim, tmp_path, "raw-clone")
+    assert res.int("parent") == CUDA_SUCCESS
+    assert res.int("child") == CUDA_SUCCESS
+    assert res.int("over") == CUDA_ERROR_OUT_OF_MEMORY, res.stdout
+    assert_within_cap(res)
