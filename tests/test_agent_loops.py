@@ -25,6 +25,7 @@ import pytest
 from agentutil import Agent
 from conftest import REPO, Sim, parse_kv
 from sharegpu import abi, mps, native
+from sharegpu.agent import regions
 from sharegpu.agent.audit import Auditor
 from sharegpu.agent.events import Event
 from sharegpu.agent.loops import build_loops
@@ -288,14 +289,18 @@ def test_reaper_removes_tenants_whose_supervisor_is_gone(sim: Sim) -> None:
 
 
 def test_reconciled_overhead_is_counted_against_the_cap(sim: Sim) -> None:
-    with_context_overhead(sim, 200)  # each process's first context takes 200 MiB (NVML only)
+    with_context_overhead(sim, 200)  # each context takes 200 MiB (NVML only)
     tenant = sim.tenant("a", 512, gpus=[0])
     uuid = sim.uuids()[0]
     holder = sim.spawn_probe("hold", "plain", "100M", "60", env=sim.tenant_env(tenant))
     try:
         wait_line(holder, "ready")
-        # Without the overhead a 300 MiB allocation fits: 100 + 300 <= 512.
-        assert sim.probe("alloc", "plain", "300M", env=sim.tenant_env(tenant))["alloc"] == "OK"
+        # The shim admitted the holder's context at its creation (its measured estimate).
+        assert read_usage(tenant).devices[0].overhead_bytes == 200 * MIB
+        # NVML's figure is the same quantity: replaced, not added
+        assert Reconciler(sim.runtime, nvml=nvml_of(sim)).tick() == []
+        assert read_usage(tenant).devices[0].overhead_bytes == 200 * MIB
+        regions.set_overhead(tenant, 0, 0)  # an estimate lost: the reconciler restores it
         loop = Reconciler(sim.runtime, nvml=nvml_of(sim))
         events = loop.tick()
         assert read_usage(tenant).devices[0].overhead_bytes == 200 * MIB
@@ -305,15 +310,40 @@ def test_reconciled_overhead_is_counted_against_the_cap(sim: Sim) -> None:
         assert event.data["overhead_bytes"] == 200 * MIB
         assert event.data["per_pid"] == {holder.pid: 200 * MIB}
         assert loop.tick() == []  # unchanged: no new event
-        # Now 100 + 200 + 300 > 512: refused; 100 + 200 + 200 fits.
-        values = sim.probe("alloc", "plain", "300M", "200M", env=sim.tenant_env(tenant))
+        # 100 + 200 + the probe's own context 200 + 300 > 512: refused; + 12 fits.
+        values = sim.probe("alloc", "plain", "300M", "12M", env=sim.tenant_env(tenant))
         assert values.all("alloc") == ["CUDA_ERROR_OUT_OF_MEMORY", "OK"]
-        # The tenant's own view counts it too.
-        assert int(sim.probe("meminfo", env=sim.tenant_env(tenant))["free"]) == 512 * MIB - 300 * MIB
-        stop(holder)
+        # The tenant's own view counts it too (the viewer's own context as well).
+        assert int(sim.probe("meminfo", env=sim.tenant_env(tenant))["free"]) == 12 * MIB
+        stop(holder)  # SIGKILL: its context's estimate stays until the next pass
+        assert read_usage(tenant).devices[0].overhead_bytes == 200 * MIB
         events = loop.tick()  # the process is gone: so is its overhead
         assert read_usage(tenant).devices[0].overhead_bytes == 0
         assert [e.data["overhead_bytes"] for e in events] == [0]
+    finally:
+        stop(holder)
+
+
+def test_the_reconciler_never_overwrites_a_context_admitted_while_it_measured(sim: Sim) -> None:
+    """A shim that admits (or gives back) a context's memory while NVML is read moves the
+    overhead: the figure measured without it is not written, the next pass measures again."""
+    with_context_overhead(sim, 200)
+    tenant = sim.tenant("a", 512, gpus=[0])
+    holder = sim.spawn_probe("hold", "plain", "100M", "60", env=sim.tenant_env(tenant))
+    try:
+        wait_line(holder, "ready")
+        measure = nvml_of(sim)
+
+        def racing() -> dict[str, list[GpuProcess]]:
+            seen = measure()
+            regions.set_overhead(tenant, 0, 456 * MIB)  # as a shim's admission would
+            return seen
+
+        regions.set_overhead(tenant, 0, 0)
+        assert Reconciler(sim.runtime, nvml=racing).tick() == []
+        assert read_usage(tenant).devices[0].overhead_bytes == 456 * MIB
+        Reconciler(sim.runtime, nvml=measure).tick()
+        assert read_usage(tenant).devices[0].overhead_bytes == 200 * MIB
     finally:
         stop(holder)
 

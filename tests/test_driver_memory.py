@@ -19,8 +19,6 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from conftest import Sim, python
 
 CAP = 64  # MiB
@@ -518,11 +516,6 @@ def test_every_context_has_memory_of_its_own_on_the_simulated_gpu(sim_factory: C
     assert proc.stderr == ""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 34: a context's own memory is admitted only when the agent's reconciler next "
-    "measures it (overhead_bytes), so what a process allocates before that pass stays past the cap",
-)
 def test_a_context_s_own_memory_counts_against_the_cap_from_its_creation(
     sim_factory: Callable[..., Sim],
 ) -> None:
@@ -550,3 +543,39 @@ def test_a_context_s_own_memory_counts_against_the_cap_from_its_creation(
     # the tenant's context (200) and allocations on the card stay within its 512 MiB
     assert int(values["card_used"]) <= 512, values
     assert values["allocs"] == "CUDA_SUCCESS,CUDA_SUCCESS,CUDA_ERROR_OUT_OF_MEMORY,CUDA_ERROR_OUT_OF_MEMORY"
+
+
+def test_a_context_s_memory_is_refused_past_the_cap_and_given_back_when_it_ends(
+    sim_factory: Callable[..., Sim],
+) -> None:
+    """Created and primary contexts alike (200 MiB each under a 512 MiB cap): one that does
+    not fit is refused (and not left on the card); cuCtxDestroy, the primary context's reset and
+    the process's exit give the memory back; a release that leaves references does not."""
+    sim = sim_factory(memory_mib=2048)
+    sim.config.write_text(json.dumps({"gpus": 1, "memory_mib": 2048, "context_overhead_mib": 200}))
+    tenant = sim.tenant("t", [512], gpus=[0])
+    values, proc = run(
+        sim.tenant_env(tenant),
+        """
+        print("primary=%d" % free())
+        err, c1 = d.cuCtxCreate(None, 0, 0)
+        print("create=%s,%d" % (err.name, free_bytes() // M))
+        err, c2 = d.cuCtxCreate(None, 0, 0)
+        print("over=%s,%d" % (err.name, free_bytes() // M))
+        print("destroy=%s,%d" % (d.cuCtxDestroy(c1)[0].name, free()))
+        print("release=%s,%d" % (d.cuDevicePrimaryCtxRelease(0)[0].name, free()))
+        d.cuDevicePrimaryCtxReset(0)
+        err, c3 = d.cuCtxCreate(None, 0, 0)
+        print("reset=%s,%d" % (err.name, free_bytes() // M))
+        """,
+    )
+    assert proc.stderr == ""
+    assert values["primary"] == "312"  # 512 - the primary context's 200
+    assert values["create"] == "CUDA_SUCCESS,112"
+    assert values["over"] == "CUDA_ERROR_OUT_OF_MEMORY,112"  # 600 > 512: refused, c1 current again
+    assert values["destroy"] == "CUDA_SUCCESS,312"
+    assert values["release"] == "CUDA_SUCCESS,312"  # references remain: the context stays
+    assert values["reset"] == "CUDA_SUCCESS,312"  # only c3 now
+    # the refused context left nothing on the card, and the exit gave every estimate back
+    values, _ = run(sim.tenant_env(tenant), 'print("next=%d" % free())')
+    assert values["next"] == "312"

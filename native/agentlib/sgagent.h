@@ -65,6 +65,13 @@ SGA_EXPORT int sga_usage_reap(const char *path, struct sga_usage_reaped *out, in
 SGA_EXPORT int sga_usage_set_overhead(const char *path, int idx, uint64_t bytes,
                                       char err[SGA_ERR_LEN]);
 
+/* Store overhead_bytes of limits index idx only if it still holds `expected` (what the agent
+ * read before measuring): a shim that admitted or gave back a context's memory meanwhile
+ * (native/shim/hooks_ctx.c) moved it, and a stale figure must not overwrite that.  1: stored,
+ * 0: it had moved (nothing written), -1: error. */
+SGA_EXPORT int sga_usage_swap_overhead(const char *path, int idx, uint64_t expected,
+                                       uint64_t bytes, char err[SGA_ERR_LEN]);
+
 /* Free the client entries of dead processes in the arbiter region at path and, when the token
  * came free and clients wait, grant it to the best waiter (shim/arbiter.c
  * reap_and_pick_locked).  Up to cap freed entries are described in out. */

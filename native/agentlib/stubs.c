@@ -91,3 +91,14 @@ int sg_grow(void **arr, size_t *cap, size_t n, size_t elem)
     (void)elem;
     return -1; /* the agent launches nothing, so records no contexts of a hold */
 }
+
+/* The agent creates no contexts (hooks_ctx.c is not part of it). */
+void sg_ctx_forget_all(uint64_t out[SG_MAX_DEVICES])
+{
+    for (int d = 0; d < SG_MAX_DEVICES; d++)
+        out[d] = 0;
+}
+
+void sg_ctx_fork_child(void)
+{
+}

@@ -72,3 +72,18 @@ int sga_usage_set_overhead(const char *path, int idx, uint64_t bytes, char err[S
     sga_unmap(m, sizeof(struct sg_usage));
     return 0;
 }
+
+int sga_usage_swap_overhead(const char *path, int idx, uint64_t expected, uint64_t bytes,
+                            char err[SGA_ERR_LEN])
+{
+    if (idx < 0 || idx >= SG_MAX_DEVICES)
+        return sga_error(err, "device index %d out of range", idx);
+    void *m;
+    if (sga_map(path, SG_MAGIC_USAGE, sizeof(struct sg_usage), &m, err) < 0)
+        return -1;
+    struct sg_usage *u = m;
+    int stored = __atomic_compare_exchange_n(&u->devices[idx].overhead_bytes, &expected, bytes,
+                                             false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    sga_unmap(m, sizeof(struct sg_usage));
+    return stored;
+}

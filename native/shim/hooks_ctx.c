@@ -1,5 +1,28 @@
 /*
- * Context and stream teardown.
+ * Contexts: their own memory at creation, and context and stream teardown.
+ *
+ * Every context takes device memory of its own (hundreds of MiB on a large GPU), which no
+ * allocation call returns.  It is admitted at once: the hook measures what the real creation
+ * took (the device's free memory, NVML, just before and just after), then admits that figure
+ * into the device's overhead_bytes under the usage lock (used + overhead + bytes <= cap), so the
+ * next allocation already counts it; a context that does not fit is destroyed again and
+ * refused with CUDA_ERROR_OUT_OF_MEMORY.  Its estimate is taken back out when it ends
+ * (cuCtxDestroy, or the release that leaves a primary context inactive, or its reset) or when
+ * the process exits normally.  It is the same quantity as the agent's reconciler writes (NVML's
+ * bytes of the process beyond its ledger), so the reconciler's next pass replaces the estimate
+ * by its measurement rather than adding to it (reconcile.py; it also drops the estimates of a
+ * killed process).  A primary context is created by the retain that finds it inactive (its
+ * state is asked first) and destroyed by the release that leaves it inactive.
+ *
+ * Why the device's free memory around the call: it needs no context (the first context of a
+ * process has none to ask cuMemGetInfo with) and no pid (NVML's per-process list names host
+ * pids, which a process in a container cannot match with its own).  Its race: another process
+ * allocating meanwhile makes the figure too large (refused near the cap, corrected by the
+ * reconciler within a second), another freeing makes it too small.  Against the latter, the
+ * smallest figure this process measured on the device before is a floor (a context's memory
+ * does not shrink between two creations); the process's own creations and teardowns are
+ * serialised by ctx_mu so they never measure each other.  Without NVML (or a failed query) the
+ * floor alone is charged, 0 before any measurement (the reconciler's pass then counts it).
  *
  * The driver frees a context's memory with the context: at cuCtxDestroy, and for a primary
  * context at cuDevicePrimaryCtxReset (cudaDeviceReset) or at the cuDevicePrimaryCtxRelease
@@ -12,6 +35,9 @@
  * handle may come back as another GPU's stream.  The epoch moves before and after the call, so
  * a handle reused while the call runs is never matched either.
  */
+#include <stdio.h>
+#include <string.h>
+
 #include "shim.h"
 
 #define REAL(name)                                                                                 \
@@ -33,18 +59,236 @@
         return res;                                                                                \
     }
 
-static void context_gone(CUcontext ctx)
+DESTROY(cuStreamDestroy, CUstream, (void)handle)
+DESTROY(cuStreamDestroy_v2, CUstream, (void)handle)
+
+/* ---- context memory ------------------------------------------------------------------------ */
+
+#define MAX_ORDINALS 64
+
+/* Serialises this process's context creations and teardowns (so that none measures another)
+ * and guards everything below.  Taken before the usage mutex, never after it. */
+static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
+
+struct ctx_charge {
+    CUcontext ctx;
+    int idx;        /* limits index */
+    uint64_t bytes; /* in overhead_bytes[idx] */
+};
+static struct ctx_charge *created; /* [ctx_mu] the created contexts with an estimate */
+static size_t ncreated, capcreated;
+static struct ctx_charge primary[MAX_ORDINALS]; /* [ctx_mu] the active primary contexts' (ctx
+                                                    unused; bytes 0: none) */
+static uint64_t floor_bytes[MAX_ORDINALS];      /* [ctx_mu] smallest figure measured, 0: none */
+
+static int nvml_state; /* [ctx_mu] 0 not tried, 1 initialised, -1 unavailable */
+static struct {
+    bool known;
+    nvmlDevice_t handle;
+} nvml_dev[MAX_ORDINALS]; /* [ctx_mu] */
+
+/* The device's free memory as NVML sees it (all processes), or false. */
+static bool device_free(CUdevice dev, uint64_t *free_bytes)
 {
-    if (!sg_in_hook && sg_configured()) {
-        sg_credit_context(ctx);
-        sg_graph_mem_settle_all(); /* whatever graph memory the driver freed with it */
+    if (dev < 0 || dev >= MAX_ORDINALS)
+        return false;
+    if (nvml_state == 0)
+        nvml_state = SG_REAL(nvmlInit_v2) && SG_REAL(nvmlInit_v2)() == NVML_SUCCESS ? 1 : -1;
+    if (nvml_state < 0 || !SG_REAL(nvmlDeviceGetHandleByUUID) || !SG_REAL(nvmlDeviceGetMemoryInfo))
+        return false;
+    if (!nvml_dev[dev].known) {
+        uint8_t u[16];
+        char name[48];
+        if (sg_ordinal_uuid(dev, u) < 0)
+            return false;
+        snprintf(name, sizeof name,
+                 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
+                 u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
+                 u[14], u[15]);
+        if (SG_REAL(nvmlDeviceGetHandleByUUID)(name, &nvml_dev[dev].handle) != NVML_SUCCESS)
+            return false;
+        nvml_dev[dev].known = true;
+    }
+    nvmlMemory_t m;
+    if (SG_REAL(nvmlDeviceGetMemoryInfo)(nvml_dev[dev].handle, &m) != NVML_SUCCESS)
+        return false;
+    *free_bytes = m.free;
+    return true;
+}
+
+/* What a context just created on dev took: the drop of the device's free memory, at least the
+ * smallest drop measured on dev before (see the top). */
+static uint64_t estimate(CUdevice dev, bool measured, uint64_t before, uint64_t after)
+{
+    uint64_t m = measured && before > after ? before - after : 0;
+    if (dev < 0 || dev >= MAX_ORDINALS)
+        return m;
+    if (m && (!floor_bytes[dev] || m < floor_bytes[dev]))
+        floor_bytes[dev] = m;
+    return m > floor_bytes[dev] ? m : floor_bytes[dev];
+}
+
+/* The measurement around a creation: begin before the real call, admit after it succeeded.
+ * admit returns CUDA_SUCCESS, or the error to refuse the context with (then the caller
+ * destroys it again); *idx and *bytes say what was admitted (bytes 0: nothing). */
+struct measure {
+    bool ok;
+    uint64_t before;
+};
+
+static void measure_begin(CUdevice dev, struct measure *m)
+{
+    m->ok = device_free(dev, &m->before);
+}
+
+static CUresult measure_admit(CUdevice dev, const struct measure *m, int *idx, uint64_t *bytes)
+{
+    uint64_t after = 0;
+    bool ok = m->ok && device_free(dev, &after);
+    *bytes = estimate(dev, ok, m->before, after);
+    *idx = -1;
+    if (!*bytes)
+        return CUDA_SUCCESS; /* nothing to admit: no lock taken */
+    struct sg_err e;
+    sg_err_clear(&e);
+    int rc = sg_ctx_admit(dev, *bytes, idx, &e);
+    if (rc < 0) {
+        *bytes = 0;
+        return sg_cu_result(rc);
+    }
+    if (*idx < 0)
+        *bytes = 0;
+    return CUDA_SUCCESS;
+}
+
+static void remember_created(CUcontext ctx, int idx, uint64_t bytes)
+{
+    if (!bytes)
+        return;
+    if (sg_grow((void **)&created, &capcreated, ncreated, sizeof *created) < 0) {
+        sg_ctx_credit(idx, bytes); /* cannot remember it: stop counting it (the reconciler's
+                                      pass counts it again) rather than keep it for ever */
+        return;
+    }
+    created[ncreated++] = (struct ctx_charge){.ctx = ctx, .idx = idx, .bytes = bytes};
+}
+
+/* The created context ctx ended: its estimate leaves the overhead. */
+static void forget_created(CUcontext ctx)
+{
+    for (size_t i = 0; i < ncreated; i++) {
+        if (created[i].ctx == ctx) {
+            struct ctx_charge c = created[i];
+            created[i] = created[--ncreated];
+            sg_ctx_credit(c.idx, c.bytes);
+            return;
+        }
     }
 }
 
-DESTROY(cuStreamDestroy, CUstream, (void)handle)
-DESTROY(cuStreamDestroy_v2, CUstream, (void)handle)
-DESTROY(cuCtxDestroy, CUcontext, context_gone(handle))
-DESTROY(cuCtxDestroy_v2, CUcontext, context_gone(handle))
+static void forget_primary(CUdevice dev)
+{
+    if (dev >= 0 && dev < MAX_ORDINALS && primary[dev].bytes) {
+        sg_ctx_credit(primary[dev].idx, primary[dev].bytes);
+        primary[dev].bytes = 0;
+    }
+}
+
+void sg_ctx_forget_all(uint64_t out[SG_MAX_DEVICES])
+{
+    for (int d = 0; d < SG_MAX_DEVICES; d++)
+        out[d] = 0;
+    pthread_mutex_lock(&ctx_mu);
+    for (size_t i = 0; i < ncreated; i++)
+        if (created[i].idx >= 0 && created[i].idx < SG_MAX_DEVICES)
+            out[created[i].idx] += created[i].bytes;
+    ncreated = 0;
+    for (int d = 0; d < MAX_ORDINALS; d++) {
+        if (primary[d].bytes && primary[d].idx >= 0 && primary[d].idx < SG_MAX_DEVICES)
+            out[primary[d].idx] += primary[d].bytes;
+        primary[d].bytes = 0;
+    }
+    pthread_mutex_unlock(&ctx_mu);
+}
+
+void sg_ctx_fork_child(void)
+{
+    pthread_mutex_init(&ctx_mu, NULL);
+    ncreated = 0;
+    memset(primary, 0, sizeof primary);
+    nvml_state = 0;
+    memset(nvml_dev, 0, sizeof nvml_dev);
+}
+
+/* cuCtxCreate in all its versions: measured, created, admitted (or destroyed and refused). */
+#define CREATE(name, params, args)                                                                 \
+    SG_EXPORT CUresult name params                                                                 \
+    {                                                                                              \
+        REAL(name);                                                                                \
+        if (sg_in_hook || !sg_configured())                                                        \
+            return real_ args;                                                                     \
+        if (sg_mode() != SG_MODE_ACTIVE)                                                           \
+            return CUDA_ERROR_NOT_PERMITTED; /* fail closed */                                     \
+        if (!pctx)                                                                                 \
+            return CUDA_ERROR_INVALID_VALUE;                                                       \
+        pthread_mutex_lock(&ctx_mu);                                                               \
+        sg_in_hook++;                                                                              \
+        struct measure m;                                                                          \
+        measure_begin(dev, &m);                                                                    \
+        CUresult res = real_ args;                                                                 \
+        if (res == CUDA_SUCCESS) {                                                                 \
+            int idx;                                                                               \
+            uint64_t bytes;                                                                        \
+            res = measure_admit(dev, &m, &idx, &bytes);                                            \
+            if (res == CUDA_SUCCESS) {                                                             \
+                remember_created(*pctx, idx, bytes);                                               \
+            } else {                                                                               \
+                if (SG_REAL(cuCtxDestroy_v2))                                                      \
+                    SG_REAL(cuCtxDestroy_v2)(*pctx);                                               \
+                sg_stream_handles_died();                                                          \
+                *pctx = NULL;                                                                      \
+            }                                                                                      \
+        }                                                                                          \
+        sg_in_hook--;                                                                              \
+        pthread_mutex_unlock(&ctx_mu);                                                             \
+        return res;                                                                                \
+    }
+CREATE(cuCtxCreate, (CUcontext * pctx, unsigned int flags, CUdevice dev), (pctx, flags, dev))
+CREATE(cuCtxCreate_v2, (CUcontext * pctx, unsigned int flags, CUdevice dev), (pctx, flags, dev))
+CREATE(cuCtxCreate_v3,
+       (CUcontext * pctx, CUexecAffinityParam *params, int numParams, unsigned int flags,
+        CUdevice dev),
+       (pctx, params, numParams, flags, dev))
+CREATE(cuCtxCreate_v4, (CUcontext * pctx, CUctxCreateParams *params, unsigned int flags, CUdevice dev),
+       (pctx, params, flags, dev))
+
+/* A created context goes: the epoch moves around the real call; on success its allocations are
+ * credited and its own memory leaves the overhead. */
+#define CTX_DESTROY(name)                                                                          \
+    SG_EXPORT CUresult name(CUcontext ctx)                                                         \
+    {                                                                                              \
+        REAL(name);                                                                                \
+        if (sg_in_hook || !sg_configured()) {                                                      \
+            sg_stream_handles_died();                                                              \
+            CUresult r = real_(ctx);                                                               \
+            sg_stream_handles_died();                                                              \
+            return r;                                                                              \
+        }                                                                                          \
+        pthread_mutex_lock(&ctx_mu);                                                               \
+        sg_stream_handles_died();                                                                  \
+        CUresult res = real_(ctx);                                                                 \
+        sg_stream_handles_died();                                                                  \
+        if (res == CUDA_SUCCESS)                                                                   \
+            forget_created(ctx);                                                                   \
+        pthread_mutex_unlock(&ctx_mu);                                                             \
+        if (res == CUDA_SUCCESS) {                                                                 \
+            sg_credit_context(ctx);                                                                \
+            sg_graph_mem_settle_all(); /* whatever graph memory the driver freed with it */        \
+        }                                                                                          \
+        return res;                                                                                \
+    }
+CTX_DESTROY(cuCtxDestroy)
+CTX_DESTROY(cuCtxDestroy_v2)
 
 /* The primary context of dev if it is active (looked up without changing its state), or NULL. */
 static CUcontext active_primary(CUdevice dev)
@@ -70,20 +314,66 @@ static bool primary_gone(CUdevice dev)
            SG_REAL(cuDevicePrimaryCtxGetState)(dev, &flags, &active) == CUDA_SUCCESS && !active;
 }
 
+/* The retain that finds the primary context inactive creates it: measured and admitted as
+ * cuCtxCreate is (refused: released again, which destroys it). */
+SG_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    REAL(cuDevicePrimaryCtxRetain);
+    if (sg_in_hook || !sg_configured())
+        return real_(pctx, dev);
+    if (sg_mode() != SG_MODE_ACTIVE)
+        return CUDA_ERROR_NOT_PERMITTED; /* fail closed */
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&ctx_mu);
+    sg_in_hook++;
+    unsigned flags;
+    int active = 0;
+    bool creates = dev >= 0 && dev < MAX_ORDINALS && SG_REAL(cuDevicePrimaryCtxGetState) &&
+                   SG_REAL(cuDevicePrimaryCtxGetState)(dev, &flags, &active) == CUDA_SUCCESS &&
+                   !active;
+    struct measure m;
+    if (creates)
+        measure_begin(dev, &m);
+    CUresult res = real_(pctx, dev);
+    if (res == CUDA_SUCCESS && creates) {
+        int idx;
+        uint64_t bytes;
+        res = measure_admit(dev, &m, &idx, &bytes);
+        if (res == CUDA_SUCCESS) {
+            forget_primary(dev); /* a stale figure (a teardown we did not see) */
+            primary[dev] = (struct ctx_charge){.ctx = *pctx, .idx = idx, .bytes = bytes};
+        } else {
+            if (SG_REAL(cuDevicePrimaryCtxRelease_v2))
+                SG_REAL(cuDevicePrimaryCtxRelease_v2)(dev);
+            sg_stream_handles_died();
+            *pctx = NULL;
+        }
+    }
+    sg_in_hook--;
+    pthread_mutex_unlock(&ctx_mu);
+    return res;
+}
+
 #define PRIMARY_END(name)                                                                          \
     SG_EXPORT CUresult name(CUdevice dev)                                                          \
     {                                                                                              \
         REAL(name);                                                                                \
         if (sg_in_hook || !sg_configured())                                                        \
             return real_(dev);                                                                     \
+        pthread_mutex_lock(&ctx_mu);                                                               \
         sg_in_hook++;                                                                              \
         CUcontext ctx = active_primary(dev);                                                       \
         sg_stream_handles_died();                                                                  \
         CUresult res = real_(dev);                                                                 \
         sg_stream_handles_died();                                                                  \
-        if (res == CUDA_SUCCESS && ctx && primary_gone(dev))                                       \
+        bool gone = res == CUDA_SUCCESS && primary_gone(dev);                                      \
+        if (gone && ctx)                                                                           \
             sg_credit_context(ctx);                                                                \
+        if (gone)                                                                                  \
+            forget_primary(dev);                                                                   \
         sg_in_hook--;                                                                              \
+        pthread_mutex_unlock(&ctx_mu);                                                             \
         if (res == CUDA_SUCCESS && ctx)                                                            \
             sg_graph_mem_settle_all();                                                             \
         return res;                                                                                \

@@ -728,6 +728,87 @@ int sg_adjust(struct sg_charge *c, uint64_t new_bytes, struct sg_err *e)
     return rc;
 }
 
+/* ---- context memory (hooks_ctx.c) --------------------------------------------------------- */
+
+/* The estimate is one quantity with the reconciler's figure (NVML's bytes of the process
+ * beyond its ledger): it goes into overhead_bytes, which the agent's next pass replaces by
+ * its measurement (a compare-and-swap against the value it read before NVML, so a context
+ * admitted or given back while it measured is never overwritten by a stale figure). */
+int sg_ctx_admit(CUdevice dev, uint64_t bytes, int *idx_out, struct sg_err *e)
+{
+    *idx_out = -1;
+    if (!sg_configured())
+        return 0;
+    if (sg_mode() != SG_MODE_ACTIVE)
+        return config_error(e);
+    uint8_t uuid[16];
+    bool have_uuid = sg_ordinal_uuid(dev, uuid) == 0;
+    int rc = usage_lock_within(e, ADMISSION_LOCK_WAIT_NS);
+    if (rc == SG_E_BUSY) {
+        sg_log_once(&busy_logged, "%s; context refused", e->msg);
+        return rc;
+    }
+    if (rc < 0) {
+        sg_break("%s", e->msg);
+        return rc;
+    }
+    rc = refresh_locked(e);
+    if (rc < 0)
+        goto out;
+    int idx = have_uuid ? match_locked(uuid) : -1;
+    if (idx < 0)
+        goto out; /* not one of the tenant's GPUs: nothing of it is counted (allocations there
+                     are refused; the arbiter refuses launches) */
+    /* The slot makes the process one of the ledger's, so the reconciler measures it: a
+     * process that only holds a context is then counted, and its estimate replaced. */
+    int slot = ensure_slot_locked();
+    if (slot < 0) {
+        sg_log_once(&slot_logged, "%s/%s: all %u process slots are in use by live processes",
+                    sg_tenant_dir, SG_USAGE_FILE, sg_usage_map->slot_count);
+        rc = sg_fail(e, SG_E_NOSLOT, "no free process slot");
+        goto out;
+    }
+    maybe_scan_locked();
+    if (!fits_locked(idx, bytes)) {
+        scan_locked();
+        steal_spares_locked(idx);
+        if (!fits_locked(idx, bytes)) {
+            count_oom_locked(slot, idx);
+            rc = sg_fail(e, SG_E_OVERCAP, "a context's memory is over the memory cap");
+            goto out;
+        }
+    }
+    __atomic_fetch_add(&sg_usage_map->devices[idx].overhead_bytes, bytes, __ATOMIC_RELAXED);
+    *idx_out = idx;
+out:
+    usage_unlock();
+    return rc;
+}
+
+/* Take bytes off overhead_bytes (never below 0: the agent may have replaced the estimate by a
+ * smaller measurement). */
+static void ctx_credit_locked(int idx, uint64_t bytes)
+{
+    uint64_t *o = &sg_usage_map->devices[idx].overhead_bytes;
+    uint64_t old = __atomic_load_n(o, __ATOMIC_RELAXED), now;
+    do
+        now = old >= bytes ? old - bytes : 0;
+    while (!__atomic_compare_exchange_n(o, &old, now, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+}
+
+void sg_ctx_credit(int idx, uint64_t bytes)
+{
+    struct sg_err e;
+    if (idx < 0 || idx >= SG_MAX_DEVICES || !bytes || !sg_usage_map)
+        return;
+    if (usage_lock(&e) < 0) { /* a credit waits as long as it takes, as a free does */
+        sg_log_once(&lock_logged, "%s", e.msg);
+        return;
+    }
+    ctx_credit_locked(idx, bytes);
+    usage_unlock();
+}
+
 /* ---- views ------------------------------------------------------------------------------- */
 
 int sg_view_device(CUdevice dev, const uint8_t *uuid_in, struct sg_view *v, struct sg_err *e)
@@ -1017,6 +1098,7 @@ static void forget_parent(void)
     self_slot = -1;
     memset(own_spare, 0, sizeof own_spare);
     last_scan_ns = 0;
+    sg_ctx_fork_child();
     if (live_fd >= 0)
         close(live_fd); /* the parent's liveness lock stays the parent's */
     live_fd = -1;
@@ -1039,9 +1121,16 @@ __attribute__((destructor)) static void sg_ledger_exit(void)
 {
     if (!sg_usage_map || self_slot < 0 || self.pid != (int32_t)getpid())
         return;
+    /* Our contexts' estimates go with us (the driver frees the contexts at exit); taken before
+     * the usage lock (hooks_ctx.c's lock comes first in the order). */
+    uint64_t ctx_bytes[SG_MAX_DEVICES];
+    sg_ctx_forget_all(ctx_bytes);
     struct sg_err e;
     if (usage_lock(&e) < 0)
         return;
+    for (int d = 0; d < SG_MAX_DEVICES; d++)
+        if (ctx_bytes[d])
+            ctx_credit_locked(d, ctx_bytes[d]);
     int s = self_slot;
     if (s >= 0 && mine(&sg_usage_map->procs[s]))
         release_slot_locked((uint32_t)s);

@@ -90,6 +90,13 @@ static const struct proc_row rows[] = {
     {"cuDeviceTotalMem", 3020, ANY, H(cuDeviceTotalMem_v2)},
     {"cuDeviceTotalMem", 2000, ANY, H(cuDeviceTotalMem)},
 
+    /* contexts: their own memory is admitted at creation */
+    {"cuCtxCreate", 12050, ANY, H(cuCtxCreate_v4)},
+    {"cuCtxCreate", 11040, ANY, H(cuCtxCreate_v3)},
+    {"cuCtxCreate", 3020, ANY, H(cuCtxCreate_v2)},
+    {"cuCtxCreate", 2000, ANY, H(cuCtxCreate)},
+    {"cuDevicePrimaryCtxRetain", 7000, ANY, H(cuDevicePrimaryCtxRetain)},
+
     /* teardown: a context's memory is credited, cached stream lookups end */
     {"cuCtxDestroy", 4000, ANY, H(cuCtxDestroy_v2)},
     {"cuCtxDestroy", 2000, ANY, H(cuCtxDestroy)},

@@ -48,6 +48,9 @@ CUresult cuArrayCreate(CUarray *handle, const CUDA_ARRAY_DESCRIPTOR_v1 *desc);
 CUresult cuMemGetInfo(unsigned int *free, unsigned int *total);
 CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev);
 
+/* The CUDA 2.0 context creation (cudaTypedefs.h PFN_cuCtxCreate_v2000), still exported. */
+CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev);
+
 /* The CUDA 10/11 instantiation (cudaTypedefs.h PFN_cuGraphInstantiate_v10000 and _v11000). */
 CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgraphNode *errorNode,
                             char *logBuffer, size_t bufferSize);
@@ -292,6 +295,16 @@ bool sg_untrack(enum sg_kind kind, uint64_t key, struct sg_charge *out);
 void sg_retrack(enum sg_kind kind, uint64_t key, const struct sg_charge *c);
 /* Credit the bytes of an entry whose real free succeeded. */
 void sg_credit(const struct sg_charge *c);
+
+/* Context memory (hooks_ctx.c): a new context's measured memory is admitted into the device's
+ * overhead_bytes at once (used + overhead + bytes <= cap, else SG_E_OVERCAP), *idx_out = the
+ * limits index, -1 when the device is not the tenant's (nothing counted); credited when the
+ * context ends.  Lock order: hooks_ctx.c's context lock before the usage mutex. */
+int sg_ctx_admit(CUdevice dev, uint64_t bytes, int *idx_out, struct sg_err *e);
+void sg_ctx_credit(int idx, uint64_t bytes);
+/* Empty the process's table of context estimates; out[idx] = the bytes it held per index. */
+void sg_ctx_forget_all(uint64_t out[SG_MAX_DEVICES]);
+void sg_ctx_fork_child(void); /* a child holds none of its parent's contexts */
 
 /* Views: cap, tenant usage (used + overhead) of limits index idx; -1 idx gives zeros. */
 struct sg_view {

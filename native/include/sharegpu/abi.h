@@ -208,8 +208,11 @@ _Static_assert(sizeof(struct sg_usage_proc) == 64 + 64 * SG_MAX_DEVICES, "usage 
 /* Per device totals of the tenant (64 bytes). */
 struct sg_usage_device {
     uint64_t mem_used_bytes; /* [lock] sum of slot mem_bytes (invariant above) */
-    uint64_t overhead_bytes; /* [atomic relaxed] W: agent.  Contexts and workspaces measured by
-                                NVML but not allocated through the shim; counted against the cap */
+    uint64_t overhead_bytes; /* [atomic relaxed] W: agent (its NVML measurement, by
+                                compare-and-swap), shims (a new context's estimate added under the
+                                lock, taken out at its end: hooks_ctx.c).  Contexts and workspaces
+                                measured by NVML but not allocated through the shim; counted
+                                against the cap */
     uint64_t mem_peak_bytes; /* [lock] high-water mark of mem_used_bytes */
     uint64_t oom_events;     /* [atomic relaxed] allocations refused, all processes */
     uint8_t reserved[32];

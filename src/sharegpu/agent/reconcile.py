@@ -15,6 +15,15 @@ measurement never inflates the overhead. Processes outside the ledger (no slot: 
 unloaded the shim, or one with a context that never allocated) add nothing here: their whole
 use is what the audit weighs against the cap. The per-process ceiling keeps a process that
 allocates around the shim while loaded from hiding it all as overhead.
+
+The shim itself adds a new context's memory to ``overhead_bytes`` the moment the context is
+created (its measured estimate, the same quantity: NVML's bytes of the process beyond its
+ledger), and takes it out when the context ends (native/shim/hooks_ctx.c), so admission counts
+it before this loop has seen it. This pass then replaces those estimates by its measurement
+(which also drops the estimates of a process killed with its contexts). It writes with a
+compare-and-swap against the value read *before* NVML was asked: when a shim moved it meanwhile
+(a context created or destroyed while NVML was read, so the measurement may not include it), the
+figure is not written and the next pass measures again.
 """
 
 from __future__ import annotations
@@ -67,7 +76,15 @@ class Reconciler:
         if not tenants:
             return []
         table = process_table()  # liveness read once per pid for both passes
-        before = {path: live_slots(path, table) for path in tenants}
+        # Read before NVML: the ledger (a racing free never inflates the overhead) and the
+        # overhead, which is written only if no shim moved it meanwhile (swap_overhead).
+        pre: dict[Path, UsageSnapshot | None] = {}
+        for path in tenants:
+            try:
+                pre[path] = read_usage(path)
+            except ConfigError:
+                pre[path] = None
+        before = {path: live_slots(u, table) if (u := pre[path]) is not None else [] for path in tenants}
         try:
             gpus = self.nvml()
         except DeviceError as err:
@@ -82,7 +99,9 @@ class Reconciler:
                 usage = read_usage(path)
             except ConfigError:
                 continue  # being created or removed, or broken (the shim reports that)
-            events += self._tenant(path, before[path], usage, live_slots(usage, table), gpus)
+            events += self._tenant(
+                path, before[path], usage, live_slots(usage, table), gpus, pre=pre[path] or usage
+            )
         names = {p.name for p in tenants}
         self._reported = {k: v for k, v in self._reported.items() if k[0] in names}
         return events
@@ -94,6 +113,8 @@ class Reconciler:
         usage: UsageSnapshot,
         after: list[SlotProc],
         gpus: dict[str, list[GpuProcess]],
+        *,
+        pre: UsageSnapshot,
     ) -> list[Event]:
         try:
             limits = read_limits(path)
@@ -124,10 +145,12 @@ class Reconciler:
             current = int(usage.devices[i].overhead_bytes)
             if overhead != current:
                 try:
-                    regions.set_overhead(path, i, overhead)
+                    stored = regions.swap_overhead(path, i, int(pre.devices[i].overhead_bytes), overhead)
                 except ConfigError as err:
                     log.warning("reconcile: %s", err)
                     continue
+                if not stored:
+                    continue  # a shim admitted or gave back a context meanwhile: measure again
             key = (path.name, uuid)
             last = self._reported.get(key, current)
             if abs(overhead - last) > self.event_threshold_bytes:

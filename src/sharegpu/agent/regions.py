@@ -102,6 +102,14 @@ def _load() -> ctypes.CDLL:
                 ctypes.c_char_p,
             )
             lib.sga_usage_set_overhead.restype = ctypes.c_int
+            lib.sga_usage_swap_overhead.argtypes = (
+                ctypes.c_char_p,
+                ctypes.c_int,
+                ctypes.c_uint64,
+                ctypes.c_uint64,
+                ctypes.c_char_p,
+            )
+            lib.sga_usage_swap_overhead.restype = ctypes.c_int
             lib.sga_arbiter_reap.argtypes = (
                 ctypes.c_char_p,
                 ctypes.POINTER(_ArbReaped),
@@ -142,6 +150,20 @@ def set_overhead(tenant_dir: Path, index: int, overhead_bytes: int) -> None:
     err = ctypes.create_string_buffer(ERR_LEN)
     if lib.sga_usage_set_overhead(str(tenant_dir / abi.USAGE_FILE).encode(), index, overhead_bytes, err) < 0:
         raise _fail(err)
+
+
+def swap_overhead(tenant_dir: Path, index: int, expected: int, overhead_bytes: int) -> bool:
+    """Store the overhead of limits index `index` only if it still is `expected` (read before
+    measuring); False when a shim moved it meanwhile (a context's memory admitted or given back
+    at its creation or end: the measurement may not include it), and nothing was written."""
+    lib = _load()
+    err = ctypes.create_string_buffer(ERR_LEN)
+    rc: int = lib.sga_usage_swap_overhead(
+        str(tenant_dir / abi.USAGE_FILE).encode(), index, expected, overhead_bytes, err
+    )
+    if rc < 0:
+        raise _fail(err)
+    return rc == 1
 
 
 def reap_arbiter(path: Path) -> ArbiterReap:
