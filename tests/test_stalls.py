@@ -196,3 +196,38 @@ def test_a_stopped_process_outside_the_locks_is_left_alone(sim: Sim, tmp_path: P
     finally:
         finish(paused)
         agent.close()
+
+
+def test_a_region_broken_again_and_again_costs_its_clients_and_the_node_a_bounded_amount(
+    sim: Sim, tmp_path: Path
+) -> None:
+    """Any tenant of the GPU can mark its region broken (one store, no lock needed), and the agent
+    then replaces it; done again and again, each client moves to each new region. A client keeps
+    at most the last four regions it left mapped, and the node the last five damaged files."""
+    uuid = sim.uuids()[0]
+    a, b = share_tenant(sim, "a", uuid), share_tenant(sim, "b", uuid)
+    path = arbiter_path(sim.runtime, uuid)
+    launcher = sim.spawn_probe("launch", "200000", "100", env=sim.tenant_env(b))
+    agent = Agent(sim, tmp_path / "state").start()
+    try:
+        for _ in range(8):
+            deadline = time.monotonic() + 20
+            while not [c for c in read_arbiter(path).clients if c.pid == launcher.pid]:
+                assert launcher.poll() is None, "the launcher ended early"
+                assert time.monotonic() < deadline, "the launcher never joined the new region"
+                time.sleep(0.02)
+            inode = path.stat().st_ino
+            with (a / abi.GPUS_DIR / uuid / abi.ARBITER_FILE).open("r+b") as region:
+                region.seek(abi.Arbiter.broken_since_ns.offset)
+                region.write((1).to_bytes(8, "little"))  # what a hostile tenant can write
+            while path.stat().st_ino == inode:
+                assert time.monotonic() < deadline, "the agent never replaced the broken region"
+                time.sleep(0.02)
+        maps = Path(f"/proc/{launcher.pid}/maps").read_text().splitlines()
+        mapped = {line.split()[4] for line in maps if abi.ARBITER_FILE in line}  # by inode
+        assert len(mapped) <= 5, mapped
+        assert len(list(path.parent.glob(f"{abi.ARBITER_FILE}.damaged-*"))) == 5
+        assert len(agent.events(kind="gpu.arbiter_rebuilt")) == 8
+    finally:
+        finish(launcher)
+        agent.close()

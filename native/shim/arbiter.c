@@ -255,26 +255,22 @@ static void mark_broken(struct sg_arbiter *a)
                 (unsigned long long)(SG_ARB_LOCK_DEADLINE_NS / 1000000));
 }
 
-/* The region lock, waited for at most SG_ARB_LOCK_DEADLINE_NS (not at all on a broken region):
- * no tenant holds up another's launches for longer than that. */
+/* The region lock, waited for at most SG_ARB_LOCK_DEADLINE_NS, never on a broken region: no
+ * tenant holds up another's launches for longer than that.  A waiter asleep for the token comes
+ * back at least every LIVENESS_POLL_NS, finds the lock refused and launches unarbitrated. */
 static int arb_lock(struct sg_arbiter *a)
 {
-    int rc;
-    if (region_broken(a)) {
-        rc = pthread_mutex_trylock(&a->lock.mutex);
-        if (rc == EBUSY)
-            return -1;
-    } else {
-        struct timespec until;
-        clock_gettime(CLOCK_MONOTONIC, &until);
-        uint64_t ns = (uint64_t)until.tv_nsec + SG_ARB_LOCK_DEADLINE_NS;
-        until.tv_sec += (time_t)(ns / 1000000000ull);
-        until.tv_nsec = (long)(ns % 1000000000ull);
-        rc = pthread_mutex_clocklock(&a->lock.mutex, CLOCK_MONOTONIC, &until);
-        if (rc == ETIMEDOUT) {
-            mark_broken(a);
-            return -1;
-        }
+    if (region_broken(a))
+        return -1; /* abandoned: whoever holds its lock, nothing of it is ours to change */
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    uint64_t ns = (uint64_t)until.tv_nsec + SG_ARB_LOCK_DEADLINE_NS;
+    until.tv_sec += (time_t)(ns / 1000000000ull);
+    until.tv_nsec = (long)(ns % 1000000000ull);
+    int rc = pthread_mutex_clocklock(&a->lock.mutex, CLOCK_MONOTONIC, &until);
+    if (rc == ETIMEDOUT) {
+        mark_broken(a);
+        return -1;
     }
     if (rc == EOWNERDEAD) {
         repair_locked(a);
@@ -701,8 +697,6 @@ static int open_region(struct sg_gpu *g, struct sg_err *e)
     struct sg_arbiter *a =
         mmap(NULL, sizeof *a, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
-    g->region_dev = (uint64_t)st.st_dev;
-    g->region_ino = (uint64_t)st.st_ino;
     if (a == MAP_FAILED)
         return sg_fail(e, SG_E_CONFIG, "%s: cannot map: %s", path, strerror(errno));
     int rc = 0;
@@ -735,6 +729,8 @@ static int open_region(struct sg_gpu *g, struct sg_err *e)
         munmap(a, sizeof *a);
         return rc;
     }
+    g->region_dev = (uint64_t)st.st_dev; /* only a valid region counts as seen (reattach) */
+    g->region_ino = (uint64_t)st.st_ino;
     g->a = a;
     return 0;
 }
@@ -748,6 +744,21 @@ static void forget_hold(struct sg_gpu *g)
     __atomic_store_n(&g->token, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&g->qend, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&g->drained_at, 0, __ATOMIC_SEQ_CST);
+}
+
+/* Regions we moved away from.  The last few stay mapped: a thread of ours may have read the old
+ * pointer on the fast path just before the move (it then finds its token stale).  Older ones
+ * are unmapped, so a tenant that breaks its GPU's region again and again costs us no more than
+ * RETIRED_KEEP mappings (each move is at least a reaper pass, about a second, after the last). */
+#define RETIRED_KEEP 4
+_Static_assert(sizeof(((struct sg_gpu *)0)->retired) == RETIRED_KEEP * sizeof(struct sg_arbiter *),
+               "retired regions");
+static void retire_region(struct sg_gpu *g, struct sg_arbiter *old)
+{
+    if (g->retired[RETIRED_KEEP - 1])
+        munmap(g->retired[RETIRED_KEEP - 1], sizeof *old);
+    memmove(&g->retired[1], &g->retired[0], (RETIRED_KEEP - 1) * sizeof g->retired[0]);
+    g->retired[0] = old;
 }
 
 /* A broken region (mark_broken) is replaced by the agent: map the new file when it is there.
@@ -785,6 +796,7 @@ static bool reattach(struct sg_gpu *g)
     }
     if (old_live >= 0)
         close(old_live); /* our liveness locks on the old file go with it */
+    retire_region(g, old);
     forget_hold(g);
     hold_reset(g);
     g->client = -1; /* a new entry in the new region at this launch */

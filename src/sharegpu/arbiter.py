@@ -297,40 +297,32 @@ def rebuild_arbiter(root: Path, uuid: str) -> tuple[str, Path] | None:
         if damage is None:
             return None
         moved = path.with_name(f"{abi.ARBITER_FILE}.damaged-{time.time_ns()}")
+        # Kept under a second name first, then replaced in one rename: a process that opens the
+        # path meanwhile finds the old region or the new one, never none (which fails it closed).
         try:
-            os.rename(path, moved)
+            os.link(path, moved)
         except OSError as err:
-            raise TenantError(f"cannot move the damaged {path} aside: {err.strerror}") from err
+            raise TenantError(f"cannot keep the damaged {path} aside: {err.strerror}") from err
+        # The defaults, not the old file's tunables: a tenant may have written those. The agent's
+        # tuner brings the new region to the configured settings at its next pass.
         _create(path, uuid, abi.ARB_DEFAULT_QUANTUM_NS)
-        _carry_tunables(moved, path)
         _keep_grants(moved, path)
+        _prune_damaged(path.parent)
     return damage, moved
 
 
-def _carry_tunables(old: Path, new: Path) -> None:
-    """The operator's tuning of the region being replaced goes to its successor: each tunable the
-    old file holds within its range (a damaged one's others keep their defaults)."""
-    try:
-        data = old.read_bytes()[: ctypes.sizeof(abi.Arbiter)]
-    except OSError:
-        return
-    if len(data) < ctypes.sizeof(abi.Arbiter):
-        return
-    before = abi.Arbiter.from_buffer_copy(data)
-    fd = os.open(new, os.O_RDWR | os.O_CLOEXEC)
-    try:
-        with mmap.mmap(fd, ctypes.sizeof(abi.Arbiter)) as view:
-            region = abi.Arbiter.from_buffer(view)
-            for tunable in TUNABLES.values():
-                value = getattr(before, tunable.name)
-                sane = (
-                    value in tunable.codes.values() if tunable.codes else tunable.low <= value <= tunable.high
-                )
-                if sane:
-                    setattr(region, tunable.name, value)
-            del region
-    finally:
-        os.close(fd)
+KEEP_DAMAGED = 5  # damaged regions kept per GPU for a post-mortem
+
+
+def _prune_damaged(directory: Path) -> None:
+    """Only the newest KEEP_DAMAGED damaged files stay: a tenant that breaks its GPU's region
+    again and again must not fill the runtime directory."""
+    kept = sorted(
+        directory.glob(f"{abi.ARBITER_FILE}.damaged-*"), key=lambda p: p.name.rsplit("-", 1)[-1].zfill(24)
+    )
+    for old in kept[:-KEEP_DAMAGED]:
+        with contextlib.suppress(OSError):
+            old.unlink()
 
 
 def _keep_grants(old: Path, new: Path) -> None:
