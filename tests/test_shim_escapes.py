@@ -38,7 +38,7 @@ def sim(sim_factory) -> Sim:  # type: ignore[no-untyped-def]
 
 def program(tmp_path: Path) -> Path:
     simgpu = str(native.LIB_DIR / "simgpu")
-    return gcc(tmp_path, "escapes", SOURCE, f"-L{simgpu}", "-l:libcuda.so.1", "-ldl")
+    return gcc(tmp_path, "escapes", SOURCE, f"-L{simgpu}", "-l:libcuda.so.1", "-ldl", "-pthread")
 
 
 def wrapper(tmp_path: Path, name: str) -> Path:
@@ -143,3 +143,24 @@ def test_raw_clone_child_is_charged_to_its_own_slot(sim: Sim, tmp_path: Path) ->
     assert res.int("child") == CUDA_SUCCESS
     assert res.int("over") == CUDA_ERROR_OUT_OF_MEMORY, res.stdout
     assert_within_cap(res)
+
+
+def test_raw_clone_child_does_not_spend_its_parents_spare(sim: Sim, tmp_path: Path) -> None:
+    """The lock-free path of an admission spent the spare the child inherited from its parent's
+    slot: after the parent's exit gave that slot back, the child held 28 MiB uncharged and got
+    990 MiB more under the 1000 MiB cap. A page the kernel zeroes in any child tells it at its
+    first admission (one load)."""
+    res = run(sim, tmp_path, "raw-clone-spare")
+    assert res.int("child") == 28
+    assert res.int("over") == CUDA_ERROR_OUT_OF_MEMORY, res.stdout
+    assert_within_cap(res)
+
+
+def test_limits_set_by_two_threads_at_once_are_charged_as_set_once(sim: Sim, tmp_path: Path) -> None:
+    """Two threads setting one context's heap limit at once each read the value before and each
+    replaced the other's charge: after 40000 racing calls and a last 9 MiB, the tenant was
+    charged what a lost update left (300 MiB seen) instead of what 9 MiB costs."""
+    res = run(sim, tmp_path, "limit-race")
+    assert [int(v) for v in res.all("set")] == [CUDA_SUCCESS, CUDA_SUCCESS]
+    once, raced = (int(v) for v in res.all("used"))
+    assert raced == once, f"9 MiB costs {once} bytes set once, {raced} after the race"

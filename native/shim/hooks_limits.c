@@ -22,6 +22,8 @@
  */
 #include "shim.h"
 
+#include <pthread.h>
+
 #define SYNC_LEVEL_BYTES (860ull << 20)  /* per CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH level */
 #define PENDING_LAUNCH_BYTES 4096ull      /* per CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT slot */
 
@@ -69,6 +71,22 @@ static uint64_t growth(size_t from, size_t to, uint64_t unit)
     return __builtin_mul_overflow((uint64_t)(to - from), unit, &bytes) ? UINT64_MAX : bytes;
 }
 
+/* Two threads setting a limit of one context at once would each read the same value before
+ * and each replace the other's charge: one call at a time (the call is rare). */
+static pthread_mutex_t limit_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t limit_once = PTHREAD_ONCE_INIT;
+static void limit_fork_child(void)
+{
+    pthread_mutex_init(&limit_mu, NULL);
+}
+static void limit_setup(void)
+{
+    pthread_atfork(NULL, NULL, limit_fork_child);
+}
+
+static CUresult set_limit_locked(CUlimit limit, size_t value, size_t before, uint64_t unit,
+                                 CUcontext ctx, CUdevice dev);
+
 SG_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
 {
     if (!SG_REAL(cuCtxSetLimit))
@@ -85,7 +103,21 @@ SG_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
         return SG_REAL(cuCtxSetLimit)(limit, value); /* no context, not a limit, or no memory */
     if (sg_mode() != SG_MODE_ACTIVE)
         return CUDA_ERROR_NOT_PERMITTED;
+    pthread_once(&limit_once, limit_setup);
+    pthread_mutex_lock(&limit_mu);
     sg_in_hook++;
+    size_t now_set;
+    if (SG_REAL(cuCtxGetLimit)(&now_set, limit) == CUDA_SUCCESS)
+        before = now_set; /* read again now that no other thread of ours can change it */
+    CUresult res = set_limit_locked(limit, value, before, unit, ctx, dev);
+    sg_in_hook--;
+    pthread_mutex_unlock(&limit_mu);
+    return res;
+}
+
+static CUresult set_limit_locked(CUlimit limit, size_t value, size_t before, uint64_t unit,
+                                 CUcontext ctx, CUdevice dev)
+{
     uint64_t key = limit_key(ctx, limit);
     struct sg_charge held, more = {0};
     sg_untrack(SG_KIND_LIMIT, key, &held); /* what this context's limit is charged now */
@@ -101,7 +133,6 @@ SG_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
     if (res != CUDA_SUCCESS) {
         if (held.active)
             sg_retrack(SG_KIND_LIMIT, key, &held);
-        sg_in_hook--;
         return res;
     }
     /* From now on one charge for the pair: the old one plus the reservation, set to what the
@@ -129,6 +160,5 @@ SG_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
         if (total.bytes == 0 || sg_track(SG_KIND_LIMIT, key, &total, &e) < 0)
             sg_credit(&total);
     }
-    sg_in_hook--;
     return CUDA_SUCCESS;
 }

@@ -50,6 +50,7 @@
 #include <string.h>
 #include <time.h>
 #include <linux/futex.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -71,6 +72,10 @@
  * /proc (sg_identity_read). */
 static struct sg_identity self;
 static int self_slot = -1; /* written under the usage mutex; read relaxed by the spare paths */
+/* 1 in the process that set it up; the kernel zeroes the page in a child of fork or of a raw
+ * clone (MADV_WIPEONFORK), so one load tells a child that inherited our slot and spare, before
+ * the lock-free path spends the parent's spare (sg_reserve).  NULL: not available. */
+static volatile uint32_t *born_here;
 /* Our spare per limits index by our own count, in process memory: the usage file is writable
  * by every process of the tenant, so its spare_bytes alone never admits anything.  The fast
  * path spends what both say; a free puts bytes into both; only a steal (another process, under
@@ -221,6 +226,7 @@ static void usage_unlock(void)
 }
 
 static void forget_parent(void);
+static void raw_clone_child(void);
 
 /* Our slot, claimed on first use.  -1 when every slot is taken by a live process. */
 static int ensure_slot_locked(void)
@@ -572,6 +578,8 @@ int sg_reserve(CUdevice dev, uint64_t bytes, struct sg_charge *c, struct sg_err 
         return 0;
     if (sg_mode() != SG_MODE_ACTIVE)
         return config_error(e);
+    if (__builtin_expect(born_here && *born_here == 0, 0))
+        raw_clone_child();
     if (spend_spare(dev, bytes, c))
         return 0;
     uint8_t uuid[16];
@@ -1109,11 +1117,33 @@ static void atfork_child(void)
     map_lock = 0;
     pthread_mutex_init(&ordinal_lock, NULL);
     forget_parent();
+    if (born_here)
+        *born_here = 1;
+}
+
+/* A child of a raw clone system call (no atfork handler ran) at its first admission: it is
+ * single-threaded then unless it started threads of its own before allocating; the locks it
+ * inherited may be held by threads it does not have, so they start again as in a fork child. */
+static void raw_clone_child(void)
+{
+    map_lock = 0;
+    pthread_mutex_init(&ordinal_lock, NULL);
+    forget_parent();
+    *born_here = 1;
 }
 
 void sg_ledger_setup(void)
 {
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+    void *page = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (page == MAP_FAILED)
+        return;
+    if (madvise(page, 4096, MADV_WIPEONFORK) != 0) { /* before Linux 4.14: getpid() per slow path */
+        munmap(page, 4096);
+        return;
+    }
+    *(uint32_t *)page = 1;
+    born_here = page;
 }
 
 /* Normal exit: give the slot back (the driver frees the process's memory as it exits). */

@@ -19,6 +19,7 @@
  * Each prints over=<CUresult of an allocation past the cap> (-1: the lookup found nothing), and used=/total= from cuMemGetInfo.
  */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -173,6 +174,63 @@ static void raw_clone(void)
     exit(0); /* a normal exit: the shim's destructor gives the parent's slot back */
 }
 
+/* A raw clone child spends its parent's spare on the lock-free path: the parent allocated and
+ * freed (its spare topped up), the child takes 28 x 1 MiB, the parent exits normally (its slot,
+ * spare and all, given back); then the child asks for 990 MiB, past the cap while its 28 MiB
+ * count. */
+static void raw_clone_spare(void)
+{
+    CUdeviceptr p = 0;
+    cuMemAlloc_v2(&p, MIB);
+    cuMemFree_v2(p);
+    int ready[2], gone[2];
+    if (pipe(ready) || pipe(gone))
+        exit(1);
+    long pid = syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0);
+    if (pid == 0) {
+        char c;
+        int ok = 0;
+        close(gone[1]);
+        for (int i = 0; i < 28; i++)
+            ok += cuMemAlloc_v2(&p, MIB) == CUDA_SUCCESS;
+        printf("child=%d\n", ok);
+        fflush(stdout);
+        if (write(ready[1], "r", 1) != 1 || read(gone[0], &c, 1) != 0)
+            _exit(1);
+        try_alloc("over", cuMemAlloc_v2, 990 * MIB);
+        report();
+        fflush(stdout);
+        _exit(0);
+    }
+    char c;
+    if (pid < 0 || read(ready[0], &c, 1) != 1)
+        exit(1);
+    exit(0);
+}
+
+/* Two threads set one context's malloc heap limit over and over, one to 8 MiB and one to 300
+ * MiB; then the limit is set to 9 MiB.  What the tenant is charged for it must be what setting
+ * 9 MiB cost before the race, not what a lost update left. */
+static CUcontext race_ctx;
+static void *limit_flipper(void *arg)
+{
+    size_t value = (size_t)(uintptr_t)arg;
+    cuCtxSetCurrent(race_ctx);
+    for (int i = 0; i < 20000; i++)
+        cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, value);
+    return NULL;
+}
+
+static void limit_race(void)
+{
+    cuCtxGetCurrent(&race_ctx);
+    pthread_t a, b;
+    pthread_create(&a, NULL, limit_flipper, (void *)(uintptr_t)(8 * MIB));
+    pthread_create(&b, NULL, limit_flipper, (void *)(uintptr_t)(300 * MIB));
+    pthread_join(a, NULL);
+    pthread_join(b, NULL);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
@@ -203,6 +261,14 @@ int main(int argc, char **argv)
         printf("calls_a=%d\ncalls_b=%d\n", a ? *a : -1, b ? *b : -1);
     } else if (strcmp(cmd, "raw-clone") == 0) {
         raw_clone();
+    } else if (strcmp(cmd, "raw-clone-spare") == 0) {
+        raw_clone_spare();
+    } else if (strcmp(cmd, "limit-race") == 0) {
+        printf("set=%d\n", (int)cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 9 * MIB));
+        report(); /* what 9 MiB costs, set once */
+        limit_race();
+        printf("set=%d\n", (int)cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 9 * MIB));
+        report();
         return 0;
     } else if (strcmp(cmd, "vmm-import") == 0) {
         vmm_import();
