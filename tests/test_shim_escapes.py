@@ -164,3 +164,33 @@ def test_limits_set_by_two_threads_at_once_are_charged_as_set_once(sim: Sim, tmp
     assert [int(v) for v in res.all("set")] == [CUDA_SUCCESS, CUDA_SUCCESS]
     once, raced = (int(v) for v in res.all("used"))
     assert raced == once, f"9 MiB costs {once} bytes set once, {raced} after the race"
+
+
+def test_a_driver_preloaded_ahead_of_the_shim_is_refused_at_load(sim: Sim, tmp_path: Path) -> None:
+    """LD_PRELOAD="libcuda.so.1 libsharegpu.so": a program linked against the driver binds every
+    call to it, past every hook (1500 MiB allocated under the cap). No later call reaches the
+    shim, so it refuses at load, with one line; the other order runs."""
+    tenant = sim.tenant("t", CAP_MIB, gpus=[0])
+    env = sim.tenant_env(tenant)
+    driver = str(native.LIB_DIR / "simgpu" / "libcuda.so.1")
+    ahead = subprocess.run(
+        [str(program(tmp_path)), "linked"],
+        env={**env, "LD_PRELOAD": f"{driver} {env['LD_PRELOAD']}"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ahead.returncode == 1
+    assert ahead.stdout == ""
+    assert "libcuda.so.1 is loaded ahead of the sharegpu shim" in ahead.stderr
+    after = subprocess.run(
+        [str(program(tmp_path)), "linked"],
+        env={**env, "LD_PRELOAD": f"{env['LD_PRELOAD']} {driver}"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert after.returncode == 0, after.stderr
+    assert int(parse_kv(after.stdout)[0]["over"]) == CUDA_ERROR_OUT_OF_MEMORY

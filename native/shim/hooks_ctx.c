@@ -3,7 +3,8 @@
  *
  * Every context takes device memory of its own (hundreds of MiB on a large GPU), which no
  * allocation call returns.  It is admitted at once: the hook measures what the real creation
- * took (the device's free memory, NVML, just before and just after), then admits that figure
+ * took (this process's memory as NVML lists it, or the device's free memory, just before and
+ * just after), then admits that figure
  * into the device's overhead_bytes under the usage lock (used + overhead + bytes <= cap), so the
  * next allocation already counts it; a context that does not fit is destroyed again and
  * refused with CUDA_ERROR_OUT_OF_MEMORY.  Its estimate is taken back out when it ends
@@ -14,11 +15,14 @@
  * killed process).  A primary context is created by the retain that finds it inactive (its
  * state is asked first) and destroyed by the release that leaves it inactive.
  *
- * Why the device's free memory around the call: it needs no context (the first context of a
- * process has none to ask cuMemGetInfo with) and no pid (NVML's per-process list names host
- * pids, which a process in a container cannot match with its own).  Its race: another process
- * allocating meanwhile makes the figure too large (refused near the cap, corrected by the
- * reconciler within a second), another freeing makes it too small.  Against the latter, the
+ * Which figure: NVML's per-process list when it lists our pid after the creation (a process on
+ * the host): exact, whatever other processes do meanwhile (a device-wide figure took the
+ * allocations of the tenant's other processes for the context and refused contexts of a tenant
+ * filling its cap).  In a pid namespace NVML's host pids are not ours, so the device's free
+ * memory around the call is used: it needs neither a context (the first context of a process
+ * has none to ask cuMemGetInfo with) nor a pid.  Its race: another process allocating meanwhile
+ * makes the figure too large (refused near the cap, corrected by the reconciler within a
+ * second), another freeing makes it too small.  Against the latter, the
  * smallest figure this process measured on the device before is a floor (a context's memory
  * does not shrink between two creations); the process's own creations and teardowns are
  * serialised by ctx_mu so they never measure each other.  Without NVML (or a failed query) the
@@ -37,6 +41,7 @@
  */
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "shim.h"
 
@@ -87,8 +92,8 @@ static struct {
     nvmlDevice_t handle;
 } nvml_dev[MAX_ORDINALS]; /* [ctx_mu] */
 
-/* The device's free memory as NVML sees it (all processes), or false. */
-static bool device_free(CUdevice dev, uint64_t *free_bytes)
+/* The device's NVML handle, or false. */
+static bool nvml_handle(CUdevice dev)
 {
     if (dev < 0 || dev >= MAX_ORDINALS)
         return false;
@@ -109,10 +114,39 @@ static bool device_free(CUdevice dev, uint64_t *free_bytes)
             return false;
         nvml_dev[dev].known = true;
     }
+    return true;
+}
+
+/* The device's free memory as NVML sees it (all processes), or false. */
+static bool device_free(CUdevice dev, uint64_t *free_bytes)
+{
     nvmlMemory_t m;
-    if (SG_REAL(nvmlDeviceGetMemoryInfo)(nvml_dev[dev].handle, &m) != NVML_SUCCESS)
+    if (!nvml_handle(dev) ||
+        SG_REAL(nvmlDeviceGetMemoryInfo)(nvml_dev[dev].handle, &m) != NVML_SUCCESS)
         return false;
     *free_bytes = m.free;
+    return true;
+}
+
+/* This process's device memory as NVML lists it: false when NVML does not answer, *listed
+ * false when our pid is not in its list (no context yet, or a pid namespace: NVML names host
+ * pids). */
+static bool own_used(CUdevice dev, uint64_t *bytes, bool *listed)
+{
+    nvmlProcessInfo_t infos[128];
+    unsigned int count = sizeof infos / sizeof infos[0];
+    *bytes = 0;
+    *listed = false;
+    if (!nvml_handle(dev) || !SG_REAL(nvmlDeviceGetComputeRunningProcesses_v3) ||
+        SG_REAL(nvmlDeviceGetComputeRunningProcesses_v3)(nvml_dev[dev].handle, &count, infos) !=
+            NVML_SUCCESS)
+        return false;
+    unsigned int me = (unsigned int)getpid();
+    for (unsigned int i = 0; i < count && i < sizeof infos / sizeof infos[0]; i++)
+        if (infos[i].pid == me) {
+            *bytes = infos[i].usedGpuMemory;
+            *listed = true;
+        }
     return true;
 }
 
@@ -132,20 +166,28 @@ static uint64_t estimate(CUdevice dev, bool measured, uint64_t before, uint64_t 
  * admit returns CUDA_SUCCESS, or the error to refuse the context with (then the caller
  * destroys it again); *idx and *bytes say what was admitted (bytes 0: nothing). */
 struct measure {
-    bool ok;
-    uint64_t before;
+    bool ok, own_ok, own_listed;
+    uint64_t before, own_before;
 };
 
 static void measure_begin(CUdevice dev, struct measure *m)
 {
+    m->own_ok = own_used(dev, &m->own_before, &m->own_listed);
     m->ok = device_free(dev, &m->before);
 }
 
+/* What the creation took: the growth of this process's own NVML figure when NVML lists us
+ * (other processes allocating meanwhile do not count: a device-wide figure took their memory
+ * for the context's, and refused contexts of a tenant whose other processes were filling its
+ * cap); else the drop of the device's free memory. */
 static CUresult measure_admit(CUdevice dev, const struct measure *m, int *idx, uint64_t *bytes)
 {
-    uint64_t after = 0;
-    bool ok = m->ok && device_free(dev, &after);
-    *bytes = estimate(dev, ok, m->before, after);
+    uint64_t after = 0, own_after = 0;
+    bool listed = false;
+    if (m->own_ok && own_used(dev, &own_after, &listed) && listed)
+        *bytes = estimate(dev, true, own_after, m->own_listed ? m->own_before : 0);
+    else
+        *bytes = estimate(dev, m->ok && device_free(dev, &after), m->before, after);
     *idx = -1;
     if (!*bytes)
         return CUDA_SUCCESS; /* nothing to admit: no lock taken */

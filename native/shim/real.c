@@ -505,3 +505,32 @@ SG_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVers
     *pfn = mine;
     return mine ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
+
+/* ---- load order ------------------------------------------------------------------------------ */
+
+/* The driver loaded ahead of us (LD_PRELOAD="libcuda.so.1 libsharegpu.so", or the driver listed
+ * before the container's /etc/ld.so.preload): a program linked against it binds every driver
+ * call to the driver, past every hook, and no later check can fail closed because no later call
+ * reaches us.  So it is checked once, at load, and only where a tenant is configured: the
+ * process refuses to run with one line that says why. */
+__attribute__((constructor)) static void sg_check_load_order(void)
+{
+    if (!sg_configured())
+        return;
+    sg_dlsym_fn dls = real_dlsym();
+    sg_dlopen_fn dlo = real_dlopen();
+    void *driver = dlo ? dlo("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD) : NULL;
+    if (!dls || !driver)
+        return; /* not loaded yet: it will come after us */
+    void *first = dls(RTLD_DEFAULT, "cuMemAlloc_v2");
+    bool ahead = first && first != (void *)&cuMemAlloc_v2 && first == dls(driver, "cuMemAlloc_v2");
+    dlclose(driver);
+    if (!ahead)
+        return;
+    static const char msg[] = "sharegpu: libcuda.so.1 is loaded ahead of the sharegpu shim (check "
+                              "LD_PRELOAD: the shim must come first); the program's driver calls "
+                              "would bypass its tenant's caps, so it is not run\n";
+    ssize_t told = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)told;
+    _exit(1);
+}

@@ -261,6 +261,8 @@ int main(int argc, char **argv)
         printf("calls_a=%d\ncalls_b=%d\n", a ? *a : -1, b ? *b : -1);
     } else if (strcmp(cmd, "raw-clone") == 0) {
         raw_clone();
+    } else if (strcmp(cmd, "linked") == 0) {
+        try_alloc("over", cuMemAlloc_v2, over); /* bound at load time, as C programs call it */
     } else if (strcmp(cmd, "raw-clone-spare") == 0) {
         raw_clone_spare();
     } else if (strcmp(cmd, "limit-race") == 0) {
