@@ -2,7 +2,8 @@
  * Configuration: where the tenant directory is, mapping its limits (read-only) and usage
  * (read-write) regions, validating them, and the seqlock reader of the limits.
  *
- * Three modes, decided lazily at the first hooked call (never in a constructor):
+ * Three modes, decided lazily at the first hooked call (never in a constructor; the load-order
+ * check of real.c only asks at load whether a tenant is configured):
  *   INERT   no tenant directory: SG_CONTAINER_TENANT_DIR does not exist and SHAREGPU_TENANT is
  *           unset or empty.  Every hook is a pure pass-through; no file is opened.
  *   ACTIVE  both regions mapped and valid.
