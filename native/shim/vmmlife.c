@@ -136,23 +136,46 @@ static bool alive_locked(uint64_t id)
     return false;
 }
 
-/* If allocation id is gone, takes its held charge into *out (and forgets its exports). */
-static bool take_if_dead_locked(uint64_t id, struct sg_charge *out)
+/* Charges that came due under mu, credited once it is dropped (the ledger takes its own lock
+ * and may wait for it).  As many as one call ends: a cuMemUnmap of a large range can end any
+ * number of allocations. */
+struct dues {
+    struct sg_charge *v;
+    size_t n, cap;
+};
+
+static void due_locked(struct dues *d, const struct sg_charge *c)
+{
+    if (sg_grow((void **)&d->v, &d->cap, d->n, sizeof(*d->v)) == 0)
+        d->v[d->n++] = *c;
+    else
+        sg_credit(c); /* out of host memory: credited under mu, slower but never lost */
+}
+
+static void dues_credit(struct dues *d)
+{
+    for (size_t i = 0; i < d->n; i++)
+        sg_credit(&d->v[i]);
+    free(d->v);
+}
+
+/* If allocation id is gone, its held charges come due (and its exports are forgotten). */
+static void take_if_dead_locked(uint64_t id, struct dues *d)
 {
     if (id == 0 || alive_locked(id))
-        return false;
+        return;
     for (size_t i = 0; i < nexps;)
         if (exps[i].id == id)
             exps[i] = exps[--nexps];
         else
             i++;
-    for (size_t k = 0; k < nhelds; k++)
+    for (size_t k = 0; k < nhelds;)
         if (helds[k].id == id) {
-            *out = helds[k].charge;
+            due_locked(d, &helds[k].charge);
             helds[k] = helds[--nhelds];
-            return true;
+        } else {
+            k++;
         }
-    return false;
 }
 
 /* ---- the hooks' side ----------------------------------------------------------------------- */
@@ -193,7 +216,7 @@ void sg_vmm_imported(CUmemGenericAllocationHandle handle, int fd)
 bool sg_vmm_release(CUmemGenericAllocationHandle handle, const struct sg_charge *c)
 {
     bool credit_now = false;
-    struct sg_charge due;
+    struct dues due = {0};
     lock();
     uint64_t id = id_of_locked(handle);
     drop_handle_locked(handle);
@@ -202,10 +225,9 @@ bool sg_vmm_release(CUmemGenericAllocationHandle handle, const struct sg_charge 
         helds[nhelds++] = (struct held){.id = id, .charge = *c};
     else if (c)
         credit_now = true; /* nothing keeps it (or out of host memory: the old behaviour) */
-    bool held_due = take_if_dead_locked(id, &due);
+    take_if_dead_locked(id, &due);
     pthread_mutex_unlock(&mu);
-    if (held_due)
-        sg_credit(&due); /* the last other handle of an allocation whose charge was held */
+    dues_credit(&due); /* the last other handle of an allocation whose charge was held */
     return credit_now;
 }
 
@@ -234,21 +256,18 @@ SG_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     CUresult res = SG_REAL(cuMemUnmap)(ptr, size);
     if (res != CUDA_SUCCESS || sg_in_hook || !sg_configured())
         return res;
-    struct sg_charge due[16];
-    size_t ndue = 0;
+    struct dues due = {0};
     lock();
     for (size_t i = 0; i < nmaps;) {
         if (maps[i].va >= ptr && maps[i].va + maps[i].size <= ptr + size) {
             uint64_t id = maps[i].id;
             maps[i] = maps[--nmaps];
-            if (ndue < sizeof due / sizeof due[0] && take_if_dead_locked(id, &due[ndue]))
-                ndue++;
+            take_if_dead_locked(id, &due);
         } else {
             i++;
         }
     }
     pthread_mutex_unlock(&mu);
-    for (size_t i = 0; i < ndue; i++)
-        sg_credit(&due[i]); /* outside the lock: the ledger takes its own */
+    dues_credit(&due); /* outside the lock: the ledger takes its own */
     return res;
 }
