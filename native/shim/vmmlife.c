@@ -13,8 +13,14 @@
  *
  * Every handle and mapping names an allocation id (never a handle value: the driver may give a
  * released value to a new allocation while the old one lives on through another handle).
- * Handles the shim did not create or import from its own export (another process's memory) have
- * no id and are not charged here: the exporter pays (README, "VMM sharing").
+ *
+ * A handle that names no charged allocation (imported from another process's export, or from
+ * our own after that allocation ended here while the driver kept it alive through the exported
+ * descriptor) is paid for by the importer when it maps it: cuMemMap admits the bytes of the
+ * mapping not yet paid for (the allocation's offsets, as spans), refuses past the cap before the
+ * real map, and gives the handle an id whose charge ends like the others.  An import that matches
+ * our own live export joins that allocation's id instead and pays nothing more: within one
+ * process nothing is charged twice.
  *
  * Process-local tables, guarded by one mutex (VMM programs keep few, large objects; linear
  * scans).  A forked child maps nothing of its parent's and starts empty.
@@ -41,6 +47,11 @@ struct held { /* an allocation whose charged handle is released: its charge wait
     struct sg_charge charge;
 };
 
+struct span { /* [lo, hi): offsets of an allocation charged at map that are paid for */
+    uint64_t id;
+    uint64_t lo, hi;
+};
+
 struct export_id { /* a descriptor we exported */
     dev_t dev;
     ino_t ino;
@@ -57,6 +68,8 @@ static struct held *helds; /* [mu] */
 static size_t nhelds, caphelds;
 static struct export_id *exps; /* [mu] */
 static size_t nexps, capexps;
+static struct span *spans; /* [mu] disjoint per id; an id with spans was charged at map */
+static size_t nspans, capspans;
 
 static void atfork_child(void)
 {
@@ -65,11 +78,14 @@ static void atfork_child(void)
     free(maps);
     free(helds);
     free(exps);
+    free(spans);
     hids = NULL;
     maps = NULL;
     helds = NULL;
     exps = NULL;
+    spans = NULL;
     nhids = caphids = nmaps = capmaps = nhelds = caphelds = nexps = capexps = 0;
+    nspans = capspans = 0;
 }
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -169,6 +185,11 @@ static void take_if_dead_locked(uint64_t id, struct dues *d)
             exps[i] = exps[--nexps];
         else
             i++;
+    for (size_t i = 0; i < nspans;)
+        if (spans[i].id == id)
+            spans[i] = spans[--nspans];
+        else
+            i++;
     for (size_t k = 0; k < nhelds;)
         if (helds[k].id == id) {
             due_locked(d, &helds[k].charge);
@@ -176,6 +197,51 @@ static void take_if_dead_locked(uint64_t id, struct dues *d)
         } else {
             k++;
         }
+}
+
+/* Was allocation id charged at map (a handle that named no charged allocation)? */
+static bool map_charged_locked(uint64_t id)
+{
+    for (size_t i = 0; i < nspans; i++)
+        if (spans[i].id == id)
+            return true;
+    return false;
+}
+
+/* Bytes of [lo, hi) of allocation id not yet paid for (all of them for id 0). */
+static uint64_t unpaid_locked(uint64_t id, uint64_t lo, uint64_t hi)
+{
+    uint64_t paid = 0;
+    for (size_t i = 0; id && i < nspans; i++)
+        if (spans[i].id == id && spans[i].lo < hi && lo < spans[i].hi)
+            paid += (spans[i].hi < hi ? spans[i].hi : hi) - (spans[i].lo > lo ? spans[i].lo : lo);
+    return hi - lo - paid;
+}
+
+/* Marks [lo, hi) of id paid, merging the spans it touches (room for one more is reserved). */
+static void pay_locked(uint64_t id, uint64_t lo, uint64_t hi)
+{
+    for (size_t i = 0; i < nspans;)
+        if (spans[i].id == id && spans[i].lo <= hi && lo <= spans[i].hi) {
+            lo = spans[i].lo < lo ? spans[i].lo : lo;
+            hi = spans[i].hi > hi ? spans[i].hi : hi;
+            spans[i] = spans[--nspans];
+        } else {
+            i++;
+        }
+    spans[nspans++] = (struct span){.id = id, .lo = lo, .hi = hi};
+}
+
+/* Adds c to id's held charge (merged with one on the same device); room is reserved. */
+static void hold_locked(uint64_t id, const struct sg_charge *c)
+{
+    for (size_t k = 0; k < nhelds; k++)
+        if (helds[k].id == id && helds[k].charge.active == c->active &&
+            helds[k].charge.idx == c->idx) {
+            helds[k].charge.bytes += c->bytes;
+            return;
+        }
+    helds[nhelds++] = (struct held){.id = id, .charge = *c};
 }
 
 /* ---- the hooks' side ----------------------------------------------------------------------- */
@@ -231,21 +297,125 @@ bool sg_vmm_release(CUmemGenericAllocationHandle handle, const struct sg_charge 
     return credit_now;
 }
 
+/* Host locations of CUmemLocationType (pinned host memory: not GPU memory, never charged). */
+#define SG_MEM_LOCATION_TYPE_HOST 2
+#define SG_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT 4
+
+/* Where the memory of handle lives, for a handle we did not create: *have_dev with its device
+ * ordinal, or the current context's device when the driver cannot say; false: host memory. */
+static bool device_of_handle(CUmemGenericAllocationHandle handle, bool *have_dev, CUdevice *dev)
+{
+    CUmemAllocationProp prop;
+    *have_dev = false;
+    if (!SG_REAL(cuMemGetAllocationPropertiesFromHandle) ||
+        SG_REAL(cuMemGetAllocationPropertiesFromHandle)(&prop, handle) != CUDA_SUCCESS)
+        return true;
+    int type = (int)prop.location.type;
+    if (type >= SG_MEM_LOCATION_TYPE_HOST && type <= SG_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT)
+        return false;
+    if (type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        *have_dev = true;
+        *dev = prop.location.id;
+    }
+    return true;
+}
+
+/* Room for one more of each record a map may add (so that recording cannot fail half-way). */
+static int room_locked(void)
+{
+    return sg_grow((void **)&maps, &capmaps, nmaps, sizeof(*maps)) < 0 ||
+                   sg_grow((void **)&hids, &caphids, nhids, sizeof(*hids)) < 0 ||
+                   sg_grow((void **)&spans, &capspans, nspans, sizeof(*spans)) < 0 ||
+                   sg_grow((void **)&helds, &caphelds, nhelds, sizeof(*helds)) < 0
+               ? -1
+               : 0;
+}
+
+/* A handle with an allocation id we charged at creation (or joined by import) maps for free.
+ * One that names none pays for the bytes of the mapping not yet paid for: admitted before the
+ * real map (refused past the cap, with nothing mapped), settled after it (a concurrent map of
+ * the same bytes may have paid for some: the surplus goes back). */
+static CUresult map_accounted(CUdeviceptr ptr, size_t size, size_t offset,
+                              CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    uint64_t lo = offset, hi;
+    if (__builtin_add_overflow(lo, (uint64_t)size, &hi))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (int attempt = 0;; attempt++) {
+        lock();
+        uint64_t id = id_of_locked(handle);
+        bool pays = !id || map_charged_locked(id);
+        uint64_t owe = pays ? unpaid_locked(id, lo, hi) : 0;
+        pthread_mutex_unlock(&mu);
+
+        struct sg_charge c = {.active = false};
+        bool have_dev = false;
+        CUdevice dev = 0;
+        if (pays && !device_of_handle(handle, &have_dev, &dev)) {
+            pays = false; /* host memory */
+            owe = 0;
+        }
+        if (owe) {
+            CUresult r = sg_alloc_begin(have_dev, dev, owe, &c);
+            if (r != CUDA_SUCCESS)
+                return r; /* past the cap (or broken): the handle is not mapped */
+            c.ctx = NULL; /* VMM memory outlives contexts */
+        }
+        CUresult res = SG_REAL(cuMemMap)(ptr, size, offset, handle, flags);
+        if (res != CUDA_SUCCESS) {
+            sg_unreserve(&c);
+            return res;
+        }
+
+        lock();
+        id = id_of_locked(handle);
+        bool pays_now = pays && (!id || map_charged_locked(id));
+        uint64_t now = pays_now ? unpaid_locked(id, lo, hi) : 0;
+        bool recorded = false, retry = false;
+        if (now > c.bytes) {
+            retry = true; /* the handle value came to name other memory meanwhile: again */
+        } else if (room_locked() == 0) {
+            if (pays_now && !id) {
+                id = next_id++;
+                hids[nhids++] = (struct handle_id){.handle = handle, .id = id};
+            }
+            if (pays_now) {
+                pay_locked(id, lo, hi);
+                struct sg_charge paid = c;
+                paid.bytes = now;
+                if (now)
+                    hold_locked(id, &paid);
+                c.bytes -= now; /* the surplus, credited below */
+            }
+            if (id)
+                maps[nmaps++] = (struct mapping){.va = ptr, .size = size, .id = id};
+            recorded = true;
+        }
+        pthread_mutex_unlock(&mu);
+        if (recorded) {
+            if (c.bytes)
+                sg_credit(&c);
+            return CUDA_SUCCESS;
+        }
+        /* Not recorded: undo the map rather than leave memory mapped that no charge follows. */
+        if (SG_REAL(cuMemUnmap))
+            SG_REAL(cuMemUnmap)(ptr, size);
+        sg_unreserve(&c);
+        if (!retry || attempt >= 2)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+}
+
 SG_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                             CUmemGenericAllocationHandle handle, unsigned long long flags)
 {
     if (!SG_REAL(cuMemMap))
         return CUDA_ERROR_NOT_FOUND;
-    CUresult res = SG_REAL(cuMemMap)(ptr, size, offset, handle, flags);
-    if (res != CUDA_SUCCESS || sg_in_hook || !sg_configured())
-        return res;
-    lock();
-    uint64_t id = id_of_locked(handle);
-    if (id && sg_grow((void **)&maps, &capmaps, nmaps, sizeof(*maps)) == 0)
-        maps[nmaps++] = (struct mapping){.va = ptr, .size = size, .id = id};
-    /* Out of host memory: the mapping goes unrecorded, and a later release credits at once
-     * (the old behaviour), which the agent's audit still bounds. */
-    pthread_mutex_unlock(&mu);
+    if (sg_in_hook || !sg_configured())
+        return SG_REAL(cuMemMap)(ptr, size, offset, handle, flags);
+    sg_in_hook++;
+    CUresult res = map_accounted(ptr, size, offset, handle, flags);
+    sg_in_hook--;
     return res;
 }
 
