@@ -441,3 +441,35 @@ SG_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     dues_credit(&due); /* outside the lock: the ledger takes its own */
     return res;
 }
+
+/* One more reference to the handle mapped at addr (the driver's own reference counting): it
+ * names the mapping's allocation id, so that allocation's charge lasts until this reference is
+ * released too (each reference is one entry of the handle table). */
+SG_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    if (!SG_REAL(cuMemRetainAllocationHandle))
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult res = SG_REAL(cuMemRetainAllocationHandle)(handle, addr);
+    if (res != CUDA_SUCCESS || sg_in_hook || !sg_configured())
+        return res;
+    CUdeviceptr a = (CUdeviceptr)(uintptr_t)addr;
+    lock();
+    uint64_t id = 0;
+    for (size_t i = 0; i < nmaps && !id; i++)
+        if (maps[i].va <= a && a - maps[i].va < maps[i].size)
+            id = maps[i].id;
+    if (!id)
+        id = id_of_locked(*handle);
+    bool kept = !id || sg_grow((void **)&hids, &caphids, nhids, sizeof(*hids)) == 0;
+    if (id && kept)
+        hids[nhids++] = (struct handle_id){.handle = *handle, .id = id};
+    pthread_mutex_unlock(&mu);
+    if (kept)
+        return res;
+    /* Out of host memory: a reference we cannot count would let the charge end early. */
+    sg_in_hook++;
+    if (SG_REAL(cuMemRelease))
+        SG_REAL(cuMemRelease)(*handle);
+    sg_in_hook--;
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
