@@ -10,6 +10,11 @@ CUDA_ERROR_OUT_OF_MEMORY and the tenant's usage, as its views show it, must stay
   still reach the next interposer when there is one;
 - a second VMM handle of the same memory (export + import in one process), which must keep the
   charge after the first is released;
+- a VMM handle that names no charged allocation (imported after the exporter's allocation ended
+  for the shim, or from another process), which pays for what it maps;
+- a reference retained from a mapped address (cuMemRetainAllocationHandle), which keeps the
+  memory and its charge;
+- one cuMemUnmap that ends many allocations at once, which must credit them all;
 - a child of the raw clone system call (no atfork handlers), which must not charge its parent.
 """
 
@@ -129,6 +134,53 @@ def test_vmm_charge_follows_the_memory_through_an_imported_handle(sim: Sim, tmp_
     assert [int(v) for v in res.all("used")] == [600 * MIB, 600 * MIB, 0]
     assert res.int("after") == CUDA_SUCCESS
     assert_within_cap(res)
+
+
+def test_vmm_reimport_after_release_is_charged_at_map(sim: Sim, tmp_path: Path) -> None:
+    """create, export, release unmapped (the charge ends and the export is forgotten), import the
+    still-open descriptor: the driver keeps the memory alive through it, so mapping the imported
+    handle is charged.  Three rounds of 600 MiB: only one fits under the 1000 MiB cap (before the
+    fix all three were mapped and written, with the ledger at 0)."""
+    res = run(sim, tmp_path, "vmm-reimport")
+    assert res.all("create")[0] == str(CUDA_SUCCESS), res.stdout
+    assert res.all("map")[0] == str(CUDA_SUCCESS), res.stdout
+    assert res.int("written_mib") == 600, res.stdout
+    assert [int(v) for v in res.all("used")] == [600 * MIB, 0], res.stdout
+    assert_within_cap(res)
+
+
+def test_vmm_import_without_a_charge_is_admitted_at_map(sim: Sim, tmp_path: Path) -> None:
+    """An imported handle that names no charged allocation: its map is refused past the cap (and
+    not made), admitted once there is room, charged once however often it is mapped, and
+    credited with its last mapping and handle."""
+    res = run(sim, tmp_path, "vmm-import-refused")
+    for key in ("create", "import", "alloc", "free", "map", "map2", "unmap", "unmap2", "release"):
+        assert res.int(key) == CUDA_SUCCESS, (key, res.stdout)
+    assert res.int("map_over") == CUDA_ERROR_OUT_OF_MEMORY, res.stdout
+    assert [int(v) for v in res.all("used")] == [600 * MIB, 600 * MIB, 600 * MIB, 0], res.stdout
+    assert_within_cap(res)
+
+
+def test_vmm_retained_reference_keeps_the_charge(sim: Sim, tmp_path: Path) -> None:
+    """cuMemRetainAllocationHandle gives the mapped handle one more reference: releasing the
+    first (after the unmap) leaves the memory alive and charged; mapped again through the
+    retained reference it is still charged, and the last release credits it."""
+    res = run(sim, tmp_path, "vmm-retain")
+    for key in ("create", "map", "retain", "unmap", "release", "map2", "write", "unmap2", "release2"):
+        assert res.int(key) == CUDA_SUCCESS, (key, res.stdout)
+    assert res.int("same") == 1, res.stdout
+    assert res.int("over") == CUDA_ERROR_OUT_OF_MEMORY, res.stdout
+    assert res.int("release3") != CUDA_SUCCESS, res.stdout
+    assert [int(v) for v in res.all("used")] == [600 * MIB, 600 * MIB, 0], res.stdout
+    assert_within_cap(res)
+
+
+def test_vmm_one_unmap_ending_many_allocations_credits_them_all(sim: Sim, tmp_path: Path) -> None:
+    """20 released allocations mapped side by side, unmapped by one call: all 20 credited."""
+    res = run(sim, tmp_path, "vmm-many-unmap")
+    assert res.int("mapped") == 20, res.stdout
+    assert res.int("unmap") == CUDA_SUCCESS, res.stdout
+    assert [int(v) for v in res.all("used")] == [20 * 2 * MIB, 0], res.stdout
 
 
 # ---------------------------------------------------------------------------------------------

@@ -79,6 +79,7 @@ static const struct proc_row rows[] = {
     {"cuMemExportToShareableHandle", 10020, ANY, H(cuMemExportToShareableHandle)},
     {"cuMemImportFromShareableHandle", 10020, ANY, H(cuMemImportFromShareableHandle)},
     {"cuMemUnmap", 10020, ANY, H(cuMemUnmap)},
+    {"cuMemRetainAllocationHandle", 11000, ANY, H(cuMemRetainAllocationHandle)},
     {"cuArrayDestroy", 2000, ANY, H(cuArrayDestroy)},
     {"cuArray3DCreate", 3020, ANY, H(cuArray3DCreate_v2)},
     {"cuArray3DCreate", 2000, ANY, SG_PROC_NONE}, /* 32-bit descriptor: an allocation we cannot account */

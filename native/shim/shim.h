@@ -268,8 +268,10 @@ void sg_async_free_queue(CUstream stream, bool per_thread, const struct sg_charg
 void sg_async_free_settle(void);
 
 /* vmmlife.c: a VMM allocation's charge lasts until its last handle is released and its last
- * mapping unmapped.  created: a new charged handle; exported/imported: a POSIX descriptor of it
- * left or came back (an import of our own export is a second handle of the same allocation);
+ * mapping unmapped (cuMemMap, cuMemUnmap and cuMemRetainAllocationHandle are its hooks; a map of
+ * a handle that names no charged allocation is charged there).  created: a new charged handle;
+ * exported/imported: a POSIX descriptor of it left or came back (an import of our own live
+ * export is a second handle of the same allocation);
  * release: handle released after the real call succeeded, c its charge if it was the charged
  * one (else NULL); true when the caller must credit c now (nothing else keeps the memory). */
 void sg_vmm_created(CUmemGenericAllocationHandle handle);

@@ -375,6 +375,9 @@ SG_CUAPI cuMemAddressFree(CUdeviceptr ptr, size_t size);
 SG_CUAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                   unsigned long long flags);
 SG_CUAPI cuMemUnmap(CUdeviceptr ptr, size_t size);
+SG_CUAPI cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr);
+SG_CUAPI cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+                                                CUmemGenericAllocationHandle handle);
 SG_CUAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count);
 SG_CUAPI cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
                                        CUmemAllocationGranularity_flags option);

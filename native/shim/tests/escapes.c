@@ -16,6 +16,16 @@
  *                          allocating after its parent exited
  *     vmm-import           a VMM allocation exported and imported in the same process, the
  *                          original released: then as much again
+ *     vmm-reimport         three rounds of: create, export, release the handle (unmapped: its
+ *                          allocation ends for the shim), import the still-open descriptor, map
+ *                          and write it
+ *     vmm-import-refused   an import whose allocation is no longer charged, mapped while other
+ *                          memory fills the cap (refused), then with room (charged once, also
+ *                          when mapped twice)
+ *     vmm-retain           create, map, cuMemRetainAllocationHandle, unmap, release: the
+ *                          retained reference keeps the memory, so it stays charged
+ *     vmm-many-unmap       20 allocations mapped into one reservation, released, and unmapped by
+ *                          one cuMemUnmap of the whole range
  * Each prints over=<CUresult of an allocation past the cap> (-1: the lookup found nothing), and used=/total= from cuMemGetInfo.
  */
 #include <dlfcn.h>
@@ -142,6 +152,146 @@ static void vmm_import(void)
     printf("release2=%d\n", (int)cuMemRelease(h2));
     report();
     printf("after=%d\n", (int)cuMemCreate(&h3, size, &prop, 0));
+}
+
+/* Maps handle at va (in a reservation), read-write; the CUresult of the map. */
+static CUresult vmm_map_at(CUdeviceptr va, CUmemGenericAllocationHandle h, size_t size)
+{
+    CUmemAccessDesc acc;
+    memset(&acc, 0, sizeof acc);
+    acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    acc.location.id = 0;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CUresult r = cuMemMap(va, size, 0, h, 0);
+    return r ? r : cuMemSetAccess(va, size, &acc, 1);
+}
+
+/* A handle of an allocation whose own handle is gone: created (charged), exported, released
+ * unmapped (for the shim its allocation has ended), imported back from the open descriptor. */
+static CUresult vmm_orphan(CUmemGenericAllocationHandle *h2, size_t size, const char *tag)
+{
+    CUmemAllocationProp prop = vmm_prop();
+    CUmemGenericAllocationHandle h = 0;
+    int fd = -1;
+    CUresult r = cuMemCreate(&h, size, &prop, 0);
+    printf("%screate=%d\n", tag, (int)r);
+    if (r)
+        return r;
+    r = cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (!r)
+        r = cuMemRelease(h);
+    if (!r)
+        r = cuMemImportFromShareableHandle(h2, (void *)(intptr_t)fd,
+                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    if (fd >= 0)
+        close(fd);
+    printf("%simport=%d\n", tag, (int)r);
+    return r;
+}
+
+/* Three rounds of vmm_orphan of 600 MiB, each mapped and written: under a 1000 MiB cap at most
+ * one may be; then all of it unmapped and released. */
+static void vmm_reimport(void)
+{
+    size_t size = 600 * MIB;
+    CUmemGenericAllocationHandle hs[3] = {0};
+    CUdeviceptr vas[3] = {0};
+    int written = 0;
+    for (int i = 0; i < 3; i++) {
+        if (vmm_orphan(&hs[i], size, "") || cuMemAddressReserve(&vas[i], size, 0, 0, 0))
+            continue;
+        CUresult r = vmm_map_at(vas[i], hs[i], size);
+        printf("map=%d\n", (int)r);
+        if (!r && cuMemsetD8_v2(vas[i], 0x5a, size) == CUDA_SUCCESS)
+            written++;
+        report();
+    }
+    printf("written_mib=%d\n", written * 600);
+    for (int i = 0; i < 3; i++) {
+        if (vas[i])
+            cuMemUnmap(vas[i], size); /* fails harmlessly where nothing was mapped */
+        if (hs[i])
+            cuMemRelease(hs[i]);
+    }
+    report();
+}
+
+/* vmm_orphan of 600 MiB; 600 MiB allocated: its map is past the cap; freed: it maps, charged
+ * 600 MiB, and mapping it a second time costs nothing more; the charge ends with the last of
+ * its mappings and handle. */
+static void vmm_import_refused(void)
+{
+    size_t size = 600 * MIB;
+    CUmemGenericAllocationHandle h = 0;
+    CUdeviceptr va = 0, va2 = 0, p = 0;
+    if (vmm_orphan(&h, size, "") || cuMemAddressReserve(&va, size, 0, 0, 0) ||
+        cuMemAddressReserve(&va2, size, 0, 0, 0))
+        return;
+    printf("alloc=%d\n", (int)cuMemAlloc_v2(&p, size));
+    printf("map_over=%d\n", (int)cuMemMap(va, size, 0, h, 0));
+    report();
+    printf("free=%d\n", (int)cuMemFree_v2(p));
+    printf("map=%d\n", (int)vmm_map_at(va, h, size));
+    printf("map2=%d\n", (int)vmm_map_at(va2, h, size));
+    report();
+    printf("unmap=%d\n", (int)cuMemUnmap(va, size));
+    printf("unmap2=%d\n", (int)cuMemUnmap(va2, size));
+    report(); /* the handle still holds the memory */
+    printf("release=%d\n", (int)cuMemRelease(h));
+    report();
+}
+
+/* 600 MiB created and mapped; a reference retained from its address; unmapped; the first
+ * reference released: the retained one keeps the memory, mapped again and written, so another
+ * 600 MiB is past the cap; the charge ends with the last reference and mapping. */
+static void vmm_retain(void)
+{
+    size_t size = 600 * MIB;
+    CUmemAllocationProp prop = vmm_prop();
+    CUmemGenericAllocationHandle h = 0, h2 = 0, h3 = 0;
+    CUdeviceptr va = 0;
+    printf("create=%d\n", (int)cuMemCreate(&h, size, &prop, 0));
+    if (cuMemAddressReserve(&va, size, 0, 0, 0))
+        return;
+    printf("map=%d\n", (int)vmm_map_at(va, h, size));
+    printf("retain=%d\n", (int)cuMemRetainAllocationHandle(&h2, (void *)(va + 4096)));
+    printf("same=%d\n", h2 == h);
+    printf("unmap=%d\n", (int)cuMemUnmap(va, size));
+    printf("release=%d\n", (int)cuMemRelease(h));
+    report();
+    printf("map2=%d\n", (int)vmm_map_at(va, h2, size));
+    printf("write=%d\n", (int)cuMemsetD8_v2(va, 0x5a, size));
+    printf("over=%d\n", (int)cuMemCreate(&h3, size, &prop, 0));
+    report();
+    printf("unmap2=%d\n", (int)cuMemUnmap(va, size));
+    printf("release2=%d\n", (int)cuMemRelease(h2));
+    report();
+    printf("release3=%d\n", (int)cuMemRelease(h2)); /* no reference left */
+}
+
+/* 20 allocations of 2 MiB mapped side by side in one reservation, all released (the mappings
+ * keep them), then one cuMemUnmap of the whole range ends all 20. */
+static void vmm_many_unmap(void)
+{
+    enum { N = 20 };
+    size_t gran = 2 * MIB;
+    CUmemAllocationProp prop = vmm_prop();
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    CUdeviceptr va = 0;
+    if (cuMemAddressReserve(&va, N * gran, 0, 0, 0))
+        return;
+    int mapped = 0;
+    for (int i = 0; i < N; i++) {
+        CUmemGenericAllocationHandle h = 0;
+        if (cuMemCreate(&h, gran, &prop, 0) == CUDA_SUCCESS &&
+            vmm_map_at(va + (CUdeviceptr)i * gran, h, gran) == CUDA_SUCCESS &&
+            cuMemRelease(h) == CUDA_SUCCESS)
+            mapped++;
+    }
+    printf("mapped=%d\n", mapped);
+    report();
+    printf("unmap=%d\n", (int)cuMemUnmap(va, N * gran));
+    report();
 }
 
 /* A raw clone (no atfork handlers run): the parent holds 100 MiB, the child 600 MiB; the parent
@@ -274,6 +424,18 @@ int main(int argc, char **argv)
         return 0;
     } else if (strcmp(cmd, "vmm-import") == 0) {
         vmm_import();
+        return 0;
+    } else if (strcmp(cmd, "vmm-reimport") == 0) {
+        vmm_reimport();
+        return 0;
+    } else if (strcmp(cmd, "vmm-import-refused") == 0) {
+        vmm_import_refused();
+        return 0;
+    } else if (strcmp(cmd, "vmm-retain") == 0) {
+        vmm_retain();
+        return 0;
+    } else if (strcmp(cmd, "vmm-many-unmap") == 0) {
+        vmm_many_unmap();
         return 0;
     } else {
         return 2;

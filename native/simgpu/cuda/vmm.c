@@ -8,6 +8,11 @@
  * one handle really share data.  A handle is charged at cuMemCreate and uncharged once it is both
  * released and unmapped everywhere, as the real driver frees it.
  *
+ * References, as the driver documents them: cuMemCreate and cuMemImportFromShareableHandle give a
+ * handle one reference, cuMemRetainAllocationHandle(addr) one more to the handle mapped at addr
+ * (the same handle value, even after its last reference was released while still mapped); each
+ * needs its own cuMemRelease, and a release past the last is CUDA_ERROR_INVALID_VALUE.
+ *
  * Sharing between processes: a handle created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR gets
  * a memfd of its own (named "simgpu-vmm:gpu<N>", sealed against resizing); exporting it gives a
  * new file descriptor of that memfd, and importing one (received over a Unix socket, or through
@@ -35,7 +40,8 @@
 struct vmm_handle {
     int phys;
     int refs;         /* live mappings */
-    int released;
+    int hrefs;        /* references: creation or import, plus each cuMemRetainAllocationHandle */
+    int released;     /* hrefs reached 0 */
     int fd;           /* an exportable or imported handle's own memfd, else -1 (shared backing) */
     int imported;     /* memory created elsewhere: charged here only if another process's */
     int sharers;      /* live handles imported from this one's export in this process */
@@ -215,6 +221,7 @@ SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
               (backing_open() == 0 && arena_take(&backing, size, CU_GRANULARITY, &off) == 0));
     if (ok) {
         h->phys = phys;
+        h->hrefs = 1;
         h->fd = own_fd;
         h->off = off;
         h->size = size;
@@ -243,7 +250,7 @@ SIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     struct vmm_handle *h = handle_find(handle, NULL);
     if (!h || h->released) {
         r = CUDA_ERROR_INVALID_VALUE;
-    } else {
+    } else if (--h->hrefs == 0) {
         h->released = 1;
         freed = handle_maybe_destroy(h, &phys);
     }
@@ -423,6 +430,62 @@ SIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     return r;
 }
 
+/* One more reference to the handle mapped at addr (any address inside a mapping): the handle
+ * value that was mapped, alive again if its references were all released while mapped. */
+SIM_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    if (!handle)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    uintptr_t a = (uintptr_t)addr;
+    pthread_mutex_lock(&vmm_mu);
+    size_t i = 0;
+    while (i < nmaps && !(maps[i].base <= a && a < maps[i].base + maps[i].size))
+        i++;
+    if (i == nmaps) {
+        r = CUDA_ERROR_INVALID_VALUE; /* not mapped */
+    } else {
+        struct vmm_handle *h = maps[i].h;
+        h->hrefs++;
+        h->released = 0;
+        *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
+    }
+    pthread_mutex_unlock(&vmm_mu);
+    return r;
+}
+
+/* The properties a handle was made with: pinned, on its device (the visible ordinal of its GPU),
+ * with the POSIX descriptor handle type when it has a memfd of its own. */
+SIM_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+                                                           CUmemGenericAllocationHandle handle)
+{
+    if (!prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cu_ready();
+    if (r)
+        return r;
+    pthread_mutex_lock(&vmm_mu);
+    struct vmm_handle *h = handle_find(handle, NULL);
+    int phys = h && !h->released ? h->phys : -1, fd = h ? h->fd : -1;
+    pthread_mutex_unlock(&vmm_mu);
+    if (phys < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev = 0;
+    while (dev < cu_g.nvis && cu_g.vis[dev] != phys)
+        dev++;
+    if (dev == cu_g.nvis)
+        return CUDA_ERROR_INVALID_DEVICE; /* imported from a GPU this process does not see */
+    memset(prop, 0, sizeof(*prop));
+    prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop->location.id = dev;
+    prop->requestedHandleTypes = fd >= 0 ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+                                         : CU_MEM_HANDLE_TYPE_NONE;
+    return CUDA_SUCCESS;
+}
+
 /* Under vmm_mu: is [a, b) covered by mappings without a gap? */
 static int covered(uintptr_t a, uintptr_t b, int need_prot)
 {
@@ -569,7 +632,8 @@ SIM_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle 
     int ok = own >= 0 && h &&
              grow_array((void **)&handles, &caphandles, nhandles, sizeof(*handles)) == 0;
     if (ok) {
-        *h = (struct vmm_handle){.phys = phys, .fd = own, .imported = 1, .size = size, .origin = origin};
+        *h = (struct vmm_handle){
+            .phys = phys, .hrefs = 1, .fd = own, .imported = 1, .size = size, .origin = origin};
         handles[nhandles++] = h;
         if (origin)
             origin->sharers++;
