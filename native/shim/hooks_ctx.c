@@ -18,8 +18,9 @@
  * Which figure: NVML's per-process list when it lists our pid after the creation (a process on
  * the host): exact, whatever other processes do meanwhile (a device-wide figure took the
  * allocations of the tenant's other processes for the context and refused contexts of a tenant
- * filling its cap).  In a pid namespace NVML's host pids are not ours, so the device's free
- * memory around the call is used: it needs neither a context (the first context of a process
+ * filling its cap), but never more than the card lost (in a pid namespace the pid NVML lists
+ * may be another process's).  Where NVML does not list us, the device's free memory around the
+ * call is used: it needs neither a context (the first context of a process
  * has none to ask cuMemGetInfo with) nor a pid.  Its race: another process allocating meanwhile
  * makes the figure too large (refused near the cap, corrected by the reconciler within a
  * second), another freeing makes it too small.  Against the latter, the
@@ -166,13 +167,14 @@ static uint64_t estimate(CUdevice dev, bool measured, uint64_t before, uint64_t 
  * admit returns CUDA_SUCCESS, or the error to refuse the context with (then the caller
  * destroys it again); *idx and *bytes say what was admitted (bytes 0: nothing). */
 struct measure {
-    bool ok, own_ok, own_listed;
-    uint64_t before, own_before;
+    bool ok, own_ok;
+    uint64_t before, own_before; /* own_before: 0 while NVML does not list us */
 };
 
 static void measure_begin(CUdevice dev, struct measure *m)
 {
-    m->own_ok = own_used(dev, &m->own_before, &m->own_listed);
+    bool listed;
+    m->own_ok = own_used(dev, &m->own_before, &listed);
     m->ok = device_free(dev, &m->before);
 }
 
@@ -183,11 +185,13 @@ static void measure_begin(CUdevice dev, struct measure *m)
 static CUresult measure_admit(CUdevice dev, const struct measure *m, int *idx, uint64_t *bytes)
 {
     uint64_t after = 0, own_after = 0;
-    bool listed = false;
-    if (m->own_ok && own_used(dev, &own_after, &listed) && listed)
-        *bytes = estimate(dev, true, own_after, m->own_listed ? m->own_before : 0);
-    else
-        *bytes = estimate(dev, m->ok && device_free(dev, &after), m->before, after);
+    bool listed = false, own = m->own_ok && own_used(dev, &own_after, &listed) && listed;
+    bool device = m->ok && device_free(dev, &after);
+    uint64_t grown = own && own_after > m->own_before ? own_after - m->own_before : 0;
+    uint64_t dropped = device && m->before > after ? m->before - after : 0;
+    if (own && device && dropped < grown)
+        grown = dropped; /* the pid listed was not ours (a pid namespace): more than the card lost */
+    *bytes = own ? estimate(dev, true, grown, 0) : estimate(dev, device, m->before, after);
     *idx = -1;
     if (!*bytes)
         return CUDA_SUCCESS; /* nothing to admit: no lock taken */
