@@ -289,6 +289,10 @@ def test_every_global_a_ptx_reader_would_place_is_charged(sim_factory: Callable[
     images = {name: ptx_with(decl) for name, decl in HIDDEN_GLOBALS.items()}
     images["commented"] = ptx_with(COMMENTED_GLOBALS)
     images["preprocessor"] = ptx_with(f"#define G .glo ## bal\nG .b8 big[{G3}];")
+    # a comment is whitespace: the `#` after one is still first on its line
+    paste = f"#define CAT(a, b) a##b\n.global .b8 CAT(b, ig)[{G3}];"
+    images["preprocessor_after_comment"] = ptx_with("/**/" + paste)
+    images["preprocessor_after_multiline_comment"] = ptx_with("/*\n*/" + paste)
     body = f"images = {images!r}\n" + LOAD_EACH
     tenant = sim.tenant("t", [1000], gpus=[0])
     capped, proc = run(sim.tenant_env(tenant), body)
@@ -300,7 +304,8 @@ def test_every_global_a_ptx_reader_would_place_is_charged(sim_factory: Callable[
     assert capped["commented"] == "CUDA_SUCCESS,0"
     # a preprocessor could paste names no text spells: the shim refuses such PTX (and the
     # model, which does not run one, refuses it too)
-    assert capped["preprocessor"] == bare["preprocessor"] == "CUDA_ERROR_NOT_SUPPORTED,0"
+    for name in ("preprocessor", "preprocessor_after_comment", "preprocessor_after_multiline_comment"):
+        assert capped[name] == bare[name] == "CUDA_ERROR_NOT_SUPPORTED,0", name
     assert proc.stderr == ""
 
 

@@ -179,17 +179,40 @@ static char *spliced(const char *text, bool *oom)
 }
 
 /* A preprocessor line (`#` first on a line, PTX ISA "Source Format"): a driver that runs one
- * could paste a name together that no identifier of the text spells, so such PTX is refused. */
+ * could paste a name together that no identifier of the text spells, so such PTX is refused.
+ * A comment counts as whitespace there (a `#define` right after a closed comment is a
+ * directive, as the simulated driver's lexer also reads it), and a newline inside a comment
+ * starts a line (an over-refusal only: C would join the two lines).  A `#` that only
+ * whitespace precedes on its line is refused even inside what looks like a comment (as before
+ * comments were followed): a reader that ends or starts comments elsewhere (a comment opener
+ * inside a string) would see it first on its line. */
 static bool has_preprocessor_line(const char *text)
 {
-    bool line_start = true;
+    bool line_start = true; /* since the last newline: whitespace and comments only */
+    bool blank = true;      /* since the last newline: whitespace only */
+    enum { CODE, BLOCK, LINE } in = CODE;
     for (const char *p = text; *p; p++) {
-        if (*p == '#' && line_start)
+        if (*p == '#' && (blank || (in == CODE && line_start)))
             return true;
-        if (*p == '\n')
-            line_start = true;
-        else if (!strchr(" \t\r\v\f", *p))
-            line_start = false;
+        if (*p == '\n') {
+            line_start = blank = true;
+            if (in == LINE)
+                in = CODE;
+        } else if (!strchr(" \t\r\v\f", *p)) {
+            blank = false;
+            if (in == CODE && p[0] == '/' && p[1] == '*') {
+                in = BLOCK;
+                p++;
+            } else if (in == CODE && p[0] == '/' && p[1] == '/') {
+                in = LINE;
+                p++;
+            } else if (in == BLOCK && p[0] == '*' && p[1] == '/') {
+                in = CODE;
+                p++;
+            } else if (in == CODE) {
+                line_start = false;
+            }
+        }
     }
     return false;
 }
