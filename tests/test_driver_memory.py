@@ -15,11 +15,16 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
-from conftest import Sim, python
+import pytest
+
+from cbuild import SHIM_DIR, gcc
+from conftest import Sim, parse_kv, python
+from sharegpu import native
 
 CAP = 64  # MiB
 
@@ -289,6 +294,10 @@ def test_every_global_a_ptx_reader_would_place_is_charged(sim_factory: Callable[
     images = {name: ptx_with(decl) for name, decl in HIDDEN_GLOBALS.items()}
     images["commented"] = ptx_with(COMMENTED_GLOBALS)
     images["preprocessor"] = ptx_with(f"#define G .glo ## bal\nG .b8 big[{G3}];")
+    # a comment is whitespace: the `#` after one is still first on its line
+    paste = f"#define CAT(a, b) a##b\n.global .b8 CAT(b, ig)[{G3}];"
+    images["preprocessor_after_comment"] = ptx_with("/**/" + paste)
+    images["preprocessor_after_multiline_comment"] = ptx_with("/*\n*/" + paste)
     body = f"images = {images!r}\n" + LOAD_EACH
     tenant = sim.tenant("t", [1000], gpus=[0])
     capped, proc = run(sim.tenant_env(tenant), body)
@@ -300,7 +309,8 @@ def test_every_global_a_ptx_reader_would_place_is_charged(sim_factory: Callable[
     assert capped["commented"] == "CUDA_SUCCESS,0"
     # a preprocessor could paste names no text spells: the shim refuses such PTX (and the
     # model, which does not run one, refuses it too)
-    assert capped["preprocessor"] == bare["preprocessor"] == "CUDA_ERROR_NOT_SUPPORTED,0"
+    for name in ("preprocessor", "preprocessor_after_comment", "preprocessor_after_multiline_comment"):
+        assert capped[name] == bare[name] == "CUDA_ERROR_NOT_SUPPORTED,0", name
     assert proc.stderr == ""
 
 
@@ -381,6 +391,96 @@ def test_library_globals_are_charged_at_load_and_given_back_at_unload(
     assert values["data_fits"] == "CUDA_SUCCESS,48"
     assert values["global"] == str(48 << 20)
     assert values["unload"] == "CUDA_SUCCESS,48"
+    assert proc.stderr == ""
+
+
+def test_an_image_whose_headers_say_more_than_it_holds_is_refused(
+    sim_factory: Callable[..., Sim], tmp_path: Path
+) -> None:
+    """The shim copies an image as far as its own headers say (ELF: the tables and every
+    section with bytes; fatbin: header size + fat size) and hands the driver that copy.  Headers
+    that overflow, point past 1 GiB, or (in a file) past the file's end are refused with
+    CUDA_ERROR_INVALID_IMAGE: followed, they would send the scan for names out of bounds.  A
+    fatbin whose header fits is copied and loads (its globals are left to the reconciler)."""
+    sim = sim_factory(memory_mib=8 * 1024)
+    good = cubin(48)
+    shoff = struct.unpack_from("<Q", good, 40)[0]
+
+    def with_strtab(offset: int) -> bytes:  # section 2 (.strtab) moved to offset
+        image = bytearray(good)
+        struct.pack_into("<Q", image, shoff + 2 * 64 + 24, offset)
+        return bytes(image)
+
+    far = bytearray(good)
+    struct.pack_into("<Q", far, 40, 1 << 40)  # the section header table 1 TiB away
+    images = {
+        "cubin": good,
+        "table_far_away": bytes(far),
+        "section_offset_overflows": with_strtab((1 << 64) - 8),
+        "fatbin": struct.pack("<IHHQ", 0xBA55ED50, 1, 16, 64) + bytes(64),
+        "fatbin_too_big": struct.pack("<IHHQ", 0xBA55ED50, 1, 16, 1 << 40),
+    }
+    past_end = tmp_path / "past_end.cubin"
+    past_end.write_bytes(with_strtab(len(good)))  # the file ends where .strtab starts
+    tenant = sim.tenant("t", [1000], gpus=[0])
+    values, proc = run(
+        sim.tenant_env(tenant),
+        f"""
+        images = {images!r}
+        for name, image in images.items():
+            before = d.cuMemGetInfo()[1]
+            err, mod = d.cuModuleLoadData(image)
+            print("%s=%s,%d" % (name, err.name, (before - d.cuMemGetInfo()[1]) >> 20))
+            if err == d.CUresult.CUDA_SUCCESS:
+                d.cuModuleUnload(mod)
+        print("file_past_end=%s" % d.cuModuleLoad({str(past_end)!r}.encode())[0].name)
+        """,
+    )
+    assert values["cubin"] == "CUDA_SUCCESS,48"
+    for name in ("table_far_away", "section_offset_overflows", "fatbin_too_big"):
+        assert values[name] == "CUDA_ERROR_INVALID_IMAGE,0", name
+    assert values["fatbin"] == "CUDA_SUCCESS,0"
+    assert values["file_past_end"] == "CUDA_ERROR_INVALID_IMAGE"
+    assert proc.stderr == ""
+
+
+TRIES = 1500  # before the copy the first uncharged load came within 100 tries
+
+
+@pytest.mark.parametrize(
+    "mode", [pytest.param(m, id=m) for m in ("module", "module-ex", "library", "library-preserved")]
+)
+def test_a_name_flipped_during_the_load_is_still_charged(
+    sim_factory: Callable[..., Sim], tmp_path: Path, mode: str
+) -> None:
+    """A second thread flips a global's name (`big` <-> `%ig`) while the same buffer is loaded
+    again and again (native/shim/tests/modrace.c).  The shim copies the image before anything
+    reads it, so the driver places and the scan asks for the same name: every successful load
+    is charged in full and the tenant's usage never passes its cap.  A shim that scans the
+    caller's live buffer after the driver read it loses this race within a hundred tries or so
+    (a comment before the declaration gives the flip time to land between the two reads).
+    library-preserved: with CU_LIBRARY_BINARY_IS_PRESERVED, which the shim withdraws (the
+    driver is handed the shim's copy, freed after the load)."""
+    sim = sim_factory(memory_mib=8 * 1024)
+    simgpu = str(native.LIB_DIR / "simgpu")
+    source = str(SHIM_DIR / "tests" / "modrace.c")
+    program = gcc(tmp_path, "modrace", source, f"-L{simgpu}", "-l:libcuda.so.1", "-lpthread")
+    tenant = sim.tenant("t", [1000], gpus=[0])
+    proc = subprocess.run(
+        [str(program), mode, str(TRIES), "400"],
+        env=sim.tenant_env(tenant),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    values, _ = parse_kv(proc.stdout)
+    assert values["uncharged"] == "0", proc.stdout
+    assert values["tries"] == values["loads"] == str(TRIES), proc.stdout
+    assert int(values["big"]) > 0, proc.stdout  # both names were loaded: the race was live
+    assert int(values["pct"]) > 0, proc.stdout
+    assert int(values["max_used"]) <= 1000 << 20
     assert proc.stderr == ""
 
 

@@ -30,6 +30,7 @@ from sharegpu.tenant import DeviceLimit, create_tenant, tenant_status
 
 CUDA_ERROR_OUT_OF_MEMORY = 2
 CUDA_ERROR_NOT_PERMITTED = 800
+CUDA_ERROR_NOT_SUPPORTED = 801
 KINDS = ["plain", "pitch", "managed", "async", "pool", "vmm", "array"]
 FAKE_UUID = "GPU-11111111-2222-3333-4444-555555555555"
 
@@ -245,6 +246,38 @@ def test_get_proc_address_falls_back_to_the_version_table(tmp_path: Path) -> Non
     env.pop("LD_PRELOAD")
     plain = subprocess.run([str(exe)], check=False, env=env, capture_output=True, text=True, timeout=60)
     assert parse_kv(plain.stdout)[0]["hidden_calls"] != "0"
+
+
+def test_ptx_with_a_preprocessor_line_never_reaches_the_driver(tmp_path: Path) -> None:
+    """A `#` first on a line, whitespace and comments before it (`/**/#define`, a comment over
+    two lines), is a directive a preprocessor could paste names with: the shim refuses that PTX
+    itself (the fake driver, fakecuda.c, would load anything).  A `#` inside a line comment is
+    no directive and loads."""
+    gcc(
+        tmp_path,
+        "libcuda.so.1",
+        "-fPIC",
+        "-fvisibility=hidden",
+        "-shared",
+        "-Wl,-soname,libcuda.so.1",
+        str(SHIM_DIR / "tests" / "fakecuda.c"),
+    )
+    exe = gcc(tmp_path, "fakemain", str(SHIM_DIR / "tests" / "fakemain.c"), "-ldl")
+    tenant = create_tenant("fake", [DeviceLimit(uuid=FAKE_UUID, mem_cap_bytes=MIB)], root=tmp_path / "run")
+    env = {
+        **os.environ,
+        "LD_LIBRARY_PATH": str(tmp_path),
+        "LD_PRELOAD": str(native.shim_path()),
+        "SHAREGPU_TENANT": str(tenant),
+    }
+    proc = subprocess.run([str(exe)], check=False, env=env, capture_output=True, text=True, timeout=60)
+    values, _ = parse_kv(proc.stdout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for key in ("ptx_directive", "ptx_after_comment", "ptx_after_multiline_comment"):
+        assert values[key] == str(CUDA_ERROR_NOT_SUPPORTED), key
+    assert values["ptx_hash_in_comment"] == "0"
+    assert values["module_loads"] == "1"  # only the last one reached the driver
+    assert proc.stderr == ""
 
 
 def test_dlsym_rtld_next_is_relative_to_the_real_caller(tmp_path: Path) -> None:

@@ -14,10 +14,15 @@
  * name read wrongly costs one failed lookup and the size is the driver's own.  PTX with a
  * preprocessor line is refused.  The sum is admitted after the real load (it is only known
  * then): refused, the module or library is unloaded again and the load fails with
- * CUDA_ERROR_OUT_OF_MEMORY.  A file (cuModuleLoad, cuLibraryLoadFromFile) is read once, here,
- * and loaded from those bytes, so what is sized is what is loaded.
+ * CUDA_ERROR_OUT_OF_MEMORY.  What is checked, loaded and sized is one buffer of the shim's
+ * own: an image in memory is copied first (as far as its own headers say, image_copy), so a
+ * thread that rewrites the caller's buffer meanwhile changes nothing the driver or the scan
+ * reads; a file (cuModuleLoad, cuLibraryLoadFromFile) is read once, here.  The copy is freed
+ * after the load (CU_LIBRARY_BINARY_IS_PRESERVED, which would let the driver read it later, is
+ * withdrawn); its cost is one memcpy of the image per load.
  *
- * Not read: fatbins (what nvcc embeds in programs, possibly compressed); a library's placement
+ * Not read: fatbins (what nvcc embeds in programs, possibly compressed; copied, by their
+ * header's size, but not scanned); a library's placement
  * in a context other than the one current at its load (another device, a context created
  * later, a load with no current context): what those take is in the agent's NVML
  * reconciliation, like the driver's own overhead.
@@ -179,17 +184,40 @@ static char *spliced(const char *text, bool *oom)
 }
 
 /* A preprocessor line (`#` first on a line, PTX ISA "Source Format"): a driver that runs one
- * could paste a name together that no identifier of the text spells, so such PTX is refused. */
+ * could paste a name together that no identifier of the text spells, so such PTX is refused.
+ * A comment counts as whitespace there (a `#define` right after a closed comment is a
+ * directive, as the simulated driver's lexer also reads it), and a newline inside a comment
+ * starts a line (an over-refusal only: C would join the two lines).  A `#` that only
+ * whitespace precedes on its line is refused even inside what looks like a comment (as before
+ * comments were followed): a reader that ends or starts comments elsewhere (a comment opener
+ * inside a string) would see it first on its line. */
 static bool has_preprocessor_line(const char *text)
 {
-    bool line_start = true;
+    bool line_start = true; /* since the last newline: whitespace and comments only */
+    bool blank = true;      /* since the last newline: whitespace only */
+    enum { CODE, BLOCK, LINE } in = CODE;
     for (const char *p = text; *p; p++) {
-        if (*p == '#' && line_start)
+        if (*p == '#' && (blank || (in == CODE && line_start)))
             return true;
-        if (*p == '\n')
-            line_start = true;
-        else if (!strchr(" \t\r\v\f", *p))
-            line_start = false;
+        if (*p == '\n') {
+            line_start = blank = true;
+            if (in == LINE)
+                in = CODE;
+        } else if (!strchr(" \t\r\v\f", *p)) {
+            blank = false;
+            if (in == CODE && p[0] == '/' && p[1] == '*') {
+                in = BLOCK;
+                p++;
+            } else if (in == CODE && p[0] == '/' && p[1] == '/') {
+                in = LINE;
+                p++;
+            } else if (in == BLOCK && p[0] == '*' && p[1] == '/') {
+                in = CODE;
+                p++;
+            } else if (in == CODE) {
+                line_start = false;
+            }
+        }
     }
     return false;
 }
@@ -200,20 +228,184 @@ static void add_cubin_var(const char *name, uint64_t size, void *arg)
     add_global(name, strlen(name), arg);
 }
 
-#define FATBIN_MAGIC 0xBA55ED50u
-#define FATBIN_WRAPPER_MAGIC 0x466243B1u
+/* ---- the image: copied before anything reads it ----
+ *
+ * The caller's buffer can change while it is read (another thread of the tenant): a driver
+ * that reads one name and a scan that then reads another would leave a global uncharged.  So
+ * the image is copied once, into memory of the shim's own, and everything after reads only the
+ * copy: the preprocessor check, the driver (it is handed the copy) and the scan for names.  How
+ * much to copy comes from the image's own headers, and those are read from the copy too: the
+ * copy grows until what its own headers say fits inside it (image_extent). */
+
+#define FATBIN_MAGIC 0xBA55ED50u         /* fatBinaryHeader: magic, version, headerSize, fatSize */
+#define FATBIN_WRAPPER_MAGIC 0x466243B1u /* __fatBinC_Wrapper_t: magic, version, data, filename */
+#define FATBIN_HEADER 16u
+#define FATBIN_WRAPPER 24u
+#define IMAGE_PAD 8 /* zero bytes after every copy: magic reads stay inside, PTX text ends */
+#define IMAGE_MAX (1ull << 30) /* an ELF or fatbin whose headers say more is refused */
+#define IMAGE_ROUNDS 8         /* copies of a binary image before one is found consistent */
+
+static uint32_t magic_of(const unsigned char *p)
+{
+    uint32_t m;
+    memcpy(&m, p, sizeof m);
+    return m;
+}
 
 static bool is_fatbin(const void *image)
 {
-    uint32_t m;
-    memcpy(&m, image, sizeof m);
+    uint32_t m = magic_of(image);
     return m == FATBIN_MAGIC || m == FATBIN_WRAPPER_MAGIC;
 }
 
-/* An image the shim will not let the driver load: PTX that a preprocessor could rewrite. */
-static bool image_refused(const void *image)
+enum { EXTENT_DONE, EXTENT_MORE, EXTENT_BAD };
+
+/* Extends *end to off + size (a size of 0 reaches nothing); false past IMAGE_MAX. */
+static bool reach(uint64_t *end, uint64_t off, uint64_t size)
 {
-    return image && !sg_is_elf(image) && !is_fatbin(image) && has_preprocessor_line(image);
+    uint64_t e;
+    if (!size)
+        return true;
+    if (__builtin_add_overflow(off, size, &e) || e > IMAGE_MAX)
+        return false;
+    if (e > *end)
+        *end = e;
+    return true;
+}
+
+/* What an ELF image's headers say a reader may read: its header, the section and program
+ * header tables, every section that has bytes in the file (all but NOBITS) and every segment's
+ * file bytes.  Only a 64-bit ELF with standard entry sizes and no extended numbering (which
+ * sg_cubin_vars would not follow) is taken. */
+static int elf_extent(const unsigned char *img, uint64_t have, uint64_t *extent)
+{
+    Elf64_Ehdr eh;
+    uint64_t end = sizeof eh;
+    if (have < end) {
+        *extent = end;
+        return EXTENT_MORE;
+    }
+    memcpy(&eh, img, sizeof eh);
+    if (eh.e_ident[EI_CLASS] != ELFCLASS64 ||
+        (eh.e_shnum && eh.e_shentsize != sizeof(Elf64_Shdr)) ||
+        (eh.e_phnum && eh.e_phentsize != sizeof(Elf64_Phdr)) || (!eh.e_shnum && eh.e_shoff) ||
+        eh.e_shstrndx == SHN_XINDEX || eh.e_phnum == PN_XNUM ||
+        !reach(&end, eh.e_shoff, (uint64_t)eh.e_shnum * sizeof(Elf64_Shdr)) ||
+        !reach(&end, eh.e_phoff, (uint64_t)eh.e_phnum * sizeof(Elf64_Phdr)))
+        return EXTENT_BAD;
+    if (end <= have) {
+        for (unsigned i = 0; i < eh.e_shnum; i++) {
+            Elf64_Shdr sh;
+            memcpy(&sh, img + eh.e_shoff + i * sizeof sh, sizeof sh);
+            if (sh.sh_type != SHT_NOBITS && !reach(&end, sh.sh_offset, sh.sh_size))
+                return EXTENT_BAD;
+        }
+        for (unsigned i = 0; i < eh.e_phnum; i++) {
+            Elf64_Phdr ph;
+            memcpy(&ph, img + eh.e_phoff + i * sizeof ph, sizeof ph);
+            if (!reach(&end, ph.p_offset, ph.p_filesz))
+                return EXTENT_BAD;
+        }
+    }
+    *extent = end;
+    return end <= have ? EXTENT_DONE : EXTENT_MORE;
+}
+
+/* How many bytes the image in the first `have` bytes of img (followed by IMAGE_PAD readable
+ * bytes) says a reader may read: EXTENT_DONE (*extent <= have), EXTENT_MORE (*extent > have:
+ * copy that much and ask again) or EXTENT_BAD (headers that overflow or say more than
+ * IMAGE_MAX, or an ELF the shim cannot read: refused).  PTX is the text up to its NUL; a fatbin
+ * its header and the size that header states (the shim reads no fatbin: the driver gets the
+ * copy); a fatbin wrapper its own 24 bytes (the fatbin it points to stays the caller's, and is
+ * read by the driver alone). */
+static int image_extent(const unsigned char *img, uint64_t have, uint64_t *extent)
+{
+    if (sg_is_elf(img))
+        return elf_extent(img, have, extent);
+    uint32_t m = magic_of(img);
+    if (m == FATBIN_WRAPPER_MAGIC) {
+        *extent = FATBIN_WRAPPER;
+    } else if (m == FATBIN_MAGIC) {
+        *extent = FATBIN_HEADER;
+        if (have >= FATBIN_HEADER) {
+            uint16_t header;
+            uint64_t fat;
+            memcpy(&header, img + 6, sizeof header);
+            memcpy(&fat, img + 8, sizeof fat);
+            if (header < FATBIN_HEADER || !reach(extent, header, fat))
+                return EXTENT_BAD;
+        }
+    } else {
+        *extent = have; /* PTX: the copy ends with IMAGE_PAD zero bytes */
+    }
+    return *extent <= have ? EXTENT_DONE : EXTENT_MORE;
+}
+
+/* Whether the image starts with the magic of an ELF, a fatbin or a fatbin wrapper, its bytes
+ * compared one by one, so that a PTX text shorter than a magic is not read past its NUL. */
+static bool starts_with_magic(const unsigned char *p)
+{
+    static const uint32_t binary[] = {FATBIN_MAGIC, FATBIN_WRAPPER_MAGIC};
+    if (p[0] == 0x7f && p[1] == 'E' && p[2] == 'L' && p[3] == 'F')
+        return true;
+    for (size_t k = 0; k < sizeof binary / sizeof binary[0]; k++) {
+        unsigned char m[4];
+        memcpy(m, &binary[k], sizeof m);
+        size_t i = 0;
+        while (i < sizeof m && p[i] == m[i])
+            i++;
+        if (i == sizeof m)
+            return true;
+    }
+    return false;
+}
+
+/* The caller's image copied into a buffer of the shim's own (followed by IMAGE_PAD zero bytes)
+ * whose headers fit it (image_extent, read from the copy); NULL with *res set when it cannot
+ * be copied.  PTX is read up to its NUL, a binary image as far as its headers say, so the
+ * caller's buffer is read no further than a driver trusting those headers would read it.  A
+ * header that changes between two copies only means another copy; after IMAGE_ROUNDS the image
+ * is refused. */
+static char *image_copy(const void *image, size_t *length, CUresult *res)
+{
+    uint64_t need = starts_with_magic(image) ? 4 : strlen(image);
+    char *buf = NULL;
+    for (int round = 0; round < IMAGE_ROUNDS; round++) {
+        char *nb = realloc(buf, need + IMAGE_PAD);
+        if (!nb) {
+            free(buf);
+            *res = CUDA_ERROR_OUT_OF_MEMORY;
+            return NULL;
+        }
+        buf = nb;
+        memcpy(buf, image, need);
+        memset(buf + need, 0, IMAGE_PAD);
+        uint64_t extent;
+        int r = image_extent((const unsigned char *)buf, need, &extent);
+        if (r == EXTENT_DONE) {
+            *length = need;
+            return buf;
+        }
+        if (r == EXTENT_BAD)
+            break;
+        need = extent;
+    }
+    free(buf);
+    *res = CUDA_ERROR_INVALID_IMAGE;
+    return NULL;
+}
+
+/* Whether the driver may be handed this copy: its headers fit inside it (an image read from a
+ * file is checked here; image_copy's always fit) and it is not PTX that a preprocessor could
+ * rewrite. */
+static CUresult image_check(const char *image, size_t length)
+{
+    uint64_t extent;
+    if (image_extent((const unsigned char *)image, length, &extent) != EXTENT_DONE)
+        return CUDA_ERROR_INVALID_IMAGE;
+    if (!sg_is_elf(image) && !is_fatbin(image) && has_preprocessor_line(image))
+        return CUDA_ERROR_NOT_SUPPORTED;
+    return CUDA_SUCCESS;
 }
 
 /* Sum the driver's sizes of the globals the image names into s; -1 when the names could not
@@ -247,8 +439,8 @@ static CUresult library_global(size_t *bytes, void *lib, const char *name)
 
 /* Admit the globals the loaded image names (sized by s->get) on the current context's device
  * and track them under key with that context; 0 when admitted or nothing is placed, else the
- * error (the caller unloads).  length bounds the offsets followed in a cubin: the file's size,
- * or none for an image in memory (the driver has just accepted its headers). */
+ * error (the caller unloads).  image is the shim's own copy that the driver loaded, length its
+ * size (the offsets a cubin's headers give are followed inside it only). */
 static int charge_globals(struct sizing *s, const void *image, uint64_t length, uint64_t key)
 {
     CUcontext ctx;
@@ -316,13 +508,20 @@ static CUresult charge_library(CUresult res, CUlibrary *library, const void *cod
 SG_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
 {
     REAL(cuModuleLoadData);
-    if (!ACCOUNTED)
+    if (!ACCOUNTED || !image)
         return real_(module, image);
-    if (image_refused(image))
-        return CUDA_ERROR_NOT_SUPPORTED;
-    sg_in_hook++;
-    CUresult res = charge_module(real_(module, image), module, image, UINT64_MAX);
-    sg_in_hook--;
+    size_t length;
+    CUresult res;
+    char *copy = image_copy(image, &length, &res);
+    if (!copy)
+        return res;
+    res = image_check(copy, length);
+    if (res == CUDA_SUCCESS) {
+        sg_in_hook++;
+        res = charge_module(real_(module, copy), module, copy, length);
+        sg_in_hook--;
+    }
+    free(copy);
     return res;
 }
 
@@ -330,19 +529,23 @@ SG_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsig
                                       CUjit_option *options, void **optionValues)
 {
     REAL(cuModuleLoadDataEx);
-    if (!ACCOUNTED)
+    if (!ACCOUNTED || !image)
         return real_(module, image, numOptions, options, optionValues);
-    if (image_refused(image))
-        return CUDA_ERROR_NOT_SUPPORTED;
-    sg_in_hook++;
-    CUresult res =
-        charge_module(real_(module, image, numOptions, options, optionValues), module, image,
-                      UINT64_MAX);
-    sg_in_hook--;
+    size_t length;
+    CUresult res;
+    char *copy = image_copy(image, &length, &res);
+    if (!copy)
+        return res;
+    res = image_check(copy, length);
+    if (res == CUDA_SUCCESS) {
+        sg_in_hook++;
+        res = charge_module(real_(module, copy, numOptions, options, optionValues), module, copy,
+                            length);
+        sg_in_hook--;
+    }
+    free(copy);
     return res;
 }
-
-#define IMAGE_PAD 8 /* zero bytes after a file's contents: a short file's magic reads stay inside */
 
 /* The whole file, read once (a pipe or a FIFO too, any size), followed by IMAGE_PAD zero bytes;
  * NULL with *res set to the driver's error for a file it cannot read, or host OOM. */
@@ -403,9 +606,8 @@ SG_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
     char *image = read_file(fname, &length, &res);
     if (!image)
         return res;
-    if (image_refused(image)) {
-        res = CUDA_ERROR_NOT_SUPPORTED;
-    } else {
+    res = image_check(image, length);
+    if (res == CUDA_SUCCESS) {
         sg_in_hook++;
         res = charge_module(load(module, image), module, image, length);
         sg_in_hook--;
@@ -431,22 +633,82 @@ SG_EXPORT CUresult cuModuleUnload(CUmodule hmod)
 
 #define LIB_ACCOUNTED (!sg_in_hook && sg_configured() && SG_REAL(cuLibraryUnload))
 
+/* The library options without CU_LIBRARY_BINARY_IS_PRESERVED, in *opts and *values (NULL when
+ * none is left; allocated, for the caller to free, when some are); false on host OOM.  That
+ * option lets the driver keep reading the code after the load returns, and the code it gets is
+ * the shim's copy, freed then.  It is a memory hint the driver may ignore (cuda.h): without it
+ * the driver keeps its own copy, its default. */
+static bool unpreserved(unsigned n, CUlibraryOption *in, void **in_values, unsigned *kept,
+                        CUlibraryOption **opts, void ***values)
+{
+    *kept = 0;
+    *opts = NULL;
+    *values = NULL;
+    bool any = false;
+    for (unsigned i = 0; i < n; i++)
+        any |= in[i] == 1 /* CU_LIBRARY_BINARY_IS_PRESERVED */;
+    if (!any) {
+        *kept = n;
+        *opts = in;
+        *values = in_values;
+        return true;
+    }
+    CUlibraryOption *o = malloc(n * sizeof *o);
+    void **v = malloc(n * sizeof *v);
+    if (!o || !v) {
+        free(o);
+        free(v);
+        return false;
+    }
+    for (unsigned i = 0; i < n; i++) {
+        if (in[i] == 1)
+            continue;
+        o[*kept] = in[i];
+        v[*kept] = in_values ? in_values[i] : NULL;
+        ++*kept;
+    }
+    if (*kept) {
+        *opts = o;
+        *values = v; /* NULL entries where the caller gave no values: the driver judges that */
+    } else {
+        free(o);
+        free(v);
+    }
+    return true;
+}
+
 SG_EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
                                      void **jitOptionsValues, unsigned int numJitOptions,
                                      CUlibraryOption *libraryOptions, void **libraryOptionValues,
                                      unsigned int numLibraryOptions)
 {
     REAL(cuLibraryLoadData);
-    if (!LIB_ACCOUNTED)
+    if (!LIB_ACCOUNTED || !code || (numLibraryOptions && !libraryOptions))
         return real_(library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
                      libraryOptionValues, numLibraryOptions);
-    if (image_refused(code))
-        return CUDA_ERROR_NOT_SUPPORTED;
-    sg_in_hook++;
-    CUresult res = charge_library(real_(library, code, jitOptions, jitOptionsValues, numJitOptions,
-                                        libraryOptions, libraryOptionValues, numLibraryOptions),
-                                  library, code, UINT64_MAX);
-    sg_in_hook--;
+    unsigned kept;
+    CUlibraryOption *opts;
+    void **values;
+    if (!unpreserved(numLibraryOptions, libraryOptions, libraryOptionValues, &kept, &opts, &values))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t length;
+    CUresult res;
+    char *copy = image_copy(code, &length, &res);
+    if (copy) {
+        res = image_check(copy, length);
+        if (res == CUDA_SUCCESS) {
+            sg_in_hook++;
+            res = charge_library(real_(library, copy, jitOptions, jitOptionsValues, numJitOptions,
+                                       opts, values, kept),
+                                 library, copy, length);
+            sg_in_hook--;
+        }
+        free(copy);
+    }
+    if (opts != libraryOptions) {
+        free(opts);
+        free(values);
+    }
     return res;
 }
 
@@ -475,9 +737,8 @@ SG_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileNam
     char *code = read_file(fileName, &length, &res);
     if (!code)
         return res;
-    if (image_refused(code)) {
-        res = CUDA_ERROR_NOT_SUPPORTED;
-    } else {
+    res = image_check(code, length);
+    if (res == CUDA_SUCCESS) {
         sg_in_hook++;
         res = charge_library(load(library, code, jitOptions, jitOptionsValues, numJitOptions,
                                   libraryOptions, libraryOptionValues, numLibraryOptions),

@@ -4,8 +4,9 @@
  * variables, initialised or not) or `.nv.constant` (`__constant__` banks).  Used by the shim
  * (names to ask the driver about) and by the simulated driver (the variables it places).
  *
- * A cubin has no length beside its headers: the caller passes only images a driver accepted,
- * and offsets past `limit` bytes are not followed.
+ * Every read stays inside the first `limit` bytes: the section header table, the symbol table
+ * and both string tables must lie there whole (offset + size, without overflow), a name must
+ * start inside its string table and end (NUL) before the table does; what does not is skipped.
  */
 #ifndef SHAREGPU_CUBIN_H
 #define SHAREGPU_CUBIN_H
@@ -22,33 +23,52 @@ static inline int sg_is_elf(const void *image)
     return p[0] == 0x7f && p[1] == 'E' && p[2] == 'L' && p[3] == 'F';
 }
 
+/* true when [off, off + size) lies inside the first limit bytes. */
+static inline int sg_cubin_inside(uint64_t off, uint64_t size, uint64_t limit)
+{
+    return off <= limit && size <= limit - off;
+}
+
+/* The NUL-terminated string at offset off of a string table section, or NULL when it does not
+ * start and end inside the section (which sg_cubin_vars has checked lies inside the image). */
+static inline const char *sg_cubin_str(const unsigned char *img, const Elf64_Shdr *tab, uint64_t off)
+{
+    if (off >= tab->sh_size)
+        return NULL;
+    const char *s = (const char *)img + tab->sh_offset + off;
+    return memchr(s, '\0', tab->sh_size - off) ? s : NULL;
+}
+
 static inline void sg_cubin_vars(const void *image, uint64_t limit, sg_cubin_var_fn fn, void *arg)
 {
     const unsigned char *img = (const unsigned char *)image;
     const Elf64_Ehdr *eh = (const Elf64_Ehdr *)image;
-    if (!sg_is_elf(image) || eh->e_ident[EI_CLASS] != ELFCLASS64 ||
+    if (limit < sizeof(*eh) || !sg_is_elf(image) || eh->e_ident[EI_CLASS] != ELFCLASS64 ||
         eh->e_shentsize != sizeof(Elf64_Shdr) || eh->e_shstrndx >= eh->e_shnum ||
-        eh->e_shoff > limit)
+        !sg_cubin_inside(eh->e_shoff, (uint64_t)eh->e_shnum * sizeof(Elf64_Shdr), limit))
         return;
     const Elf64_Shdr *sh = (const Elf64_Shdr *)(img + eh->e_shoff);
-    if (sh[eh->e_shstrndx].sh_offset > limit)
+    const Elf64_Shdr *secnames = &sh[eh->e_shstrndx];
+    if (!sg_cubin_inside(secnames->sh_offset, secnames->sh_size, limit))
         return;
-    const char *secnames = (const char *)img + sh[eh->e_shstrndx].sh_offset;
     for (unsigned i = 0; i < eh->e_shnum; i++) {
         if (sh[i].sh_type != SHT_SYMTAB || sh[i].sh_link >= eh->e_shnum ||
-            sh[i].sh_entsize != sizeof(Elf64_Sym) || sh[i].sh_offset > limit ||
-            sh[sh[i].sh_link].sh_offset > limit)
+            sh[i].sh_entsize != sizeof(Elf64_Sym) ||
+            !sg_cubin_inside(sh[i].sh_offset, sh[i].sh_size, limit) ||
+            !sg_cubin_inside(sh[sh[i].sh_link].sh_offset, sh[sh[i].sh_link].sh_size, limit))
             continue;
         const Elf64_Sym *sym = (const Elf64_Sym *)(img + sh[i].sh_offset);
-        const char *names = (const char *)img + sh[sh[i].sh_link].sh_offset;
+        const Elf64_Shdr *names = &sh[sh[i].sh_link];
         for (uint64_t k = 0; k < sh[i].sh_size / sizeof(Elf64_Sym); k++) {
             unsigned sec = sym[k].st_shndx;
             if (ELF64_ST_TYPE(sym[k].st_info) != STT_OBJECT || sec == SHN_UNDEF ||
                 sec >= eh->e_shnum)
                 continue;
-            const char *secname = secnames + sh[sec].sh_name;
-            if (strncmp(secname, ".nv.global", 10) == 0 || strncmp(secname, ".nv.constant", 12) == 0)
-                fn(names + sym[k].st_name, sym[k].st_size, arg);
+            const char *secname = sg_cubin_str(img, secnames, sh[sec].sh_name);
+            const char *name = sg_cubin_str(img, names, sym[k].st_name);
+            if (secname && name &&
+                (strncmp(secname, ".nv.global", 10) == 0 || strncmp(secname, ".nv.constant", 12) == 0))
+                fn(name, sym[k].st_size, arg);
         }
     }
 }

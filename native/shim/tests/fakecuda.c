@@ -2,7 +2,8 @@
  * A deliberately odd libcuda.so.1 for tests/test_shim.py: its cuGetProcAddress_v2 answers
  * "cuMemAlloc" and "cuMemFree" with pointers to functions it does not export, so the shim
  * cannot identify them and must fall back to its version table.  One device, UUID
- * GPU-11111111-2222-3333-4444-555555555555; allocations return fake addresses.  Not part of
+ * GPU-11111111-2222-3333-4444-555555555555; allocations return fake addresses, any module image
+ * loads.  Not part of
  * libsharegpu.so (the shim's Makefile rule compiles only the .c files directly in shim/).
  */
 #include <stdint.h>
@@ -58,6 +59,25 @@ EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned 
     (void)f, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shm, (void)s;
     (void)params, (void)extra;
     return CUDA_SUCCESS;
+}
+
+/* Modules: any image loads (nothing is read), so what the shim refuses never reaches here;
+ * fake_module_loads() counts the loads that did. */
+static int module_loads;
+EXPORT int fake_module_loads(void) { return module_loads; }
+EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image)
+{
+    if (!m || !image)
+        return CUDA_ERROR_INVALID_VALUE;
+    module_loads++;
+    *m = (CUmodule)(uintptr_t)module_loads;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuModuleUnload(CUmodule m) { (void)m; return CUDA_SUCCESS; }
+EXPORT CUresult cuModuleGetGlobal_v2(CUdeviceptr *p, size_t *bytes, CUmodule m, const char *name)
+{
+    (void)p, (void)bytes, (void)m, (void)name;
+    return CUDA_ERROR_NOT_FOUND;
 }
 
 /* Not exported: what the odd cuGetProcAddress hands out. */

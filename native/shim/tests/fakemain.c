@@ -43,5 +43,20 @@ int main(void)
     printf("gpa_launch=%d\n", (int)r);
     printf("launch_is_hook=%d\n", l != NULL && l == dlsym(RTLD_DEFAULT, "cuLaunchKernel"));
     printf("hidden_calls=%d\n", hidden ? hidden() : -1);
+    /* PTX with a preprocessor line, which the shim must refuse before the driver reads it (the
+     * fake one loads anything), and a `#` in a line comment, which it must let through. */
+    static const char *const ptx[][2] = {
+        {"ptx_directive", ".version 8.0\n#define CAT(a, b) a##b\n"},
+        {"ptx_after_comment", ".version 8.0\n/**/#define CAT(a, b) a##b\n"},
+        {"ptx_after_multiline_comment", ".version 8.0\n/*\n*/#define CAT(a, b) a##b\n"},
+        {"ptx_hash_in_comment", ".version 8.0\n// issue #3\n"},
+    };
+    __typeof__(&cuModuleLoadData) load = (__typeof__(&cuModuleLoadData))dlsym(h, "cuModuleLoadData");
+    int (*loads)(void) = (int (*)(void))dlsym(h, "fake_module_loads");
+    for (size_t i = 0; i < sizeof ptx / sizeof ptx[0]; i++) {
+        CUmodule m;
+        printf("%s=%d\n", ptx[i][0], load ? (int)load(&m, ptx[i][1]) : -1);
+    }
+    printf("module_loads=%d\n", loads ? loads() : -1);
     return 0;
 }
