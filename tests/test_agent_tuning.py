@@ -221,6 +221,8 @@ FIGURES = (
     "holdback_misses",
     "early_preemptions",
     "quiet_windows",
+    "lock_timeouts",
+    "broken_since_ns",
 )
 # What the region holds and the views leave out: the token's state, the prediction's working
 # figures, the header and the tables (shown as `holder_pid`, `waiting` and the tenants' views).

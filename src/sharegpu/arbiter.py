@@ -488,12 +488,17 @@ class ArbiterStatus:
     early_preemptions: int = 0  # grants to a higher class before the holder's drain (1.5)
     quiet_windows: int = 0
     lock_timeouts: int = 0  # lock attempts that gave up at the deadline (1.7)
-    broken: bool = False  # a lock timed out: the GPU runs unarbitrated until the region is replaced
+    broken_since_ns: int = 0  # CLOCK_MONOTONIC of the first; 0: healthy
     tenants: list[ArbiterTenant] = field(default_factory=list)
     clients: list[ArbiterClient] = field(default_factory=list)
 
     def tenant(self, tenant_id: str) -> ArbiterTenant | None:
         return next((t for t in self.tenants if t.id == tenant_id), None)
+
+    @property
+    def broken(self) -> bool:
+        """A lock timed out: the GPU runs unarbitrated until the agent replaces the region."""
+        return self.broken_since_ns != 0
 
     @property
     def mean_handover_idle_ns(self) -> float:
@@ -599,7 +604,7 @@ def read_arbiter(path: Path) -> ArbiterStatus:
         recoveries=region.recoveries,
         stall_reclaims=region.stall_reclaims,
         lock_timeouts=region.lock_timeouts,
-        broken=region.broken_since_ns != 0,
+        broken_since_ns=region.broken_since_ns,
         entry_waits=region.entry_waits,
         online_preempt=abi.ARB_PREEMPT_NAMES.get(region.online_preempt, str(region.online_preempt)),
         preempt_min_kernel_ns=region.preempt_min_kernel_ns,

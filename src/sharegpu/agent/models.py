@@ -342,10 +342,12 @@ class ArbiterView(BaseModel):
         default=0,
         description="Lock attempts that gave up at the deadline (ABI 1.7; the region is then replaced)",
     )
-    broken: bool = Field(
-        default=False,
-        description="A lock timed out: the GPU runs unarbitrated until the agent replaces the region",
+    broken_since_ns: int = Field(
+        default=0,
+        description="When a lock first timed out (CLOCK_MONOTONIC); 0: healthy. Nonzero, the GPU runs "
+        "unarbitrated until the agent replaces the region",
     )
+    broken: bool = Field(default=False, description="broken_since_ns is nonzero")
     holdback_max_ns: int = Field(
         description="Longest offline hold-back ahead of a predicted online request; 0: off"
     )
