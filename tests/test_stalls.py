@@ -203,7 +203,8 @@ def test_a_region_broken_again_and_again_costs_its_clients_and_the_node_a_bounde
 ) -> None:
     """Any tenant of the GPU can mark its region broken (one store, no lock needed), and the agent
     then replaces it; done again and again, each client moves to each new region. A client keeps
-    at most the last four regions it left mapped, and the node the last five damaged files."""
+    the regions it left mapped (a thread may still read one without a lock), one per move and at
+    most 64 (then it stops following); the node keeps the last five damaged files."""
     uuid = sim.uuids()[0]
     a, b = share_tenant(sim, "a", uuid), share_tenant(sim, "b", uuid)
     path = arbiter_path(sim.runtime, uuid)
@@ -225,7 +226,7 @@ def test_a_region_broken_again_and_again_costs_its_clients_and_the_node_a_bounde
                 time.sleep(0.02)
         maps = Path(f"/proc/{launcher.pid}/maps").read_text().splitlines()
         mapped = {line.split()[4] for line in maps if abi.ARBITER_FILE in line}  # by inode
-        assert len(mapped) <= 5, mapped
+        assert len(mapped) <= 8 + 1, mapped  # one per move: none mapped twice
         assert len(list(path.parent.glob(f"{abi.ARBITER_FILE}.damaged-*"))) == 5
         assert len(agent.events(kind="gpu.arbiter_rebuilt")) == 8
     finally:

@@ -77,7 +77,7 @@ static int agent_live_fd = -1; /* the region file for liveness tests when the ag
 static bool watcher_started;
 static uint32_t watcher_kick; /* [atomic] private futex word: a grant wakes the watcher */
 static uint64_t last_reap_ns;
-static int lock_logged, entry_logged, broken_logged;
+static int lock_logged, entry_logged, broken_logged, retired_logged;
 
 /* ---- futexes ------------------------------------------------------------------------------- */
 
@@ -746,20 +746,12 @@ static void forget_hold(struct sg_gpu *g)
     __atomic_store_n(&g->drained_at, 0, __ATOMIC_SEQ_CST);
 }
 
-/* Regions we moved away from.  The last few stay mapped: a thread of ours may have read the old
- * pointer on the fast path just before the move (it then finds its token stale).  Older ones
- * are unmapped, so a tenant that breaks its GPU's region again and again costs us no more than
- * RETIRED_KEEP mappings (each move is at least a reaper pass, about a second, after the last). */
-#define RETIRED_KEEP 4
-_Static_assert(sizeof(((struct sg_gpu *)0)->retired) == RETIRED_KEEP * sizeof(struct sg_arbiter *),
-               "retired regions");
-static void retire_region(struct sg_gpu *g, struct sg_arbiter *old)
-{
-    if (g->retired[RETIRED_KEEP - 1])
-        munmap(g->retired[RETIRED_KEEP - 1], sizeof *old);
-    memmove(&g->retired[1], &g->retired[0], (RETIRED_KEEP - 1) * sizeof g->retired[0]);
-    g->retired[0] = old;
-}
+/* Regions we moved away from stay mapped: a thread of ours may have read the old pointer on the
+ * launch fast path just before the move, and reads it without our lock (it then finds its token
+ * stale).  A tenant that breaks its GPU's region again and again would make us map one more
+ * each time (each move is at least a reaper pass, about a second, after the last): after
+ * RETIRED_MAX moves we stop following and launch unarbitrated until the process restarts. */
+#define RETIRED_MAX 64
 
 /* A broken region (mark_broken) is replaced by the agent: map the new file when it is there.
  * False while it is not (looked for at most every REATTACH_POLL_NS): launch unarbitrated.  The
@@ -768,7 +760,7 @@ static void retire_region(struct sg_gpu *g, struct sg_arbiter *old)
 static bool reattach(struct sg_gpu *g)
 {
     uint64_t now = sg_mono_ns();
-    if (now < g->reattach_at)
+    if (now < g->reattach_at || g->retired >= RETIRED_MAX)
         return false;
     g->reattach_at = now + REATTACH_POLL_NS;
     char path[PATH_MAX + 96];
@@ -796,7 +788,10 @@ static bool reattach(struct sg_gpu *g)
     }
     if (old_live >= 0)
         close(old_live); /* our liveness locks on the old file go with it */
-    retire_region(g, old);
+    (void)old; /* stays mapped (see RETIRED_MAX) */
+    if (++g->retired == RETIRED_MAX)
+        sg_log_once(&retired_logged, "the GPU arbiter region was replaced %d times: this process "
+                    "no longer follows it and launches unarbitrated", RETIRED_MAX);
     forget_hold(g);
     hold_reset(g);
     g->client = -1; /* a new entry in the new region at this launch */

@@ -683,7 +683,9 @@ SG_EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit
                                      unsigned int numLibraryOptions)
 {
     REAL(cuLibraryLoadData);
-    if (!LIB_ACCOUNTED || !code || (numLibraryOptions && !libraryOptions))
+    if (numLibraryOptions && !libraryOptions)
+        return CUDA_ERROR_INVALID_VALUE; /* never past the accounting, whatever a driver makes of it */
+    if (!LIB_ACCOUNTED || !code)
         return real_(library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
                      libraryOptionValues, numLibraryOptions);
     unsigned kept;

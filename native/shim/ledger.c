@@ -225,7 +225,7 @@ static void usage_unlock(void)
     pthread_mutex_unlock(&sg_usage_map->lock.mutex);
 }
 
-static void forget_parent(void);
+static void forget_parent_slot(void);
 static void raw_clone_child(void);
 
 /* Our slot, claimed on first use.  -1 when every slot is taken by a live process. */
@@ -234,9 +234,10 @@ static int ensure_slot_locked(void)
     struct sg_usage *u = sg_usage_map;
     /* A child of a raw clone system call ran no atfork handler: it still has its parent's
      * identity and slot, and would charge the parent, whose exit would then credit memory the
-     * child still holds.  One getpid() per admission tells it (fork's children never differ). */
+     * child still holds.  sg_reserve tells it first (born_here); where that page is missing,
+     * or on a path that reached here first (a context's admission), one getpid() does. */
     if (self.pid && self.pid != (int32_t)getpid())
-        forget_parent();
+        forget_parent_slot(); /* only what names the parent: the caller may hold our locks */
     uint32_t n = u->slot_count < SG_MAX_PROCS ? u->slot_count : SG_MAX_PROCS;
     if (self_slot >= 0 && (uint32_t)self_slot < n && mine(&u->procs[self_slot]))
         return self_slot;
@@ -1096,20 +1097,28 @@ static void atfork_parent(void)
 /* The child holds none of the parent's device memory and claims its own slot on its first
  * allocation.  Run single-threaded: by fork's atfork handler, or by the first admission of a
  * raw clone's child. */
+/* What names the parent: its identity, slot, spare and liveness lock. */
+static void forget_parent_slot(void)
+{
+    memset(&self, 0, sizeof self);
+    self_slot = -1;
+    memset(own_spare, 0, sizeof own_spare);
+    last_scan_ns = 0;
+    if (live_fd >= 0)
+        close(live_fd); /* the parent's liveness lock stays the parent's */
+    live_fd = -1;
+}
+
+/* All of the parent's state, in a child that runs alone (a fork child, or a raw clone child
+ * at its first admission, before any lock of ours is taken). */
 static void forget_parent(void)
 {
     free(tab);
     tab = NULL;
     tab_mask = 0;
     tab_count = 0;
-    memset(&self, 0, sizeof self);
-    self_slot = -1;
-    memset(own_spare, 0, sizeof own_spare);
-    last_scan_ns = 0;
+    forget_parent_slot();
     sg_ctx_fork_child();
-    if (live_fd >= 0)
-        close(live_fd); /* the parent's liveness lock stays the parent's */
-    live_fd = -1;
 }
 
 static void atfork_child(void)

@@ -399,7 +399,7 @@ struct sg_gpu {
                              made a new one (arbiter.c, reattach), the old one staying mapped */
     uint64_t region_dev, region_ino; /* [mu] the file `a` maps */
     uint64_t reattach_at; /* [mu] a broken region: next look for its successor */
-    struct sg_arbiter *retired[4]; /* [mu] the last regions we moved away from (arbiter.c) */
+    int retired;          /* [mu] regions we moved away from, left mapped (arbiter.c) */
     struct sg_usage_proc_dev *usage; /* [mu] our usage counters on this device, or NULL */
     pthread_mutex_t mu;
     int idx;             /* limits index */
