@@ -569,6 +569,29 @@ static int config_error(struct sg_err *e)
     return sg_fail(e, SG_E_CONFIG, "sharegpu configuration of %s is broken", sg_tenant_dir);
 }
 
+/* Room for `bytes` more on idx, under the lock: our slot (claimed on first use), then the cap,
+ * with dead slots reaped and every spare taken back before a refusal (`refused` says why).
+ * The slot, or SG_E_NOSLOT / SG_E_OVERCAP. */
+static int room_locked(int idx, uint64_t bytes, const char *refused, struct sg_err *e)
+{
+    int slot = ensure_slot_locked();
+    if (slot < 0) {
+        sg_log_once(&slot_logged, "%s/%s: all %u process slots are in use by live processes",
+                    sg_tenant_dir, SG_USAGE_FILE, sg_usage_map->slot_count);
+        return sg_fail(e, SG_E_NOSLOT, "no free process slot");
+    }
+    maybe_scan_locked();
+    if (!fits_locked(idx, bytes)) {
+        scan_locked();
+        steal_spares_locked(idx);
+        if (!fits_locked(idx, bytes)) {
+            count_oom_locked(slot, idx);
+            return sg_fail(e, SG_E_OVERCAP, "%s", refused);
+        }
+    }
+    return slot;
+}
+
 int sg_reserve(CUdevice dev, uint64_t bytes, struct sg_charge *c, struct sg_err *e)
 {
     c->active = false;
@@ -603,22 +626,10 @@ int sg_reserve(CUdevice dev, uint64_t bytes, struct sg_charge *c, struct sg_err 
         rc = sg_fail(e, SG_E_OVERCAP, "device %d is not assigned to this tenant", (int)dev);
         goto out;
     }
-    int slot = ensure_slot_locked();
+    int slot = room_locked(idx, bytes, "over the memory cap", e);
     if (slot < 0) {
-        sg_log_once(&slot_logged, "%s/%s: all %u process slots are in use by live processes",
-                    sg_tenant_dir, SG_USAGE_FILE, sg_usage_map->slot_count);
-        rc = sg_fail(e, SG_E_NOSLOT, "no free process slot");
+        rc = slot;
         goto out;
-    }
-    maybe_scan_locked();
-    if (!fits_locked(idx, bytes)) {
-        scan_locked();
-        steal_spares_locked(idx);
-        if (!fits_locked(idx, bytes)) {
-            count_oom_locked(slot, idx);
-            rc = sg_fail(e, SG_E_OVERCAP, "over the memory cap");
-            goto out;
-        }
     }
     /* A small allocation tops the spare up to half its limit from free headroom, so the next
      * ones take the fast path. */
@@ -770,22 +781,10 @@ int sg_ctx_admit(CUdevice dev, uint64_t bytes, int *idx_out, struct sg_err *e)
                      are refused; the arbiter refuses launches) */
     /* The slot makes the process one of the ledger's, so the reconciler measures it: a
      * process that only holds a context is then counted, and its estimate replaced. */
-    int slot = ensure_slot_locked();
+    int slot = room_locked(idx, bytes, "a context's memory is over the memory cap", e);
     if (slot < 0) {
-        sg_log_once(&slot_logged, "%s/%s: all %u process slots are in use by live processes",
-                    sg_tenant_dir, SG_USAGE_FILE, sg_usage_map->slot_count);
-        rc = sg_fail(e, SG_E_NOSLOT, "no free process slot");
+        rc = slot;
         goto out;
-    }
-    maybe_scan_locked();
-    if (!fits_locked(idx, bytes)) {
-        scan_locked();
-        steal_spares_locked(idx);
-        if (!fits_locked(idx, bytes)) {
-            count_oom_locked(slot, idx);
-            rc = sg_fail(e, SG_E_OVERCAP, "a context's memory is over the memory cap");
-            goto out;
-        }
     }
     __atomic_fetch_add(&sg_usage_map->devices[idx].overhead_bytes, bytes, __ATOMIC_RELAXED);
     *idx_out = idx;
