@@ -209,9 +209,10 @@ def test_proc_table_answers_every_hooked_base_as_the_cuda_headers_do(tmp_path: P
     assert want[("cuCtxSynchronize", 13000, 0)] == "cuCtxSynchronize_v2"
 
 
-def test_get_proc_address_falls_back_to_the_version_table(tmp_path: Path) -> None:
-    """A driver whose cuGetProcAddress returns pointers nobody can name (fakecuda.c): the shim
-    must still hand out its hook, so the hidden allocator is never reached."""
+def run_fake_driver(tmp_path: Path) -> tuple[Path, dict[str, str], subprocess.CompletedProcess[str]]:
+    """fakemain.c under the shim, over the fake driver fakecuda.c (whose cuGetProcAddress hands
+    out pointers nobody can name, and which loads any module): the program, its environment and
+    its run."""
     gcc(
         tmp_path,
         "libcuda.so.1",
@@ -230,6 +231,13 @@ def test_get_proc_address_falls_back_to_the_version_table(tmp_path: Path) -> Non
         "SHAREGPU_TENANT": str(tenant),
     }
     proc = subprocess.run([str(exe)], check=False, env=env, capture_output=True, text=True, timeout=60)
+    return exe, env, proc
+
+
+def test_get_proc_address_falls_back_to_the_version_table(tmp_path: Path) -> None:
+    """A driver whose cuGetProcAddress returns pointers nobody can name (fakecuda.c): the shim
+    must still hand out its hook, so the hidden allocator is never reached."""
+    exe, env, proc = run_fake_driver(tmp_path)
     values, _ = parse_kv(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert values["alloc_is_hook"] == "1"
@@ -253,24 +261,7 @@ def test_ptx_with_a_preprocessor_line_never_reaches_the_driver(tmp_path: Path) -
     two lines), is a directive a preprocessor could paste names with: the shim refuses that PTX
     itself (the fake driver, fakecuda.c, would load anything).  A `#` inside a line comment is
     no directive and loads."""
-    gcc(
-        tmp_path,
-        "libcuda.so.1",
-        "-fPIC",
-        "-fvisibility=hidden",
-        "-shared",
-        "-Wl,-soname,libcuda.so.1",
-        str(SHIM_DIR / "tests" / "fakecuda.c"),
-    )
-    exe = gcc(tmp_path, "fakemain", str(SHIM_DIR / "tests" / "fakemain.c"), "-ldl")
-    tenant = create_tenant("fake", [DeviceLimit(uuid=FAKE_UUID, mem_cap_bytes=MIB)], root=tmp_path / "run")
-    env = {
-        **os.environ,
-        "LD_LIBRARY_PATH": str(tmp_path),
-        "LD_PRELOAD": str(native.shim_path()),
-        "SHAREGPU_TENANT": str(tenant),
-    }
-    proc = subprocess.run([str(exe)], check=False, env=env, capture_output=True, text=True, timeout=60)
+    _, _, proc = run_fake_driver(tmp_path)
     values, _ = parse_kv(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for key in ("ptx_directive", "ptx_after_comment", "ptx_after_multiline_comment"):
