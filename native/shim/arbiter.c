@@ -1952,6 +1952,21 @@ void sg_arb_setup(void)
     pthread_once(&setup_once, setup_once_fn);
 }
 
+/* The GPU's lock at exit.  Another thread may hold it for a moment (the watcher looks at the
+ * token every few milliseconds), so wait a little rather than leave our entry for the reaper;
+ * but never for long, and never forever: the holder may be this very thread, exiting from a hook. */
+static int exit_lock(pthread_mutex_t *mu)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += 100 * 1000 * 1000;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    return pthread_mutex_timedlock(mu, &until);
+}
+
 /* Normal exit: hand the token on and free our entries, so nobody waits for our death to be
  * noticed.  The driver tears our contexts down, so there is nothing to drain. */
 __attribute__((destructor)) static void sg_arb_exit_hook(void)
@@ -1960,7 +1975,7 @@ __attribute__((destructor)) static void sg_arb_exit_hook(void)
         return;
     for (int i = 0; i < SG_MAX_DEVICES; i++) {
         struct sg_gpu *g = &sg_gpus[i];
-        if (!g->a || g->client < 0 || pthread_mutex_trylock(&g->mu) != 0)
+        if (!g->a || g->client < 0 || exit_lock(&g->mu) != 0)
             continue;
         struct sg_arbiter *a = g->a;
         if (g->client >= 0 && arb_lock(a) == 0) {
