@@ -109,6 +109,8 @@ class RunCounters:
     early: int  # requests granted before the offline holder's drain (unpredicted ones)
     samples: int  # consistent intervals the prediction held at the end of the run
     waited_us: float  # the online tenant's wait for the token over the run
+    stalls: int = 0  # runs of off-beat requests that ended back on the learned beat
+    relearns: int = 0  # changed patterns learned from off-beat requests
     late_at: list[int] = field(default_factory=list)  # requests over 1.2 x the alone p50 (caller)
 
     @property
@@ -151,6 +153,8 @@ def shared(
                 after.early_preemptions - before.early_preemptions,
                 after.online_samples,
                 _tenant_wait_us(after, "online"),  # a new tenant each run: its entry starts at 0
+                after.online_stalls - before.online_stalls,
+                after.online_relearns - before.online_relearns,
             )
         )
     if latencies is not None:

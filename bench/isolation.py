@@ -430,14 +430,15 @@ def random_section(args: argparse.Namespace, out: Callable[[str], None]) -> int:
                 )
                 out("  per run: p99 x alone, hold-backs, hold-backs whose request never came, early")
                 out("  preemptions (requests not held back for), prediction samples at the end, the")
-                out("  service's wait for the token (µs, whole run), requests over 1.2 x the alone p50")
+                out("  service's wait for the token (µs, whole run), stalls survived (off-beat requests,")
+                out("  then the beat again) and patterns relearned, requests over 1.2 x the alone p50")
                 out("  (and which, by index)")
                 for i, (r, c) in enumerate(zip(ratios, counters, strict=True)):
                     which = " ".join(map(str, c.late_at[:12])) + (" ..." if len(c.late_at) > 12 else "")
                     out(
                         f"  run {i + 1:2}: {r:.2f}x  hold-backs {c.holdbacks:4}  missed {c.misses:3}  "
                         f"early {c.early:3}  samples {c.samples:4}  waited {c.waited_us:7.0f}  "
-                        f"late {c.late:3} [{which}]"
+                        f"stalls {c.stalls} relearns {c.relearns}  late {c.late:3} [{which}]"
                     )
     return 0
 

@@ -223,6 +223,8 @@ FIGURES = (
     "quiet_windows",
     "lock_timeouts",
     "broken_since_ns",
+    "online_stalls",
+    "online_relearns",
 )
 # What the region holds and the views leave out: the token's state, the prediction's working
 # figures, the header and the tables (shown as `holder_pid`, `waiting` and the tenants' views).
@@ -239,11 +241,15 @@ INTERNAL = {
     "last_release_ns",
     "online_last_arrival_ns",
     "online_outliers",
+    "online_cand_period_ns",
+    "online_cand_last_ns",
+    "online_cand_samples",
     "offline_hold_until_ns",
     "misses_in_row",
     "offline_quiet_until_ns",
     "pad0",
     "pad1",
+    "pad2",
     "reserved",
     "tenants",
     "clients",

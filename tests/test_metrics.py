@@ -66,6 +66,8 @@ EXPECTED = {
     "sharegpu_arbiter_holdback_misses": "counter",
     "sharegpu_arbiter_early_preemptions": "counter",
     "sharegpu_arbiter_quiet_windows": "counter",
+    "sharegpu_arbiter_online_stalls": "counter",
+    "sharegpu_arbiter_online_relearns": "counter",
     "sharegpu_arbiter_stall_reclaims": "counter",
     "sharegpu_arbiter_entry_waits": "counter",
     "sharegpu_arbiter_quantum_seconds": "gauge",

@@ -46,6 +46,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "predict.h"
 #include "shim.h"
 
 #define LIVENESS_POLL_NS 50000000ull /* a waiter checks the holder at least this often */
@@ -54,13 +55,6 @@
 #define MAX_ORDINALS 64
 #define WATCHER_BUSY_RETRY_NS 200000ull
 #define REATTACH_POLL_NS 20000000ull /* a client of a broken region looks for its successor */
-/* Hold-back ahead of a predicted online request (see predicted_arrival): the prediction is
- * trusted after this many consistent intervals, and the hold starts this much (plus twice the
- * jitter) before the predicted instant and waits this long after it. */
-#define HOLDBACK_MIN_SAMPLES 2
-#define HOLDBACK_EARLY_NS 100000ull
-#define HOLDBACK_LATE_NS 300000ull
-
 struct sg_gpu sg_gpus[SG_MAX_DEVICES];
 __thread struct sg_arb_tls sg_arb_tls __attribute__((tls_model("initial-exec")));
 
@@ -495,10 +489,8 @@ static void grant_locked(struct sg_arbiter *a, int c, uint64_t now)
     struct sg_arb_tenant *t = &a->tenants[cl->tenant];
     __atomic_fetch_add(&t->grants, 1, __ATOMIC_RELAXED);
     t->last_active_ns = now;
-    if (cl->priority == SG_PRIORITY_ONLINE) {
-        a->offline_hold_until_ns = 0; /* the request a hold-back waited for is served */
-        a->misses_in_row = 0;
-    }
+    if (cl->priority == SG_PRIORITY_ONLINE)
+        sg_predict_served(a);
     __atomic_store_n(&a->token, SG_ARB_TOKEN(gen, c), __ATOMIC_RELEASE);
     __atomic_fetch_add(&cl->wake, 1, __ATOMIC_RELEASE);
     futex_wake(&cl->wake, true);
@@ -511,61 +503,6 @@ static void note_online_locked(struct sg_arbiter *a, int c, uint64_t now)
     uint64_t until = now + __atomic_load_n(&a->online_window_ns, __ATOMIC_RELAXED);
     if (until > __atomic_load_n(&a->online_active_until_ns, __ATOMIC_RELAXED))
         __atomic_store_n(&a->online_active_until_ns, until, __ATOMIC_RELAXED);
-}
-
-/* An online client starts a request (it asks for the token): learn the period of requests.
- * An interval of about k periods (2 <= k <= 8) is k - 1 requests served without asking (the
- * client still held the token) and counts as one period.  A longer gap (a pause in traffic,
- * or one longer than the online window) teaches nothing but keeps the phase.  Against an
- * established period (while learning, only single periods count) an interval off by more than
- * an eighth is an outlier: one is ignored (a
- * stray request), a second in a row means the pattern changed and learning starts over from
- * it.  The prediction is trusted after two consistent intervals (predicted_arrival). */
-static void note_arrival_locked(struct sg_arbiter *a, uint64_t now)
-{
-    uint64_t last = a->online_last_arrival_ns;
-    if (!last || now <= last) {
-        __atomic_store_n(&a->online_last_arrival_ns, now, __ATOMIC_RELAXED);
-        return;
-    }
-    uint64_t iv = now - last, p = a->online_period_ns;
-    uint32_t n = a->online_samples;
-    uint64_t k = p ? (iv + p / 2) / p : 0;
-    if (iv > __atomic_load_n(&a->online_window_ns, __ATOMIC_RELAXED) || k > 8) {
-        __atomic_store_n(&a->online_last_arrival_ns, now, __ATOMIC_RELAXED); /* a pause */
-        return;
-    }
-    /* Off by more than an eighth of a period from the nearest multiple: an outlier. */
-    uint64_t kp = k * p, dev = iv > kp ? iv - kp : kp - iv;
-    bool outlier = k == 0 || dev * 8 > p || (k > 1 && n < HOLDBACK_MIN_SAMPLES);
-    if (!p || (outlier && (n < 2 || a->online_outliers++ > 0))) {
-        __atomic_store_n(&a->online_last_arrival_ns, now, __ATOMIC_RELAXED);
-        __atomic_store_n(&a->online_period_ns, iv, __ATOMIC_RELAXED);
-        __atomic_store_n(&a->online_jitter_ns, 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&a->online_samples, 1, __ATOMIC_RELAXED);
-        a->online_outliers = 0;
-        return;
-    }
-    /* The first outlier against an established period is ignored, and so is its instant: the
-     * phase stays at the last request on the beat, so that the next one (measured from it, k
-     * periods later) is not a second outlier.  Re-anchoring at a late request made every late
-     * start (a client woken late on a busy host) two outliers in a row and restarted learning,
-     * leaving the next requests unpredicted (periodic runs at 1.9-2.2x alone had restarted). */
-    if (outlier)
-        return;
-    /* The phase follows the beat, not each request: a request later than its beat (a timer
-     * fires late, never early) moves it a quarter of the way, an earlier one all the way.
-     * Anchored at a late request, the next prediction was late by as much, the next request
-     * (on time) came before the hold-back began and was preempted early. */
-    __atomic_store_n(&a->online_last_arrival_ns, now <= last + kp ? now : last + kp + dev / 4,
-                     __ATOMIC_RELAXED);
-    a->online_outliers = 0;
-    dev /= k;
-    uint64_t j = n < 2 ? dev : (a->online_jitter_ns * 3 + dev) / 4;
-    __atomic_store_n(&a->online_jitter_ns, j, __ATOMIC_RELAXED);
-    __atomic_store_n(&a->online_period_ns, (p * 3 + iv / k) / 4, __ATOMIC_RELAXED);
-    if (n < 1000)
-        __atomic_store_n(&a->online_samples, n + 1, __ATOMIC_RELAXED);
 }
 
 /* ---- limits and devices ------------------------------------------------------------------ */
@@ -1359,7 +1296,7 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
         me->wait_since_ns = now;
         me->priority = t->priority;
         if (me->priority == SG_PRIORITY_ONLINE)
-            note_arrival_locked(a, now);
+            sg_predict_note_arrival(a, now);
     }
     t->last_active_ns = now;
     note_online_locked(a, c, now);
@@ -1495,6 +1432,49 @@ static int work_target(CUstream s, CUcontext *ctx, CUdevice *dev)
     return res == CUDA_SUCCESS ? 0 : -(int)res;
 }
 
+/* Under g->mu.  Our work would still run when the next online request is due: give the token
+ * up now and let no offline client start until the request came (or its predicted instant +
+ * late). */
+static void hold_back_locked(struct sg_gpu *g, uint64_t until)
+{
+    struct sg_arbiter *a = g->a;
+    __atomic_store_n(&g->launch_by, 0, __ATOMIC_RELAXED);
+    if (g->client < 0 || !holding(g) || arb_lock(a) != 0)
+        return;
+    uint64_t now = sg_mono_ns();
+    bool hold = sg_predict_holdback_allowed(a, now);
+    if (hold && until > a->offline_hold_until_ns) {
+        a->offline_hold_until_ns = until;
+        a->holdbacks++;
+        a->holdback_ns += until > now ? until - now : 0;
+    }
+    arb_unlock(a);
+    if (hold)
+        release(g, false);
+}
+
+static void hold_back(struct sg_gpu *g, uint64_t until)
+{
+    sg_in_hook++;
+    pthread_mutex_lock(&g->mu);
+    hold_back_locked(g, until);
+    pthread_mutex_unlock(&g->mu);
+    sg_in_hook--;
+}
+
+/* Under g->mu: an offline launch after its launch_by (its thread was descheduled, or the
+ * program's host code ran long, after the bound sync allowed it): hold back now if the
+ * predicted request is still ahead of the work. */
+static void hold_back_if_due_locked(struct sg_gpu *g, uint64_t now)
+{
+    uint64_t late = 0;
+    uint64_t est = __atomic_load_n(&g->kernel_ns, __ATOMIC_RELAXED);
+    __atomic_store_n(&g->launch_by, 0, __ATOMIC_RELAXED);
+    uint64_t next = sg_predict_next(g->a, now, est, &late, NULL);
+    if (next)
+        hold_back_locked(g, next + late);
+}
+
 CUresult sg_arb_enter_slow(struct sg_gate *gt, CUstream s)
 {
     gt->g = NULL;
@@ -1544,6 +1524,11 @@ CUresult sg_arb_enter_slow(struct sg_gate *gt, CUstream s)
             continue;
         }
         uint64_t now = sg_mono_ns();
+        uint64_t by = __atomic_load_n(&g->launch_by, __ATOMIC_RELAXED);
+        if (by && now >= by) {
+            hold_back_if_due_locked(g, now);
+            continue; /* held back: ask again (granted after the request) */
+        }
         bool over = now >= __atomic_load_n(&g->qend, __ATOMIC_RELAXED);
         bool yield = __atomic_load_n(&g->a->clients[g->client].yield, __ATOMIC_RELAXED);
         if (!over && !yield)
@@ -1579,82 +1564,6 @@ CUresult sg_arb_enter_slow(struct sg_gate *gt, CUstream s)
     return rc < 0 ? sg_cu_result(rc) : CUDA_SUCCESS;
 }
 
-/* The next online request the learned period predicts, or 0 when the prediction is not
- * trusted (too few samples, too much jitter) or would hold back too long.  *late: how long
- * past the predicted instant the hold-back waits for it. */
-static uint64_t predicted_arrival(struct sg_arbiter *a, uint64_t now, uint64_t kernel_ns,
-                                  uint64_t *late)
-{
-    uint64_t hmax = __atomic_load_n(&a->holdback_max_ns, __ATOMIC_RELAXED);
-    uint64_t p = __atomic_load_n(&a->online_period_ns, __ATOMIC_RELAXED);
-    uint64_t j = __atomic_load_n(&a->online_jitter_ns, __ATOMIC_RELAXED);
-    uint64_t last = __atomic_load_n(&a->online_last_arrival_ns, __ATOMIC_RELAXED);
-    uint32_t n = __atomic_load_n(&a->online_samples, __ATOMIC_RELAXED);
-    if (!hmax || !p || !last || n < HOLDBACK_MIN_SAMPLES || j * 8 > p || now < last)
-        return 0;
-    /* The longest hold-back this may cause is the smaller of holdback_max and half the period
-     * (it was a quarter: kernels over a fifth of the period then got no hold-back, and every
-     * request waited for the GPU's time slice).  Kernels that leave no room for the fixed
-     * margins within it get no prediction (the in-flight bound alone applies); otherwise the
-     * jitter's share of each margin (2 jitter) is cut to fit: a jitter inflated by one late
-     * request on a busy host then narrows the window instead of turning prediction off for the
-     * requests until it decays. */
-    uint64_t room = hmax < p / 2 ? hmax : p / 2;
-    uint64_t fixed = kernel_ns + HOLDBACK_EARLY_NS + HOLDBACK_LATE_NS;
-    if (fixed > room)
-        return 0;
-    uint64_t jit = 2 * j;
-    if (fixed + 2 * jit > room)
-        jit = (room - fixed) / 2;
-    uint64_t early = HOLDBACK_EARLY_NS + jit;
-    *late = HOLDBACK_LATE_NS + jit;
-    uint64_t k = (now - last) / p;
-    uint64_t next = last + (k ? k : 1) * p;
-    if (next + *late <= now)
-        next += p;
-    return now + kernel_ns + early >= next ? next : 0;
-}
-
-/* Under the region lock: may a hold-back start now?  The request the previous hold-back waited
- * for may never have come (no online grant cleared it); two such misses in a row withdraw the
- * prediction until two consistent intervals are learned again. */
-static bool hold_back_allowed_locked(struct sg_arbiter *a, uint64_t now)
-{
-    uint64_t prev = a->offline_hold_until_ns;
-    if (!prev || prev > now)
-        return true;
-    a->holdback_misses++;
-    a->offline_hold_until_ns = 0;
-    if (++a->misses_in_row < 2)
-        return true;
-    a->misses_in_row = 0;
-    __atomic_store_n(&a->online_samples, 0, __ATOMIC_RELAXED);
-    return false;
-}
-
-/* Our work would still run when the next online request is due: give the token up now and
- * let no offline client start until the request came (or its predicted instant + late). */
-static void hold_back(struct sg_gpu *g, uint64_t until)
-{
-    sg_in_hook++;
-    pthread_mutex_lock(&g->mu);
-    struct sg_arbiter *a = g->a;
-    if (g->client >= 0 && holding(g) && arb_lock(a) == 0) {
-        uint64_t now = sg_mono_ns();
-        bool hold = hold_back_allowed_locked(a, now);
-        if (hold && until > a->offline_hold_until_ns) {
-            a->offline_hold_until_ns = until;
-            a->holdbacks++;
-            a->holdback_ns += until > now ? until - now : 0;
-        }
-        arb_unlock(a);
-        if (hold)
-            release(g, false);
-    }
-    pthread_mutex_unlock(&g->mu);
-    sg_in_hook--;
-}
-
 /* Offline and online tenants active: synchronise every offline_inflight_max launches so that
  * an online request waits about one offline kernel, and hold the next launch back when the
  * next online request is predicted before it would finish. */
@@ -1684,8 +1593,9 @@ void sg_arb_offline_bound(struct sg_gpu *g, CUcontext ctx)
     if (now - start > est)
         est = now - start;
     __atomic_store_n(&g->kernel_ns, est, __ATOMIC_RELAXED);
-    uint64_t late = 0;
-    uint64_t next = predicted_arrival(a, now, est, &late);
+    uint64_t late = 0, by = 0;
+    uint64_t next = sg_predict_next(a, now, est, &late, &by);
+    __atomic_store_n(&g->launch_by, by, __ATOMIC_RELAXED);
     if (next)
         hold_back(g, next + late);
 }
@@ -1918,6 +1828,7 @@ static void atfork_child(void)
         g->client = -1;
         g->token = 0;
         g->revoked = 0;
+        g->launch_by = 0;
         g->launching = 0;
         g->syncing = 0;
         g->since_sync = 0;

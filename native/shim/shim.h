@@ -368,6 +368,10 @@ struct sg_burst_clock {
 struct sg_gpu {
     uint64_t token;      /* [atomic relaxed] the token word this process holds; 0: none */
     uint64_t qend;       /* [atomic relaxed] end of our quantum (CLOCK_MONOTONIC) */
+    uint64_t launch_by;  /* [atomic relaxed] offline: the last instant our next launch may start
+                            without meeting the predicted online request (0: none); a launch
+                            after it takes the slow path, which holds back.  Checked at the
+                            bound sync, a launch descheduled after it ran into the request. */
     uint64_t last_launch; /* [atomic relaxed] last fast-path launch instant (the watcher's
                               idle test) */
     uint64_t burst_end_ns; /* [atomic relaxed] a sync ended a burst while another waited: the
@@ -572,7 +576,8 @@ static inline CUresult sg_arb_enter(struct sg_gate *gt, CUstream s)
                 __atomic_load_n(&g->a->token, __ATOMIC_ACQUIRE) == tok &&
                 !__atomic_load_n(&g->a->clients[g->client].yield, __ATOMIC_RELAXED)) {
                 uint64_t now = sg_fast_ns(&t->clk);
-                if (now < __atomic_load_n(&g->qend, __ATOMIC_RELAXED)) {
+                uint64_t by = __atomic_load_n(&g->launch_by, __ATOMIC_RELAXED);
+                if (now < __atomic_load_n(&g->qend, __ATOMIC_RELAXED) && (!by || now < by)) {
                     __atomic_store_n(&g->last_launch, now, __ATOMIC_RELAXED);
                     if (__builtin_expect(__atomic_load_n(&g->drained_at, __ATOMIC_SEQ_CST), 0))
                         sg_arb_idle_end(g, now); /* the first launch after a drained sync */

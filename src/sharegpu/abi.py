@@ -11,7 +11,7 @@ import ctypes
 import uuid as uuidlib
 
 ABI_MAJOR = 1
-ABI_MINOR = 7
+ABI_MINOR = 8
 
 MAGIC_LIMITS = 0x4D4C4753  # "SGLM"
 MAGIC_USAGE = 0x53554753  # "SGUS"
@@ -262,7 +262,13 @@ class Arbiter(ctypes.Structure):
         ("quiet_windows", u64),
         ("lock_timeouts", u64),  # ABI 1.7: the lock's deadline
         ("broken_since_ns", u64),
-        ("reserved", u8 * 96),
+        ("online_cand_period_ns", u64),  # ABI 1.8: a stall told from a changed pattern
+        ("online_cand_last_ns", u64),
+        ("online_cand_samples", u32),
+        ("pad2", u32),
+        ("online_stalls", u64),
+        ("online_relearns", u64),
+        ("reserved", u8 * 56),
         ("tenants", ArbTenant * ARB_MAX_TENANTS),
         ("clients", ArbClient * ARB_MAX_CLIENTS),
     )

@@ -489,6 +489,8 @@ class ArbiterStatus:
     quiet_windows: int = 0
     lock_timeouts: int = 0  # lock attempts that gave up at the deadline (1.7)
     broken_since_ns: int = 0  # CLOCK_MONOTONIC of the first; 0: healthy
+    online_stalls: int = 0  # runs of off-beat online requests that ended on the beat (1.8)
+    online_relearns: int = 0  # changed request patterns learned from off-beat requests (1.8)
     tenants: list[ArbiterTenant] = field(default_factory=list)
     clients: list[ArbiterClient] = field(default_factory=list)
 
@@ -611,6 +613,8 @@ def read_arbiter(path: Path) -> ArbiterStatus:
         offline_quiet_ns=region.offline_quiet_ns,
         early_preemptions=region.early_preemptions,
         quiet_windows=region.quiet_windows,
+        online_stalls=region.online_stalls,
+        online_relearns=region.online_relearns,
         tenants=tenants,
         clients=clients,
     )

@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 #define SG_ABI_MAJOR 1
-#define SG_ABI_MINOR 7 /* 1.1: the GPU arbiter region and the compute counters;
+#define SG_ABI_MINOR 8 /* 1.1: the GPU arbiter region and the compute counters;
                           1.2: predicted online arrivals (offline hold-back);
                           1.3: liveness locks and pid namespaces of entries, tenant
                                incarnations;
@@ -38,7 +38,10 @@
                                holder of its class to end its turn (yield SG_ARB_YIELD_TURN);
                           1.7: the arbiter's lock is taken with a deadline: a lock held past
                                it marks the region broken (broken_since_ns, lock_timeouts), the
-                               GPU runs unarbitrated until the agent replaces the region */
+                               GPU runs unarbitrated until the agent replaces the region;
+                          1.8: a stall of an online service is told from a changed pattern:
+                               the learned period survives late requests (online_cand_*,
+                               online_stalls, online_relearns) */
 
 #define SG_MAGIC_LIMITS 0x4d4c4753u  /* "SGLM" little-endian */
 #define SG_MAGIC_USAGE 0x53554753u   /* "SGUS" */
@@ -500,7 +503,19 @@ struct sg_arbiter {
        the agent replaces the file (each client maps the new one at its next launch). */
     uint64_t lock_timeouts;         /* [atomic] lock attempts that gave up at the deadline */
     uint64_t broken_since_ns;       /* [atomic] CLOCK_MONOTONIC of the first; 0: healthy */
-    uint8_t reserved[96];
+    /* ABI 1.8: requests off the learned beat.  From the second in a row the prediction is
+       suspended, the learned period and phase kept, and the off-beat requests learned apart
+       (the candidate): a request back on the old beat resumes the prediction at once (a stall),
+       two consistent intervals of the candidate replace it (a changed pattern).  A region of
+       ABI <= 1.7 reads zeros: no candidate yet.  A 1.7 shim beside 1.8 ones restarts learning
+       at a second outlier, as it did; both write only under the lock. */
+    uint64_t online_cand_period_ns; /* [lock] the candidate's period; 0: none */
+    uint64_t online_cand_last_ns;   /* [lock] the candidate's last request; 0: none */
+    uint32_t online_cand_samples;   /* [lock] the candidate's consistent intervals */
+    uint32_t pad2;
+    uint64_t online_stalls;         /* [lock] runs of off-beat requests that ended on the beat */
+    uint64_t online_relearns;       /* [lock] changed patterns adopted from a candidate */
+    uint8_t reserved[56];
     struct sg_arb_tenant tenants[SG_ARB_MAX_TENANTS];
     struct sg_arb_client clients[SG_ARB_MAX_CLIENTS];
 };
@@ -530,6 +545,8 @@ _Static_assert(offsetof(struct sg_arbiter, online_preempt) == 352, "arb online_p
 _Static_assert(offsetof(struct sg_arbiter, quiet_windows) == 392, "arb quiet_windows");
 _Static_assert(offsetof(struct sg_arbiter, lock_timeouts) == 400, "arb lock_timeouts");
 _Static_assert(offsetof(struct sg_arbiter, broken_since_ns) == 408, "arb broken_since_ns");
+_Static_assert(offsetof(struct sg_arbiter, online_cand_period_ns) == 416, "arb online_cand_period_ns");
+_Static_assert(offsetof(struct sg_arbiter, online_relearns) == 448, "arb online_relearns");
 _Static_assert(offsetof(struct sg_arbiter, tenants) == 512, "arb tenants");
 _Static_assert(offsetof(struct sg_arbiter, clients) == 512 + 192 * SG_ARB_MAX_TENANTS, "arb clients");
 _Static_assert(sizeof(struct sg_arbiter) ==

@@ -490,6 +490,11 @@ class SharegpuCollector(Collector):
             "sharegpu_arbiter_quiet_windows",
             "Quiet windows after online requests (no offline grant meanwhile)",
         )
+        stalls = counter(
+            "sharegpu_arbiter_online_stalls",
+            "Runs of online requests off the learned beat that ended back on it (the prediction resumed)",
+        )
+        relearns = counter("sharegpu_arbiter_online_relearns", "Changed online request patterns learned anew")
         reclaims = counter("sharegpu_arbiter_reclaims", "Tokens reclaimed from a dead holder")
         stall_reclaims = counter(
             "sharegpu_arbiter_stall_reclaims",
@@ -527,6 +532,8 @@ class SharegpuCollector(Collector):
             misses.add_metric([uuid], float(a.holdback_misses))
             early.add_metric([uuid], float(a.early_preemptions))
             quiet.add_metric([uuid], float(a.quiet_windows))
+            stalls.add_metric([uuid], float(a.online_stalls))
+            relearns.add_metric([uuid], float(a.online_relearns))
             reclaims.add_metric([uuid], float(a.reclaims))
             stall_reclaims.add_metric([uuid], float(a.stall_reclaims))
             entry_waits.add_metric([uuid], float(a.entry_waits))
@@ -544,6 +551,8 @@ class SharegpuCollector(Collector):
             misses,
             early,
             quiet,
+            stalls,
+            relearns,
             reclaims,
             stall_reclaims,
             entry_waits,

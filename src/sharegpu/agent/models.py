@@ -371,6 +371,14 @@ class ArbiterView(BaseModel):
         description="Grants to a higher class made before the lower-class holder drained"
     )
     quiet_windows: int = Field(description="Quiet windows started after online requests")
+    online_stalls: int = Field(
+        default=0,
+        description="Runs of online requests off the learned beat that ended back on it: a stalled "
+        "service, predicted again at once (ABI 1.8)",
+    )
+    online_relearns: int = Field(
+        default=0, description="Changed request patterns learned from requests off the old beat (ABI 1.8)"
+    )
 
 
 class GpuView(BaseModel):

@@ -1,0 +1,38 @@
+/*
+ * Predicted online requests (ABI 1.2): the period of an online service's requests, learned
+ * from the instants its clients ask for the token, and the hold-back of offline work ahead of
+ * the next one.  Pure functions of the arbiter region and the time, called under the region's
+ * lock; unit-tested without processes (native/shim/tests/predict_test.c).
+ * docs/design/arbitration.md, "Predicted online requests", explains the rules.
+ */
+#ifndef SHAREGPU_PREDICT_H
+#define SHAREGPU_PREDICT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "sharegpu/abi.h"
+
+/* The prediction is trusted after this many consistent intervals; a hold-back starts this much
+ * (plus twice the jitter) before the predicted instant and waits this long after it. */
+#define HOLDBACK_MIN_SAMPLES 2
+#define HOLDBACK_EARLY_NS 100000ull
+#define HOLDBACK_LATE_NS 300000ull
+
+/* An online client starts a request at `now`: learn from it. */
+void sg_predict_note_arrival(struct sg_arbiter *a, uint64_t now);
+
+/* The next online request's predicted instant if work of `kernel_ns` started now would still
+ * run then, else 0 (also when the prediction is not trusted).  *late: how long past that
+ * instant a hold-back waits for it.  *launch_by (may be NULL): when 0 is returned for a trusted
+ * prediction, the last instant such work may start without a hold-back; else 0. */
+uint64_t sg_predict_next(struct sg_arbiter *a, uint64_t now, uint64_t kernel_ns, uint64_t *late,
+                         uint64_t *launch_by);
+
+/* May a hold-back start now?  Counts the previous one as missed if its request never came. */
+bool sg_predict_holdback_allowed(struct sg_arbiter *a, uint64_t now);
+
+/* An online request was granted the token. */
+void sg_predict_served(struct sg_arbiter *a);
+
+#endif

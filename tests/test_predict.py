@@ -1,0 +1,182 @@
+"""The online-request prediction (native/shim/predict.c) as a pure function of the arbiter
+region and the time: driven through native/shim/tests/predict_test.c with a fake clock, no
+processes, no GPU.  Times are microseconds; the service's beat is 20 ms."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cbuild import SHIM_DIR, gcc
+
+PERIOD = 20_000
+START = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def predictor(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("predict")
+    return gcc(tmp, "predict_test", str(SHIM_DIR / "tests" / "predict_test.c"), str(SHIM_DIR / "predict.c"))
+
+
+class Run:
+    """Commands to the predictor, answered line by line (key=value pairs)."""
+
+    def __init__(self, exe: Path) -> None:
+        self.exe = exe
+        self.commands: list[str] = []
+
+    def arrive(self, *instants: int) -> Run:
+        self.commands += [f"arrive {t}" for t in instants]
+        return self
+
+    def next(self, t: int, kernel: int) -> Run:
+        self.commands.append(f"next {t} {kernel}")
+        return self
+
+    def hold(self, t: int, until: int) -> Run:
+        self.commands.append(f"hold {t} {until}")
+        return self
+
+    def answers(self) -> list[dict[str, int]]:
+        out = subprocess.run(
+            [str(self.exe)], input="\n".join(self.commands), capture_output=True, text=True, check=True
+        ).stdout
+        return [{k: int(v) for k, v in (kv.split("=") for kv in line.split())} for line in out.splitlines()]
+
+
+def beat(i: int) -> int:
+    return START + i * PERIOD
+
+
+def test_a_steady_beat_is_predicted_after_two_consistent_intervals(predictor: Path) -> None:
+    got = Run(predictor).arrive(beat(0), beat(1)).next(beat(2) - 1_500, 2_000).arrive(beat(2))
+    got = got.next(beat(3) - 1_500, 2_000).answers()
+    assert got[2]["next"] == 0  # one interval: not trusted yet
+    assert got[3]["period"] == PERIOD
+    assert got[3]["samples"] == 2
+    assert got[4]["next"] == beat(3)
+    # Work that ends before the request is due is not held back.
+    assert Run(predictor).arrive(*map(beat, range(3))).next(beat(3) - 5_000, 2_000).answers()[-1]["next"] == 0
+
+
+def test_a_stalled_service_is_predicted_again_at_its_first_request_back_on_the_beat(predictor: Path) -> None:
+    """A host stall: four requests late, by less each time (a service on absolute deadlines
+    catching up: even intervals of 18 ms, which look like a new pattern), then the old beat
+    again.  The beat was not thrown away: the periodic bench's bad runs had restarted learning
+    here, and the requests after the stall found the offline job holding the card."""
+    delays = [9_000, 7_000, 5_000, 3_000]  # each more than an eighth of the period
+    run = Run(predictor).arrive(*map(beat, range(5)))
+    run.arrive(*(beat(5 + i) + d for i, d in enumerate(delays)))
+    run.next(beat(9) - 1_500, 2_000)  # during the stall: no hold-back for requests that come late
+    run.arrive(beat(9)).next(beat(10) - 1_500, 2_000)
+    got = run.answers()
+    assert got[4]["samples"] >= 2
+    stall = got[5:9]
+    assert [a["period"] for a in stall] == [PERIOD] * 4, "the learned period survives the stall"
+    assert [a["anchor"] for a in stall] == [beat(4)] * 4, "and so does its phase"
+    assert stall[-1]["outliers"] == 4
+    assert got[9]["next"] == 0
+    back = got[10]
+    assert back["period"] == PERIOD
+    assert back["outliers"] == 0
+    assert back["anchor"] == beat(9)
+    assert back["stalls"] == 1
+    assert back["relearns"] == 0
+    assert got[11]["next"] == beat(10)
+
+
+def test_a_changed_period_is_learned_from_five_requests_on_the_new_beat(predictor: Path) -> None:
+    """15 ms requests against a 20 ms beat: every fourth falls on the old beat, and still counts
+    for the new pattern."""
+    new = 15_000
+    changed = [beat(4) + new * i for i in range(1, 6)]
+    run = Run(predictor).arrive(*map(beat, range(5))).arrive(*changed).next(changed[-1] + new - 1_500, 2_000)
+    got = run.answers()
+    assert [a["period"] for a in got[5:9]] == [PERIOD] * 4, "not before four consistent intervals"
+    assert abs(got[9]["period"] - new) <= new // 16
+    assert got[9]["samples"] >= 2
+    assert got[9]["outliers"] == 0
+    assert got[9]["relearns"] == 1
+    assert got[10]["next"] == changed[-1] + new
+
+
+def test_a_shifted_phase_is_learned_from_five_requests_on_the_new_phase(predictor: Path) -> None:
+    shift = 7_000
+    shifted = [beat(i) + shift for i in range(5, 10)]
+    run = (
+        Run(predictor).arrive(*map(beat, range(5))).arrive(*shifted).next(shifted[-1] + PERIOD - 1_500, 2_000)
+    )
+    got = run.answers()
+    assert got[9]["period"] == PERIOD
+    assert got[9]["anchor"] == shifted[-1]
+    assert got[9]["relearns"] == 1
+    assert got[10]["next"] == shifted[-1] + PERIOD
+
+
+def test_a_burst_of_catch_up_requests_is_not_a_new_pattern(predictor: Path) -> None:
+    """After a long stall, requests at 1 ms intervals (every deadline passed): even intervals,
+    but not for two periods; the beat comes back and is predicted at once."""
+    burst = [beat(7) + 4_000 + 1_000 * i for i in range(6)]
+    run = Run(predictor).arrive(*map(beat, range(5))).arrive(*burst).arrive(beat(8))
+    run.next(beat(9) - 1_500, 2_000)
+    got = run.answers()
+    assert got[10]["outliers"] == 6
+    assert got[10]["period"] == PERIOD
+    assert got[11]["period"] == PERIOD
+    assert got[11]["outliers"] == 0
+    assert got[11]["relearns"] == 0
+    assert got[12]["next"] == beat(9)
+
+
+def test_a_service_that_slowed_down_more_than_eightfold_is_learned(predictor: Path) -> None:
+    slow = 200_000
+    slowed = [beat(4) + slow * i for i in range(1, 6)]
+    run = Run(predictor).arrive(*map(beat, range(5))).arrive(*slowed).next(slowed[-1] + slow - 1_500, 2_000)
+    got = run.answers()
+    assert got[9]["period"] == slow
+    assert got[9]["relearns"] == 1
+    assert got[10]["next"] == slowed[-1] + slow
+
+
+def test_two_missed_hold_backs_suspend_the_prediction_until_the_beat_returns(predictor: Path) -> None:
+    run = Run(predictor).arrive(*map(beat, range(5)))
+    run.hold(beat(5) - 200, beat(5) + 300).hold(beat(6) - 200, beat(6) + 300)  # nobody came
+    run.hold(beat(7) - 200, beat(7) + 300)  # the second miss: no more hold-backs
+    run.next(beat(8) - 1_500, 2_000)
+    run.arrive(beat(8)).next(beat(9) - 1_500, 2_000)
+    got = run.answers()
+    assert [h["allowed"] for h in got[5:8]] == [1, 1, 0]
+    assert got[7]["misses"] == 2
+    assert got[8]["next"] == 0
+    assert got[9]["outliers"] == 0
+    assert got[9]["period"] == PERIOD
+    assert got[10]["next"] == beat(9)
+
+
+def test_a_stray_request_between_beats_changes_nothing(predictor: Path) -> None:
+    run = Run(predictor).arrive(*map(beat, range(5))).arrive(beat(4) + 9_000, beat(5))
+    run.next(beat(6) - 1_500, 2_000)
+    got = run.answers()
+    assert got[6]["period"] == PERIOD
+    assert got[6]["outliers"] == 0
+    assert got[6]["anchor"] == beat(5)
+    assert got[7]["next"] == beat(6)
+
+
+def test_a_suspended_prediction_resumes_only_close_to_the_beat(predictor: Path) -> None:
+    """Random traffic falls within an eighth of some multiple of the period one time in four;
+    resuming on such a request held offline work back for nothing.  Resuming takes a request
+    within a 32nd of the period (or four jitters)."""
+    run = Run(predictor).arrive(*map(beat, range(5))).arrive(beat(5) + 9_000, beat(6) + 8_000)
+    run.arrive(beat(7) + 2_000).next(beat(8) - 1_500, 2_000)  # a tenth off: within an eighth
+    run.arrive(beat(8) + 300).next(beat(9) - 1_500, 2_000)  # on the beat
+    got = run.answers()
+    assert got[6]["outliers"] == 2
+    assert got[7]["outliers"] == 3
+    assert got[8]["next"] == 0
+    assert got[9]["outliers"] == 0
+    assert got[9]["stalls"] == 1
+    assert abs(got[10]["next"] - beat(9)) <= 200  # the phase moved a quarter of 300 µs
