@@ -527,6 +527,7 @@ def _late_bursts(
     offline_env: dict[str, str],
     arrivals: str,
     kernel_us: int = 1000,
+    *,
     host_us: int | None = None,
 ) -> float:
     """Online requests (2 x 1 ms kernels, every 25 ms or at random around it) next to a process
