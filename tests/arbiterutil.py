@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from conftest import Sim, parse_kv
-from sharegpu import abi
+from sharegpu import abi, native
 from sharegpu.arbiter import arbiter_path, ensure_arbiter, read_arbiter
 from sharegpu.spec import MIB
 from sharegpu.tenant import DeviceLimit, create_tenant
@@ -51,6 +51,15 @@ def compute_tenant(
     if arbiter:
         ensure_arbiter(sim.runtime, uuid)
     return tenant
+
+
+def spawn_in_pid_namespace(sim: Sim, tenant: Path, *args: object, mount_proc: bool) -> subprocess.Popen[str]:
+    """A probe as pid 1 of a new pid namespace, with the host's /proc or its own (a container)."""
+    cmd = ["unshare", "--pid", "--fork", "--kill-child", *(["--mount-proc"] if mount_proc else [])]
+    cmd += [str(native.probe_path()), *(str(a) for a in args)]
+    return subprocess.Popen(
+        cmd, env=sim.tenant_env(tenant), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def arbiter_of(sim: Sim, gpu: int = 0) -> Path:

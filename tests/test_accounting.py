@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from arbiterutil import achieved, compute_tenant, finish, spawn_in_pid_namespace, start_at
 from conftest import Sim, parse_kv
 from test_metrics import api, families, free_port, running_agent, scrape_text, value
 
@@ -266,3 +267,21 @@ def test_what_operators_see_is_what_the_workloads_got(sim: Sim, tmp_path: Path) 
                 f"{what}: {name} {view[name]:.3f}, workload {own_view:.3f}"
             )
     assert 0.25 <= _own_share(ends["a"], burst, tick0, tick1) <= 0.35  # the shares themselves
+
+
+def test_tenants_in_their_own_pid_namespaces_are_told_apart(sim: Sim) -> None:
+    """Two containers' processes, each pid 1 of a pid namespace with its own /proc: the GPU time
+    `sharegpu tenants` shows for each is what each got (issue 36: two Podman containers that got
+    39% and 60% were both shown 50%, the simulated NVML having summed every pid 1's work)."""
+    tenants = {"a": compute_tenant(sim, "a", "share", 30), "b": compute_tenant(sim, "b", "share", 70)}
+    at = start_at(0.8)
+    procs = {
+        name: spawn_in_pid_namespace(sim, path, "saturate", 4, 500, "kernel", at, mount_proc=True)
+        for name, path in tenants.items()
+    }
+    time.sleep(0.8 + 2.0)
+    shown = by_tenant(json.loads(sim.cli("tenants", "-o", "json").stdout)["items"], "gpu_busy_ratio")
+    got = {name: achieved(finish(proc)) / 100 for name, proc in procs.items()}
+    print(f"own pid namespaces: shown {shown}, the workloads got {got}")
+    for name in tenants:
+        assert abs(shown[name] - got[name]) <= 0.05, f"{name}: shown {shown[name]:.3f}, got {got[name]:.3f}"

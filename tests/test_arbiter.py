@@ -30,10 +30,11 @@ from arbiterutil import (
     finish,
     freeze_while_holding,
     kill_while_holding,
+    spawn_in_pid_namespace,
     start_at,
 )
 from conftest import Sim, parse_kv, python
-from sharegpu import abi, native
+from sharegpu import abi
 from sharegpu.arbiter import (
     TUNABLES,
     Tunables,
@@ -947,15 +948,6 @@ def test_multi_device_cooperative_launches_are_gated_on_every_gpu(sim: Sim) -> N
         t = read_arbiter(arbiter_of(sim, gpu)).tenant("t")
         assert t is not None
         assert t.gpu_time_ns > 0
-
-
-def spawn_in_pid_namespace(sim: Sim, tenant: Path, *args: object, mount_proc: bool) -> subprocess.Popen[str]:
-    """A probe as pid 1 of a new pid namespace, with the host's /proc or its own."""
-    cmd = ["unshare", "--pid", "--fork", "--kill-child", *(["--mount-proc"] if mount_proc else [])]
-    cmd += [str(native.probe_path()), *(str(a) for a in args)]
-    return subprocess.Popen(
-        cmd, env=sim.tenant_env(tenant), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
 
 
 @pytest.mark.parametrize("mount_proc", [False, True], ids=["host-proc", "own-proc"])

@@ -104,20 +104,21 @@ static void switch_to(const struct sim_state *st, struct sim_gpu *g, int next, i
 
 /* ---- commit ------------------------------------------------------------------------------ */
 
-/* Closes cur's open run segment at t (merging with the previous one of the same pid). */
+/* Closes cur's open run segment at t (merging with the previous one of the same process). */
 static void seg_close(struct sim_state *st, struct sim_gpu *g, uint64_t t)
 {
     if (t > g->seg_start) {
         int32_t pid = st->slot[g->cur].pid;
         struct sim_busy *last = g->ring_count ? &g->ring[(g->ring_count - 1) % SIM_RING] : NULL;
-        if (last && last->pid == pid && last->end_ns == g->seg_start) {
+        uint32_t slot = (uint32_t)g->cur + 1;
+        if (last && last->pid == pid && last->slot == slot && last->end_ns == g->seg_start) {
             last->end_ns = t;
         } else {
             struct sim_busy *b = &g->ring[g->ring_count % SIM_RING];
             b->start_ns = g->seg_start;
             b->end_ns = t;
             b->pid = pid;
-            b->reserved = 0;
+            b->slot = slot;
             g->ring_count++;
         }
     }
@@ -704,9 +705,12 @@ int sim_engine_submit(struct sim_err *e, struct sim_state *st, int dev, struct s
 
 /* ---- history ----------------------------------------------------------------------------- */
 
-uint64_t sim_busy_locked(const struct sim_state *st, int dev, int pid, uint64_t from, uint64_t to,
+uint64_t sim_busy_locked(const struct sim_state *st, int dev, int slot, uint64_t from, uint64_t to,
                          uint64_t *covered_from)
 {
+    /* A process is its slot and its pid: the slot tells two pid 1s of two pid namespaces
+     * apart, the pid a slot's earlier owner (NVML's samples span a second). */
+    int32_t pid = slot >= 0 ? st->slot[slot].pid : 0;
     const struct sim_gpu *g = &st->gpu[dev];
     uint64_t n = g->ring_count < SIM_RING ? g->ring_count : SIM_RING;
     uint64_t busy = 0, earliest = from;
@@ -716,7 +720,7 @@ uint64_t sim_busy_locked(const struct sim_state *st, int dev, int pid, uint64_t 
         if (oldest->start_ns > earliest)
             earliest = oldest->start_ns;
     }
-    if (g->nactive && g->clock > g->seg_start && (!pid || st->slot[g->cur].pid == pid)) {
+    if (g->nactive && g->clock > g->seg_start && (slot < 0 || g->cur == slot)) {
         uint64_t s = g->seg_start > earliest ? g->seg_start : earliest;
         uint64_t t = g->clock < to ? g->clock : to;
         if (t > s)
@@ -726,7 +730,7 @@ uint64_t sim_busy_locked(const struct sim_state *st, int dev, int pid, uint64_t 
         const struct sim_busy *b = &g->ring[(g->ring_count - 1 - k) % SIM_RING];
         if (b->end_ns <= earliest)
             break; /* segments are in engine-time order: everything older ends earlier */
-        if (pid && b->pid != pid)
+        if (slot >= 0 && (b->slot != (uint32_t)slot + 1 || b->pid != pid))
             continue;
         uint64_t s = b->start_ns > earliest ? b->start_ns : earliest;
         uint64_t t = b->end_ns < to ? b->end_ns : to;

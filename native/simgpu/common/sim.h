@@ -135,7 +135,8 @@ struct sim_busy {          /* one run segment on the engine: one channel ran [st
     uint64_t start_ns;     /* CLOCK_MONOTONIC */
     uint64_t end_ns;
     int32_t pid;
-    uint32_t reserved;
+    uint32_t slot;         /* the channel's slot + 1: pids repeat across pid namespaces (two
+                              containers' pid 1), a slot does not while its process lives */
 };
 
 /* A channel: the kernels of one process (slot) on one GPU, the unit of time-slicing. */
@@ -303,10 +304,10 @@ SIM_HIDDEN void sim_engine_advance_locked(struct sim_state *st, int dev, uint64_
 SIM_HIDDEN void sim_engine_drop_locked(struct sim_state *st, int s);
 /* Under lock, on EOWNERDEAD: rebuilds every engine from the channels (see engine.c). */
 SIM_HIDDEN void sim_engine_repair_locked(struct sim_state *st);
-/* Busy ns of GPU dev inside [from,to]; pid 0 = all processes.  Under lock, after advancing to
+/* Busy ns of GPU dev inside [from,to] of the process in slot `slot` (-1: all processes).  Under lock, after advancing to
  * `to`.  *covered_from is the earliest instant the ring still describes (>= from when history
  * was overwritten). */
-SIM_HIDDEN uint64_t sim_busy_locked(const struct sim_state *st, int dev, int pid, uint64_t from,
+SIM_HIDDEN uint64_t sim_busy_locked(const struct sim_state *st, int dev, int slot, uint64_t from,
                                     uint64_t to, uint64_t *covered_from);
 
 #endif /* SIMGPU_SIM_H */

@@ -392,7 +392,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvml
         return nvml_result(&e);
     uint64_t now = sim_now_ns(), from = now > WINDOW_NS ? now - WINDOW_NS : 0, covered;
     sim_engine_advance_locked(st, (int)g, now); /* the run segments up to now */
-    uint64_t busy = sim_busy_locked(st, (int)g, 0, from, now, &covered);
+    uint64_t busy = sim_busy_locked(st, (int)g, -1, from, now, &covered);
     sim_unlock(st);
     uint64_t span = now - covered;
     unsigned pct = span ? (unsigned)((busy * 100 + span / 2) / span) : 0;
@@ -544,7 +544,7 @@ static int sample_utilization(struct sim_err *e, unsigned g, uint64_t from, uint
         if (s->pid == 0)
             continue;
         uint64_t covered;
-        uint64_t busy = sim_busy_locked(st, (int)g, s->pid, from, now, &covered);
+        uint64_t busy = sim_busy_locked(st, (int)g, i, from, now, &covered);
         if (busy == 0 || now <= covered)
             continue;
         unsigned pct = (unsigned)((busy * 100 + (now - covered) / 2) / (now - covered));
