@@ -474,3 +474,56 @@ def test_the_runtime_door_finds_the_agent_by_the_clients_own_names() -> None:
     from sharegpu.runtime import tenants
 
     assert (tenants._SOCKET_NAME, tenants._NO_AGENT_ENV) == (client.SOCKET_NAME, client.NO_AGENT_ENV)
+
+
+def test_one_damaged_tenant_is_left_out_and_every_other_listed(sim: Sim, tmp_path: Path) -> None:
+    """Issue 36: after one tenant's limits were truncated, the agent stopped writing the node's
+    spec, so every container started afterwards found its device unresolvable.  The damaged
+    tenant is left out (an event, the metric, `doctor`, `cdi generate`'s exit status name it);
+    every other is listed, a new one too."""
+    from sharegpu.agent.events import Event
+    from sharegpu.agent.metrics import EventCounts
+
+    spec_file = tmp_path / "cdi" / "sharegpu.json"
+    agent = Agent(sim, tmp_path / "state", "--cdi-spec", str(spec_file)).start()
+
+    def listed() -> set[str]:
+        return {d["name"] for d in json.loads(spec_file.read_text())["devices"]}
+
+    def wait_listed(name: str) -> None:
+        deadline = time.monotonic() + 20
+        while not (spec_file.is_file() and name in listed()):
+            assert time.monotonic() < deadline, f"{name} never listed"
+            time.sleep(0.1)
+
+    try:
+        for name in ("web", "db"):
+            create(agent, name=name, memory="64MiB", gpus=["0"])
+        wait_listed("db")
+        os.truncate(sim.runtime / "tenants" / "db" / "limits", 100)
+        create(agent, name="new", memory="64MiB", gpus=["0"])
+        wait_listed("new")
+        assert {"web", "new"} <= listed()
+        assert "db" not in listed()
+        left = agent.wait_event("cdi.tenant_left_out", tenant="db")
+        assert left["severity"] == "warning"
+        assert "limits" in left["message"]
+        written = agent.wait_event("cdi.written")
+        assert written["data"]["left_out"] == ["db"]
+        time.sleep(2.5)  # later ticks leave it out the same way: not reported again
+        assert len(agent.events(kind="cdi.tenant_left_out")) == 1
+    finally:
+        agent.close()
+    counts = EventCounts()  # what the metric `sharegpu_cdi_tenant_left_out` is made of
+    counts.observe([Event(kind=written["kind"], message="", data=written["data"])])
+    assert counts.left_out() == ["db"]
+
+    out = tmp_path / "generated.json"
+    gen = sim.cli("cdi", "generate", "--output", str(out))
+    assert gen.returncode == 1
+    assert "tenant db left out of the spec" in gen.stderr
+    assert {"web", "new"} <= {d["name"] for d in json.loads(out.read_text())["devices"]}
+    doctor = sim.cli("doctor", "--json")
+    (tenants,) = [c for c in json.loads(doctor.stdout)["items"] if c["name"] == "tenants"]
+    assert tenants["status"] == "fail"
+    assert "tenant db cannot be read" in tenants["message"]

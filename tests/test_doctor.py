@@ -59,13 +59,23 @@ def test_a_healthy_simulated_node(sim: Sim) -> None:
         "shim-loads",
         "runtime-dir",
         "arbiters",
+        "tenants",
         "agent",
         "ld-so-preload",
         "clocksource",
         "mps",
         "conflicts",
     ]
-    for name in ("nvml", "driver", "shim-built", "shim-installed", "shim-loads", "runtime-dir", "arbiters"):
+    for name in (
+        "nvml",
+        "driver",
+        "shim-built",
+        "shim-installed",
+        "shim-loads",
+        "runtime-dir",
+        "arbiters",
+        "tenants",
+    ):
         assert _line(proc.stdout, name)[0].startswith("ok "), proc.stdout
     assert "simgpu/libnvidia-ml.so.1" in _line(proc.stdout, "nvml")[0]
     assert "CUDA 1" in _line(proc.stdout, "driver")[0]

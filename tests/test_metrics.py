@@ -65,6 +65,7 @@ EXPECTED = {
     "sharegpu_arbiter_holdbacks": "counter",
     "sharegpu_arbiter_holdback_misses": "counter",
     "sharegpu_arbiter_early_preemptions": "counter",
+    "sharegpu_cdi_tenant_left_out": "gauge",
     "sharegpu_arbiter_quiet_windows": "counter",
     "sharegpu_arbiter_online_stalls": "counter",
     "sharegpu_arbiter_online_relearns": "counter",

@@ -264,7 +264,7 @@ def top(
 
 @app.command(
     help="Check this node, in order: NVML, the driver and its CUDA version, the shim (built, "
-    "installed, loads without failing closed), the runtime directory, the GPUs' arbiter regions, "
+    "installed, loads without failing closed), the runtime directory, the GPUs' arbiter regions, the tenants, "
     "the agent, the /etc/ld.so.preload mount, the clock source, and other GPU-sharing software. One line per "
     "check (ok / warn / FAIL) with the fix for what fails. Exit status 1 when a check fails."
 )
@@ -609,13 +609,23 @@ def cdi_generate(
     from sharegpu.tenant import runtime_dir
 
     shapes = None if shape is None else [parse_shape(s) for s in shape if s != "none"]
-    spec = build_spec(runtime_dir(), tenant or None, shapes)
+    built = build_spec(runtime_dir(), tenant or None, shapes)
+    spec = built.spec
     if output is not None and str(output) == "-":
         sys.stdout.write(spec.to_json())
-        return
-    target = write_spec(spec, spec_target(output))
-    names = ", ".join(f"{spec.kind}={d.name}" for d in spec.devices)
-    print(f"wrote {target} (cdiVersion {spec.cdi_version}): {names}")
+    else:
+        target = write_spec(spec, spec_target(output))
+        names = ", ".join(f"{spec.kind}={d.name}" for d in spec.devices)
+        print(f"wrote {target} (cdiVersion {spec.cdi_version}): {names}")
+    # One damaged tenant is left out and the others written; the exit status says it.
+    for name, why in built.left_out.items():
+        print(
+            f"sharegpu: tenant {name} left out of the spec: {why} (remove it, or let the agent "
+            "restore it; `sharegpu doctor` lists the damaged tenants)",
+            file=sys.stderr,
+        )
+    if built.left_out:
+        raise typer.Exit(1)
 
 
 @hook_app.command(

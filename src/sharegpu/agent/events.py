@@ -36,6 +36,7 @@ EventKind = Literal[
     "shim.upgraded",
     "cdi.written",  # the node's CDI spec changed (sharegpu.runtime.cdi.keeper)
     "cdi.failed",  # the CDI spec could not be built or written; the last good one stays
+    "cdi.tenant_left_out",  # a damaged tenant (files unreadable) left out of the written spec
 ]
 
 

@@ -123,6 +123,7 @@ class EventCounts:
         self.reaped_tenants = 0
         self.arbiter_rebuilds: dict[str, int] = {}
         self.lock_holder_kills = dict.fromkeys(REAP_REGIONS, 0)
+        self.cdi_left_out: list[str] = []  # tenants left out of the last CDI spec written
 
     def observe(self, events: Iterable[Event]) -> None:
         with self._lock:
@@ -143,6 +144,8 @@ class EventCounts:
                     self.reaped_tenants += 1
                 elif event.kind == "gpu.arbiter_rebuilt" and event.gpu:
                     self.arbiter_rebuilds[event.gpu] = self.arbiter_rebuilds.get(event.gpu, 0) + 1
+                elif event.kind == "cdi.written":
+                    self.cdi_left_out = [str(t) for t in event.data.get("left_out", [])]
                 elif event.kind == "process.lock_holder_killed":
                     region = str(event.data.get("region", ""))
                     if region in self.lock_holder_kills:
@@ -151,6 +154,10 @@ class EventCounts:
     def rebuilds(self) -> dict[str, int]:
         with self._lock:
             return dict(self.arbiter_rebuilds)
+
+    def left_out(self) -> list[str]:
+        with self._lock:
+            return list(self.cdi_left_out)
 
     def kills(self) -> dict[str, int]:
         with self._lock:
@@ -317,6 +324,15 @@ class SharegpuCollector(Collector):
         yield ticks
         yield errors
         yield cpu
+        left_out = GaugeMetricFamily(
+            "sharegpu_cdi_tenant_left_out",
+            "1 for each tenant left out of the last CDI spec written: its files cannot be read "
+            "(containers cannot use it; the node's other tenants are listed)",
+            labels=["tenant"],
+        )
+        for name in self.counts.left_out():
+            left_out.add_metric([name], 1.0)
+        yield left_out
         audit, qos, reaped, reaped_tenants = self.counts.snapshot()
         yield _by_label(
             "sharegpu_audit_events", "Audit findings by kind (untracked, bypass, killed)", "kind", audit

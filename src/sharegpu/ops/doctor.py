@@ -289,6 +289,31 @@ def check_arbiters(ctx: Context) -> Check:
     return Check("arbiters", "ok", f"{len(paths)} GPU arbiter region(s), all usable, not world-writable")
 
 
+def check_tenants(ctx: Context) -> Check:
+    """Every tenant's files can be read: a damaged tenant's processes fail at cuInit, and it is
+    left out of the node's CDI spec (its containers cannot start)."""
+    from sharegpu.tenant import iter_tenants, tenant_status
+
+    statuses = [tenant_status(p) for p in iter_tenants(ctx.runtime_dir)] if ctx.runtime_dir.is_dir() else []
+    damaged = [s for s in statuses if s.error is not None]
+    if damaged:
+        first = damaged[0]
+        more = (
+            f" (and {len(damaged) - 1} more: {', '.join(s.id for s in damaged[1:4])})"
+            if len(damaged) > 1
+            else ""
+        )
+        return Check(
+            "tenants",
+            "fail",
+            f"tenant {first.id} cannot be read: {first.error}{more}; its processes cannot use the GPU "
+            "and it is left out of the CDI spec",
+            f"remove it (DELETE /v1/tenants/{first.id}?force=true on the agent's socket, or "
+            f"rm -r {first.path} with no agent) and create it again",
+        )
+    return Check("tenants", "ok", f"{len(statuses)} tenant(s), every one readable")
+
+
 def check_agent(ctx: Context) -> Check:
     from sharegpu.agent.client import AgentClient, socket_path
 
@@ -459,6 +484,7 @@ CHECKS: list[Callable[[Context], Check]] = [
     check_shim_loads,
     check_runtime_dir,
     check_arbiters,
+    check_tenants,
     check_agent,
     check_preload,
     check_clocksource,

@@ -27,6 +27,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sharegpu import abi, mps, simgpu
@@ -178,6 +179,14 @@ def check_shapes(shapes: Sequence[Shape], gpus: Sequence[Gpu]) -> None:
         raise CdiSpecError("vGPU shapes this node cannot hold: " + "; ".join(bad))
 
 
+@dataclass(frozen=True)
+class BuiltSpec:
+    """A built spec, and the tenants left out of it: {tenant: why} (its files unreadable)."""
+
+    spec: Spec
+    left_out: dict[str, str] = field(default_factory=dict)
+
+
 def build_spec(
     root: Path,
     tenant_ids: Iterable[str] | None = None,
@@ -185,10 +194,15 @@ def build_spec(
     *,
     gpus: Sequence[Gpu] | None = None,
     host: nvidia.Host | None = None,
-) -> Spec:
+) -> BuiltSpec:
     """The spec listing the given tenants (default: every tenant of the node) and shapes
     (default: a quarter, a half and all of each GPU), at the lowest cdiVersion its fields
-    need, validated. `gpus` (default: NVML's) and `host` (see node_driver) are for tests."""
+    need, validated. `gpus` (default: NVML's) and `host` (see node_driver) are for tests.
+
+    One damaged tenant affects only itself: of every tenant of the node, one whose files cannot
+    be read is left out (and named in `left_out`), and the others are listed, so that the node's
+    other containers keep starting. A tenant named in `tenant_ids` that cannot be read is an
+    error: the caller asked for it."""
     ids = list(tenant_ids) if tenant_ids is not None else [p.name for p in iter_tenants(root)]
     gpus = list(gpus) if gpus is not None else list_gpus()
     shapes = list(shapes) if shapes is not None else default_shapes([g.memory_total for g in gpus])
@@ -202,11 +216,21 @@ def build_spec(
             "tenant (POST /v1/tenants on the agent's socket, docs/agent.md) or give --shape"
         )
     driver = node_driver(gpus, host)
-    devices = [tenant_device(root, t, driver) for t in ids]
+    devices, left_out = [], {}
+    for tenant in ids:
+        try:
+            devices.append(tenant_device(root, tenant, driver))
+        except ConfigError as err:
+            if tenant_ids is not None:
+                raise
+            left_out[tenant] = str(err)
+    if not devices and not shapes:
+        why = "; ".join(f"{t}: {w}" for t, w in left_out.items())
+        raise CdiSpecError(f"no tenant of this node can be listed as a CDI device ({why})")
     devices += [shape_device(root, s, gpus[s.gpu], driver) for s in shapes]
     edits = common_edits(root, driver)
     spec = Spec(cdiVersion="0.3.0", kind=KIND, devices=devices, containerEdits=edits)
-    return validate(spec.model_copy(update={"cdi_version": minimum_version(spec)}))
+    return BuiltSpec(validate(spec.model_copy(update={"cdi_version": minimum_version(spec)})), left_out)
 
 
 def spec_target(output: Path | None) -> Path:
@@ -229,14 +253,14 @@ def _write_atomically(path: Path, text: str, *, mode: int) -> None:
         raise
 
 
-def write_node_spec(root: Path, target: Path, *, gpus: Sequence[Gpu] | None = None) -> Spec:
-    """The node's spec (every tenant, the default shapes) built and written under the node lock,
-    as the agent's keeper writes it: of two writers at once, the last has seen every tenant made
-    before it, so neither drops a tenant the other has just listed."""
+def write_node_spec(root: Path, target: Path, *, gpus: Sequence[Gpu] | None = None) -> BuiltSpec:
+    """The node's spec (every readable tenant, the default shapes) built and written under the
+    node lock, as the agent's keeper writes it: of two writers at once, the last has seen every
+    tenant made before it, so neither drops a tenant the other has just listed."""
     with node_lock(root):
-        spec = build_spec(root, gpus=gpus)
-        write_spec(spec, target)
-    return spec
+        built = build_spec(root, gpus=gpus)
+        write_spec(built.spec, target)
+    return built
 
 
 def write_spec(spec: Spec, target: Path) -> Path:

@@ -8,7 +8,9 @@ removed one stops being one. (Building it reads NVML and every tenant's limits a
 the whole spec: the costliest loop of all on 50 tenants, when done every second.) With no
 device to list the file is removed (a spec must list at least one). A failure is an event
 (`cdi.failed`) and a log line, once per distinct reason, and is retried at the next tick; the
-last good file stays.
+last good file stays. A tenant whose files cannot be read is left out and the others written
+(one damaged tenant used to stop the spec for the whole node): an event
+(`cdi.tenant_left_out`) names it, and the metric `sharegpu_cdi_tenant_left_out` names it.
 
 The loop is built by the CLI layer and handed to the daemon (sharegpu.agent sits below
 sharegpu.runtime and cannot import it).
@@ -62,6 +64,7 @@ class CdiKeeper:
         self.interval_s = interval_s
         self._written: str | None = None
         self._failed: str | None = None
+        self._left: dict[str, str] = {}  # tenants left out of the last spec built, and why
         self._inputs: tuple[object, ...] | None = None
         self._built_at = float("-inf")
 
@@ -76,29 +79,55 @@ class CdiKeeper:
         # drop a tenant the other has just listed.
         with node_lock(self.root):
             try:
-                spec = build_spec(self.root, None, self.shapes)
+                built = build_spec(self.root, None, self.shapes)
             except TenantNotFound:
                 self.target.unlink(missing_ok=True)
                 self._written = None
                 return []
             except SharegpuError as err:
                 return self._failure(str(err))
+            spec, events = built.spec, self._left_out(built.left_out)
             text = spec.to_json()
             if text == self._written and self.target.is_file():
-                return []
+                return events
             try:
                 write_spec(spec, self.target)
             except SharegpuError as err:
-                return self._failure(str(err))
+                return events + self._failure(str(err))
         self._written, self._failed = text, None
         names = [d.name for d in spec.devices]
         return [
+            *events,
             Event(
                 kind="cdi.written",
-                message=f"CDI spec {self.target}: {len(names)} devices",
-                data={"path": str(self.target), "devices": names, "cdi_version": spec.cdi_version},
-            )
+                message=f"CDI spec {self.target}: {len(names)} devices"
+                + (f", {len(built.left_out)} damaged tenant(s) left out" if built.left_out else ""),
+                data={
+                    "path": str(self.target),
+                    "devices": names,
+                    "cdi_version": spec.cdi_version,
+                    "left_out": sorted(built.left_out),
+                },
+            ),
         ]
+
+    def _left_out(self, left_out: dict[str, str]) -> list[Event]:
+        """An event for each tenant newly left out of the spec (or left out for a new reason)."""
+        events = [
+            Event(
+                kind="cdi.tenant_left_out",
+                severity="warning",
+                tenant=name,
+                message=f"tenant {name} left out of the CDI spec: {why}",
+                data={"why": why},
+            )
+            for name, why in sorted(left_out.items())
+            if self._left.get(name) != why
+        ]
+        for event in events:
+            log.warning("cdi: %s", event.message)
+        self._left = dict(left_out)
+        return events
 
     def _failure(self, why: str) -> list[Event]:
         self._inputs = None  # retried at the next tick
