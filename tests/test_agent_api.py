@@ -455,7 +455,7 @@ def test_schemathesis_finds_no_server_errors_on_the_tenant_endpoints(tmp_path: P
     from schemathesis.specs.openapi.checks import positive_data_acceptance
 
     from sharegpu.agent.api import build_app
-    from sharegpu.agent.service import TenantService
+    from sharegpu.agent.service import AgentService
     from sharegpu.agent.store import Store
     from sharegpu.devices import Gpu
 
@@ -463,7 +463,7 @@ def test_schemathesis_finds_no_server_errors_on_the_tenant_endpoints(tmp_path: P
         Gpu(0, "GPU-11111111-2222-3333-4444-555555555555", "fake", 1 << 30, 0, 0),
         Gpu(1, "GPU-66666666-7777-8888-9999-000000000000", "fake", 1 << 30, 0, 0),
     ]
-    service = TenantService(tmp_path / "run", Store(tmp_path / "state"), gpu_source=lambda: gpus)
+    service = AgentService(tmp_path / "run", Store(tmp_path / "state"), gpu_source=lambda: gpus)
     schema = schemathesis.openapi.from_asgi("/openapi.json", build_app(service))
     failures: list[str] = []
     ran = 0

@@ -366,14 +366,22 @@ def oci_state(tmp_path: Path, container_id: str, pid: int) -> str:
 
 def test_a_hook_that_fails_leaves_no_tenant_and_says_why_in_one_line(sim: Sim, tmp_path: Path) -> None:
     sim.uuids()  # the simulated GPU exists
-    dead = subprocess.Popen(["true"])
-    dead.wait()  # a pid that is gone: entering its mount namespace fails after the tenant is made
-    proc = hook(sim, oci_state(tmp_path, "abc123def4567890", dead.pid), "create", "--shape", "gpu0-300MiB-30")
+    state = oci_state(tmp_path, "abc123def4567890", os.getpid())
+    (tmp_path / "bundle" / "config.json").unlink()  # the mounts fail after the tenant is made
+    proc = hook(sim, state, "create", "--shape", "gpu0-300MiB-30")
     assert proc.returncode == 1
     assert proc.stderr.count("sharegpu: error:") == 1, proc.stderr
     assert "container abc123def4567890" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert list(iter_tenants(sim.runtime)) == []  # made, then removed again
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a container whose process is gone: refused before anything is made
+    proc = hook(sim, oci_state(tmp_path, "abc123def4567890", dead.pid), "create", "--shape", "gpu0-300MiB-30")
+    assert (proc.returncode, proc.stderr.strip()) == (
+        2,
+        f"sharegpu: error: supervisor process {dead.pid} does not exist",
+    )
+    assert list(iter_tenants(sim.runtime)) == []
 
 
 def test_hooks_refuse_bad_input_and_poststop_is_idempotent(sim: Sim, tmp_path: Path) -> None:
@@ -467,13 +475,13 @@ def test_the_agent_reports_a_spec_it_cannot_write_once_and_keeps_running(sim: Si
         agent.close()
 
 
-def test_the_runtime_door_finds_the_agent_by_the_clients_own_names() -> None:
-    """runtime/tenants.py mirrors two names of the agent's client so that hooks need not import
-    it when no agent runs: they must stay the client's."""
+def test_the_doors_find_the_agent_by_the_clients_own_names() -> None:
+    """sharegpu.doors mirrors two names of the agent's client so that hooks need not import it
+    when no agent runs: they must stay the client's."""
+    from sharegpu import doors
     from sharegpu.agent import client
-    from sharegpu.runtime import tenants
 
-    assert (tenants._SOCKET_NAME, tenants._NO_AGENT_ENV) == (client.SOCKET_NAME, client.NO_AGENT_ENV)
+    assert (doors._SOCKET_NAME, doors._NO_AGENT_ENV) == (client.SOCKET_NAME, client.NO_AGENT_ENV)
 
 
 def test_one_damaged_tenant_is_left_out_and_every_other_listed(sim: Sim, tmp_path: Path) -> None:

@@ -24,7 +24,6 @@ from sharegpu import __version__
 from sharegpu.errors import SharegpuError
 
 if TYPE_CHECKING:
-    from sharegpu.agent.client import AgentClient
     from sharegpu.agent.events import Event
     from sharegpu.agent.models import DeviceView
 
@@ -144,14 +143,6 @@ def run(  # noqa: PLR0917 (typer maps parameters to options)
         compute=ComputeSpec.parse(compute, policy, ceiling, priority, weight),
     )
     raise typer.Exit(run_tenant(request))
-
-
-def _agent() -> AgentClient | None:
-    """The node agent's client when one answers on the runtime directory, else None."""
-    from sharegpu.agent.client import AgentClient
-    from sharegpu.tenant import runtime_dir
-
-    return AgentClient.connect(runtime_dir())
 
 
 @app.command(
@@ -321,28 +312,22 @@ def resize(  # noqa: PLR0917 (typer maps parameters to options)
     output: OutputOpt = Output.table,
 ) -> None:
     from sharegpu.agent.models import TenantResize
-    from sharegpu.agent.service import apply_resize, parse_model, views
-    from sharegpu.devices import list_gpus
+    from sharegpu.agent.service import parse_model, resize_request
+    from sharegpu.doors import tenant_service, tenant_views
     from sharegpu.errors import TenantNotFound
     from sharegpu.spec import validate_tenant_id
-    from sharegpu.tenant import overcommit_allowed, runtime_dir
 
     validate_tenant_id(tenant)  # bad input: exit 2 with the same line with and without the agent
     fields: dict[str, str | int | None] = {"memory": memory, "compute": compute, "ceiling": ceiling}
     fields |= {"priority": priority, "policy": policy, "weight": weight}
     changes = {k: v for k, v in fields.items() if v is not None}
     request = parse_model(TenantResize, changes)  # the agent's checks and messages, here too
-    client = _agent()
-    if client is not None:
-        with client:
-            view = client.resize_tenant(tenant, changes)
-    else:
-        root = runtime_dir()
-        apply_resize(root, tenant, request, list_gpus(), allow_overcommit=overcommit_allowed(root))
-        found = views(root, only=tenant)
-        if not found:
-            raise TenantNotFound(f"tenant {tenant!r} vanished during the resize")
-        view = found[0]
+    with tenant_service() as service:
+        service.resize(tenant, resize_request(request))
+        found = tenant_views(service, only=tenant)
+    if not found:
+        raise TenantNotFound(f"tenant {tenant!r} vanished during the resize")
+    view = found[0]
     if output is Output.json:
         _emit_json("TenantList", [view.model_dump(mode="json")])
         return
@@ -368,18 +353,19 @@ def events(  # noqa: PLR0917 (typer maps parameters to options)
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new events.")] = False,
 ) -> None:
     from sharegpu.agent.client import socket_path
+    from sharegpu.doors import agent_client, tenant_service
     from sharegpu.errors import AgentError
     from sharegpu.tenant import runtime_dir
 
     if not 1 <= limit <= 10_000:
         raise typer.BadParameter(f"{limit} is not between 1 and 10000", param_hint="--limit")
-    client = _agent()
-    if client is None:
-        raise AgentError(
-            f"no agent answers on {socket_path(runtime_dir())}: events are kept by the agent "
-            "(start it with `sharegpu agent`)"
-        )
-    with client:
+    with tenant_service() as service:
+        client = agent_client(service)
+        if client is None:
+            raise AgentError(
+                f"no agent answers on {socket_path(runtime_dir())}: events are kept by the agent "
+                "(start it with `sharegpu agent`)"
+            )
         items, last = client.events(since=since, kind=kind, tenant=tenant, limit=limit)
         if output is Output.json and not follow:
             _emit_json("EventList", [e.model_dump(mode="json") for e in items])

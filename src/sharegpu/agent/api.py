@@ -32,7 +32,7 @@ from sharegpu.agent.models import (
     TenantView,
     VersionInfo,
 )
-from sharegpu.agent.service import TenantService, validation_message
+from sharegpu.agent.service import AgentService, validation_message
 from sharegpu.errors import (
     SharegpuError,
     SpecError,
@@ -78,7 +78,7 @@ def _check_kind(kind: str | None) -> None:
         )
 
 
-def build_app(service: TenantService) -> FastAPI:
+def build_app(service: AgentService) -> FastAPI:
     app = FastAPI(
         title="sharegpu agent",
         version=__version__,
@@ -168,8 +168,14 @@ def build_app(service: TenantService) -> FastAPI:
     async def delete_tenant(
         tenant_id: str,
         force: Annotated[bool, Query(description="Delete even with live processes")] = False,
+        incarnation: Annotated[
+            int | None,
+            Query(
+                ge=0, lt=2**64, description="Only this incarnation of the tenant (its view's `incarnation`)"
+            ),
+        ] = None,
     ) -> Response:
-        await service.delete(tenant_id, force=force)
+        await service.delete(tenant_id, incarnation=incarnation, force=force)
         return Response(status_code=204)
 
     @app.get("/v1/gpus", tags=["gpus"], responses=_ERROR_RESPONSES)

@@ -115,8 +115,11 @@ class AgentClient:
         response = self._request("PATCH", f"/v1/tenants/{_quote(tenant_id)}", json=changes)
         return TenantView.model_validate(response.json())
 
-    def delete_tenant(self, tenant_id: str, *, force: bool = False) -> None:
-        self._request("DELETE", f"/v1/tenants/{_quote(tenant_id)}", params={"force": str(force).lower()})
+    def delete_tenant(self, tenant_id: str, *, incarnation: int | None = None, force: bool = False) -> None:
+        params = {"force": str(force).lower()}
+        if incarnation is not None:
+            params["incarnation"] = str(incarnation)
+        self._request("DELETE", f"/v1/tenants/{_quote(tenant_id)}", params=params)
 
     def list_gpus(self) -> list[GpuView]:
         return GpuList.model_validate(self._request("GET", "/v1/gpus").json()).items

@@ -39,11 +39,12 @@ from sharegpu.agent.client import SOCKET_NAME
 from sharegpu.agent.events import Event, Loop
 from sharegpu.agent.loops import build_loops
 from sharegpu.agent.notify import Notifier
-from sharegpu.agent.service import LoopStats, TenantService
+from sharegpu.agent.service import AgentService, LoopStats
 from sharegpu.agent.store import Store
 from sharegpu.agent.tuning import ArbiterTuner, ArbiterTuning
 from sharegpu.agent.upgrade import current_shim, ensure_installed
 from sharegpu.errors import AgentError
+from sharegpu.service.settings import write_arbiter_settings
 from sharegpu.tenant import write_admission_policy
 
 log = logging.getLogger("sharegpu.agent")
@@ -232,7 +233,7 @@ async def _every(
 
 
 def _schedule(
-    service: TenantService,
+    service: AgentService,
     settings: Settings,
     loops: list[Loop],
     stop: Stop,
@@ -276,7 +277,7 @@ def _schedule(
 
 
 def _start_metrics(
-    settings: Settings, service: TenantService, loops: list[Loop]
+    settings: Settings, service: AgentService, loops: list[Loop]
 ) -> tuple[Any, Callable[[list[Event]], None] | None]:
     """Serve metrics if asked (adds the online-wait sampler to `loops`): the server (or None)
     and what counts the loops' events. A port that cannot be bound is logged, not fatal: the
@@ -314,12 +315,12 @@ def _start_metrics(
 # systemd (Type=notify): READY once serving, STATUS now and then, WATCHDOG from the event loop.
 
 
-def _status_line(service: TenantService) -> str:
+def _status_line(service: AgentService) -> str:
     gpus = len(service.known_gpus or [])
     return f"{service.tenant_count()} tenant(s) on {gpus} GPU(s)"
 
 
-async def _keep_notifying(notifier: Notifier, service: TenantService, stop: Stop) -> None:
+async def _keep_notifying(notifier: Notifier, service: AgentService, stop: Stop) -> None:
     if not notifier.enabled:
         return
     # From the event loop itself, so a wedged loop stops the pings and systemd restarts the agent.
@@ -386,8 +387,11 @@ async def _main(settings: Settings) -> int:
 
 async def _serve(settings: Settings, store: Store, sock_path: Path) -> int:
     root = settings.runtime_dir
-    service = TenantService(root, store, allow_overcommit=settings.allow_overcommit, enforce=settings.enforce)
+    service = AgentService(root, store, allow_overcommit=settings.allow_overcommit, enforce=settings.enforce)
     write_admission_policy(root, allow_overcommit=settings.allow_overcommit)
+    service.tuner = ArbiterTuner(root, settings.arbiter)
+    # The same settings for tenants created without the agent (sharegpu.service.settings).
+    write_arbiter_settings(root, service.tuner.settings())
     await service.scan_gpus()
     recovered = await service.sync(initial=True)
     sock = _bind(sock_path)
@@ -415,8 +419,7 @@ async def _serve(settings: Settings, store: Store, sock_path: Path) -> int:
     loops = _loops(settings, store)
     service.meter = BusyMeter(root)  # GPU time per tenant, integrated from NVML
     loops.append(service.meter)
-    service.tuner = ArbiterTuner(root, settings.arbiter)  # its first tick: at once, below
-    loops.append(service.tuner)
+    loops.append(service.tuner)  # its first tick: at once, below
     metrics_server, on_events = _start_metrics(settings, service, loops)
     tasks = _schedule(service, settings, loops, stop, on_events)
     gpus = service.known_gpus or []

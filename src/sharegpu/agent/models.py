@@ -305,6 +305,9 @@ class TenantView(BaseModel):
     created: float | None = None
     age_seconds: float
     limits_generation: int | None = None
+    incarnation: int | None = Field(
+        default=None, description="The limits' random id: a tenant re-created under this name is another"
+    )
     managed: bool = Field(default=False, description="Known to the agent's state (else just found)")
     devices: list[DeviceView] = Field(default_factory=list)
     processes: list[ProcessView] = Field(default_factory=list)
@@ -536,6 +539,7 @@ def tenant_view(
         created=float(created) if isinstance(created, int | float) else None,
         age_seconds=round(report.age_s, 3),
         limits_generation=generation,
+        incarnation=report.incarnation or None,
         managed=managed,
         devices=devices,
         processes=[

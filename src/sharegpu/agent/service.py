@@ -1,9 +1,10 @@
-"""The tenant lifecycle: create, resize, delete, recover and adopt; admission; events.
+"""The agent's service: the local tenant service (sharegpu.service.local: create, resize,
+delete) plus the store and the events; recovery and adoption; the views the API serves.
 
 Every change runs under an asyncio lock (one change at a time inside the agent) and, in a worker
-thread, under the node lock of sharegpu.tenant (flock), which `sharegpu run` and
-`sharegpu resize` take too when no agent answers: so two API calls racing for the last MiB of a
-card, or an API call and a CLI user, see each other, and exactly one wins.
+thread, the local service's steps under the node lock of sharegpu.tenant (flock), which every
+door takes too when no agent answers: so two API calls racing for the last MiB of a card, or an
+API call and a CLI user, see each other, and exactly one wins.
 
 The tenant directories are the truth for limits and usage; the store (SQLite) adds what they do
 not say and the event history. `sync` reconciles the two: a directory the store does not know is
@@ -17,7 +18,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -36,29 +36,23 @@ from sharegpu.agent.models import (
     gpu_views,
     tenant_view,
 )
-from sharegpu.agent.plan import compute_of, memory_totals, plan_devices, resized
 from sharegpu.agent.store import Store, TenantRow
-from sharegpu.agent.tuning import ArbiterTuner
-from sharegpu.arbiter import arbiter_path, ensure_arbiter, grant_arbiter
+from sharegpu.agent.tuning import ArbiterTuner, tuned_event
 from sharegpu.devices import Gpu, GpuFault, gpu_faults, list_gpus
-from sharegpu.errors import ConfigError, DeviceError, SpecError, TenantBusy, TenantNotFound
+from sharegpu.errors import ConfigError, DeviceError, SpecError, TenantNotFound
 from sharegpu.report import node_report, read_arbiters
+from sharegpu.service import LocalTenantService, ResizeRequest, TenantRequest
+from sharegpu.service.plan import compute_of
+from sharegpu.service.settings import Changes
 from sharegpu.spec import format_size
 from sharegpu.tenant import (
     DeviceLimit,
-    create_tenant,
     device_limit_of,
     iter_tenants,
     node_lock,
-    process_start_time,
-    process_uid,
     read_device_limits,
     read_limits,
     read_meta,
-    remove_tenant,
-    resize_tenant,
-    tenant_path,
-    tenant_status,
     tenants_dir,
     write_limits_in_place,
 )
@@ -96,31 +90,6 @@ def describe(devices: list[DeviceLimit]) -> str:
     return f"{mem} on {where}, {compute} {spec.priority}{weight}"
 
 
-def apply_resize(
-    root: Path,
-    tenant_id: str,
-    req: TenantResize,
-    gpus: list[Gpu],
-    *,
-    allow_overcommit: bool,
-) -> tuple[list[DeviceLimit], list[DeviceLimit], int]:
-    """The resize itself (also used by `sharegpu resize` without the agent)."""
-
-    def update(current: list[DeviceLimit]) -> list[DeviceLimit]:
-        return resized(
-            current,
-            gpus,
-            memory_bytes=req.memory_bytes,
-            compute=req.compute,
-            policy=req.policy,
-            ceiling=req.ceiling,
-            priority=req.priority,
-            weight=req.weight,
-        )
-
-    return resize_tenant(tenant_id, update, root=root, memory_totals=memory_totals(gpus, allow_overcommit))
-
-
 def views(
     root: Path,
     rows: Mapping[str, TenantRow] | None = None,
@@ -156,8 +125,21 @@ def views(
     return found
 
 
-class TenantService:
-    """The agent's operations; the API calls these, the daemon's loops call sync and record."""
+def resize_request(req: TenantResize) -> ResizeRequest:
+    """The API's resize body (validated strings) as the service's request."""
+    return ResizeRequest(
+        memory_bytes=req.memory_bytes,
+        compute=req.compute,
+        ceiling=req.ceiling,
+        policy=req.policy,
+        priority=req.priority,
+        weight=req.weight,
+    )
+
+
+class AgentService:
+    """The agent's operations: the local tenant service (sharegpu.service.local) plus the store
+    and the events; the API calls these, the daemon's loops call sync and record."""
 
     def __init__(
         self,
@@ -180,6 +162,13 @@ class TenantService:
         self.known_gpus: list[Gpu] | None = None  # as of the last scan (scan_gpus)
         self.meter: BusyMeter | None = None  # the daemon's GPU-time loop, when it runs
         self.tuner: ArbiterTuner | None = None  # the daemon's arbiter settings, when it runs
+        self.tenants = LocalTenantService(
+            root,
+            allow_overcommit=allow_overcommit,
+            gpu_source=gpu_source,
+            created_by="agent",
+            tuner=self._tune,
+        )
         self._lock = asyncio.Lock()
         self._wakeup = asyncio.Event()
         self._closing = False
@@ -220,54 +209,28 @@ class TenantService:
         await self.record(events)
         return view
 
-    def _tune(self, uuid: str) -> list[Event]:
-        """The configured arbiter settings on a region this call may just have made, before the
+    def _tune(self, region: Path) -> tuple[str, Changes]:
+        """The configured arbiter settings on a region a creation may just have made, before the
         tenant's first launch (its processes start after the create answers; the tuner's loop
-        would get there within a second)."""
+        would get there within a second): through the loop's tuner, one writer at a time."""
         if self.tuner is None:
-            return []
-        try:
-            event = self.tuner.apply(arbiter_path(self.root, uuid))
-        except (ConfigError, SpecError) as err:
-            log.warning("arbiter settings of %s: %s", uuid, err)
-            return []
-        return [event] if event is not None else []
+            return self.tenants.tune_to_node_settings(region)
+        return self.tuner.tune(region)
 
     def _create(self, req: TenantCreate) -> tuple[TenantView, list[Event]]:
-        gpus = self.gpu_source()
-        compute = req.compute_spec()
-        limits = plan_devices(req.memory_bytes, req.selectors, compute, gpus)
-        meta: dict[str, object] = {"command": req.command, "labels": req.labels, "created_by": "agent"}
-        if req.supervisor_pid is not None:
-            start = process_start_time(req.supervisor_pid)
-            if start is None:
-                raise SpecError(f"supervisor process {req.supervisor_pid} does not exist")
-            meta["supervisor"] = {"pid": req.supervisor_pid, "start_time": start}
-        if req.pgid is not None:
-            meta["pgid"] = req.pgid
-        # The tenant is its supervisor's user's (`sharegpu run` as that user), else the agent's.
-        owner = process_uid(req.supervisor_pid) if req.supervisor_pid is not None else None
-        if compute.policy != "native":
-            for dev in limits:
-                ensure_arbiter(self.root, dev.uuid)
-        path = create_tenant(
-            req.name,
-            limits,
-            root=self.root,
-            meta=meta,
-            memory_totals=memory_totals(gpus, self.allow_overcommit),
-            owner=owner,
+        request = TenantRequest(
+            name=req.name,
+            memory_bytes=req.memory_bytes,
+            gpus=req.selectors,
+            compute=req.compute_spec(),
+            supervisor_pid=req.supervisor_pid,
+            pgid=req.pgid,
+            command=req.command,
+            labels=req.labels,
         )
-        tuned: list[Event] = []
-        if compute.policy != "native":
-            for dev in limits:
-                grant_arbiter(self.root, dev.uuid, os.geteuid() if owner is None else owner)
-                tuned += self._tune(dev.uuid)
-        spec = {
-            "request": req.model_dump(),
-            "devices": [dataclasses.asdict(d) for d in limits],
-            "meta": read_meta(path),
-        }
+        tenant, limits, tuned = self.tenants.create_reporting(request)
+        meta = read_meta(tenant.path)
+        spec = {"request": req.model_dump(), "devices": [dataclasses.asdict(d) for d in limits], "meta": meta}
         self.store.put_tenant(req.name, spec, created=time.time(), state="created")
         event = Event(
             kind="tenant.created",
@@ -275,7 +238,7 @@ class TenantService:
             message=f"tenant {req.name} created: {describe(limits)}",
             data={"devices": spec["devices"], "labels": req.labels, "supervisor": meta.get("supervisor")},
         )
-        return self._view(req.name), [*tuned, event]
+        return self._view(req.name), [*(tuned_event(u, c) for u, c in tuned.items()), event]
 
     async def resize(self, tenant_id: str, req: TenantResize) -> TenantView:
         async with self._lock:
@@ -284,9 +247,7 @@ class TenantService:
         return view
 
     def _resize(self, tenant_id: str, req: TenantResize) -> tuple[TenantView, Event]:
-        before, after, generation = apply_resize(
-            self.root, tenant_id, req, self.gpu_source(), allow_overcommit=self.allow_overcommit
-        )
+        _, before, after, generation = self.tenants.resize_reporting(tenant_id, resize_request(req))
         row = self.store.tenant(tenant_id)
         if row is not None:
             spec = dict(row.spec, devices=[dataclasses.asdict(d) for d in after])
@@ -311,22 +272,13 @@ class TenantService:
         )
         return view, event
 
-    async def delete(self, tenant_id: str, *, force: bool = False) -> None:
+    async def delete(self, tenant_id: str, *, incarnation: int | None = None, force: bool = False) -> None:
         async with self._lock:
-            event = await asyncio.to_thread(self._delete, tenant_id, force)
+            event = await asyncio.to_thread(self._delete, tenant_id, incarnation, force)
         await self.record([event])
 
-    def _delete(self, tenant_id: str, force: bool) -> Event:
-        with node_lock(self.root):
-            path = tenant_path(tenant_id, self.root)
-            status = tenant_status(path)
-            live = [p.host_pid or p.pid for p in status.processes if p.alive]
-            if live and not force:
-                raise TenantBusy(
-                    f"tenant {tenant_id} has {len(live)} live process(es) ({', '.join(map(str, live))}): "
-                    "stop them first, or delete with force=true (they keep their limits until they exit)"
-                )
-            remove_tenant(path)
+    def _delete(self, tenant_id: str, incarnation: int | None, force: bool) -> Event:
+        live = self.tenants.delete_reporting(tenant_id, incarnation=incarnation, force=force)
         self.store.delete_tenant(tenant_id)
         note = f" ({len(live)} live process(es) keep their limits until they exit)" if live else ""
         return Event(

@@ -18,11 +18,13 @@ never used (one file can serve a fleet).
 ``offline_inflight_max`` is not among them: the QoS loop owns it (sharegpu.agent.qos) and
 writes only it, and this loop never writes it, so neither undoes the other.
 
-``ArbiterTuner`` applies the settings when the agent creates a GPU's region (its first tenant
-there) and, every second, to every region under the runtime directory whose fields differ: a
-region made without the agent (``sharegpu run``, the container hooks) or made anew by the
-reaper after damage gets them within a second. Each change is an event ``arbiter.tuned`` with
-the fields' old and new values.
+The agent writes the settings to the runtime directory when it starts (sharegpu.service.settings),
+and every creation of a tenant, through the agent or without it, tunes its GPUs' regions to them
+(sharegpu.service.local). ``ArbiterTuner`` is the agent's side: the creations it serves tune
+through it (one writer at a time), and every second it brings every region under the runtime
+directory whose fields differ back to the settings: a region made while the agent was down or
+made anew by the reaper after damage gets them within a second. Each change is an event
+``arbiter.tuned`` with the fields' old and new values.
 """
 
 from __future__ import annotations
@@ -47,12 +49,11 @@ from pydantic import (
 
 from sharegpu import abi
 from sharegpu.agent.events import Event
-from sharegpu.arbiter import TUNABLES, ArbiterStatus, iter_arbiters, read_arbiter, tune_arbiter
+from sharegpu.arbiter import TUNABLES, iter_arbiters
 from sharegpu.errors import ConfigError, SpecError
+from sharegpu.service.settings import DEFAULT_KEY, Changes, tune_region
 
 log = logging.getLogger(__name__)
-
-DEFAULT_KEY = "default"
 
 _UNITS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s)?\s*$")
@@ -140,27 +141,6 @@ def check_keys(tunings: Mapping[str, ArbiterTuning]) -> dict[str, ArbiterTuning]
     return found
 
 
-def wanted_for(uuid: str, tunings: Mapping[str, ArbiterTuning]) -> dict[str, int | str]:
-    """What the settings ask of GPU `uuid`'s region: its entry over `default`."""
-    wanted: dict[str, int | str] = {}
-    for key in (DEFAULT_KEY, uuid):
-        if key in tunings:
-            wanted |= tunings[key].fields()
-    return wanted
-
-
-def differences(
-    status: ArbiterStatus, wanted: Mapping[str, int | str]
-) -> dict[str, tuple[int | str, int | str]]:
-    """The fields of the region that differ from `wanted`: name -> (now, wanted)."""
-    found: dict[str, tuple[int | str, int | str]] = {}
-    for name, value in wanted.items():
-        now = getattr(status, name)
-        if now != value:
-            found[name] = (now, value)
-    return found
-
-
 class ArbiterTuner:
     """Keeps each GPU's arbiter region at the agent's configured settings (a periodic loop)."""
 
@@ -173,6 +153,10 @@ class ArbiterTuner:
         self.tunings = check_keys(tunings or {})
         self.interval_s = interval_s
         self._lock = threading.Lock()  # the loop's thread and the API's creations
+
+    def settings(self) -> dict[str, dict[str, int | str]]:
+        """The settings as plain fields, as sharegpu.service.settings keeps them for the node."""
+        return {key: tuning.fields() for key, tuning in self.tunings.items()}
 
     def tick(self) -> list[Event]:
         if not self.tunings:
@@ -188,25 +172,36 @@ class ArbiterTuner:
                 events.append(event)
         return events
 
+    def tune(self, path: Path) -> tuple[str, Changes]:
+        """Bring the region at `path` to its GPU's settings: its GPU and what changed."""
+        with self._lock:
+            return tune_region(path, self.settings())
+
     def apply(self, path: Path) -> Event | None:
         """Bring the region at `path` to its GPU's settings: the event of the change, or None
         when nothing differed (or nothing is configured for it)."""
         if not self.tunings:
             return None
-        with self._lock:
-            status = read_arbiter(path)
-            changes = differences(status, wanted_for(status.uuid, self.tunings))
-            if not changes:
-                return None
-            values: dict[str, Any] = {name: new for name, (_, new) in changes.items()}
-            tune_arbiter(path, **values)
-        said = ", ".join(f"{name} {old} -> {new}" for name, (old, new) in changes.items())
-        return Event(
-            kind="arbiter.tuned",
-            gpu=status.uuid,
-            message=f"{status.uuid}: arbiter {said} (the agent's settings)",
-            data={"changes": {name: {"from": old, "to": new} for name, (old, new) in changes.items()}},
-        )
+        uuid, changes = self.tune(path)
+        return tuned_event(uuid, changes) if changes else None
 
 
-__all__ = ["DEFAULT_KEY", "ArbiterTuner", "ArbiterTuning", "check_keys", "parse_ns", "wanted_for"]
+def tuned_event(uuid: str, changes: Changes) -> Event:
+    """The event of settings applied to GPU `uuid`'s region (by the loop, or a creation)."""
+    said = ", ".join(f"{name} {old} -> {new}" for name, (old, new) in changes.items())
+    return Event(
+        kind="arbiter.tuned",
+        gpu=uuid,
+        message=f"{uuid}: arbiter {said} (the agent's settings)",
+        data={"changes": {name: {"from": old, "to": new} for name, (old, new) in changes.items()}},
+    )
+
+
+__all__ = [
+    "DEFAULT_KEY",
+    "ArbiterTuner",
+    "ArbiterTuning",
+    "check_keys",
+    "parse_ns",
+    "tuned_event",
+]

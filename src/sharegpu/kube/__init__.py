@@ -10,5 +10,5 @@
   publisher.py: the node's inventory on its Node object.
 
 Above the runtime layer: a vGPU made for a pod is a tenant made through the one tenant service
-(sharegpu.runtime.tenants) and handed to the container as a CDI device (sharegpu.runtime.cdi).
+(sharegpu.doors.tenant_service) and handed to the container as a CDI device (sharegpu.runtime.cdi).
 """

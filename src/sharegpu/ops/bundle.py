@@ -115,13 +115,13 @@ def collect(runtime: Path | None = None) -> tuple[dict[str, bytes], list[str]]:
 
 
 def _events(root: Path) -> dict[str, Any]:
-    from sharegpu.agent.client import AgentClient
+    from sharegpu.doors import agent_client, tenant_service
     from sharegpu.ops.output import document
 
-    client = AgentClient.connect(root)
-    if client is None:
-        raise RuntimeError("the agent stopped answering")
-    with client:
+    with tenant_service(root) as service:
+        client = agent_client(service)
+        if client is None:
+            raise RuntimeError("the agent stopped answering")
         items, _ = client.events(limit=1000)
     return document("EventList", [e.model_dump(mode="json") for e in items])
 

@@ -315,10 +315,12 @@ def check_tenants(ctx: Context) -> Check:
 
 
 def check_agent(ctx: Context) -> Check:
-    from sharegpu.agent.client import AgentClient, socket_path
+    from sharegpu.agent.client import socket_path
+    from sharegpu.doors import agent_client, tenant_service
 
     sock = socket_path(ctx.runtime_dir)
-    client = AgentClient.connect(ctx.runtime_dir, timeout=2.0)
+    service = tenant_service(ctx.runtime_dir, timeout=2.0)
+    client = agent_client(service)
     if client is None:
         what = "a socket with nothing behind it" if sock.exists() else "no socket"
         return Check(
@@ -327,7 +329,7 @@ def check_agent(ctx: Context) -> Check:
             f"no agent answers on {sock} ({what}): no reaping, overhead accounting, audit or events",
             f"start it: sharegpu agent --runtime-dir {ctx.runtime_dir} (or its service / DaemonSet)",
         )
-    with client:
+    with service:
         health = client.health()
     message = f"agent {health.version} (pid {health.pid}, up {health.uptime_seconds:.0f} s) answers on {sock}"
     if health.version != __version__:

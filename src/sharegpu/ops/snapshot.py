@@ -47,37 +47,27 @@ def take(
 ) -> Snapshot:
     """Read the node. With `strict` False, a GPU listing that fails (no NVML) is recorded in
     `gpu_error` instead of raised, so a summary can still be shown."""
-    from sharegpu.agent.client import AgentClient, socket_path
-    from sharegpu.agent.service import views
+    from sharegpu.agent.client import socket_path
+    from sharegpu.doors import agent_client, tenant_service, tenant_views
     from sharegpu.tenant import runtime_dir
 
     root = root or runtime_dir()
     snap = Snapshot(root, time.time(), time.monotonic(), None, socket_path(root))
-    client = AgentClient.connect(root)
-    if client is not None:
-        with client:
+    with tenant_service(root) as service:
+        client = agent_client(service)
+        if client is not None:
             snap.agent = client.health()
-            if tenants or gpus:
-                snap.tenants = client.list_tenants()
-            if gpus:
-                try:
-                    snap.gpus = client.list_gpus()
-                except SharegpuError as err:
-                    if strict:
-                        raise
-                    snap.gpu_error = str(err)
-            if events:
-                items, _ = client.events(limit=RECENT_EVENTS)
-                snap.warnings = [e for e in items if e.severity != "info"][-RECENT_WARNINGS:]
-    else:
         if tenants or gpus:
-            snap.tenants = views(root)
+            snap.tenants = tenant_views(service)
         if gpus:
             try:
-                snap.gpus = _direct_gpus(root, snap.tenants)
+                snap.gpus = client.list_gpus() if client is not None else _direct_gpus(root, snap.tenants)
             except SharegpuError as err:
                 if strict:
                     raise
                 snap.gpu_error = str(err)
+        if events and client is not None:
+            items, _ = client.events(limit=RECENT_EVENTS)
+            snap.warnings = [e for e in items if e.severity != "info"][-RECENT_WARNINGS:]
     snap.monotonic = time.monotonic()
     return snap

@@ -1,1 +1,2 @@
-"""Running workloads under sharegpu: `sharegpu run` on a host (CDI and OCI hooks come later)."""
+"""Running workloads under sharegpu: `sharegpu run` on a host (run.py) and the CDI spec and
+container hooks (cdi/). Every tenant they make goes through sharegpu.doors.tenant_service()."""

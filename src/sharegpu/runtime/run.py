@@ -5,10 +5,9 @@ Creates the tenant (limits + usage files), starts the command with the shim prel
 tenant when the command exits and returns the command's exit status (128+N for signal N, as a
 shell reports it).
 
-When a node agent answers on the runtime directory, the tenant is created and deleted through
-its API (admission, events, the store); otherwise directly on the runtime directory under the
-node lock (sharegpu.runtime.tenants, shared with the CDI hooks). This is why `sharegpu.runtime`
-sits above `sharegpu.agent` in the import layers: it imports the agent's client.
+The tenant is created and deleted through the tenant service that sharegpu.doors picks: the
+node agent's when one answers on the runtime directory (admission, events, the store), else the
+local one on the runtime directory, with the same steps and errors.
 
 On a bare host the limits are only as safe as the invoking user's file permissions (the tenant
 runs as that user); inside containers the runtime mounts them read-only (see DESIGN.md).
@@ -25,13 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sharegpu import abi
-from sharegpu.agent.plan import device_limit
 from sharegpu.agent.upgrade import current_shim, stable_path
+from sharegpu.doors import tenant_service
 from sharegpu.errors import CommandNotFound, SpecError, TenantNotFound
 from sharegpu.native import shim_path
-from sharegpu.runtime import tenants
+from sharegpu.service import TenantRequest
+from sharegpu.service.plan import device_limit
 from sharegpu.spec import ComputeSpec, GpuSelector, validate_tenant_id
-from sharegpu.tenant import runtime_dir, supervisor_identity
+from sharegpu.tenant import runtime_dir
 
 __all__ = ["RunRequest", "device_limit", "run", "tenant_environment"]
 
@@ -66,25 +66,29 @@ def tenant_environment(tenant_dir: Path, uuids: Sequence[str], restrict: bool) -
 
 
 def run(request: RunRequest) -> int:
-    """Through the agent when one answers on the runtime directory (it admits, records and
-    reports the tenant); else directly on the runtime directory, under the node lock."""
+    """The command as a tenant, created and removed through the tenant service (sharegpu.doors)."""
     if not request.command:
         raise SpecError("no command given: use `sharegpu run [OPTIONS] -- COMMAND [ARGS]`")
     name = validate_tenant_id(request.name) if request.name else f"run-{os.getpid()}"
-    created = tenants.create(
-        name,
-        request.memory_bytes,
-        request.gpus,
-        request.compute,
-        api_meta={"supervisor_pid": os.getpid(), "command": list(request.command)},
-        direct_meta={"command": list(request.command), "supervisor": supervisor_identity()},
-    )
+    with tenant_service() as service:
+        tenant = service.create(
+            TenantRequest(
+                name,
+                request.memory_bytes,
+                request.gpus,
+                request.compute,
+                supervisor_pid=os.getpid(),
+                command=list(request.command),
+            )
+        )
     try:
-        env = tenant_environment(created.path, created.uuids, restrict=bool(request.gpus))
+        env = tenant_environment(tenant.path, tenant.uuids, restrict=bool(request.gpus))
         return _supervise(request.command, env)
     finally:
-        with contextlib.suppress(TenantNotFound):  # reaped already
-            tenants.delete(name, created.path, through_agent=created.through_agent)
+        # Asked anew: the agent may have come or gone meanwhile. Forced: the command is gone,
+        # and what it left running keeps its limits until it exits.
+        with contextlib.suppress(TenantNotFound), tenant_service() as service:  # reaped already
+            service.delete(name, incarnation=tenant.incarnation, force=True)
 
 
 def _supervise(command: Sequence[str], env: dict[str, str]) -> int:

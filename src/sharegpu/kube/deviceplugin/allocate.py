@@ -3,8 +3,8 @@ CDI spec rewritten to list it, and the response the kubelet hands the container 
 
 The tenant is `pod-<first 8 of the pod uid>-<container>` (tenant-id rules: lowercase, at most 63
 characters; a longer name is cut and given a hash of the whole), made through the one tenant
-door (sharegpu.runtime.tenants: the agent when it answers, else directly, with the same
-admission). It carries the labels namespace, pod, container and pod_uid, so metrics and
+door (sharegpu.doors: the agent's tenant service when it answers, else the local one, with the
+same steps and admission). It carries the labels namespace, pod, container and pod_uid, so metrics and
 `sharegpu tenants` name the pod.
 
 The response names the CDI device `sharegpu.io/vgpu=<tenant>`; with `legacy_edits` it also
@@ -31,15 +31,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sharegpu.devices import Gpu, list_gpus
+from sharegpu.doors import tenant_service
 from sharegpu.errors import SharegpuError
 from sharegpu.kube.assignment import AssignedContainer
 from sharegpu.kube.deviceplugin import api_pb2 as api
 from sharegpu.kube.deviceplugin.matching import Match, match
 from sharegpu.kube.deviceplugin.pods import PodSource
 from sharegpu.kube.request import PodRequestError
-from sharegpu.runtime import tenants
 from sharegpu.runtime.cdi.generate import KIND, common_edits, node_driver, tenant_device, write_node_spec
 from sharegpu.runtime.cdi.model import ContainerEdits
+from sharegpu.service import Tenant, TenantRequest
 from sharegpu.spec import MIB, ComputeSpec, GpuSelector, tenant_id_from
 from sharegpu.tenant import read_device_limits, read_meta, tenants_dir
 
@@ -119,7 +120,7 @@ def container_response(
 @dataclass
 class _Made:
     name: str
-    created: tenants.Created | None  # None: made by an earlier Allocate (kept if this one fails)
+    created: Tenant | None  # None: made by an earlier Allocate (kept if this one fails)
     match: Match
 
 
@@ -181,14 +182,10 @@ class Allocator:
             made.append(_Made(name, None, m))
             return container_response(self.root, name, gpus, legacy_edits=self.legacy_edits)
         try:
-            created = tenants.create(
-                name,
-                memory_mib * MIB,
-                _selectors(m, gpus),
-                compute,
-                api_meta={"labels": labels},
-                direct_meta={"labels": labels},
-            )
+            with tenant_service(self.root) as service:
+                created = service.create(
+                    TenantRequest(name, memory_mib * MIB, _selectors(m, gpus), compute, labels=labels)
+                )
         except SharegpuError as err:
             raise AllocationError(f"pod {m.key} container {m.container.name}: {err}") from err
         made.append(_Made(name, created, m))
@@ -234,7 +231,8 @@ class Allocator:
             if done.created is None:
                 continue
             try:
-                tenants.delete(done.name, done.created.path, through_agent=done.created.through_agent)
+                with tenant_service(self.root) as service:
+                    service.delete(done.name, incarnation=done.created.incarnation, force=True)
             except Exception:
                 log.exception("cannot remove tenant %s after a failed allocation", done.name)
         if made and self.cdi_spec is not None:

@@ -4,7 +4,7 @@
 the tenant's supervisor and the agent's reaper cannot tell when it is done. The pods can: the
 tenants the plugin made carry the label `pod_uid` (allocate.py), and a tenant whose pod is
 deleted, or finished (phase Succeeded or Failed: its containers never run again), is removed
-through the one tenant door (`sharegpu.runtime.tenants.delete`). A tenant without the label was
+through the tenant service (`sharegpu.doors`). A tenant without the label was
 not made by the plugin and is never touched.
 
 - `PodReaper` (the API server): lists the node's pods (`spec.nodeName=<node>`), removes the
@@ -22,9 +22,9 @@ existed then, so a pod missing from the later list is really gone, not yet to co
 
 A tenant that still has live processes is kept, said once in the log, and tried again at the
 end of each watch (watches last `retry_s` while one is kept) and at each list; so is one whose
-removal failed. `tenants.delete` itself would remove it whatever its processes do (through the
-agent with force), and processes outliving their pod (a pod deleted with --force, a container
-runtime slow to kill them) would go on using GPU memory that admission would then count free.
+removal failed. The delete is not forced (the service refuses it while processes live, under
+the node lock): processes outliving their pod (a pod deleted with --force, a container runtime
+slow to kill them) would go on using GPU memory that admission would then count free.
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sharegpu.errors import SharegpuError, TenantNotFound
+from sharegpu.doors import tenant_service
+from sharegpu.errors import SharegpuError, TenantBusy, TenantNotFound
 from sharegpu.kube.apiclient import REQUEST_TIMEOUT_S, failure
 from sharegpu.kube.deviceplugin.pods import FilePodSource, Pod
 from sharegpu.kube.request import FINISHED_PHASES
-from sharegpu.runtime import tenants
 from sharegpu.tenant import iter_tenants, read_meta, tenant_status
 
 if TYPE_CHECKING:
@@ -129,14 +129,15 @@ class TenantReaper:
     def remove(self, tenant: PodTenant, why: str) -> bool:
         """Remove `tenant`, whose pod is `why` (deleted, gone, Succeeded, Failed); False when it
         is kept (live processes, or the removal failed), to be tried again."""
-        live = [p.host_pid or p.pid for p in tenant_status(tenant.path).processes if p.alive]
-        if live:
-            self._keep(tenant, why, f"it still has live processes ({', '.join(map(str, live))})")
-            return False
         try:
-            tenants.delete(tenant.name, tenant.path)
+            with tenant_service(self.root) as service:
+                service.delete(tenant.name)
         except TenantNotFound:
             pass  # removed meanwhile (by hand, or the agent): what was wanted
+        except TenantBusy:
+            live = [p.host_pid or p.pid for p in tenant_status(tenant.path).processes if p.alive]
+            self._keep(tenant, why, f"it still has live processes ({', '.join(map(str, live))})")
+            return False
         except SharegpuError as err:
             self._keep(tenant, why, f"cannot remove it: {err}")
             return False

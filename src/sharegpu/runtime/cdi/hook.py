@@ -5,7 +5,7 @@
 spec, "State": `id`, `pid`, `bundle`) on stdin.
 
 create: the tenant `ctr-<first 12 of the container id>` is made with the shape's limits through
-the one tenant path (sharegpu.runtime.tenants: the agent when it answers), its supervisor being
+the tenant service (sharegpu.doors: the agent when it answers), its supervisor being
 the container's process (so the reaper removes it if the container dies before its poststop).
 Then its files are bind-mounted into the container's root filesystem from inside the
 container's mount namespace (createRuntime runs after the runtime's own mounts, before
@@ -28,12 +28,13 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from sharegpu.doors import tenant_service
 from sharegpu.errors import ConfigError, TenantNotFound
-from sharegpu.runtime import tenants
 from sharegpu.runtime.cdi.binds import tenant_binds
 from sharegpu.runtime.cdi.shapes import parse_shape
+from sharegpu.service import TenantRequest
 from sharegpu.spec import GpuSelector, tenant_id_from
-from sharegpu.tenant import runtime_dir, supervisor_identity, tenant_path
+from sharegpu.tenant import runtime_dir
 
 TENANT_PREFIX = "ctr-"
 # Inside the container's mount namespace, before pivot_root: bind each (source, target), then
@@ -130,22 +131,21 @@ def create(shape_name: str, state_text: str) -> str:
     if state.pid <= 0:
         raise ConfigError(f"the OCI state of container {state.id} has no pid: is this a createRuntime hook?")
     name = tenant_name(state.id)
-    created = tenants.create(
+    request = TenantRequest(
         name,
         shape.memory_bytes,
         [GpuSelector(index=shape.gpu)],
         shape.compute,
-        api_meta={"supervisor_pid": state.pid, "labels": {"container": state.id[:253], "shape": shape.name}},
-        direct_meta={
-            "supervisor": supervisor_identity(state.pid),
-            "labels": {"container": state.id, "shape": shape.name},
-        },
+        supervisor_pid=state.pid,
+        labels={"container": state.id[:253], "shape": shape.name},
     )
-    try:
-        _mount_tenant(state, created.path, created.uuids)
-    except BaseException:
-        tenants.delete(name, created.path, through_agent=created.through_agent)
-        raise
+    with tenant_service() as service:
+        tenant = service.create(request)
+        try:
+            _mount_tenant(state, tenant.path, list(tenant.uuids))
+        except BaseException:
+            service.delete(name, incarnation=tenant.incarnation, force=True)
+            raise
     return name
 
 
@@ -154,7 +154,9 @@ def poststop(state_text: str) -> str:
     state = read_state(state_text)
     name = tenant_name(state.id)
     try:
-        tenants.delete(name, tenant_path(name))
+        # Forced: the container has stopped; a process that outlives it keeps its limits.
+        with tenant_service() as service:
+            service.delete(name, force=True)
     except TenantNotFound:
         return f"no tenant {name} for container {state.id} (removed already)"
     return f"removed tenant {name} of container {state.id}"
