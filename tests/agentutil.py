@@ -41,8 +41,16 @@ ALLOCATOR = textwrap.dedent(
 class Agent:
     """`sharegpu agent` on `sim`, started and stopped by the test."""
 
-    def __init__(self, sim: Sim, state: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        sim: Sim,
+        state: Path,
+        *args: str,
+        env: dict[str, str] | None = None,
+        runtime: Path | None = None,
+    ) -> None:
         self.sim = sim
+        self.runtime = runtime or sim.runtime  # another runtime directory: a second agent on the node
         self.state = state
         self.args = args
         self.extra_env = env or {}
@@ -51,10 +59,10 @@ class Agent:
 
     @property
     def sock(self) -> Path:
-        return socket_path(self.sim.runtime)
+        return socket_path(self.runtime)
 
     def command(self, *extra: str) -> list[str]:
-        runtime, state = str(self.sim.runtime), str(self.state)
+        runtime, state = str(self.runtime), str(self.state)
         return [
             sys.executable,
             "-m",
@@ -84,7 +92,7 @@ class Agent:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"the agent exited {self.proc.returncode}:\n{self.log.read_text()}")
-            client = AgentClient.connect(self.sim.runtime)
+            client = AgentClient.connect(self.runtime)
             if client is not None:
                 client.close()
                 return self
@@ -102,7 +110,7 @@ class Agent:
         self.stop(signal.SIGKILL)
 
     def client(self) -> AgentClient:
-        client = AgentClient.connect(self.sim.runtime, timeout=10)
+        client = AgentClient.connect(self.runtime, timeout=10)
         assert client is not None, "the agent does not answer"
         return client
 

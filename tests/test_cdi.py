@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -249,7 +250,10 @@ def test_the_spec_file_is_written_whole_and_replaced_atomically(sim: Sim, tmp_pa
     assert sim.cli("cdi", "generate", "--shape", "none", "--output", str(out)).returncode == 0
     assert target.stat().st_ino != first  # renamed over, never rewritten in place
     assert sorted(d["name"] for d in json.loads(target.read_text())["devices"]) == ["batch", "web"]
-    assert [p.name for p in out.iterdir()] == ["sharegpu.json"]  # no temporary file left
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".sharegpu.json.owner",
+        "sharegpu.json",
+    ]  # no temporary file left
     named = tmp_path / "other.json"
     assert sim.cli("cdi", "generate", "--output", str(named)).returncode == 0
     assert json.loads(named.read_text())["kind"] == "sharegpu.io/vgpu"
@@ -535,3 +539,66 @@ def test_one_damaged_tenant_is_left_out_and_every_other_listed(sim: Sim, tmp_pat
     (tenants,) = [c for c in json.loads(doctor.stdout)["items"] if c["name"] == "tenants"]
     assert tenants["status"] == "fail"
     assert "tenant db cannot be read" in tenants["message"]
+
+
+def test_a_spec_file_belongs_to_one_runtime_directory_and_its_agent_keeps_it(
+    sim: Sim, tmp_path: Path
+) -> None:
+    """Issue 36: a second agent started for a test with another --runtime-dir overwrote the
+    node's spec; the node's tenant devices became unresolvable until the real agent happened to
+    write it again.  Now the file is the first runtime directory's while its agent lives: a
+    second agent and `cdi generate` for another directory are refused and leave it alone, and a
+    file someone else changes or removes is written again at the agent's next tick."""
+    spec_file = tmp_path / "cdi" / "sharegpu.json"
+    other = tmp_path / "other-runtime"
+    agent = Agent(sim, tmp_path / "state", "--cdi-spec", str(spec_file)).start()
+
+    def lists_web() -> bool:
+        try:
+            return "web" in {d["name"] for d in json.loads(spec_file.read_text())["devices"]}
+        except (OSError, ValueError):
+            return False
+
+    def wait(what: Callable[[], bool], why: str) -> None:
+        deadline = time.monotonic() + 20
+        while not what():
+            assert time.monotonic() < deadline, why
+            time.sleep(0.1)
+
+    second = Agent(sim, tmp_path / "state2", "--cdi-spec", str(spec_file), runtime=other)
+    try:
+        create(agent, name="web", memory="64MiB", gpus=["0"])
+        wait(lists_web, "web never listed")
+        mine = spec_file.read_text()
+        gen = sim.cli(
+            "cdi",
+            "generate",
+            "--output",
+            str(spec_file),
+            env=sim.env() | {"SHAREGPU_RUNTIME_DIR": str(other)},
+        )
+        assert gen.returncode == 2
+        assert gen.stderr.count("\n") == 1, gen.stderr
+        assert f"is the CDI spec of the sharegpu of {sim.runtime.resolve()}" in gen.stderr
+        second.start()
+        failed = second.wait_event("cdi.failed")
+        assert f"{spec_file} is the CDI spec of the sharegpu of {sim.runtime.resolve()}" in failed["message"]
+        assert spec_file.read_text() == mine
+        second.close()
+
+        spec_file.write_text('{"cdiVersion": "0.3.0", "kind": "sharegpu.io/vgpu", "devices": []}\n')
+        wait(lists_web, "an edited spec was never written again")
+        restored = agent.wait_event("cdi.restored")
+        assert restored["severity"] == "warning"
+        spec_file.unlink()
+        wait(lists_web, "a removed spec was never written again")
+        assert len(agent.events(kind="cdi.restored")) == 2
+    finally:
+        second.close()
+        agent.close()
+    # Its agent gone, the file is free: the other directory's sharegpu takes it over.
+    taken = sim.cli(
+        "cdi", "generate", "--output", str(spec_file), env=sim.env() | {"SHAREGPU_RUNTIME_DIR": str(other)}
+    )
+    assert taken.returncode == 0, taken.stderr
+    assert not lists_web()

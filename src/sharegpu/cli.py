@@ -592,6 +592,7 @@ def cdi_generate(
     ] = None,
 ) -> None:
     from sharegpu.runtime.cdi.generate import build_spec, spec_target, write_spec
+    from sharegpu.runtime.cdi.owner import claim
     from sharegpu.runtime.cdi.shapes import parse_shape
     from sharegpu.tenant import runtime_dir
 
@@ -601,7 +602,9 @@ def cdi_generate(
     if output is not None and str(output) == "-":
         sys.stdout.write(spec.to_json())
     else:
-        target = write_spec(spec, spec_target(output))
+        target = spec_target(output)
+        claim(target, runtime_dir())  # never another runtime directory's node spec
+        write_spec(spec, target)
         names = ", ".join(f"{spec.kind}={d.name}" for d in spec.devices)
         print(f"wrote {target} (cdiVersion {spec.cdi_version}): {names}")
     # One damaged tenant is left out and the others written; the exit status says it.

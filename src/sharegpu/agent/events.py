@@ -37,6 +37,7 @@ EventKind = Literal[
     "cdi.written",  # the node's CDI spec changed (sharegpu.runtime.cdi.keeper)
     "cdi.failed",  # the CDI spec could not be built or written; the last good one stays
     "cdi.tenant_left_out",  # a damaged tenant (files unreadable) left out of the written spec
+    "cdi.restored",  # the spec was changed or removed by another writer and written again
 ]
 
 

@@ -46,6 +46,7 @@ from sharegpu.runtime.cdi.model import (
     minimum_version,
     validate,
 )
+from sharegpu.runtime.cdi.owner import claim
 from sharegpu.runtime.cdi.shapes import Shape, default_shapes
 from sharegpu.runtime.run import preload_shim
 from sharegpu.spec import format_size
@@ -258,6 +259,7 @@ def write_node_spec(root: Path, target: Path, *, gpus: Sequence[Gpu] | None = No
     node lock, as the agent's keeper writes it: of two writers at once, the last has seen every
     tenant made before it, so neither drops a tenant the other has just listed."""
     with node_lock(root):
+        claim(target, root)  # never another runtime directory's file
         built = build_spec(root, gpus=gpus)
         write_spec(built.spec, target)
     return built

@@ -11,6 +11,9 @@ device to list the file is removed (a spec must list at least one). A failure is
 last good file stays. A tenant whose files cannot be read is left out and the others written
 (one damaged tenant used to stop the spec for the whole node): an event
 (`cdi.tenant_left_out`) names it, and the metric `sharegpu_cdi_tenant_left_out` names it.
+The file is this runtime directory's (owner.py): another directory's live sharegpu owning it is
+a failure, never an overwrite; and a file someone else changed or removed is written again at
+the next tick (`cdi.restored`).
 
 The loop is built by the CLI layer and handed to the daemon (sharegpu.agent sits below
 sharegpu.runtime and cannot import it).
@@ -26,6 +29,7 @@ from pathlib import Path
 from sharegpu.agent.events import Event
 from sharegpu.errors import SharegpuError, TenantNotFound
 from sharegpu.runtime.cdi.generate import build_spec, write_spec
+from sharegpu.runtime.cdi.owner import claim
 from sharegpu.runtime.cdi.shapes import Shape
 from sharegpu.tenant import gpus_dir, iter_tenants, node_lock
 
@@ -49,6 +53,15 @@ def _inputs(root: Path) -> tuple[object, ...]:
     return (tuple(tenants), tuple(arbiters))
 
 
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """A file's inode, modification time and size: another writer changes at least one."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
 log = logging.getLogger(__name__)
 
 
@@ -67,11 +80,14 @@ class CdiKeeper:
         self._left: dict[str, str] = {}  # tenants left out of the last spec built, and why
         self._inputs: tuple[object, ...] | None = None
         self._built_at = float("-inf")
+        self._file: tuple[int, int, int] | None = None  # the identity of the file last written
 
     def tick(self) -> list[Event]:
         inputs, now = _inputs(self.root), time.monotonic()
         unchanged = inputs == self._inputs and now - self._built_at < REFRESH_S
-        if unchanged and (self._written is None or self.target.is_file()):  # (None: nothing to list)
+        # Someone else replaced, edited or removed the file we wrote: written again at once.
+        tampered = self._written is not None and _identity(self.target) != self._file
+        if unchanged and not tampered:
             return []
         self._inputs, self._built_at = inputs, now
         # Built and written under the node lock, as the device plugin writes it at Allocate: of
@@ -79,21 +95,33 @@ class CdiKeeper:
         # drop a tenant the other has just listed.
         with node_lock(self.root):
             try:
+                claim(self.target, self.root)  # never another runtime directory's file
                 built = build_spec(self.root, None, self.shapes)
             except TenantNotFound:
                 self.target.unlink(missing_ok=True)
-                self._written = None
+                self._written = self._file = None
                 return []
             except SharegpuError as err:
                 return self._failure(str(err))
             spec, events = built.spec, self._left_out(built.left_out)
             text = spec.to_json()
-            if text == self._written and self.target.is_file():
+            if text == self._written and not tampered:
                 return events
             try:
                 write_spec(spec, self.target)
             except SharegpuError as err:
                 return events + self._failure(str(err))
+            self._file = _identity(self.target)
+        if tampered:
+            log.warning("cdi: %s was changed by another writer; written again", self.target)
+            events.append(
+                Event(
+                    kind="cdi.restored",
+                    severity="warning",
+                    message=f"CDI spec {self.target} was changed or removed by another writer; written again",
+                    data={"path": str(self.target)},
+                )
+            )
         self._written, self._failed = text, None
         names = [d.name for d in spec.devices]
         return [
