@@ -14,6 +14,7 @@ import random
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,6 +28,7 @@ from arbiterutil import achieved, arbiter_of, compute_tenant, finish, freeze_whi
 from conftest import Sim, parse_kv
 from mpsutil import mps_stand_in
 from sharegpu.arbiter import read_arbiter
+from sharegpu.runtime.cdi.owner import owner_path
 from sharegpu.runtime.rootfs import build_rootfs
 from sharegpu.tenant import iter_tenants, read_device_limits
 from simgpuutil import run_python
@@ -80,6 +82,19 @@ def spec_file(sim: Sim) -> Iterator[Path]:
     path = CDI_DIR / f"sharegpu-test-{uuid.uuid4().hex[:12]}.json"
     yield path
     path.unlink(missing_ok=True)
+    owner_path(path).unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def user_rootfs(rootfs: Path) -> Iterator[Path]:
+    """The same root filesystem where any user may enter it: runc reaches a container's root
+    through the host's path, and pytest's temporary directories are root's alone (0700)."""
+    home = Path(tempfile.mkdtemp(prefix="sharegpu-rootfs-"))
+    home.chmod(0o755)
+    shutil.copytree(rootfs, home / "rootfs", symlinks=True)
+    (home / "rootfs").chmod(0o755)
+    yield home / "rootfs"
+    shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture
@@ -568,3 +583,30 @@ def test_an_online_container_next_to_an_offline_one_keeps_its_host_latency(
     host_p99, boxed_p99 = int(host_on["p99_us"]), int(boxed_on["p99_us"])
     print(f"online p99 next to offline: host {host_p99} us, containers {boxed_p99} us")
     assert boxed_p99 <= 2 * host_p99 + 1000
+
+
+@pytest.mark.parametrize("kind", ["shape", "tenant"])
+def test_a_container_of_a_non_root_user_uses_its_vgpu(
+    sim: Sim, user_rootfs: Path, spec_file: Path, *, name: str, kind: str, tmp_path: Path
+) -> None:
+    """Issue 36: with --user 1000:1000 both device kinds failed at cuInit (the usage file was
+    root's alone); most production images and pods run as a non-root user.  A shape's tenant
+    is the user the container's config names; a tenant made in advance names its owner."""
+    agent = Agent(sim, tmp_path / "state").start()
+    try:
+        if kind == "shape":
+            device = unique_shape()
+            generate(sim, spec_file, device)
+        else:
+            device = name
+            create(agent, name=name, memory="512MiB", gpus=["0"], compute="30%", policy="share", owner=1000)
+            generate(sim, spec_file)
+        script = "id -u; sgprobe alloc plain 64M; sgprobe launch 20 500"
+        proc = podman(user_rootfs, device, "/bin/sh", "-c", script, flags=("--user", "1000:1000"))
+    finally:
+        agent.close()
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == "1000"
+    values, _ = parse_kv(proc.stdout)
+    assert values["alloc"] == "OK", proc.stdout + proc.stderr
+    assert values["kernels"] == "20"  # through the GPU's arbiter

@@ -122,6 +122,8 @@ def create_body(request: TenantRequest) -> dict[str, object]:
         body["ceiling"] = f"{compute.ceiling_permille // 10}%"
     if request.supervisor_pid is not None:
         body["supervisor_pid"] = request.supervisor_pid
+    if request.owner is not None:
+        body["owner"] = request.owner
     if request.pgid is not None:
         body["pgid"] = request.pgid
     if request.command is not None:

@@ -116,6 +116,14 @@ class TenantCreate(_Request):
     supervisor_pid: int | None = Field(
         default=None, ge=1, le=2**31 - 1, description="Remove the tenant when this process is gone"
     )
+    owner: int | None = Field(
+        default=None,
+        ge=0,
+        le=2**32 - 2,
+        description="The uid the tenant's processes run as (a container's --user, a pod's runAsUser): "
+        "its usage and arbiter files are made writable by it. Default: the supervisor process's "
+        "user, else the agent's",
+    )
     pgid: int | None = Field(
         default=None, ge=1, le=2**31 - 1, description="Remove the tenant when this process group is empty"
     )

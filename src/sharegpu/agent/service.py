@@ -224,6 +224,7 @@ class AgentService:
             gpus=req.selectors,
             compute=req.compute_spec(),
             supervisor_pid=req.supervisor_pid,
+            owner=req.owner,
             pgid=req.pgid,
             command=req.command,
             labels=req.labels,

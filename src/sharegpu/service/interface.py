@@ -15,13 +15,16 @@ from sharegpu.spec import ComputeSpec, GpuSelector
 class TenantRequest:
     """A new tenant: a memory cap on each selected GPU (all when none) and its compute settings.
     `supervisor_pid`: the process whose end ends the tenant (the reaper's clue), whose user owns
-    it; `command` and `labels` are for humans and metrics."""
+    it unless `owner` names the user (a uid): the user a container runs as (`--user`, a pod's
+    `runAsUser`), whose processes must write the tenant's usage and arbiter files; `command` and
+    `labels` are for humans and metrics."""
 
     name: str
     memory_bytes: int
     gpus: Sequence[GpuSelector] = ()
     compute: ComputeSpec = field(default_factory=ComputeSpec)
     supervisor_pid: int | None = None
+    owner: int | None = None
     pgid: int | None = None
     command: Sequence[str] | None = None
     labels: Mapping[str, str] = field(default_factory=dict)

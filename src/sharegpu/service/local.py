@@ -130,9 +130,11 @@ class LocalTenantService:
             meta["supervisor"] = {"pid": request.supervisor_pid, "start_time": start}
         if request.pgid is not None:
             meta["pgid"] = request.pgid
-        # The tenant is its supervisor's user's (`sharegpu run` as that user, a container's
-        # process), else this process's.
-        owner = process_uid(request.supervisor_pid) if request.supervisor_pid is not None else None
+        # The tenant is the user named, else its supervisor's user's (`sharegpu run` as that
+        # user), else this process's.
+        owner = request.owner
+        if owner is None and request.supervisor_pid is not None:
+            owner = process_uid(request.supervisor_pid)
         arbitrated = request.compute.policy != "native"
         if arbitrated:
             for dev in limits:

@@ -27,6 +27,7 @@ import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sharegpu.doors import tenant_service
 from sharegpu.errors import ConfigError, TenantNotFound
@@ -76,13 +77,37 @@ def tenant_name(container_id: str) -> str:
     return tenant_id_from(TENANT_PREFIX + container_id[:12])
 
 
+def _config(state: ContainerState) -> dict[str, Any]:
+    """The container's OCI config (config.json of its bundle)."""
+    try:
+        config = json.loads((state.bundle / "config.json").read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"cannot read the OCI config of container {state.id}: {err}") from err
+    if not isinstance(config, dict):
+        raise ConfigError(f"the OCI config of container {state.id} is not an object")
+    return config
+
+
 def rootfs_of(state: ContainerState) -> Path:
     try:
-        root = json.loads((state.bundle / "config.json").read_text())["root"]["path"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
+        root = _config(state)["root"]["path"]
+    except (KeyError, TypeError) as err:
         raise ConfigError(f"cannot read the root filesystem of container {state.id}: {err}") from err
     path = Path(root)
     return path if path.is_absolute() else state.bundle / path
+
+
+def user_of(state: ContainerState) -> int:
+    """The uid the container's process runs as (`process.user.uid`; 0 when not set).  At
+    createRuntime its first process is still the runtime's, as root: the config says who it
+    will be."""
+    try:
+        uid = _config(state).get("process", {}).get("user", {}).get("uid", 0)
+    except AttributeError as err:
+        raise ConfigError(f"the OCI config of container {state.id} has no readable process.user") from err
+    if not isinstance(uid, int) or uid < 0:
+        raise ConfigError(f"the OCI config of container {state.id} has a bad process.user.uid: {uid!r}")
+    return uid
 
 
 def mount_point(rootfs: Path, inside: str, *, directory: bool) -> Path:
@@ -137,6 +162,7 @@ def create(shape_name: str, state_text: str) -> str:
         [GpuSelector(index=shape.gpu)],
         shape.compute,
         supervisor_pid=state.pid,
+        owner=user_of(state),
         labels={"container": state.id[:253], "shape": shape.name},
     )
     with tenant_service() as service:
