@@ -228,3 +228,51 @@ def test_a_delete_of_a_stale_incarnation_removes_nothing(sim: Sim, tmp_path: Pat
     finally:
         if agent is not None:
             agent.close()
+
+
+@pytest.mark.parametrize("with_agent", [False, True], ids=["direct", "agent"])
+def test_create_get_and_delete_one_tenant_from_the_command_line(
+    sim: Sim, tmp_path: Path, with_agent: bool
+) -> None:
+    """Issue 36: no command made or removed a tenant for a container (the docs used curl, and a
+    broken tenant could only be removed with curl).  The same commands, with and without an
+    agent, through the one tenant service; each bad request one line, nothing changed."""
+    agent = Agent(sim, tmp_path / "state").start() if with_agent else None
+    try:
+        made = sim.cli(
+            "create", "web", "--memory", "256MiB", "--gpu", "0", "--compute", "30%", "--owner", "1000"
+        )
+        assert made.returncode == 0, made.stderr
+        assert "created web" in made.stdout
+        assert "sharegpu.io/vgpu=web" in made.stdout
+        shown = sim.cli("get", "web", "--json")
+        assert shown.returncode == 0, shown.stderr
+        (view,) = json.loads(shown.stdout)["items"]
+        assert view["devices"][0]["memory_cap_bytes"] == 256 * MIB
+        assert view["devices"][0]["policy"] == "share"
+        assert view["managed"] is with_agent  # the agent made it and keeps it
+        path = Path(view["path"])
+        assert (path / "usage").stat().st_uid == 1000  # the owner's processes write it
+        for bad, why in (
+            (["create", "web", "--memory", "256MiB"], "exists"),
+            (["create", "db", "--memory", "4Gi"], "4Gi"),
+            (["create", "db", "--memory", "256MiB", "--owner", "-1"], "--owner"),
+            (["get", "nope"], "nope"),
+            (["delete", "nope"], "nope"),
+            (["delete", "web", "--incarnation", str(view["incarnation"] + 2)], "incarnation"),
+        ):
+            proc = sim.cli(*bad)
+            assert proc.returncode != 0, bad
+            assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+            assert why in proc.stderr, proc.stderr
+        assert path.is_dir()  # nothing removed by the refused delete
+        gone = sim.cli("delete", "web", "--incarnation", str(view["incarnation"]))
+        assert gone.returncode == 0, gone.stderr
+        assert not path.exists()
+        if agent is not None:
+            kinds = [e["kind"] for e in agent.events(tenant="web")]
+            assert "tenant.created" in kinds
+            assert "tenant.deleted" in kinds
+    finally:
+        if agent is not None:
+            agent.close()

@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sharegpu import __version__
+from sharegpu import __version__, cli_tenant
 from sharegpu.errors import SharegpuError
 
 if TYPE_CHECKING:
@@ -143,6 +143,23 @@ def run(  # noqa: PLR0917 (typer maps parameters to options)
         compute=ComputeSpec.parse(compute, policy, ceiling, priority, weight),
     )
     raise typer.Exit(run_tenant(request))
+
+
+# One tenant at a time, through the one tenant service (cli_tenant.py).
+app.command(
+    "create",
+    help="Create a tenant for containers to use (the CDI device sharegpu.io/vgpu=NAME): a memory cap "
+    "and a compute share on each GPU.\n\n"
+    "Example: sharegpu create web --memory 4GiB --compute 30% --owner 1000",
+)(cli_tenant.create)
+app.command("get", help="Show one tenant: its state, incarnation and limits.\n\nExample: sharegpu get web")(
+    cli_tenant.get
+)
+app.command(
+    "delete",
+    help="Delete a tenant: refused while processes use it unless --force (a damaged one too).\n\n"
+    "Example: sharegpu delete web --force",
+)(cli_tenant.delete)
 
 
 @app.command(
