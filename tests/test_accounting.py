@@ -285,3 +285,35 @@ def test_tenants_in_their_own_pid_namespaces_are_told_apart(sim: Sim) -> None:
     print(f"own pid namespaces: shown {shown}, the workloads got {got}")
     for name in tenants:
         assert abs(shown[name] - got[name]) <= 0.05, f"{name}: shown {shown[name]:.3f}, got {got[name]:.3f}"
+
+
+def _cell(table: str, column: str, tenant: str) -> str:
+    """The cell of `column` (a header's first word(s), e.g. "WAIT (") in `tenant`'s row."""
+    lines = table.splitlines()
+    header = next(line for line in lines if column in line and "TENANT" in line)
+    at = header.index(column)
+    row = next(line for line in lines if line.split() and line.split()[0] == tenant)
+    return row[at:].split()[0]
+
+
+def test_every_rate_of_a_tenants_row_is_over_one_window(sim: Sim) -> None:
+    """Issue 36: GPU TIME was the last second, WAIT and THROTTLED the tenant's lifetime, so a
+    tenant idle now showed "waiting 7%".  The table's rates are over the window its headers
+    name; the lifetime shares are the wide table's "(LIFE)" columns."""
+    tenants = {"a": compute_tenant(sim, "a", "share", 30), "b": compute_tenant(sim, "b", "share", 70)}
+    at = start_at(0.5)
+    procs = [
+        sim.spawn_probe("saturate", "1.5", "500", "kernel", str(at), env=sim.tenant_env(p))
+        for p in tenants.values()
+    ]
+    for proc in procs:
+        finish(proc)
+    table = sim.cli("tenants").stdout
+    wide = sim.cli("tenants", "-o", "wide").stdout
+    print(table, wide, sep="\n")
+    assert re.search(r"WAIT \(\d+\.\ds\)", table), table  # the window measured, about a second
+    assert re.search(r"THROTTLED \(\d+\.\ds\)", table), table
+    for name in tenants:
+        assert _cell(table, "WAIT (", name) == "0.0%"  # idle now: nothing waited this second
+        assert _cell(table, "GPU TIME (", name) in ("0.0%", "-")
+        assert float(_cell(wide, "WAIT (LIFE)", name).rstrip("%")) > 5  # they did wait, earlier

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
@@ -203,16 +204,42 @@ def _configured(d: DeviceView) -> str:
     help="List the tenants on this node: memory cap and usage, configured and used GPU time.\n\n"
     "Example: sharegpu tenants -o yaml"
 )
-def tenants(output: FormatOpt = Format.table, watch: WatchOpt = False, interval: IntervalOpt = 2.0) -> None:
-    from sharegpu.ops.output import document, dump, tenants_items, tenants_renderable
-    from sharegpu.ops.snapshot import take
+def tenants(
+    output: FormatOpt = Format.table,
+    watch: WatchOpt = False,
+    interval: IntervalOpt = 2.0,
+    sample: Annotated[
+        float,
+        typer.Option(
+            "--sample",
+            min=0,
+            help="Tables: seconds between the two readings WAIT and THROTTLED are measured over (GPU "
+            "TIME is NVML's last second); 0: one reading, lifetime shares. --watch: between frames.",
+        ),
+    ] = 1.0,
+) -> None:
+    from sharegpu.ops.output import document, dump, tenants_items, tenants_renderable, waits_between
+    from sharegpu.ops.snapshot import Snapshot, take
+
+    last: list[Snapshot] = []  # the previous reading: rates between frames
 
     def frame() -> None:
-        items = take(gpus=False).tenants
         if output in (Format.json, Format.yaml):
+            items = take(gpus=False).tenants
             print(dump(document("TenantList", tenants_items(items)), output, stream=watch), flush=True)
-        else:
-            console.print(tenants_renderable(items, wide=output is Format.wide))
+            return
+        if not last and sample > 0:
+            last.append(take(gpus=False))
+            time.sleep(sample)
+        snap = take(gpus=False)
+        waits, window = None, None
+        if last:
+            window = snap.monotonic - last[0].monotonic
+            waits = waits_between(last[0].tenants, snap.tenants, window)
+        last[:] = [snap]
+        console.print(
+            tenants_renderable(snap.tenants, wide=output is Format.wide, waits=waits, window_s=window)
+        )
 
     _show(frame, output, watch, interval, "sharegpu tenants")
 

@@ -137,13 +137,42 @@ def tenants_items(tenants: list[TenantView]) -> list[dict[str, Any]]:
     return [t.model_dump(mode="json") for t in tenants]
 
 
-def tenants_renderable(items: list[TenantView], *, wide: bool = False) -> RenderableType:
+def waits_between(
+    before: list[TenantView], after: list[TenantView], seconds: float
+) -> dict[tuple[str, str], tuple[float, float]]:
+    """{(tenant, GPU uuid): (share of the time waiting, share throttled)} between two readings
+    `seconds` apart, for the tenants in both (the same incarnation)."""
+    old = {(t.id, t.incarnation, d.uuid): d for t in before for d in t.devices}
+    found = {}
+    for t in after:
+        for d in t.devices:
+            prev = old.get((t.id, t.incarnation, d.uuid))
+            if prev is not None and seconds > 0:
+                wait = max(d.wait_seconds - prev.wait_seconds, 0.0) / seconds
+                throttled = max(d.throttled_seconds - prev.throttled_seconds, 0.0) / seconds
+                found[(t.id, d.uuid)] = (min(wait, 1.0), min(throttled, 1.0))
+    return found
+
+
+def tenants_renderable(
+    items: list[TenantView],
+    *,
+    wide: bool = False,
+    waits: dict[tuple[str, str], tuple[float, float]] | None = None,
+    window_s: float | None = None,
+) -> RenderableType:
+    """The tenants table.  Every rate of a row is over one window, named in its header: GPU TIME
+    (NVML's last window), WAIT and THROTTLED (`waits`, measured between two readings
+    `window_s` apart; a tenant new since the first shows "-").  The lifetime shares are the wide
+    table's "(LIFE)" columns.  Without `waits` (a single reading) WAIT and THROTTLED are
+    lifetime shares and say so."""
     if not items:
         return Text("no tenants")
     # GPU TIME is what the GPU ran for the tenant over the last window (NVML); HELD, in the wide
     # table, is the lifetime share the arbiter charged for its holds of the token (ABI 1.6: the GPU
     # time of the holds' work; older shims charged the wall time held).
     window = f"{items[0].devices[0].busy_window_seconds:g}s" if items[0].devices else "1s"
+    rate = "LIFE" if waits is None else f"{window_s or 0:.1f}s"
     columns = [
         "TENANT",
         "CONTAINER",
@@ -151,13 +180,15 @@ def tenants_renderable(items: list[TenantView], *, wide: bool = False) -> Render
         "PRIORITY",
         "COMPUTE",
         f"GPU TIME ({window})",
-        "WAIT",
-        "THROTTLED",
+        f"WAIT ({rate})",
+        f"THROTTLED ({rate})",
     ]
     columns += ["MEMORY USED / CAP", "OOM", "PROCS"]
     if wide:
         columns += [
             "STATE",
+            "WAIT (LIFE)",
+            "THROTTLED (LIFE)",
             "HELD (LIFE)",
             "OVERHEAD",
             "PEAK",
@@ -171,7 +202,7 @@ def tenants_renderable(items: list[TenantView], *, wide: bool = False) -> Render
         name = f"{t.id} (stale)" if t.stale else t.id
         if t.error:
             row = [name, containers(t), "-", "", "", "", "", "", f"[red]unreadable: {t.error}[/red]", "", ""]
-            table.add_row(*row, *([t.state, "", "", "", "", "", "", ""] if wide else []))
+            table.add_row(*row, *([t.state, "", "", "", "", "", "", "", "", ""] if wide else []))
             continue
         age = t.age_seconds or 1.0
         live = sum(1 for p in t.processes if p.alive)
@@ -184,8 +215,7 @@ def tenants_renderable(items: list[TenantView], *, wide: bool = False) -> Render
                 d.priority,
                 configured(d),
                 "-" if d.gpu_busy_ratio is None else f"{d.gpu_busy_ratio * 100:.1f}%",
-                f"{d.wait_seconds / age * 100:.1f}%",
-                f"{d.throttled_seconds / age * 100:.1f}%",
+                *_waits(d, age, waits, (t.id, d.uuid)),
                 memory + (" [yellow]over cap[/yellow]" if d.over_cap else ""),
                 str(d.oom_events),
                 str(live) if i == 0 else "",
@@ -194,6 +224,8 @@ def tenants_renderable(items: list[TenantView], *, wide: bool = False) -> Render
                 labels = ",".join(f"{k}={v}" for k, v in sorted(t.labels.items()))
                 row += [
                     t.state if i == 0 else "",
+                    f"{d.wait_seconds / age * 100:.1f}%",
+                    f"{d.throttled_seconds / age * 100:.1f}%",
                     "-" if d.held_ratio is None else f"{d.held_ratio * 100:.1f}%",
                     size(d.memory_overhead_bytes),
                     size(d.memory_peak_bytes),
@@ -205,6 +237,18 @@ def tenants_renderable(items: list[TenantView], *, wide: bool = False) -> Render
             table.add_row(*row)
     notes = [Text(f"note: {t.id}: {t.note}") for t in items if t.note]
     return Group(table, *notes) if notes else table
+
+
+def _waits(
+    d: DeviceView, age: float, waits: dict[tuple[str, str], tuple[float, float]] | None, key: tuple[str, str]
+) -> list[str]:
+    """WAIT and THROTTLED of one row: over the window when measured, else over its lifetime."""
+    if waits is None:
+        return [f"{d.wait_seconds / age * 100:.1f}%", f"{d.throttled_seconds / age * 100:.1f}%"]
+    if key not in waits:
+        return ["-", "-"]  # new since the first reading
+    wait, throttled = waits[key]
+    return [f"{wait * 100:.1f}%", f"{throttled * 100:.1f}%"]
 
 
 # -- status ----------------------------------------------------------------------------------------
