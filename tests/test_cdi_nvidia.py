@@ -134,7 +134,7 @@ def edits_of(doc: dict, name: str | None = None) -> dict:  # type: ignore[type-a
 def test_a_real_driver_gives_each_vgpu_the_control_nodes_and_each_device_its_gpus_node(
     node: FakeNode, runtime: Path
 ) -> None:
-    spec = build_spec(runtime, ["web"], [parse_shape("gpu0-1GiB-30")], gpus=gpus(3, 7), host=node.host())
+    spec = build_spec(runtime, ["web"], [parse_shape("gpu0-1GiB-30")], gpus=gpus(3, 7), host=node.host()).spec
     doc = json.loads(spec.to_json())
     common = edits_of(doc)["deviceNodes"]
     assert common == [
@@ -158,7 +158,7 @@ def test_a_real_driver_gives_each_vgpu_the_control_nodes_and_each_device_its_gpu
 def test_libraries_are_mounted_as_their_resolved_files_at_their_soname_paths(
     node: FakeNode, runtime: Path
 ) -> None:
-    doc = json.loads(build_spec(runtime, ["web"], [], gpus=gpus(3, 7), host=node.host()).to_json())
+    doc = json.loads(build_spec(runtime, ["web"], [], gpus=gpus(3, 7), host=node.host()).spec.to_json())
     mounts = {m["containerPath"]: m for m in edits_of(doc)["mounts"]}
     lib = node.libdir
     driver = {p: m["hostPath"] for p, m in mounts.items() if p.startswith(str(node.root))}
@@ -187,7 +187,7 @@ def test_optional_pieces_may_be_absent(node: FakeNode, runtime: Path) -> None:
     (node.bindir / "nvidia-smi").unlink()
     (node.root / "lib/firmware/nvidia" / VERSION).rmdir()
     node.cache = [line for line in node.cache if "nvvm" not in line and "gpucomp" not in line]
-    doc = json.loads(build_spec(runtime, ["web"], [], gpus=gpus(3, 7), host=node.host()).to_json())
+    doc = json.loads(build_spec(runtime, ["web"], [], gpus=gpus(3, 7), host=node.host()).spec.to_json())
     assert [n["path"] for n in edits_of(doc)["deviceNodes"]] == ["/dev/nvidiactl", "/dev/nvidia-uvm"]
     inside = {m["containerPath"] for m in edits_of(doc)["mounts"]}
     assert {Path(p).name for p in inside if p.startswith(str(node.root))} == {
@@ -257,7 +257,7 @@ def test_on_the_hosts_own_root_nodes_carry_no_host_path_and_the_spec_stays_at_0_
     real = nvidia._char_device
     monkeypatch.setattr(nvidia, "_char_device", lambda p: str(p).startswith("/dev/nvidia") or real(p))
     host = nvidia.Host(root=Path("/"), linker_cache=node.host().linker_cache, path=str(node.bindir))
-    doc = json.loads(build_spec(runtime, ["web"], [], gpus=gpus(3, 7), host=host).to_json())
+    doc = json.loads(build_spec(runtime, ["web"], [], gpus=gpus(3, 7), host=host).spec.to_json())
     assert edits_of(doc)["deviceNodes"][0] == {"path": "/dev/nvidiactl", "permissions": "rw"}
     assert edits_of(doc, "web")["deviceNodes"] == [{"path": "/dev/nvidia7", "permissions": "rw"}]
     assert doc["cdiVersion"] == "0.3.0"  # what podman 4.3.1 and every CDI runtime read
