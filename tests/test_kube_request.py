@@ -92,7 +92,7 @@ def test_sharegpus_priority_classes_set_the_priority() -> None:
         (pod({"s": {"sharegpu.io/vgpu": "1", "sharegpu.io/vgpu-compute": "0"}}), "must be 1 to 100"),
         (
             pod({"s": {"sharegpu.io/vgpu": "1", "sharegpu.io/vgpu-memory": "4Gi"}}),
-            "must be a whole number, not '4Gi'",
+            "must be a whole number of MiB (4096 for 4 GiB), not '4Gi'",
         ),
         (pod({"s": {"sharegpu.io/vgpu": "0"}}), "sharegpu.io/vgpu must be 1 to 16, not 0"),
         (
@@ -140,6 +140,20 @@ def test_a_bad_request_is_refused_naming_the_pod_and_the_reason(body: dict[str, 
         pod_request(body)
     assert str(caught.value).startswith("pod ml/web-0: ")
     assert reason in str(caught.value)
+
+
+def test_a_memory_quantity_in_kubernetes_units_is_one_problem_named_once() -> None:
+    """Issue 36: `vgpu-memory: 4Gi` next to a compute share got two messages, the second saying
+    the memory was missing."""
+    body = pod(
+        {"s": {"sharegpu.io/vgpu": "1", "sharegpu.io/vgpu-memory": "4Gi", "sharegpu.io/vgpu-compute": "30"}}
+    )
+    with pytest.raises(PodRequestError) as caught:
+        pod_request(body)
+    assert str(caught.value) == (
+        "pod ml/web-0: container s: sharegpu.io/vgpu-memory must be a whole number of MiB (4096 for 4 GiB), "
+        "not '4Gi'"
+    )
 
 
 def test_limits_and_requests_must_agree_and_every_problem_is_named_at_once() -> None:

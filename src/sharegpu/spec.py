@@ -149,7 +149,7 @@ MAX_WEIGHT = 1000
 
 @dataclass(frozen=True)
 class ComputeSpec:
-    """A tenant's compute settings on each of its GPUs (DESIGN.md, "Compute arbitration").
+    """A tenant's compute settings on each of its GPUs (docs/design/arbitration.md, "Policies").
 
     ``share_permille`` is the share (``share``), the ceiling (``cap``) or the guarantee
     (``burst``); ``ceiling_permille`` is the burst ceiling and equals ``share_permille`` for the

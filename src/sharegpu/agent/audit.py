@@ -1,7 +1,7 @@
 """The audit: GPU processes that escape the shim, seen from the driver's side (NVML).
 
 The shim stops buggy and greedy workloads; a process that unloads it, or talks to the driver
-directly, is invisible to it (threat model in DESIGN.md). Every second the audit lists each
+directly, is invisible to it (the threat model in docs/architecture.md). Every second the audit lists each
 GPU's compute processes through NVML and attributes each to a tenant: a process belongs to a
 tenant when it is in the tenant's usage slots (a container's process by its host pid), descends
 from the tenant's live supervisor (meta.json "supervisor": pid + start time), or runs in the

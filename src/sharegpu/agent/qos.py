@@ -2,7 +2,7 @@
 
 While online tenants are active on a GPU, an offline holder synchronises after every
 ``offline_inflight_max`` launches, so that an online request waits about that many offline
-kernels before it gets the card (DESIGN.md, compute arbitration). A small bound protects
+kernels before it gets the card (docs/design/arbitration.md). A small bound protects
 online latency; a large one lets offline work run in longer batches (fewer syncs, better
 throughput). The shim takes the bound as configured; this loop sets it from measurement.
 

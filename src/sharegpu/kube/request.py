@@ -107,11 +107,11 @@ class PodRequest:
         return sum(c.count for c in self.containers)
 
 
-def _whole(value: object, what: str, problems: list[str]) -> int | None:
+def _whole(value: object, what: str, problems: list[str], unit: str = "") -> int | None:
     """An extended resource's quantity: a whole number (the API server allows no other)."""
     text = str(value).strip()
     if not _WHOLE.match(text):
-        problems.append(f"{what} must be a whole number, not {text!r}")
+        problems.append(f"{what} must be a whole number{unit}, not {text!r}")
         return None
     return int(text)
 
@@ -122,12 +122,15 @@ def _container(spec: Mapping[str, Any], problems: list[str]) -> ContainerRequest
     limits = dict(resources.get("limits") or {})
     requests = dict(resources.get("requests") or {})
     asked: dict[str, int] = {}
+    given = set()  # asked for, well-formed or not: a bad value is one problem, not two
     for key in RESOURCES:
         if key in limits and key in requests and str(limits[key]).strip() != str(requests[key]).strip():
             problems.append(f"container {name}: {key} differs between limits and requests")
         value = limits.get(key, requests.get(key))
         if value is not None:
-            number = _whole(value, f"container {name}: {key}", problems)
+            given.add(key)
+            unit = " of MiB (4096 for 4 GiB)" if key == RESOURCE_MEMORY else ""
+            number = _whole(value, f"container {name}: {key}", problems, unit)
             if number is not None:
                 asked[key] = number
     unknown = sorted(k for k in {*limits, *requests} if k.startswith(PREFIX) and k not in RESOURCES)
@@ -152,7 +155,7 @@ def _container(spec: Mapping[str, Any], problems: list[str]) -> ContainerRequest
         problems.append(
             f"container {name}: {RESOURCE_COMPUTE} must be 1 to 100 (percent of a GPU), not {compute}"
         )
-    elif memory is None and compute < 100:
+    elif memory is None and compute < 100 and RESOURCE_MEMORY not in given:
         problems.append(
             f"container {name}: {RESOURCE_COMPUTE} {compute} without {RESOURCE_MEMORY}: a shared vGPU needs "
             "its memory in MiB (only a whole GPU, compute 100, has all of its memory by default)"

@@ -10,7 +10,8 @@ node agent's when one answers on the runtime directory (admission, events, the s
 local one on the runtime directory, with the same steps and errors.
 
 On a bare host the limits are only as safe as the invoking user's file permissions (the tenant
-runs as that user); inside containers the runtime mounts them read-only (see DESIGN.md).
+runs as that user); inside containers the runtime mounts them read-only (docs/architecture.md,
+the threat model).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Tenant directories: the files the shim reads its limits from and writes its usage to.
 
-Layout under the runtime directory (see DESIGN.md)::
+Layout under the runtime directory (docs/architecture.md)::
 
     <runtime>/tenants/<id>/limits     struct sg_limits, mode 0444, never written by the tenant
     <runtime>/tenants/<id>/usage      struct sg_usage, written by every shim of the tenant

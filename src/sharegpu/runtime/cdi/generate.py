@@ -1,7 +1,7 @@
 """sharegpu's CDI spec: one device per tenant, `sharegpu.io/vgpu=<tenant>`, and one per shape,
 `sharegpu.io/vgpu=gpu0-4GiB-30`, whose hooks make a tenant per container (hook.py).
 
-What a container that asks for a tenant's vGPU gets (DESIGN.md, "Integration"):
+What a container that asks for a tenant's vGPU gets (docs/containers.md):
 
 - every vGPU (the spec's own `containerEdits`): the shim, read-only, at a fixed path; a file
   mounted read-only over `/etc/ld.so.preload` that names it, so every process of the container
