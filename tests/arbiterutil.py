@@ -53,6 +53,12 @@ def compute_tenant(
     return tenant
 
 
+def spawn(sim: Sim, tenant: Path | None, *args: object) -> subprocess.Popen[str]:
+    """The probe with `args` as a process of `tenant` (None: outside any tenant)."""
+    env = sim.tenant_env(tenant) if tenant is not None else sim.env()
+    return sim.spawn_probe(*(str(a) for a in args), env=env)
+
+
 def spawn_in_pid_namespace(sim: Sim, tenant: Path, *args: object, mount_proc: bool) -> subprocess.Popen[str]:
     """A probe as pid 1 of a new pid namespace, with the host's /proc or its own (a container)."""
     cmd = ["unshare", "--pid", "--fork", "--kill-child", *(["--mount-proc"] if mount_proc else [])]

@@ -30,6 +30,7 @@ from arbiterutil import (
     finish,
     freeze_while_holding,
     kill_while_holding,
+    spawn,
     spawn_in_pid_namespace,
     start_at,
 )
@@ -50,11 +51,6 @@ from sharegpu.tenant import DeviceLimit, create_tenant, read_limits
 
 # ---------------------------------------------------------------------------------------------
 # helpers
-
-
-def spawn(sim: Sim, tenant: Path | None, *args: object) -> subprocess.Popen[str]:
-    env = sim.tenant_env(tenant) if tenant is not None else sim.env()
-    return sim.spawn_probe(*(str(a) for a in args), env=env)
 
 
 def usage_totals(tenant: Path) -> dict[str, int]:

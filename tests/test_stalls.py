@@ -232,3 +232,33 @@ def test_a_region_broken_again_and_again_costs_its_clients_and_the_node_a_bounde
     finally:
         finish(launcher)
         agent.close()
+
+
+def test_a_stopped_token_holder_is_an_event_not_only_a_counter(sim: Sim, tmp_path: Path) -> None:
+    """Issue 36: a token holder stopped past its quantum (docker pause) stalled the card for a
+    second, and only the region's counter said so.  The agent names the GPU in an event."""
+    from arbiterutil import arbiter_of, compute_tenant, finish, freeze_while_holding, spawn, start_at
+
+    a = compute_tenant(sim, "a", "share", 50)
+    b = compute_tenant(sim, "b", "share", 50)
+    agent = Agent(sim, tmp_path / "state").start()
+    try:
+        at = start_at()
+        frozen = spawn(sim, a, "saturate", 5, 500, "kernel", at)
+        other = spawn(sim, b, "saturate", 3.5, 500, "kernel", at)
+        path = arbiter_of(sim)
+        time.sleep(1.0)
+        freeze_while_holding(path, frozen.pid, frozen.pid, "the frozen tenant")
+        time.sleep(2.0)
+        frozen.send_signal(signal.SIGCONT)
+        finish(other)
+        finish(frozen)
+        reclaims = read_arbiter(path).stall_reclaims
+        assert reclaims >= 1
+        event = agent.wait_event("gpu.token_stall_reclaimed")
+    finally:
+        agent.close()
+    assert event["severity"] == "warning"
+    assert event["gpu"] == sim.uuids()[0]
+    assert 1 <= event["data"]["new"] <= reclaims
+    assert "stopped past its quantum" in event["message"]

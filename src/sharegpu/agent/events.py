@@ -27,6 +27,7 @@ EventKind = Literal[
     "process.reaped",  # a dead process's charges and arbiter entries were released
     "process.lock_holder_killed",  # stopped while holding a region's lock: killed (stalls.py)
     "gpu.arbiter_rebuilt",  # a GPU's arbiter region was damaged: moved aside, made anew
+    "gpu.token_stall_reclaimed",  # waiters took the token from a holder stopped past its quantum
     "reconcile.overhead",  # the overhead written for a tenant changed noticeably
     "audit.untracked",  # a GPU process that belongs to no tenant
     "audit.bypass",  # a tenant using more than its cap (NVML) beyond the tolerance

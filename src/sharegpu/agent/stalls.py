@@ -63,6 +63,13 @@ def lock_word(path: Path, offset: int) -> int:
         return int.from_bytes(f.read(4), "little")
 
 
+def counter(path: Path, offset: int) -> int:
+    """A region's 64-bit counter at `offset` (written atomically: a read sees a whole value)."""
+    with path.open("rb") as f:
+        f.seek(offset)
+        return int.from_bytes(f.read(8), "little")
+
+
 def _mapping_pids(dev: int, inode: int) -> list[int]:
     """Processes that have the file (device, inode) mapped."""
     want = f"{os.major(dev):02x}:{os.minor(dev):02x} {inode} "
@@ -137,6 +144,7 @@ class StallBreaker:
         self.interval_s = interval_s
         self.stall_s = stall_s
         self._suspects: dict[Path, _Suspect] = {}
+        self._token_stalls: dict[tuple[int, int], int] = {}  # an arbiter file's stall_reclaims seen
 
     def _regions(self) -> list[tuple[Path, int, str | None, str | None]]:
         """(file, mutex offset, tenant, gpu) of every region with a lock."""
@@ -185,6 +193,41 @@ class StallBreaker:
             del self._suspects[path]
         for gone in set(self._suspects) - seen:
             del self._suspects[gone]
+        return events + self._token_stall_events()
+
+    def _token_stall_events(self) -> list[Event]:
+        """An event for each GPU whose token the waiters took back from a holder stopped past its
+        quantum since the last look (SIGSTOP, `docker pause`): the card stood idle for up to a
+        second, which only the region's counter said (issue 36).  The first look at a region
+        only learns its count."""
+        events, seen = [], {}
+        for path in iter_arbiters(self.root):
+            try:
+                st = path.stat()
+                count = counter(path, abi.Arbiter.stall_reclaims.offset)
+            except OSError:
+                continue
+            key = (st.st_dev, st.st_ino)  # a rebuilt region counts from 0 again
+            seen[key] = count
+            before = self._token_stalls.get(key)
+            if before is None or count <= before:
+                continue
+            gpu = path.parent.name
+            message = (
+                f"GPU {gpu}: the token was taken back from a holder stopped past its quantum "
+                f"{count - before} time(s) (the card idled until then; {count} in all)"
+            )
+            log.warning("%s", message)
+            events.append(
+                Event(
+                    kind="gpu.token_stall_reclaimed",
+                    severity="warning",
+                    gpu=gpu,
+                    message=message,
+                    data={"new": count - before, "total": count},
+                )
+            )
+        self._token_stalls = seen
         return events
 
     def _kill(
