@@ -377,3 +377,27 @@ def test_gpu_list_and_events_follow(agent: Agent, sim: Sim) -> None:
     finally:
         hold.kill()
         hold.communicate()
+
+
+def test_a_database_removed_under_the_running_agent_is_written_again(sim: Sim, tmp_path: Path) -> None:
+    """Issue 36: deleting agent.db under a running agent raised nothing (its connection keeps the
+    old file), and after a restart its own tenants were adopted as made without it.  The agent
+    writes the file again from its open copy and says so; a restart then recovers its tenants."""
+    state = tmp_path / "state"
+    agent = Agent(sim, state).start()
+    try:
+        create(agent, name="web", memory="64MiB", gpus=["0"])
+        for name in ("agent.db", "agent.db-wal", "agent.db-shm"):
+            (state / name).unlink(missing_ok=True)
+        restored = agent.wait_event("agent.store_restored")
+        assert restored["severity"] == "error"
+        assert "was removed while it ran" in restored["message"]
+        assert (state / "agent.db").is_file()
+        create(agent, name="db", memory="64MiB", gpus=["0"])  # written to the new file
+        assert agent.stop() == 0
+        agent.start()
+        recovered = {e["tenant"]: e for e in agent.events(kind="tenant.recovered")}
+        assert recovered["web"]["data"]["adopted"] is False
+        assert recovered["db"]["data"]["adopted"] is False
+    finally:
+        agent.close()

@@ -17,6 +17,7 @@ Severity = Literal["info", "warning", "error"]
 EventKind = Literal[
     "agent.started",
     "agent.stopped",
+    "agent.store_restored",  # the agent's database was removed or replaced under it: written again
     "gpu.added",
     "gpu.removed",
     "tenant.created",

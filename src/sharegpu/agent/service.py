@@ -298,9 +298,17 @@ class AgentService:
         return await self.record(events)
 
     def _sync(self, initial: bool) -> list[Event]:
+        events = []
+        lost = self.store.restore_if_lost()
+        if lost is not None:
+            message = (
+                f"the agent's database {self.store.path} was {lost} while it ran: written again "
+                "from its open copy"
+            )
+            log.error("%s", message)
+            events.append(Event(kind="agent.store_restored", severity="error", message=message))
         rows = self.store.tenants()
         dirs = {p.name: p for p in iter_tenants(self.root)}
-        events = []
         now = time.time()
         for name, path in dirs.items():
             row = rows.get(name)

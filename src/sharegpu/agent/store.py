@@ -13,6 +13,7 @@ One connection, shared by the event loop's worker threads under a lock: the agen
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -81,14 +82,55 @@ class Store:
         self._lock = threading.Lock()
         try:
             state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db = self._connect()
             self._migrate()
+            self._ino = self.path.stat().st_ino
         except sqlite3.DatabaseError as err:
             raise ConfigError(f"{self.path}: {err} (move it away to start with an empty state)") from err
         except OSError as err:
             raise ConfigError(f"cannot use the state directory {state_dir}: {err.strerror}") from err
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        return db
+
+    def restore_if_lost(self) -> str | None:
+        """If the database file was removed or replaced while the agent runs (its connection keeps
+        the old file, so nothing failed, and a restart started empty, adopting the agent's own
+        tenants as strangers), write it again from the open copy and use that; a replacement is
+        moved aside first.  What happened, or None."""
+        try:
+            ino: int | None = self.path.stat().st_ino
+        except FileNotFoundError:
+            ino = None
+        if ino == self._ino:
+            return None
+        with self._lock:
+            what = "removed" if ino is None else "replaced by another file"
+            if ino is not None:
+                aside = self.path.with_name(f"{self.path.name}.replaced.{time.time_ns()}")
+                os.replace(self.path, aside)
+                what += f" (moved to {aside.name})"
+            # The old file's log into the old file, so that the new one finds none of it.
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            tmp = self.path.with_name(f".{self.path.name}.restore")
+            copy = sqlite3.connect(tmp)
+            try:
+                self._db.backup(copy)
+            finally:
+                copy.close()
+            self._db.close()
+            for stale in (
+                self.path.with_name(self.path.name + "-wal"),
+                self.path.with_name(self.path.name + "-shm"),
+            ):
+                stale.unlink(missing_ok=True)
+            os.replace(tmp, self.path)
+            self._db = self._connect()
+            self._ino = self.path.stat().st_ino
+        return what
 
     def _migrate(self) -> None:
         (version,) = self._db.execute("PRAGMA user_version").fetchone()
