@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,6 +61,7 @@ def test_a_healthy_simulated_node(sim: Sim) -> None:
         "runtime-dir",
         "arbiters",
         "tenants",
+        "cdi-spec",
         "agent",
         "ld-so-preload",
         "clocksource",
@@ -416,3 +418,29 @@ def test_support_bundle_into_a_bad_path_is_one_line_and_exit_2(sim: Sim, tmp_pat
     proc = sim.cli("support-bundle", "-o", str(tmp_path), env=env)
     assert proc.returncode == 0, proc.stderr
     assert len(list(tmp_path.glob("sharegpu-support-*.tar.gz"))) == 1
+
+
+def test_the_cdi_spec_check_names_a_tenant_missing_from_the_spec(sim: Sim, tmp_path: Path) -> None:
+    """Issue 36: doctor had no check that the node's CDI spec is current and complete."""
+    from sharegpu.runtime.cdi.generate import DEFAULT_SPEC_DIR, SPEC_FILE
+
+    assert Context(runtime_dir=sim.runtime).cdi_spec == DEFAULT_SPEC_DIR / SPEC_FILE  # the agent's default
+    spec = tmp_path / "sharegpu.json"
+    ctx = Context(runtime_dir=sim.runtime, cdi_spec=spec)
+    missing = doctor.check_cdi_spec(ctx)
+    assert missing.status == "warn"
+    assert "no CDI spec" in missing.message
+    web = sim.tenant("web", 64, gpus=[0])
+    assert sim.cli("cdi", "generate", "--shape", "none", "--output", str(spec)).returncode == 0
+    assert doctor.check_cdi_spec(ctx).status == "ok"
+    db = sim.tenant("db", 64, gpus=[0])
+    old = time.time() - 60  # made a minute ago: the agent would have listed it by now
+    for path in (web, db):
+        os.utime(path, (old, old))
+    stale = doctor.check_cdi_spec(ctx)
+    assert stale.status == "fail"
+    assert "does not list tenant(s) db" in stale.message
+    assert stale.fix is not None
+    assert "sharegpu cdi generate" in stale.fix
+    spec.write_text("{not json")
+    assert doctor.check_cdi_spec(ctx).status == "fail"

@@ -8,11 +8,13 @@ failure of that check, never of the doctor.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -49,6 +51,8 @@ class Context:
     proc: Path = Path("/proc")
     vgpu_dir: Path = Path("/usr/local/vgpu")
     mps_pipe_dir: Path = field(default_factory=mps.pipe_dir)
+    # The node's CDI spec: the agent's default --cdi-spec (sharegpu.runtime.cdi.generate).
+    cdi_spec: Path = Path("/var/run/cdi/sharegpu.json")
 
 
 def _mapped(fragment: str) -> str | None:
@@ -314,6 +318,48 @@ def check_tenants(ctx: Context) -> Check:
     return Check("tenants", "ok", f"{len(statuses)} tenant(s), every one readable")
 
 
+CDI_GRACE_S = 5.0  # the agent lists a new tenant within a second or two
+
+
+def check_cdi_spec(ctx: Context) -> Check:
+    """The node's CDI spec lists every readable tenant: one missing from it is a device no
+    container can ask for (a stopped agent, a spec another writer replaced)."""
+    import json
+
+    from sharegpu.tenant import iter_tenants, tenant_status
+
+    fix = "start the agent (it keeps the spec), or run `sharegpu cdi generate`"
+    try:
+        doc = json.loads(ctx.cdi_spec.read_text())
+        listed = {str(d["name"]) for d in doc["devices"]}
+    except FileNotFoundError:
+        return Check(
+            "cdi-spec",
+            "warn",
+            f"no CDI spec at {ctx.cdi_spec}: containers cannot ask for a vGPU (`sharegpu run` works)",
+            fix,
+        )
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return Check("cdi-spec", "fail", f"{ctx.cdi_spec} is not a CDI spec sharegpu wrote: {err}", fix)
+    paths = list(iter_tenants(ctx.runtime_dir)) if ctx.runtime_dir.is_dir() else []
+    now = time.time()
+    missing = []
+    for path in paths:
+        status = tenant_status(path)
+        with contextlib.suppress(OSError):
+            if status.error is None and path.name not in listed and now - path.stat().st_mtime > CDI_GRACE_S:
+                missing.append(path.name)
+    if missing:
+        return Check(
+            "cdi-spec",
+            "fail",
+            f"{ctx.cdi_spec} does not list tenant(s) {', '.join(sorted(missing)[:5])}: containers cannot "
+            "use them",
+            fix,
+        )
+    return Check("cdi-spec", "ok", f"{ctx.cdi_spec} lists every readable tenant ({len(listed)} devices)")
+
+
 def check_agent(ctx: Context) -> Check:
     from sharegpu.agent.client import socket_path
     from sharegpu.doors import agent_client, tenant_service
@@ -487,6 +533,7 @@ CHECKS: list[Callable[[Context], Check]] = [
     check_runtime_dir,
     check_arbiters,
     check_tenants,
+    check_cdi_spec,
     check_agent,
     check_preload,
     check_clocksource,
