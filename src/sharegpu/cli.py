@@ -300,9 +300,9 @@ def top(
 @app.command(
     help="Check this node, in order: NVML, the driver and its CUDA version, the shim (built, "
     "installed, loads without failing closed), the runtime directory, the GPUs' arbiter regions, "
-    "the tenants, the CDI spec, the agent, the /etc/ld.so.preload mount, the clock source, and other GPU-sharing "
-    "software. One line per check (ok / warn / FAIL) with the fix for what fails. Exit status 1 "
-    "when a check fails."
+    "the tenants, the CDI spec, the agent, the /etc/ld.so.preload mount, the clock source, and "
+    "other GPU-sharing software. One line per check (ok / warn / FAIL) with the fix for what "
+    "fails. Exit status 1 when a check fails."
 )
 def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="Print the checks as JSON.")] = False,
