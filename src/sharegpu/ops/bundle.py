@@ -15,6 +15,8 @@ import json
 import os
 import platform
 import re
+import shutil
+import subprocess
 import sys
 import tarfile
 import time
@@ -111,7 +113,35 @@ def collect(runtime: Path | None = None) -> tuple[dict[str, bytes], list[str]]:
     logs = [log for log in agent_log_candidates(root, state) if log.is_file()]
     if logs:
         add("agent.log", lambda: _tail(logs[0]))
+    elif shutil.which("journalctl"):
+        # Under the shipped systemd unit the agent logs to the journal, not to a file.
+        add("agent.journal.txt", _journal)
+    else:
+        notes.append("agent log: no log file, and no journalctl to read the journal")
     return files, notes
+
+
+JOURNAL_LINES = 5000
+
+
+def _journal() -> bytes:
+    """The agent's unit's last lines in the journal."""
+    cmd = [
+        "journalctl",
+        "--unit",
+        "sharegpu-agent",
+        "--no-pager",
+        "--lines",
+        str(JOURNAL_LINES),
+        "-o",
+        "short-iso",
+    ]
+    done = subprocess.run(cmd, capture_output=True, timeout=60, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"journalctl exited {done.returncode}: {done.stderr.decode(errors='replace').strip()}"
+        )
+    return done.stdout
 
 
 def _events(root: Path) -> dict[str, Any]:
