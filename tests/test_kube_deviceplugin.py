@@ -34,7 +34,7 @@ from sharegpu.kube.deviceplugin.allocate import Allocator, tenant_name
 from sharegpu.kube.deviceplugin.registration import Registrar
 from sharegpu.kube.deviceplugin.service import DevicePluginService
 from sharegpu.kube.deviceplugin.slots import Inventory
-from sharegpu.kube.request import ANNOTATION_ALLOCATED, ANNOTATION_ASSIGNMENT
+from sharegpu.kube.request import ANNOTATION_ALLOCATED, ANNOTATION_ASSIGNMENT, run_as_user
 from sharegpu.spec import MIB
 from sharegpu.tenant import iter_tenants, read_device_limits, read_meta, tenant_path
 
@@ -353,6 +353,26 @@ def test_allocate_makes_the_tenant_of_the_assignment(node: Node) -> None:
     assert f"no pod pending on node {NODE} has a sharegpu assignment with a container of 1 vGPUs" in (
         err.details() or ""
     )
+
+
+def test_a_pod_that_runs_as_a_user_gets_a_tenant_that_user_can_use(node: Node) -> None:
+    """Issue 36: a pod of `runAsUser: 1000` (runAsNonRoot, Pod Security `restricted`) got a
+    tenant whose usage file was root's alone: its processes failed at cuInit.  The container's
+    securityContext wins over the pod's."""
+    uuids = node.sim.uuids()
+    web = pod("web-0", "7a2d3c4b-bbbb", [(0, uuids[0], 128, 30)])
+    web["spec"]["securityContext"] = {"runAsUser": 2000, "runAsNonRoot": True}
+    web["spec"]["containers"][0]["securityContext"] = {"runAsUser": 1000}
+    node.pods(web)
+    devices = node.devices()
+    node.client.allocate([devices[0]])
+    path = tenant_path(tenant_name("7a2d3c4b-bbbb", "main"), node.sim.runtime)
+    assert (path / "usage").stat().st_uid == 1000
+    assert (
+        run_as_user({"spec": {"securityContext": {"runAsUser": 2000}, "containers": [{"name": "x"}]}}, "x")
+        == 2000
+    )
+    assert run_as_user({"spec": {"containers": [{"name": "x"}]}}, "x") is None
 
 
 def test_two_allocations_at_once_get_a_pod_each(node: Node) -> None:

@@ -228,3 +228,18 @@ def pod_request(pod: Mapping[str, Any]) -> PodRequest | None:
 def pod_finished(pod: Mapping[str, Any]) -> bool:
     """Whether the pod's phase is one after which it never runs again (FINISHED_PHASES)."""
     return (pod.get("status") or {}).get("phase") in FINISHED_PHASES
+
+
+def run_as_user(pod: Mapping[str, Any], container: str) -> int | None:
+    """The uid the pod's container runs as, as its spec says: the container's
+    `securityContext.runAsUser`, else the pod's; None when neither sets it (the image's user,
+    unknown here). The tenant's files are given to that user, so that a pod that runs as
+    non-root (`runAsNonRoot`, Pod Security `restricted`) can use its vGPU."""
+    spec = pod.get("spec") or {}
+    for c in spec.get("containers") or []:
+        if c.get("name") == container:
+            uid = (c.get("securityContext") or {}).get("runAsUser")
+            if isinstance(uid, int) and uid >= 0:
+                return uid
+    uid = (spec.get("securityContext") or {}).get("runAsUser")
+    return uid if isinstance(uid, int) and uid >= 0 else None

@@ -37,7 +37,7 @@ from sharegpu.kube.assignment import AssignedContainer
 from sharegpu.kube.deviceplugin import api_pb2 as api
 from sharegpu.kube.deviceplugin.matching import Match, match
 from sharegpu.kube.deviceplugin.pods import PodSource
-from sharegpu.kube.request import PodRequestError
+from sharegpu.kube.request import PodRequestError, run_as_user
 from sharegpu.runtime.cdi.generate import KIND, common_edits, node_driver, tenant_device, write_node_spec
 from sharegpu.runtime.cdi.model import ContainerEdits
 from sharegpu.service import Tenant, TenantRequest
@@ -183,8 +183,11 @@ class Allocator:
             return container_response(self.root, name, gpus, legacy_edits=self.legacy_edits)
         try:
             with tenant_service(self.root) as service:
+                owner = run_as_user(m.pod, m.container.name)
                 created = service.create(
-                    TenantRequest(name, memory_mib * MIB, _selectors(m, gpus), compute, labels=labels)
+                    TenantRequest(
+                        name, memory_mib * MIB, _selectors(m, gpus), compute, owner=owner, labels=labels
+                    )
                 )
         except SharegpuError as err:
             raise AllocationError(f"pod {m.key} container {m.container.name}: {err}") from err
