@@ -102,35 +102,17 @@ def _size(n: int) -> str:
     "Example: sharegpu run --memory 4GiB --compute 30% -- python train.py",
 )
 def run(  # noqa: PLR0917 (typer maps parameters to options)
-    memory: Annotated[
-        str, typer.Option("--memory", "-m", help="Memory cap per GPU, e.g. 512MiB, 4GiB, 1.5GiB.")
-    ],
+    memory: cli_tenant.MemoryOpt,
     command: Annotated[
         list[str] | None, typer.Argument(help="The command and its arguments, after --.")
     ] = None,
-    gpu: Annotated[
-        list[str] | None,
-        typer.Option("--gpu", "-g", help="GPU index or UUID; repeat for several. Default: all."),
-    ] = None,
+    gpu: cli_tenant.GpuOpt = None,
     name: Annotated[str | None, typer.Option("--name", help="Tenant name (default run-<pid>).")] = None,
-    compute: Annotated[
-        str | None,
-        typer.Option(
-            "--compute", "-c", help="Share of GPU time, 1%-100%: the share, the cap or the guarantee."
-        ),
-    ] = None,
-    policy: Annotated[
-        str | None, typer.Option("--policy", help="share (default) | cap | burst | native (memory only).")
-    ] = None,
-    ceiling: Annotated[
-        str | None, typer.Option("--ceiling", help="burst only: most GPU time when idle.")
-    ] = None,
-    priority: Annotated[
-        str | None, typer.Option("--priority", help="online | normal (default) | offline.")
-    ] = None,
-    weight: Annotated[
-        int | None, typer.Option("--weight", help="Tie-break weight within a class (1-1000).")
-    ] = None,
+    compute: cli_tenant.ComputeOpt = None,
+    policy: cli_tenant.PolicyOpt = None,
+    ceiling: cli_tenant.CeilingOpt = None,
+    priority: cli_tenant.PriorityOpt = None,
+    weight: cli_tenant.WeightOpt = None,
 ) -> None:
     from sharegpu.runtime.run import RunRequest
     from sharegpu.runtime.run import run as run_tenant

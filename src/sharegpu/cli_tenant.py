@@ -17,28 +17,34 @@ def _emit(items: list[dict[str, object]]) -> None:
     print(json.dumps({"version": JSON_VERSION, "kind": "TenantList", "items": items}, indent=2))
 
 
+# A tenant's options, shared by `sharegpu create` and `sharegpu run` (cli.py).
+MemoryOpt = Annotated[
+    str, typer.Option("--memory", "-m", help="Memory cap per GPU, e.g. 512MiB, 4GiB, 1.5GiB.")
+]
+GpuOpt = Annotated[
+    list[str] | None, typer.Option("--gpu", "-g", help="GPU index or UUID; repeat for several. Default: all.")
+]
+ComputeOpt = Annotated[
+    str | None,
+    typer.Option("--compute", "-c", help="Share of GPU time, 1%-100%: the share, the cap or the guarantee."),
+]
+PolicyOpt = Annotated[
+    str | None, typer.Option("--policy", help="share (default) | cap | burst | native (memory only).")
+]
+CeilingOpt = Annotated[str | None, typer.Option("--ceiling", help="burst only: most GPU time when idle.")]
+PriorityOpt = Annotated[str | None, typer.Option("--priority", help="online | normal (default) | offline.")]
+WeightOpt = Annotated[int | None, typer.Option("--weight", help="Tie-break weight within a class (1-1000).")]
+
+
 def create(  # noqa: PLR0917 (typer maps parameters to options)
     name: Annotated[str, typer.Argument(help="The tenant's name: the CDI device sharegpu.io/vgpu=NAME.")],
-    memory: Annotated[str, typer.Option("--memory", "-m", help="Memory cap per GPU, e.g. 512MiB, 4GiB.")],
-    gpu: Annotated[
-        list[str] | None,
-        typer.Option("--gpu", "-g", help="GPU index or UUID; repeat for several. Default: all."),
-    ] = None,
-    compute: Annotated[
-        str | None, typer.Option("--compute", "-c", help="Share of GPU time, 1%-100%.")
-    ] = None,
-    policy: Annotated[
-        str | None, typer.Option("--policy", help="share (default) | cap | burst | native (memory only).")
-    ] = None,
-    ceiling: Annotated[
-        str | None, typer.Option("--ceiling", help="burst only: most GPU time when idle.")
-    ] = None,
-    priority: Annotated[
-        str | None, typer.Option("--priority", help="online | normal (default) | offline.")
-    ] = None,
-    weight: Annotated[
-        int | None, typer.Option("--weight", help="Tie-break weight within a class (1-1000).")
-    ] = None,
+    memory: MemoryOpt,
+    gpu: GpuOpt = None,
+    compute: ComputeOpt = None,
+    policy: PolicyOpt = None,
+    ceiling: CeilingOpt = None,
+    priority: PriorityOpt = None,
+    weight: WeightOpt = None,
     owner: Annotated[
         int | None,
         typer.Option(

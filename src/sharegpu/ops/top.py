@@ -25,7 +25,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from sharegpu.ops.output import configured, containers, size
+from sharegpu.ops.output import configured, containers, size, waits_between
 from sharegpu.ops.snapshot import Snapshot, take
 
 
@@ -62,12 +62,9 @@ class Row:
 def rows(prev: Snapshot | None, cur: Snapshot) -> tuple[list[Row], bool]:
     """The rows of `cur`, rates over the interval since `prev` (True) or over lifetimes (False)."""
     index = {g.uuid: str(g.index) for g in cur.gpus}
-    before = {}
-    dt = 0.0
-    if prev is not None:
-        dt = cur.monotonic - prev.monotonic
-        before = {(t.id, d.uuid): d for t in prev.tenants for d in t.devices}
+    dt = cur.monotonic - prev.monotonic if prev is not None else 0.0
     interval = prev is not None and dt > 0
+    waits = waits_between(prev.tenants, cur.tenants, dt) if prev is not None and interval else {}
     found = []
     for t in cur.tenants:
         if t.error:
@@ -78,15 +75,10 @@ def rows(prev: Snapshot | None, cur: Snapshot) -> tuple[list[Row], bool]:
             continue
         age = t.age_seconds or 1.0
         for d in t.devices:
-            old = before.get((t.id, d.uuid)) if interval else None
             # GPU time is NVML's over its last window (as fresh as top's refresh); waits are
             # measured between refreshes, or over the tenant's lifetime for the first screen.
             compute = d.gpu_busy_ratio or 0.0
-            if old is not None:
-                wait = max(d.wait_seconds - old.wait_seconds, 0.0) / dt
-                throttled = max(d.throttled_seconds - old.throttled_seconds, 0.0) / dt
-            else:
-                wait, throttled = d.wait_seconds / age, d.throttled_seconds / age
+            wait, throttled = waits.get((t.id, d.uuid), (d.wait_seconds / age, d.throttled_seconds / age))
             found.append(
                 Row(
                     tenant=t.id,
