@@ -9,10 +9,13 @@ GPU time within 2 points of NVML, and the tenants of the card never more than th
 
 from __future__ import annotations
 
+import ctypes
 import json
+import mmap
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -279,12 +282,101 @@ def test_tenants_in_their_own_pid_namespaces_are_told_apart(sim: Sim) -> None:
         name: spawn_in_pid_namespace(sim, path, "saturate", 4, 500, "kernel", at, mount_proc=True)
         for name, path in tenants.items()
     }
-    time.sleep(0.8 + 2.0)
-    shown = by_tenant(json.loads(sim.cli("tenants", "-o", "json").stdout)["items"], "gpu_busy_ratio")
+    time.sleep(0.8 + 1.5)
+    # One reading (no agent): NVML's figure. The table's two readings: the arbiter's charges.
+    items = json.loads(sim.cli("tenants", "-o", "json").stdout)["items"]
+    table = sim.cli("tenants").stdout
+    nvml = by_tenant(items, "gpu_busy_ratio")
+    charged = {name: float(_cell(table, "GPU TIME (", name).rstrip("%")) / 100 for name in tenants}
     got = {name: achieved(finish(proc)) / 100 for name, proc in procs.items()}
-    print(f"own pid namespaces: shown {shown}, the workloads got {got}")
+    print(f"own pid namespaces: NVML {nvml}, the charges {charged}, the workloads got {got}\n{table}")
+    assert {t["devices"][0]["gpu_busy_source"] for t in items} == {"nvml"}
     for name in tenants:
-        assert abs(shown[name] - got[name]) <= 0.05, f"{name}: shown {shown[name]:.3f}, got {got[name]:.3f}"
+        for what, shown in (("NVML", nvml), ("the charges", charged)):
+            assert abs(shown[name] - got[name]) <= 0.05, (
+                f"{name}: {what} {shown[name]:.3f}, got {got[name]:.3f}"
+            )
+
+
+def _keep_charge_at_zero(path: Path, tenant: str, stop: threading.Event) -> None:
+    """What a tenant may do to the arbiter region it can write: keep its own charge at zero."""
+    from sharegpu import abi
+
+    size = ctypes.sizeof(abi.ArbTenant)
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as region:
+        base = abi.Arbiter.tenants.offset
+        (index,) = [
+            i
+            for i in range(abi.ARB_MAX_TENANTS)
+            if abi.ArbTenant.from_buffer_copy(region, base + i * size).tenant_id == tenant.encode()
+        ]
+        charge = ctypes.c_uint64.from_buffer(region, base + index * size + abi.ArbTenant.gpu_time_ns.offset)
+        try:
+            while not stop.wait(0.002):
+                charge.value = 0
+        finally:
+            del charge  # the mapping closes only once nothing points into it
+
+
+def test_the_agent_reports_a_tenant_that_runs_past_its_charges(sim: Sim, tmp_path: Path) -> None:
+    """NVML is the cross-check of the charges: a tenant that keeps rewriting its own charge in the
+    arbiter region (which its processes can write) shows a GPU time near zero, and the agent
+    reports it (`audit.compute_uncharged`) within a few seconds, and again when it stops; its
+    honest neighbour is never reported."""
+    from sharegpu.arbiter import arbiter_path
+
+    uuid = sim.uuids()[0]
+    with running_agent(sim, tmp_path) as agent:
+        for name in ("rogue", "honest"):
+            api(
+                agent,
+                "/v1/tenants",
+                "POST",
+                name=name,
+                memory="64MiB",
+                gpus=["0"],
+                compute="50%",
+                policy="share",
+            )
+        at = start_at(0.5)
+        procs = [
+            sim.spawn_probe(
+                "saturate", "14", "500", "kernel", str(at), env=sim.tenant_env(sim.runtime / "tenants" / n)
+            )
+            for n in ("rogue", "honest")
+        ]
+        stop = threading.Event()
+        try:
+            time.sleep(2.0)  # both launched: their entries are made
+            forger = threading.Thread(
+                target=_keep_charge_at_zero, args=(arbiter_path(sim.runtime, uuid), "rogue", stop)
+            )
+            forger.start()
+            started = time.monotonic()
+            event = agent.wait_event("audit.compute_uncharged", "rogue", timeout=15)
+            print(f"reported after {time.monotonic() - started:.1f} s: {event}")
+            assert event["severity"] == "warning"
+            assert event["gpu"] == uuid
+            assert event["data"]["nvml_ratio"] > 0.3
+            assert event["data"]["charged_ratio"] < 0.05
+            (rogue,) = [t for t in api(agent, "/v1/tenants")["items"] if t["id"] == "rogue"]
+            shown = rogue["devices"][0]
+            print(f"the rogue's view: {shown}")
+            assert shown["gpu_busy_source"] == "arbiter"
+            assert shown["gpu_busy_ratio"] < 0.05
+            assert shown["nvml_busy_ratio"] > 0.3  # the cross-check's figure, beside
+            stop.set()
+            forger.join()
+            deadline = time.monotonic() + 10
+            while not any(e["data"]["cleared"] for e in agent.events(kind="audit.compute_uncharged")):
+                assert time.monotonic() < deadline, "never cleared once the charges were left alone"
+                time.sleep(0.2)
+            assert not [e for e in agent.events(kind="audit.compute_uncharged") if e["tenant"] == "honest"]
+        finally:
+            stop.set()
+            for proc in procs:
+                proc.kill()
+                proc.communicate(timeout=30)
 
 
 def _cell(table: str, column: str, tenant: str) -> str:

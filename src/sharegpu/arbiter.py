@@ -429,6 +429,7 @@ class ArbiterTenant:
     """One tenant's entry: its configuration as the shims copied it and its totals on the GPU."""
 
     id: str
+    incarnation: int  # the tenant's (limits); an entry of another is a deleted namesake's
     policy: str
     priority: str
     share_permille: int
@@ -451,6 +452,7 @@ class ArbiterClient:
     tenant: str
     state: str
     holding: bool
+    grant_ns: int  # CLOCK_MONOTONIC of its last charge (of its grant, if charged since)
     gpu_time_ns: int
     wait_ns: int
     throttled_ns: int
@@ -494,8 +496,17 @@ class ArbiterStatus:
     tenants: list[ArbiterTenant] = field(default_factory=list)
     clients: list[ArbiterClient] = field(default_factory=list)
 
-    def tenant(self, tenant_id: str) -> ArbiterTenant | None:
-        return next((t for t in self.tenants if t.id == tenant_id), None)
+    def tenant(self, tenant_id: str, incarnation: int | None = None) -> ArbiterTenant | None:
+        """The entry of `tenant_id` (of that incarnation when given: an entry of the same name and
+        another incarnation is a deleted tenant's, none of whose figures are the new one's)."""
+        return next(
+            (
+                t
+                for t in self.tenants
+                if t.id == tenant_id and (incarnation is None or t.incarnation == incarnation)
+            ),
+            None,
+        )
 
     @property
     def broken(self) -> bool:
@@ -547,6 +558,7 @@ def read_arbiter(path: Path) -> ArbiterStatus:
         tenants.append(
             ArbiterTenant(
                 id=tid,
+                incarnation=int(t.incarnation),
                 policy=abi.POLICY_NAMES.get(t.policy, str(t.policy)),
                 priority=abi.PRIORITY_NAMES.get(t.priority, str(t.priority)),
                 share_permille=t.share_permille,
@@ -578,6 +590,7 @@ def read_arbiter(path: Path) -> ArbiterStatus:
                 tenant=tenants_by_index.get(c.tenant, "?"),
                 state=abi.ARB_STATE_NAMES.get(c.state, str(c.state)),
                 holding=i == holder,
+                grant_ns=c.grant_ns,
                 gpu_time_ns=c.gpu_time_ns,
                 wait_ns=c.wait_ns,
                 throttled_ns=c.throttled_ns,

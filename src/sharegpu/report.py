@@ -2,20 +2,30 @@
 
 Joins the tenant directories (limits: the configuration; usage: memory per process) with the
 per-GPU arbiter regions (GPU time, waiting, throttling, preemptions per tenant), so the CLI's
-table and JSON, and later the agent's API and metrics, read the same figures.
+table and JSON, and the agent's API and metrics, read the same figures.
 
-Two figures of compute, not to be confused:
+GPU time, the share of the card the GPU spent running a tenant's work (``busy_ratio``), comes
+from one of two sources, named in ``busy_source``:
 
-- GPU time (``busy_ratio``): the share of the card the GPU spent running the tenant's work over
-  the last ``busy_window_s`` seconds, from NVML's per-process utilization (summed over the
-  tenant's processes; the tenants of one card scaled down together if NVML's samples add up to
-  more than the whole card). This is what the tenant got.
-- Charged time (``held_ns``, ``held_ratio``): what the arbiter charged the tenant for its holds of
-  the GPU's token, and that divided by the tenant's age. Since ABI 1.6 that is the GPU time its
-  work used while it held the token (the holds' wall time less their idle time after syncs that
-  drained them: docs/design/arbitration.md, "Exact charges"); a shim of ABI 1.5 or older charges
-  the wall time held, which for a tenant with short kernels or host work between them is much
-  longer than the GPU ran for it. Lifetime, from the arbiter's books; GPU time above is NVML's.
+- ``arbiter``: for a tenant the arbiter schedules (any policy but ``native``), its charges, which
+  are exact: the GPU time its work used while it held the GPU's token (the holds' wall time less
+  their idle time after syncs that drained them, the work's end read from the GPU's clock:
+  docs/design/arbitration.md, "Exact charges"). A rate needs two readings, so this is what a
+  caller that measured the charges over a window passes in (``charge_rates``: the agent's meter
+  every second, ``sharegpu tenants`` between its two readings). Pid namespaces, containers and
+  NVML's sampling cannot skew it.
+- ``nvml``: NVML's per-process utilization over the last ``busy_window_s`` seconds, summed over
+  the tenant's processes by host pid (the tenants of one card scaled down together if NVML's
+  samples add up to more than the whole card). For ``native`` tenants, which the arbiter does
+  not see, and where no charge rate was measured.
+
+NVML's figure is always kept beside (``nvml_ratio``): the cross-check. A tenant whose NVML time
+runs well past its charges launches around the arbiter or rewrites its charges
+(``sharegpu.agent.busy`` reports it: ``audit.compute_uncharged``).
+
+``held_ns`` and ``held_ratio`` are the arbiter's lifetime charge and that over the tenant's age
+(a shim of ABI 1.5 or older charges the wall time held instead, much longer than the GPU ran for
+a tenant with short kernels or host work between them).
 """
 
 from __future__ import annotations
@@ -28,7 +38,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from sharegpu import abi, liveness
-from sharegpu.arbiter import ArbiterStatus, arbiter_path, read_arbiter
+from sharegpu.arbiter import ArbiterStatus, arbiter_path, iter_arbiters, read_arbiter
 from sharegpu.devices import BUSY_WINDOW_S, busy_by_pid
 from sharegpu.errors import ConfigError, DeviceError, SpecError
 from sharegpu.tenant import (
@@ -64,7 +74,9 @@ class DeviceReport:
     throttled_ns: int = 0
     preemptions: int = 0
     held_ratio: float | None = None  # held / age; None for memory-only (native) tenants
-    busy_ratio: float | None = None  # GPU time share over the window (NVML); None: not measured
+    busy_ratio: float | None = None  # GPU time share over the window; None: not measured
+    busy_source: str | None = None  # "arbiter" (its charges) or "nvml"; None: not measured
+    nvml_ratio: float | None = None  # NVML's GPU time share over its window: the cross-check
 
 
 @dataclass
@@ -95,6 +107,64 @@ def read_arbiters(root: Path, uuids: Iterable[str]) -> dict[str, ArbiterStatus]:
     return found
 
 
+ChargeKey = tuple[str, int, str]  # (tenant, incarnation, GPU uuid)
+
+
+@dataclass(frozen=True)
+class GpuTime:
+    """What the agent's meter (``sharegpu.agent.busy``) measured of one tenant on one GPU."""
+
+    ratio: float | None  # over the last second, from `source`; None: nothing measured yet
+    source: str  # "arbiter" or "nvml"
+    nvml_ratio: float | None  # NVML's over the last second (the cross-check)
+    seconds: float  # since the agent started, from `source`
+    nvml_seconds: float
+
+
+def read_charges(root: Path) -> dict[ChargeKey, int]:
+    """What each GPU's arbiter has charged each tenant it schedules (ns of GPU time, since the
+    tenant's entry was made), by (tenant, incarnation, GPU uuid). One read of each arbiter
+    region; regions that do not read cleanly are left out (the stall loop reports them).
+
+    A holder is charged when its hold ends and at each quantum's end, so the hold in progress
+    is not in the books yet: it is added, from the holder's last charge to now, at most one
+    quantum (what a holder idle since its last sync would be charged too much, at most that,
+    until its next charge takes the idle time out). Without it a rate over one second would be
+    off by up to a quantum at each end: two points of the card with the default 10 ms."""
+    found: dict[ChargeKey, int] = {}
+    for path in iter_arbiters(root):
+        with contextlib.suppress(ConfigError, SpecError):
+            status = read_arbiter(path)
+            now = time.monotonic_ns()
+            entries = {t.id: t for t in status.tenants if t.policy != "native"}
+            for t in entries.values():
+                found[(t.id, t.incarnation, status.uuid)] = t.gpu_time_ns
+            for c in status.clients:
+                if c.holding and c.tenant in entries and c.grant_ns:
+                    t = entries[c.tenant]
+                    found[(t.id, t.incarnation, status.uuid)] += min(
+                        max(now - c.grant_ns, 0), status.quantum_ns
+                    )
+    return found
+
+
+def charge_rates(
+    before: Mapping[ChargeKey, int], after: Mapping[ChargeKey, int], seconds: float
+) -> dict[ChargeKey, float]:
+    """Each tenant's GPU time over the `seconds` between two readings of the charges: the share
+    of the card (0-1). A tenant new since the first reading was charged all it has since then
+    (its entry is made at its first launch); one whose charge went back (its GPU's region was
+    rebuilt) counts what the new region charged."""
+    if seconds <= 0:
+        return {}
+    rates = {}
+    for key, now in after.items():
+        then = before.get(key, 0)
+        spent = now - then if now >= then else now
+        rates[key] = min(max(spent, 0) / 1e9 / seconds, 1.0)
+    return rates
+
+
 def measure_busy(window_s: float) -> dict[str, dict[int, float]] | None:
     """NVML's per-process GPU time over the window, or None when NVML does not answer."""
     try:
@@ -115,8 +185,9 @@ def _scaled_to_card(per_gpu: Mapping[str, Mapping[_K, float]]) -> dict[_K, float
 
 
 def _attribute_busy(reports: list[TenantReport], busy: dict[str, dict[int, float]]) -> None:
-    """Each tenant's GPU time on each GPU: its live processes' shares (NVML names processes by
-    host pid), the tenants of one card scaled down together to at most the whole card."""
+    """Each tenant's NVML GPU time on each GPU: its live processes' shares (NVML names processes
+    by host pid), the tenants of one card scaled down together to at most the whole card; the
+    GPU time of a device whose charges were not measured."""
     per_gpu: dict[str, dict[int, float]] = {}
     devices: dict[int, DeviceReport] = {}
     for report in reports:
@@ -129,7 +200,10 @@ def _attribute_busy(reports: list[TenantReport], busy: dict[str, dict[int, float
                 devices[id(dev)] = dev
                 per_gpu.setdefault(dev.uuid, {})[id(dev)] = sum(shares.get(pid, 0.0) for pid in pids)
     for key, ratio in _scaled_to_card(per_gpu).items():
-        devices[key].busy_ratio = ratio
+        dev = devices[key]
+        dev.nvml_ratio = ratio
+        if dev.busy_source is None:
+            dev.busy_ratio, dev.busy_source = ratio, "nvml"
 
 
 def busy_by_tenant(root: Path, busy: Mapping[str, Mapping[int, float]]) -> dict[tuple[str, int, str], float]:
@@ -161,10 +235,15 @@ def busy_by_tenant(root: Path, busy: Mapping[str, Mapping[int, float]]) -> dict[
 
 
 def node_report(
-    root: Path | None = None, only: str | None = None, *, busy_window_s: float | None = BUSY_WINDOW_S
+    root: Path | None = None,
+    only: str | None = None,
+    *,
+    busy_window_s: float | None = BUSY_WINDOW_S,
+    charges: Mapping[ChargeKey, float] | None = None,
 ) -> list[TenantReport]:
-    """Every tenant of the node, or only tenant `only` (reading nothing of the others), with GPU
-    time measured over `busy_window_s` (None: not measured)."""
+    """Every tenant of the node, or only tenant `only` (reading nothing of the others), with
+    NVML's GPU time measured over `busy_window_s` (None: not measured). `charges`: the charge
+    rates a caller measured (``charge_rates``), the GPU time of the arbitrated tenants."""
     root = root or runtime_dir()
     paths = iter_tenants(root) if only is None else [p for p in [tenants_dir(root) / only] if p.is_dir()]
     statuses = [tenant_status(p) for p in paths]
@@ -188,8 +267,12 @@ def node_report(
             report.incarnation = int(limits.incarnation)
             for i, dev in enumerate(status.devices):
                 lim = limits.devices[i]
-                entry = arbiters[dev.uuid].tenant(status.id) if dev.uuid in arbiters else None
+                arbiter = arbiters.get(dev.uuid)
+                entry = arbiter.tenant(status.id, report.incarnation) if arbiter else None
                 controlled = lim.policy != abi.POLICY_NATIVE
+                charged = (charges or {}).get((status.id, report.incarnation, dev.uuid))
+                if controlled and charged is None and charges is not None and entry is None:
+                    charged = 0.0  # measured, and it has not launched: none of the card
                 report.devices.append(
                     DeviceReport(
                         uuid=dev.uuid,
@@ -210,6 +293,8 @@ def node_report(
                         held_ratio=(entry.gpu_time_ns / 1e9 / age if entry and age else 0.0)
                         if controlled
                         else None,
+                        busy_ratio=charged if controlled else None,
+                        busy_source="arbiter" if controlled and charged is not None else None,
                     )
                 )
         reports.append(report)

@@ -1,30 +1,66 @@
-"""GPU time per tenant, measured: the agent integrates NVML's per-process utilization.
+"""GPU time per tenant, measured every second: the arbiter's charges, with NVML as the cross-check.
 
-What the arbiter charges is its own book of the token's holds (since ABI 1.6 the GPU time of the
-holds' work; a shim of ABI 1.5 or older charged the wall time held, which for an online service
-at 13% of the card was 43%), and it knows nothing of `native` tenants. GPU time here is what
-NVML measures per process: every second this loop asks for each process's share of the
-card over the past second (``sharegpu.devices.busy_by_pid``, attributed to tenants by
+Every second this loop reads what each GPU's arbiter has charged each tenant it schedules (one
+read of each arbiter region; ``sharegpu.report.read_charges``) and NVML's per-process
+utilization over the past second (``sharegpu.devices.busy_by_pid``, attributed to tenants by
 ``sharegpu.report.busy_by_tenant``: only the processes NVML names are looked up, by host pid and
-start time; the tenants of a card scaled to at most the whole card) and adds share x
-elapsed to the tenant's total. The totals are the agent's, kept in memory since it started
-(``since``): `sharegpu_tenant_gpu_busy_seconds_total` and the API's ``gpu_time_seconds``.
+start time). From the two it keeps, per (tenant, incarnation, GPU):
+
+- the GPU time over the last second: the charges' rate for an arbitrated tenant (exact, and blind
+  to pid namespaces), NVML's share for a ``native`` one, which the arbiter does not see;
+- the GPU time since the agent started (``sharegpu_tenant_gpu_busy_seconds_total``, the API's
+  ``gpu_time_seconds``) and NVML's own total beside it (``..._gpu_nvml_seconds_total``).
+
+The cross-check: an arbitrated tenant that NVML sees running well past what it was charged, second
+after second, launches around the arbiter (a driver reached past the shim) or rewrites its charges
+in the region it can write. ``crosscheck`` decides; the loop reports ``audit.compute_uncharged``
+once when it starts and once, ``cleared``, when it ends (the threat model: docs/architecture.md).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sharegpu.agent.events import Event
 from sharegpu.devices import BUSY_WINDOW_S
-from sharegpu.report import busy_by_tenant, measure_busy
+from sharegpu.report import ChargeKey, GpuTime, busy_by_tenant, charge_rates, measure_busy, read_charges
+
+# NVML past the charges by this much of the card, for this many consecutive seconds: reported.
+# NVML's one-second samples and the charges' quantum boundaries differ by a few points from one
+# second to the next (a 10 ms quantum is one point); a tenant that ran half its work around the
+# arbiter is far past it, every second.
+UNCHARGED_RATIO = 0.10
+UNCHARGED_SECONDS = 3
+
+
+@dataclass(frozen=True)
+class Crosscheck:
+    """A tenant's run of seconds with NVML past its charges."""
+
+    seconds: int = 0  # consecutive seconds past UNCHARGED_RATIO
+    reported: bool = False
+
+
+def crosscheck(state: Crosscheck, nvml: float, charged: float) -> tuple[Crosscheck, str | None]:
+    """One second's verdict: the new state and "started", "cleared" or None (nothing to report).
+    Pure: the loop passes NVML's and the charges' shares of the same second."""
+    if nvml - charged > UNCHARGED_RATIO:
+        seconds = state.seconds + 1
+        if not state.reported and seconds >= UNCHARGED_SECONDS:
+            return Crosscheck(seconds, True), "started"
+        return Crosscheck(seconds, state.reported), None
+    if state.reported:
+        return Crosscheck(), "cleared"
+    return Crosscheck(), None
 
 
 class BusyMeter:
-    """The loop: every second, each tenant's GPU time on each GPU accumulates."""
+    """The loop: every second, each tenant's GPU time on each GPU."""
 
     name = "busy"
 
@@ -32,27 +68,98 @@ class BusyMeter:
         self.root = root
         self.interval_s = interval_s
         self.since = time.time()
-        self._seconds: dict[tuple[str, int, str], float] = {}
+        self._charged: dict[ChargeKey, int] | None = None  # the last reading; None before the first
         self._last: float | None = None
+        self._readings: deque[tuple[float, dict[ChargeKey, int]]] = deque(maxlen=3)  # (monotonic, charges)
+        self._times: dict[ChargeKey, GpuTime] = {}
+        self._checks: dict[ChargeKey, Crosscheck] = {}
         self._lock = threading.Lock()
 
     def tick(self) -> list[Event]:
         now = time.monotonic()
         elapsed = self.interval_s if self._last is None else now - self._last
         self._last = now
+        charged = read_charges(self.root)
+        rates = charge_rates(self._charged, charged, elapsed) if self._charged is not None else {}
+        self._charged = charged
+        with self._lock:
+            self._readings.append((now, charged))
         # NVML answers for at most its window: a late tick counts the last window's rate for
         # the whole gap rather than nothing.
         busy = measure_busy(min(elapsed, BUSY_WINDOW_S))
-        if not busy or not any(busy.values()):
-            return []  # nothing ran on any GPU: no tenant to read (most seconds of an idle node)
-        shares = busy_by_tenant(self.root, busy)
+        nvml = busy_by_tenant(self.root, busy) if busy and any(busy.values()) else {}
+        events = []
         with self._lock:
-            for key, ratio in shares.items():
-                self._seconds[key] = self._seconds.get(key, 0.0) + ratio * elapsed
-        return []
+            for key in set(rates) | set(nvml) | set(self._times):
+                old = self._times.get(key)
+                seen = nvml.get(key, 0.0)
+                rate = rates.get(key)
+                if rate is None and old is not None and old.source == "arbiter" and key not in charged:
+                    rate = 0.0  # its entry is gone (deleted, or its region rebuilt): nothing more
+                source = "arbiter" if rate is not None else "nvml"
+                ratio = rate if rate is not None else seen
+                self._times[key] = GpuTime(
+                    ratio=ratio,
+                    source=source,
+                    nvml_ratio=seen,
+                    seconds=(old.seconds if old else 0.0) + ratio * elapsed,
+                    nvml_seconds=(old.nvml_seconds if old else 0.0) + seen * elapsed,
+                )
+                if rate is not None:
+                    events += self._check(key, seen, rate)
+        return events
 
-    def snapshot(self) -> Mapping[tuple[str, int, str], float]:
-        """{(tenant, incarnation, GPU uuid): seconds of GPU time since `since`} (a tenant
-        re-created under the same name starts from zero)."""
+    def _check(self, key: ChargeKey, nvml: float, charged: float) -> list[Event]:
+        state, verdict = crosscheck(self._checks.get(key, Crosscheck()), nvml, charged)
+        if state == Crosscheck():
+            self._checks.pop(key, None)
+        else:
+            self._checks[key] = state
+        if verdict is None:
+            return []
+        tenant, incarnation, uuid = key
+        cleared = verdict == "cleared"
+        message = (
+            f"NVML no longer sees {tenant} run past its charges on {uuid}"
+            if cleared
+            else f"NVML sees {tenant} run {nvml:.0%} of {uuid} for {state.seconds} s, and the arbiter "
+            f"charged it {charged:.0%}: it launches around the arbiter or rewrites its charges"
+        )
+        return [
+            Event(
+                kind="audit.compute_uncharged",
+                severity="info" if cleared else "warning",
+                message=message,
+                tenant=tenant,
+                gpu=uuid,
+                data={
+                    "incarnation": incarnation,
+                    "nvml_ratio": round(nvml, 4),
+                    "charged_ratio": round(charged, 4),
+                    "cleared": cleared,
+                },
+            )
+        ]
+
+    def snapshot(self) -> Mapping[ChargeKey, GpuTime]:
+        """{(tenant, incarnation, GPU uuid): its GPU time}, for every tenant measured since the
+        agent started (a tenant re-created under the same name is another incarnation, from zero).
+        An arbitrated tenant's ratio is measured again at the call, over the window from the
+        kept reading nearest a second before to now (0.5-1.5 s), so that a view's GPU time ends
+        when it is asked for, as NVML's does, not at the last tick."""
+        now = time.monotonic()
         with self._lock:
-            return dict(self._seconds)
+            times = dict(self._times)
+            readings = list(self._readings)
+        if not readings:
+            return times
+        then, before = min(readings, key=lambda r: abs(now - r[0] - BUSY_WINDOW_S))
+        if now - then < BUSY_WINDOW_S / 4:
+            return times  # only a reading of this instant: the last tick's rates stand
+        for key, rate in charge_rates(before, read_charges(self.root), now - then).items():
+            old = times.get(key)
+            if old is None:
+                times[key] = GpuTime(rate, "arbiter", None, 0.0, 0.0)
+            elif old.source == "arbiter":
+                times[key] = replace(old, ratio=rate)
+        return times

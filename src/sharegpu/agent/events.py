@@ -32,6 +32,7 @@ EventKind = Literal[
     "reconcile.overhead",  # the overhead written for a tenant changed noticeably
     "audit.untracked",  # a GPU process that belongs to no tenant
     "audit.bypass",  # a tenant using more than its cap (NVML) beyond the tolerance
+    "audit.compute_uncharged",  # NVML sees an arbitrated tenant run well past its charges
     "audit.killed",  # with --enforce kill: an offending process was killed
     "qos.decision",  # the QoS loop changed (or held) an arbiter knob
     "arbiter.tuned",  # the agent set a GPU's arbiter region to its configured settings (tuning.py)

@@ -43,7 +43,7 @@ from sharegpu.agent.store import TenantRow
 from sharegpu.arbiter import TUNABLES, Tunable, iter_arbiters, read_arbiter
 from sharegpu.devices import Gpu
 from sharegpu.errors import AgentError, ConfigError, DeviceError
-from sharegpu.report import read_arbiters
+from sharegpu.report import ChargeKey, GpuTime, read_arbiters
 
 log = logging.getLogger("sharegpu.agent")
 
@@ -59,7 +59,7 @@ WAIT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05
 K8S_LABELS = ("namespace", "pod", "container")
 TENANT_LABELS = ("tenant", *K8S_LABELS)
 TENANT_GPU_LABELS = ("tenant", "gpu", *K8S_LABELS)
-AUDIT_KINDS = ("untracked", "bypass", "killed")
+AUDIT_KINDS = ("untracked", "bypass", "killed", "compute_uncharged")
 QOS_ACTIONS = ("raise", "lower", "hold")
 REAP_REGIONS = ("usage", "arbiter")
 TENANT_STATES = ("running", "idle", "stale", "error")
@@ -130,8 +130,8 @@ class EventCounts:
             for event in events:
                 if event.kind.startswith("audit."):
                     kind = event.kind.removeprefix("audit.")
-                    if kind in self.audit:
-                        self.audit[kind] += 1
+                    if kind in self.audit and not event.data.get("cleared"):
+                        self.audit[kind] += 1  # findings, not their clearing
                 elif event.kind == "qos.decision":
                     action = str(event.data.get("action", ""))
                     if action in self.qos:
@@ -255,7 +255,7 @@ class SharegpuCollector(Collector):
         counts: EventCounts | None = None,
         sampler: OnlineWaitSampler | None = None,
         driver: Callable[[], str] | None = None,
-        gpu_time: Callable[[], Mapping[tuple[str, int, str], float]] | None = None,
+        gpu_time: Callable[[], Mapping[ChargeKey, GpuTime]] | None = None,
     ) -> None:
         self.root = root
         self.rows = rows
@@ -335,7 +335,10 @@ class SharegpuCollector(Collector):
         yield left_out
         audit, qos, reaped, reaped_tenants = self.counts.snapshot()
         yield _by_label(
-            "sharegpu_audit_events", "Audit findings by kind (untracked, bypass, killed)", "kind", audit
+            "sharegpu_audit_events",
+            "Audit findings by kind (untracked, bypass, killed, compute_uncharged)",
+            "kind",
+            audit,
         )
         yield _by_label(
             "sharegpu_qos_decisions", "QoS loop decisions by action (raise, lower, hold)", "action", qos
@@ -396,8 +399,14 @@ class SharegpuCollector(Collector):
         )
         busy = counter(
             "sharegpu_tenant_gpu_busy_seconds",
-            "GPU time: the GPU ran the tenant's work (NVML per-process utilization, integrated by the "
-            "agent every second since it started; rate: the achieved share of the card)",
+            "GPU time: the GPU ran the tenant's work, measured by the agent every second since it "
+            "started (the arbiter's charges for an arbitrated tenant, NVML for a native one; rate: the "
+            "achieved share of the card)",
+        )
+        nvml = counter(
+            "sharegpu_tenant_gpu_nvml_seconds",
+            "NVML's per-process utilization of the tenant's processes, integrated by the agent every "
+            "second since it started: the cross-check of gpu_busy_seconds",
         )
         held = counter(
             "sharegpu_tenant_gpu_held_seconds",
@@ -425,13 +434,14 @@ class SharegpuCollector(Collector):
                 ceiling.add_metric(labels, d.compute_ceiling_ratio)
                 guaranteed.add_metric(labels, d.compute_share_ratio if d.policy in ("cap", "burst") else 0.0)
                 busy.add_metric(labels, d.gpu_time_seconds or 0.0)
+                nvml.add_metric(labels, d.nvml_gpu_time_seconds or 0.0)
                 held.add_metric(labels, d.held_seconds)
                 wait.add_metric(labels, d.wait_seconds)
                 throttled.add_metric(labels, d.throttled_seconds)
                 preempt.add_metric(labels, float(d.preemptions))
                 oom.add_metric(labels, float(d.oom_events))
         yield from (processes, info, cap, used, overhead, peak, over, share, ceiling, guaranteed)
-        yield from (busy, held, wait, throttled, preempt, oom)
+        yield from (busy, nvml, held, wait, throttled, preempt, oom)
 
     def _waits(self, tenants: Mapping[str, TenantView]) -> Iterator[Metric]:
         fam = HistogramMetricFamily(

@@ -31,7 +31,7 @@ from sharegpu.errors import (
     TenantNotFound,
     UnknownGpu,
 )
-from sharegpu.report import TenantReport
+from sharegpu.report import GpuTime, TenantReport
 from sharegpu.spec import (
     MAX_WEIGHT,
     POLICIES,
@@ -260,14 +260,30 @@ class DeviceView(BaseModel):
     weight: int
     gpu_busy_ratio: float | None = Field(
         description="GPU time: the share of the card the GPU spent running the tenant's work over the "
-        "last busy_window_seconds (NVML per-process utilization; the tenants of a card never sum past 1); "
-        "null where NVML does not report it"
+        "last busy_window_seconds, from gpu_busy_source; the tenants of a card never sum past 1; null "
+        "where nothing measured it"
+    )
+    gpu_busy_source: Literal["arbiter", "nvml"] | None = Field(
+        default=None,
+        description="arbiter: the arbiter's charges (exact; an agent measures their rate every second), "
+        "for a tenant the arbiter schedules; nvml: NVML's per-process utilization (native tenants, "
+        "and without an agent)",
+    )
+    nvml_busy_ratio: float | None = Field(
+        default=None,
+        description="NVML's figure of the same, kept beside as the cross-check; null where NVML does "
+        "not report per-process utilization",
     )
     busy_window_seconds: float = Field(description="The window of gpu_busy_ratio")
     gpu_time_seconds: float | None = Field(
         default=None,
-        description="GPU time measured by the agent (gpu_busy_ratio integrated every second) since the "
-        "agent's start; null when no agent measured it",
+        description="GPU time measured by the agent (gpu_busy_ratio every second, from its source) "
+        "since the agent's start; null when no agent measured it",
+    )
+    nvml_gpu_time_seconds: float | None = Field(
+        default=None,
+        description="NVML's GPU time of the tenant integrated by the agent since its start (the "
+        "cross-check); null when no agent measured it",
     )
     held_seconds: float = Field(
         description="What the arbiter charged for the tenant's holds of the GPU's token: the GPU time its "
@@ -488,15 +504,16 @@ def tenant_view(
     *,
     generation: int | None = None,
     managed: bool = False,
-    gpu_time: Mapping[str, float] | None = None,
+    gpu_time: Mapping[str, GpuTime] | None = None,
     busy_window_s: float = BUSY_WINDOW_S,
 ) -> TenantView:
     """The API's and the CLI's view of one tenant (`meta`: its meta.json or the agent's record;
-    `gpu_time`: the agent's measured GPU seconds per GPU uuid)."""
+    `gpu_time`: what the agent's meter measured, per GPU uuid)."""
     meta = meta or {}
     devices = []
     notes = []
     for d in report.devices:
+        measured = (gpu_time or {}).get(d.uuid)
         used = d.mem_used_bytes + d.overhead_bytes
         over = used > d.mem_cap_bytes
         if over:
@@ -519,8 +536,15 @@ def tenant_view(
                 compute_ceiling_ratio=d.ceiling_permille / 1000,
                 weight=d.weight,
                 gpu_busy_ratio=None if d.busy_ratio is None else round(d.busy_ratio, 4),
+                gpu_busy_source=d.busy_source,  # type: ignore[arg-type]
+                nvml_busy_ratio=None if d.nvml_ratio is None else round(d.nvml_ratio, 4),
                 busy_window_seconds=busy_window_s,
-                gpu_time_seconds=None if gpu_time is None else round(gpu_time.get(d.uuid, 0.0), 4),
+                gpu_time_seconds=None
+                if gpu_time is None
+                else round(measured.seconds if measured else 0.0, 4),
+                nvml_gpu_time_seconds=None
+                if gpu_time is None
+                else round(measured.nvml_seconds if measured else 0.0, 4),
                 held_seconds=d.held_ns / 1e9,
                 held_ratio=d.held_ratio,
                 wait_seconds=d.wait_ns / 1e9,

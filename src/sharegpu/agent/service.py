@@ -40,7 +40,7 @@ from sharegpu.agent.store import Store, TenantRow
 from sharegpu.agent.tuning import ArbiterTuner, tuned_event
 from sharegpu.devices import Gpu, GpuFault, gpu_faults, list_gpus
 from sharegpu.errors import ConfigError, DeviceError, SpecError, TenantNotFound
-from sharegpu.report import node_report, read_arbiters
+from sharegpu.report import ChargeKey, GpuTime, node_report, read_arbiters
 from sharegpu.service import LocalTenantService, ResizeRequest, TenantRequest
 from sharegpu.service.plan import compute_of
 from sharegpu.service.settings import Changes
@@ -94,13 +94,17 @@ def views(
     root: Path,
     rows: Mapping[str, TenantRow] | None = None,
     only: str | None = None,
-    gpu_time: Mapping[tuple[str, int, str], float] | None = None,
+    gpu_time: Mapping[ChargeKey, GpuTime] | None = None,
 ) -> list[TenantView]:
-    """Every tenant (or `only` that one) as the API shows it (`gpu_time`: the agent's measured
-    GPU seconds per (tenant, incarnation, GPU uuid), see sharegpu.agent.busy)."""
+    """Every tenant (or `only` that one) as the API shows it (`gpu_time`: what the agent's meter
+    measured per (tenant, incarnation, GPU uuid), see sharegpu.agent.busy: the arbitrated
+    tenants' GPU time is the rate of their charges it measured)."""
     if only is not None and ("/" in only or only in (".", "..")):
         return []  # never a path: a tenant id names one directory under tenants/
-    reports = node_report(root, only)
+    charges = None
+    if gpu_time is not None:
+        charges = {k: t.ratio for k, t in gpu_time.items() if t.source == "arbiter" and t.ratio is not None}
+    reports = node_report(root, only, charges=charges)
     found = []
     for report in reports:
         name = report.path.name
@@ -115,8 +119,8 @@ def views(
         measured = None
         if gpu_time is not None:
             measured = {
-                uuid: seconds
-                for (tenant, incarnation, uuid), seconds in gpu_time.items()
+                uuid: measure
+                for (tenant, incarnation, uuid), measure in gpu_time.items()
                 if tenant == report.id and incarnation == report.incarnation
             }
         found.append(

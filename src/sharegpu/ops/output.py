@@ -10,7 +10,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
@@ -137,11 +137,20 @@ def tenants_items(tenants: list[TenantView]) -> list[dict[str, Any]]:
     return [t.model_dump(mode="json") for t in tenants]
 
 
-def waits_between(
+class WindowRates(NamedTuple):
+    """One tenant's rates on one GPU between two readings: shares of the window (0-1)."""
+
+    wait: float
+    throttled: float
+    gpu_time: float | None  # the arbiter's charges over the window; None: not arbitrated (NVML's)
+
+
+def rates_between(
     before: list[TenantView], after: list[TenantView], seconds: float
-) -> dict[tuple[str, str], tuple[float, float]]:
-    """{(tenant, GPU uuid): (share of the time waiting, share throttled)} between two readings
-    `seconds` apart, for the tenants in both (the same incarnation)."""
+) -> dict[tuple[str, str], WindowRates]:
+    """{(tenant, GPU uuid): its rates} between two readings `seconds` apart, for the tenants in
+    both (the same incarnation). GPU time is what the arbiter charged over the window (exact, and
+    blind to pid namespaces) for a tenant it schedules; a native tenant's is NVML's."""
     old = {(t.id, t.incarnation, d.uuid): d for t in before for d in t.devices}
     found = {}
     for t in after:
@@ -150,7 +159,10 @@ def waits_between(
             if prev is not None and seconds > 0:
                 wait = max(d.wait_seconds - prev.wait_seconds, 0.0) / seconds
                 throttled = max(d.throttled_seconds - prev.throttled_seconds, 0.0) / seconds
-                found[(t.id, d.uuid)] = (min(wait, 1.0), min(throttled, 1.0))
+                charged = max(d.held_seconds - prev.held_seconds, 0.0) / seconds
+                found[(t.id, d.uuid)] = WindowRates(
+                    min(wait, 1.0), min(throttled, 1.0), None if d.policy == "native" else min(charged, 1.0)
+                )
     return found
 
 
@@ -158,19 +170,18 @@ def tenants_renderable(
     items: list[TenantView],
     *,
     wide: bool = False,
-    waits: dict[tuple[str, str], tuple[float, float]] | None = None,
+    waits: dict[tuple[str, str], WindowRates] | None = None,
     window_s: float | None = None,
 ) -> RenderableType:
-    """The tenants table.  Every rate of a row is over one window, named in its header: GPU TIME
-    (NVML's last window), WAIT and THROTTLED (`waits`, measured between two readings
-    `window_s` apart; a tenant new since the first shows "-").  The lifetime shares are the wide
-    table's "(LIFE)" columns.  Without `waits` (a single reading) WAIT and THROTTLED are
-    lifetime shares and say so."""
+    """The tenants table.  Every rate of a row is over one window, named in its header: GPU TIME,
+    WAIT and THROTTLED (`waits`, measured between two readings `window_s` apart: GPU TIME from
+    the arbiter's charges, a native tenant's from NVML's last window; a tenant new since the
+    first reading shows "-").  The lifetime shares are the wide table's "(LIFE)" columns, and
+    NVML's figure, the cross-check of GPU TIME, its "GPU TIME (NVML)".  Without `waits` (a single
+    reading) GPU TIME is the view's (the agent's last second, else NVML's) and WAIT and
+    THROTTLED are lifetime shares, and the headers say so."""
     if not items:
         return Text("no tenants")
-    # GPU TIME is what the GPU ran for the tenant over the last window (NVML); HELD, in the wide
-    # table, is the lifetime share the arbiter charged for its holds of the token (ABI 1.6: the GPU
-    # time of the holds' work; older shims charged the wall time held).
     window = f"{items[0].devices[0].busy_window_seconds:g}s" if items[0].devices else "1s"
     rate = "LIFE" if waits is None else f"{window_s or 0:.1f}s"
     columns = [
@@ -179,7 +190,7 @@ def tenants_renderable(
         "GPU",
         "PRIORITY",
         "COMPUTE",
-        f"GPU TIME ({window})",
+        f"GPU TIME ({window if waits is None else rate})",
         f"WAIT ({rate})",
         f"THROTTLED ({rate})",
     ]
@@ -190,6 +201,7 @@ def tenants_renderable(
             "WAIT (LIFE)",
             "THROTTLED (LIFE)",
             "HELD (LIFE)",
+            f"GPU TIME (NVML {window})",
             "OVERHEAD",
             "PEAK",
             "WEIGHT",
@@ -202,7 +214,7 @@ def tenants_renderable(
         name = f"{t.id} (stale)" if t.stale else t.id
         if t.error:
             row = [name, containers(t), "-", "", "", "", "", "", f"[red]unreadable: {t.error}[/red]", "", ""]
-            table.add_row(*row, *([t.state, "", "", "", "", "", "", "", "", ""] if wide else []))
+            table.add_row(*row, *([t.state, "", "", "", "", "", "", "", "", "", ""] if wide else []))
             continue
         age = t.age_seconds or 1.0
         live = sum(1 for p in t.processes if p.alive)
@@ -214,7 +226,7 @@ def tenants_renderable(
                 d.uuid,
                 d.priority,
                 configured(d),
-                "-" if d.gpu_busy_ratio is None else f"{d.gpu_busy_ratio * 100:.1f}%",
+                _gpu_time(d, waits, (t.id, d.uuid)),
                 *_waits(d, age, waits, (t.id, d.uuid)),
                 memory + (" [yellow]over cap[/yellow]" if d.over_cap else ""),
                 str(d.oom_events),
@@ -227,6 +239,7 @@ def tenants_renderable(
                     f"{d.wait_seconds / age * 100:.1f}%",
                     f"{d.throttled_seconds / age * 100:.1f}%",
                     "-" if d.held_ratio is None else f"{d.held_ratio * 100:.1f}%",
+                    _percent(d.nvml_busy_ratio),
                     size(d.memory_overhead_bytes),
                     size(d.memory_peak_bytes),
                     str(d.weight),
@@ -239,16 +252,30 @@ def tenants_renderable(
     return Group(table, *notes) if notes else table
 
 
+def _percent(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio * 100:.1f}%"
+
+
+def _gpu_time(d: DeviceView, waits: dict[tuple[str, str], WindowRates] | None, key: tuple[str, str]) -> str:
+    """GPU TIME of one row: the charges over the window when measured, else the view's figure."""
+    if waits is None:
+        return _percent(d.gpu_busy_ratio)
+    if key not in waits:
+        return "-"  # new since the first reading
+    charged = waits[key].gpu_time
+    return _percent(d.gpu_busy_ratio if charged is None else charged)
+
+
 def _waits(
-    d: DeviceView, age: float, waits: dict[tuple[str, str], tuple[float, float]] | None, key: tuple[str, str]
+    d: DeviceView, age: float, waits: dict[tuple[str, str], WindowRates] | None, key: tuple[str, str]
 ) -> list[str]:
     """WAIT and THROTTLED of one row: over the window when measured, else over its lifetime."""
     if waits is None:
         return [f"{d.wait_seconds / age * 100:.1f}%", f"{d.throttled_seconds / age * 100:.1f}%"]
     if key not in waits:
         return ["-", "-"]  # new since the first reading
-    wait, throttled = waits[key]
-    return [f"{wait * 100:.1f}%", f"{throttled * 100:.1f}%"]
+    rates = waits[key]
+    return [f"{rates.wait * 100:.1f}%", f"{rates.throttled * 100:.1f}%"]
 
 
 # -- status ----------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from sharegpu.ops.output import configured, containers, size, waits_between
+from sharegpu.ops.output import configured, containers, rates_between, size
 from sharegpu.ops.snapshot import Snapshot, take
 
 
@@ -64,7 +64,7 @@ def rows(prev: Snapshot | None, cur: Snapshot) -> tuple[list[Row], bool]:
     index = {g.uuid: str(g.index) for g in cur.gpus}
     dt = cur.monotonic - prev.monotonic if prev is not None else 0.0
     interval = prev is not None and dt > 0
-    waits = waits_between(prev.tenants, cur.tenants, dt) if prev is not None and interval else {}
+    rates = rates_between(prev.tenants, cur.tenants, dt) if prev is not None and interval else {}
     found = []
     for t in cur.tenants:
         if t.error:
@@ -75,10 +75,19 @@ def rows(prev: Snapshot | None, cur: Snapshot) -> tuple[list[Row], bool]:
             continue
         age = t.age_seconds or 1.0
         for d in t.devices:
-            # GPU time is NVML's over its last window (as fresh as top's refresh); waits are
-            # measured between refreshes, or over the tenant's lifetime for the first screen.
-            compute = d.gpu_busy_ratio or 0.0
-            wait, throttled = waits.get((t.id, d.uuid), (d.wait_seconds / age, d.throttled_seconds / age))
+            # Between refreshes: GPU time is the arbiter's charges (a native tenant's, NVML's last
+            # window) and waits are measured; the first screen has the view's GPU time (the
+            # agent's last second, else NVML's) and the tenant's lifetime waits.
+            measured = rates.get((t.id, d.uuid))
+            gpu_time = (
+                d.gpu_busy_ratio if measured is None or measured.gpu_time is None else measured.gpu_time
+            )
+            compute = gpu_time or 0.0
+            wait, throttled = (
+                (measured.wait, measured.throttled)
+                if measured
+                else (d.wait_seconds / age, d.throttled_seconds / age)
+            )
             found.append(
                 Row(
                     tenant=t.id,
@@ -89,7 +98,7 @@ def rows(prev: Snapshot | None, cur: Snapshot) -> tuple[list[Row], bool]:
                     memory_used=d.memory_used_bytes + d.memory_overhead_bytes,
                     memory_cap=d.memory_cap_bytes,
                     overhead=d.memory_overhead_bytes,
-                    compute=None if d.gpu_busy_ratio is None else min(compute, 1.0),
+                    compute=None if gpu_time is None else min(compute, 1.0),
                     wait=min(wait, 1.0),
                     throttled=min(throttled, 1.0),
                     preemptions=d.preemptions,
