@@ -183,6 +183,16 @@ ALERT_CASES: list[dict[str, Any]] = [
         "labels": {**N, "kind": "bypass"},
     },
     {
+        "alert": "SharegpuComputeUncharged",
+        "eval": "5m",
+        "fire": [("sharegpu_audit_events_total", {**N, "kind": "compute_uncharged"}, "0 0 0 1x10")],
+        "quiet": [
+            ("sharegpu_audit_events_total", {**N, "kind": "compute_uncharged"}, "0x12"),
+            ("sharegpu_audit_events_total", {**N, "kind": "bypass"}, "0 0 0 5x10"),
+        ],
+        "labels": {**N, "kind": "compute_uncharged"},
+    },
+    {
         "alert": "SharegpuArbiterRebuilt",
         "eval": "5m",
         "fire": [("sharegpu_arbiter_rebuilds_total", {**N, "gpu": "GPU-0"}, "0 0 0 1x10")],

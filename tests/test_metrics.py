@@ -389,6 +389,8 @@ def test_event_counts() -> None:
         [
             Event(kind="audit.bypass", message="x"),
             Event(kind="audit.bypass", message="x"),
+            Event(kind="audit.bypass", message="x", data={"cleared": True}),  # not a finding
+            Event(kind="audit.compute_uncharged", message="x"),
             Event(kind="qos.decision", message="x", data={"action": "lower"}),
             Event(kind="process.reaped", message="x", data={"region": "arbiter"}),
             Event(kind="tenant.reaped", message="x"),
@@ -396,7 +398,7 @@ def test_event_counts() -> None:
         ]
     )
     audit, qos, reaped, tenants = counts.snapshot()
-    assert audit == {"untracked": 0, "bypass": 2, "killed": 0}
+    assert audit == {"untracked": 0, "bypass": 2, "killed": 0, "compute_uncharged": 1}
     assert qos == {"raise": 0, "lower": 1, "hold": 0}
     assert reaped == {"usage": 0, "arbiter": 1}
     assert tenants == 1
