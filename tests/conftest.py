@@ -130,6 +130,15 @@ def parse_kv(text: str) -> tuple[dict[str, str], list[tuple[str, str]]]:
     return dict(lines), lines  # type: ignore[misc]
 
 
+def table_cell(table: str, column: str, tenant: str) -> str:
+    """The cell of `column` (a header's first word(s), e.g. "WAIT (") in `tenant`'s row."""
+    lines = table.splitlines()
+    header = next(line for line in lines if column in line and "TENANT" in line)
+    at = header.index(column)
+    row = next(line for line in lines if line.split() and line.split()[0] == tenant)
+    return row[at:].split()[0]
+
+
 def python(env: dict[str, str], code: str, timeout: float = 120):  # type: ignore[no-untyped-def]
     """Runs a Python program (dedented) under env; its key=value lines and the process."""
     proc = run_python(env, code, timeout)

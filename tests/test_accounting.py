@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from arbiterutil import achieved, compute_tenant, finish, spawn_in_pid_namespace, start_at
-from conftest import Sim, parse_kv
+from conftest import Sim, parse_kv, table_cell
 from test_metrics import api, families, free_port, running_agent, scrape_text, value
 
 TRUTH = """
@@ -287,7 +287,7 @@ def test_tenants_in_their_own_pid_namespaces_are_told_apart(sim: Sim) -> None:
     items = json.loads(sim.cli("tenants", "-o", "json").stdout)["items"]
     table = sim.cli("tenants").stdout
     nvml = by_tenant(items, "gpu_busy_ratio")
-    charged = {name: float(_cell(table, "GPU TIME (", name).rstrip("%")) / 100 for name in tenants}
+    charged = {name: float(table_cell(table, "GPU TIME (", name).rstrip("%")) / 100 for name in tenants}
     got = {name: achieved(finish(proc)) / 100 for name, proc in procs.items()}
     print(f"own pid namespaces: NVML {nvml}, the charges {charged}, the workloads got {got}\n{table}")
     assert {t["devices"][0]["gpu_busy_source"] for t in items} == {"nvml"}
@@ -379,15 +379,6 @@ def test_the_agent_reports_a_tenant_that_runs_past_its_charges(sim: Sim, tmp_pat
                 proc.communicate(timeout=30)
 
 
-def _cell(table: str, column: str, tenant: str) -> str:
-    """The cell of `column` (a header's first word(s), e.g. "WAIT (") in `tenant`'s row."""
-    lines = table.splitlines()
-    header = next(line for line in lines if column in line and "TENANT" in line)
-    at = header.index(column)
-    row = next(line for line in lines if line.split() and line.split()[0] == tenant)
-    return row[at:].split()[0]
-
-
 def test_every_rate_of_a_tenants_row_is_over_one_window(sim: Sim) -> None:
     """Issue 36: GPU TIME was the last second, WAIT and THROTTLED the tenant's lifetime, so a
     tenant idle now showed "waiting 7%".  The table's rates are over the window its headers
@@ -406,6 +397,6 @@ def test_every_rate_of_a_tenants_row_is_over_one_window(sim: Sim) -> None:
     assert re.search(r"WAIT \(\d+\.\ds\)", table), table  # the window measured, about a second
     assert re.search(r"THROTTLED \(\d+\.\ds\)", table), table
     for name in tenants:
-        assert _cell(table, "WAIT (", name) == "0.0%"  # idle now: nothing waited this second
-        assert _cell(table, "GPU TIME (", name) in ("0.0%", "-")
-        assert float(_cell(wide, "WAIT (LIFE)", name).rstrip("%")) > 5  # they did wait, earlier
+        assert table_cell(table, "WAIT (", name) == "0.0%"  # idle now: nothing waited this second
+        assert table_cell(table, "GPU TIME (", name) in ("0.0%", "-")
+        assert float(table_cell(wide, "WAIT (LIFE)", name).rstrip("%")) > 5  # they did wait, earlier

@@ -9,6 +9,7 @@ non-root, fails these tests instead of skipping them: `.ci/run` installs them.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -25,7 +26,7 @@ import pytest
 
 from agentutil import Agent, create
 from arbiterutil import achieved, arbiter_of, compute_tenant, finish, freeze_while_holding, start_at
-from conftest import Sim, parse_kv
+from conftest import Sim, parse_kv, table_cell
 from mpsutil import mps_stand_in
 from sharegpu.arbiter import read_arbiter
 from sharegpu.runtime.cdi.owner import owner_path
@@ -477,6 +478,49 @@ def test_two_containers_split_30_70_with_no_reclaim_and_an_agent_restart_changes
         wait_for("both tenants go with their containers", lambda: not container_tenants(sim))
     finally:
         agent.close()
+
+
+def test_two_containers_are_shown_the_gpu_time_each_got(
+    sim: Sim, rootfs: Path, spec_file: Path, tmp_path: Path
+) -> None:
+    """Issue 36: two Podman containers that got 39% and 60% were both shown 50% (the simulated
+    NVML summed every pid 1's work). GPU TIME is the arbiter's charges, so `sharegpu tenants`
+    and the API show each container what it got, and NVML's figure beside agrees."""
+    memory = random.randrange(100, 400)
+    low, high = f"gpu0-{memory}MiB-30", f"gpu0-{memory}MiB-70"
+    generate(sim, spec_file, low, high)
+    agent = Agent(sim, tmp_path / "state").start()
+    try:
+        at = start_at(6.0)  # two container starts, with their hooks, on a loaded 2-core machine
+        runs = {300: _saturate(rootfs, low, 6, at), 700: _saturate(rootfs, high, 6, at)}
+        wait_for("both containers have their tenants", lambda: len(container_tenants(sim)) == 2, timeout=30)
+        shares = {p.name: read_device_limits(p)[0].share_permille for p in container_tenants(sim).values()}
+        time.sleep(max(0.0, (at - time.clock_gettime_ns(time.CLOCK_MONOTONIC)) / 1e9 + 2.0))
+        table = sim.cli("tenants").stdout
+        views = {
+            t["id"]: t["devices"][0] for t in json.loads(sim.cli("tenants", "-o", "json").stdout)["items"]
+        }
+        got = {share: achieved(finish(run, timeout=90)) / 100 for share, run in runs.items()}
+    finally:
+        agent.close()
+    print(table)
+    for name, share in sorted(shares.items(), key=lambda kv: kv[1]):
+        view = views[name]
+        shown = float(table_cell(table, "GPU TIME (", name).rstrip("%")) / 100
+        print(
+            f"{share / 10:.0f}% container: got {got[share]:.3f}; tenants {shown:.3f}, "
+            f"API {view['gpu_busy_ratio']:.3f} ({view['gpu_busy_source']}), "
+            f"NVML {view['nvml_busy_ratio']:.3f}"
+        )
+        assert view["gpu_busy_source"] == "arbiter"
+        for what, figure in (
+            ("tenants", shown),
+            ("the API", view["gpu_busy_ratio"]),
+            ("NVML", view["nvml_busy_ratio"]),
+        ):
+            assert abs(figure - got[share]) <= 0.05, (
+                f"{share / 10:.0f}%: {what} {figure:.3f}, got {got[share]:.3f}"
+            )
 
 
 def test_a_killed_container_gives_the_token_back_within_2s(sim: Sim, rootfs: Path, spec_file: Path) -> None:
