@@ -1,12 +1,16 @@
 /*
- * The agent's side of the GPU arbiter region.  This file includes the shim's arbiter.c, so
- * reaping a dead client and handing a token it held to the best waiter is the shim's own
- * reap_and_pick_locked (eligibility, ceiling buckets, virtual time, the futex wake of the
- * waiter), and the lock's EOWNERDEAD repair is its repair_locked.  The agent has no client
- * entry of its own, so its exit hook returns at once.
+ * The agent's side of the GPU arbiter region.  The library is linked against the shim's own
+ * arbregion.c and arbsched.c (agentlib/arbregion.c, agentlib/arbsched.c), so reaping a dead
+ * client and handing a token it held to the best waiter is the shim's own
+ * sg_arb_reap_and_pick_locked (eligibility, ceiling buckets, virtual time, the futex wake of
+ * the waiter), and the lock's EOWNERDEAD repair is the shim's.  The agent has no client entry
+ * of its own.
  */
-#include "../shim/arbiter.c"
+#include <pthread.h>
+#include <string.h>
+#include <unistd.h>
 
+#include "../shim/arbregion.h"
 #include "internal.h"
 
 static pthread_mutex_t agent_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -31,11 +35,11 @@ int sga_arbiter_reap(const char *path, struct sga_arb_reaped *out, int cap,
                          a->tenant_slots, a->client_slots, SG_ARB_MAX_TENANTS, SG_ARB_MAX_CLIENTS);
     }
     pthread_mutex_lock(&agent_mu);
-    agent_live_fd = sg_live_open(path);
+    sg_arb_agent_live_fd = sg_live_open(path);
     static struct snap before[SG_ARB_MAX_CLIENTS]; /* [agent_mu] */
     uint64_t recoveries = a->recoveries;
     int n = 0;
-    if (arb_lock(a) < 0) {
+    if (sg_arb_lock(a) < 0) {
         n = sga_error(err, "%s: cannot lock the GPU arbiter mutex", path);
     } else {
         res->recovered = a->recoveries != recoveries;
@@ -45,7 +49,7 @@ int sga_arbiter_reap(const char *path, struct sga_arb_reaped *out, int cap,
             before[c].tenant = a->clients[c].tenant;
             before[c].start_time = a->clients[c].start_time;
         }
-        reap_and_pick_locked(a);
+        sg_arb_reap_and_pick_locked(a);
         for (int c = 0; c < SG_ARB_MAX_CLIENTS; c++) {
             const struct sg_arb_client *cl = &a->clients[c];
             if (before[c].pid == 0 ||
@@ -67,11 +71,11 @@ int sga_arbiter_reap(const char *path, struct sga_arb_reaped *out, int cap,
         if (now_holder >= 0 && now_holder < SG_ARB_MAX_CLIENTS && now_holder != holder)
             res->new_holder_pid = a->clients[now_holder].pid;
         res->reaped = (uint32_t)n;
-        arb_unlock(a);
+        sg_arb_unlock(a);
     }
-    if (agent_live_fd >= 0)
-        close(agent_live_fd);
-    agent_live_fd = -1;
+    if (sg_arb_agent_live_fd >= 0)
+        close(sg_arb_agent_live_fd);
+    sg_arb_agent_live_fd = -1;
     pthread_mutex_unlock(&agent_mu);
     sga_unmap(m, sizeof *a);
     return n;

@@ -1,7 +1,8 @@
 /*
  * libsgagent.so: the few operations of the node agent (src/sharegpu/agent) that must take a
  * region's robust mutex and change what the shims guard with it.  They are compiled from the
- * shim's own sources (usage.c includes shim/ledger.c, arbiter.c includes shim/arbiter.c), so
+ * shim's own sources (usage.c includes shim/ledger.c; arbregion.c, arbsched.c and predict.c
+ * include the shim's arbiter pieces), so
  * the agent frees a dead process's charges and hands a dead holder's token on exactly as a
  * shim would, EOWNERDEAD repair included.  Nothing here hooks CUDA or NVML: the library
  * exports only the sga_* functions below (exports.map), and the agent never loads
@@ -73,8 +74,8 @@ SGA_EXPORT int sga_usage_swap_overhead(const char *path, int idx, uint64_t expec
                                        uint64_t bytes, char err[SGA_ERR_LEN]);
 
 /* Free the client entries of dead processes in the arbiter region at path and, when the token
- * came free and clients wait, grant it to the best waiter (shim/arbiter.c
- * reap_and_pick_locked).  Up to cap freed entries are described in out. */
+ * came free and clients wait, grant it to the best waiter (shim/arbregion.c
+ * sg_arb_reap_and_pick_locked).  Up to cap freed entries are described in out. */
 SGA_EXPORT int sga_arbiter_reap(const char *path, struct sga_arb_reaped *out, int cap,
                                 struct sga_arb_result *res, char err[SGA_ERR_LEN]);
 

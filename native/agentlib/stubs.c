@@ -1,6 +1,6 @@
 /*
- * What shim/ledger.c and shim/arbiter.c need from the rest of the shim, reduced to what the
- * agent's operations use.  The agent has no tenant configuration of its own (mode INERT), no
+ * What shim/ledger.c, shim/arbregion.c and shim/arbsched.c need from the rest of the shim,
+ * reduced to what the agent's operations use.  The agent has no tenant configuration of its own (mode INERT), no
  * real libcuda (every function pointer NULL) and prints nothing: errors come back as text.
  */
 #include <limits.h>
@@ -18,6 +18,9 @@ struct sg_limits_copy sg_lim;
 void *sg_real_ptr[SG_R_COUNT];
 unsigned char sg_real_done[SG_R_COUNT];
 __thread int sg_in_hook __attribute__((tls_model("initial-exec")));
+/* The agent holds no GPU's region as a client: liveness tests use sg_arb_agent_live_fd. */
+struct sg_gpu sg_gpus[SG_MAX_DEVICES];
+uint32_t sg_stream_epoch; /* ledger.c's stream cache; the agent looks up no streams */
 
 int sg_fail(struct sg_err *e, int code, const char *fmt, ...)
 {
@@ -62,34 +65,6 @@ int sg_limits_refresh_locked(struct sg_err *e)
 {
     (void)e;
     return 0;
-}
-
-int sg_limits_read(const struct sg_limits *l, struct sg_limits_copy *out, struct sg_err *e)
-{
-    (void)l;
-    (void)out;
-    return sg_fail(e, SG_E_CONFIG, "no limits in the agent");
-}
-
-CUresult sg_cu_result(int code)
-{
-    return code == 0 ? CUDA_SUCCESS : CUDA_ERROR_NOT_PERMITTED;
-}
-
-int sg_stream_ordinal(CUstream s, CUdevice *dev)
-{
-    (void)s;
-    (void)dev;
-    return CUDA_ERROR_NOT_SUPPORTED; /* the agent launches nothing */
-}
-
-int sg_grow(void **arr, size_t *cap, size_t n, size_t elem)
-{
-    (void)arr;
-    (void)cap;
-    (void)n;
-    (void)elem;
-    return -1; /* the agent launches nothing, so records no contexts of a hold */
 }
 
 /* The agent creates no contexts (hooks_ctx.c is not part of it). */

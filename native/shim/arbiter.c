@@ -12,29 +12,25 @@
  *                            on), and when we do not hold the token, ask for it and sleep on
  *                            our futex word until it is granted to us.
  *   sync calls               end a burst: hand the token on if a better waiter exists.
- *   watcher thread           one per process, started at the first arbitrated launch: releases
- *                            a token held past its quantum without launches (draining with the
- *                            holder's contexts pushed on the watcher thread) and yields at once
- *                            to a higher-class request when the holder is not launching.
+ *   watcher thread           one per process, started at the first arbitrated launch
+ *                            (arbwatch.c): releases a token held past its quantum without
+ *                            launches and yields at once to a higher-class request when the
+ *                            holder is not launching.
  *
- * Scheduling (pick, under the region lock): among WAITING clients whose tenant is not over its
- * ceiling (bucket > 0), the highest priority class, then the smallest weighted virtual time of
- * the tenant, then the longest waiting.  A holder is charged the wall time it held the card
- * (grant -> release, then its drain): vtime += held * 1000 / effective weight; ceiling buckets
- * (cap, burst) -= held.  Effective weight: a cap/burst tenant's guarantee in permille; a share
- * tenant's share * weight, scaled so the active share tenants together get what the active
- * guarantees leave.
+ * This file is a process's side: its entries, its holds and what they are charged (the GPU
+ * time its work used: the wall time held less the idle time after syncs that drained it).
+ * Who is granted next, for how long and what a hold costs its tenant are the scheduling
+ * decisions (arbsched.h); the region's lock, its repair and the reaping of dead clients are
+ * arbregion.h; the predicted online requests, predict.h.
  *
- * Robustness: the region mutex is robust (EOWNERDEAD -> repair of the abi.h invariants); a
- * waiter never sleeps longer than LIVENESS_POLL_NS without checking that the holder is alive
- * (its liveness lock, whatever its pid namespace: live.c) and takes the token back from a dead
- * one; dead clients are reaped; a forked
- * child forgets its parent's token and entries; a normal exit releases and frees ours.
+ * Robustness: a waiter never sleeps longer than LIVENESS_POLL_NS without checking that the
+ * holder is alive (its liveness lock, whatever its pid namespace: live.c) and takes the token
+ * back from a dead one; a forked child forgets its parent's token and entries; a normal exit
+ * releases and frees ours.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -46,6 +42,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "arbhold.h"
+#include "arbregion.h"
+#include "arbsched.h"
+#include "futex.h"
 #include "predict.h"
 #include "shim.h"
 
@@ -53,7 +53,6 @@
 #define REAP_INTERVAL_NS 100000000ull
 #define MIN_SLEEP_NS 100000ull
 #define MAX_ORDINALS 64
-#define WATCHER_BUSY_RETRY_NS 200000ull
 #define REATTACH_POLL_NS 20000000ull /* a client of a broken region looks for its successor */
 struct sg_gpu sg_gpus[SG_MAX_DEVICES];
 __thread struct sg_arb_tls sg_arb_tls __attribute__((tls_model("initial-exec")));
@@ -66,316 +65,10 @@ static bool alim_valid;
 static int ord_idx[MAX_ORDINALS]; /* [setup_mu] limits index + 1; 0 unknown; -1 not ours */
 static char tenant_id[SG_TENANT_ID_LEN];
 static uint64_t tenant_incarnation; /* the limits' incarnation: a re-created tenant is another */
-static struct sg_identity self;
-static int agent_live_fd = -1; /* the region file for liveness tests when the agent reaps */
 static bool watcher_started;
-static uint32_t watcher_kick; /* [atomic] private futex word: a grant wakes the watcher */
-static uint64_t last_reap_ns;
-static int lock_logged, entry_logged, broken_logged, retired_logged;
+static int entry_logged, retired_logged;
 
-/* ---- futexes ------------------------------------------------------------------------------- */
-
-static void futex_wait(uint32_t *word, uint32_t val, uint64_t timeout_ns, bool shared)
-{
-    struct timespec ts = {.tv_sec = (time_t)(timeout_ns / 1000000000u),
-                          .tv_nsec = (long)(timeout_ns % 1000000000u)};
-    syscall(SYS_futex, word, shared ? FUTEX_WAIT : FUTEX_WAIT_PRIVATE, val, &ts, NULL, 0);
-}
-
-static void futex_wake(uint32_t *word, bool shared)
-{
-    syscall(SYS_futex, word, shared ? FUTEX_WAKE : FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
-}
-
-/* ---- the region lock and its repair --------------------------------------------------------- */
-
-static bool has_ceiling(const struct sg_arb_tenant *t)
-{
-    return (t->policy == SG_POLICY_CAP || t->policy == SG_POLICY_BURST) &&
-           t->ceiling_permille < 1000;
-}
-
-static uint64_t quantum(const struct sg_arbiter *a)
-{
-    uint64_t q = __atomic_load_n(&a->quantum_ns, __ATOMIC_RELAXED);
-    if (q < SG_ARB_MIN_QUANTUM_NS)
-        q = SG_ARB_MIN_QUANTUM_NS;
-    if (q > SG_ARB_MAX_QUANTUM_NS)
-        q = SG_ARB_MAX_QUANTUM_NS;
-    return q;
-}
-
-static bool client_is_mine(const struct sg_arb_client *cl)
-{
-    return cl->pid != 0 && sg_identity_is(&self, cl->pidns, cl->pid, cl->start_time);
-}
-
-/* The region file's descriptor for liveness locks: the GPU's, or the agent's while it reaps. */
-static int live_fd_of(const struct sg_arbiter *a)
-{
-    for (int i = 0; i < SG_MAX_DEVICES; i++)
-        if (sg_gpus[i].a == a)
-            return sg_gpus[i].live_fd;
-    return agent_live_fd;
-}
-
-static void free_client_locked(struct sg_arbiter *a, int c)
-{
-    struct sg_arb_client *cl = &a->clients[c];
-    if (cl->pid == 0)
-        return;
-    if (client_is_mine(cl))
-        sg_live_drop(live_fd_of(a), (uint32_t)c);
-    if (SG_ARB_TOKEN_HOLDER(a->token) == c) {
-        __atomic_store_n(&a->token, SG_ARB_TOKEN(SG_ARB_TOKEN_GEN(a->token), -1), __ATOMIC_RELEASE);
-        a->last_release_ns = sg_mono_ns();
-    }
-    if (cl->state == SG_ARB_WAITING && a->waiting > 0)
-        __atomic_store_n(&a->waiting, a->waiting - 1, __ATOMIC_RELAXED);
-    if (cl->tenant < SG_ARB_MAX_TENANTS && a->tenants[cl->tenant].clients > 0)
-        a->tenants[cl->tenant].clients--;
-    __atomic_store_n(&cl->state, SG_ARB_FREE, __ATOMIC_RELAXED);
-    __atomic_store_n(&cl->yield, 0, __ATOMIC_RELAXED);
-    cl->start_time = 0;
-    cl->flags = 0;
-    cl->pidns = 0;
-    cl->pid = 0;
-}
-
-/* Free the entries of dead processes (the token of a dead holder goes back). */
-static void reap_locked(struct sg_arbiter *a)
-{
-    int fd = live_fd_of(a);
-    if (!self.pid)
-        sg_identity_read(&self);
-    for (int c = 0; c < SG_ARB_MAX_CLIENTS; c++) {
-        struct sg_arb_client *cl = &a->clients[c];
-        if (cl->pid == 0 || client_is_mine(cl))
-            continue;
-        if (!sg_entry_alive(fd, (uint32_t)c, cl->flags, cl->pidns, cl->pid, cl->start_time,
-                            &self)) {
-            if (SG_ARB_TOKEN_HOLDER(a->token) == c)
-                a->reclaims++;
-            free_client_locked(a, c);
-        }
-    }
-    last_reap_ns = sg_mono_ns();
-}
-
-static int pick_locked(struct sg_arbiter *a, uint64_t now);
-static void grant_locked(struct sg_arbiter *a, int c, uint64_t now);
-static void charge_locked(struct sg_arbiter *a, struct sg_gpu *g, int c, uint64_t now);
-
-/* The holder kept the token SG_ARB_STALL_NS past its quantum: it is stopped (SIGSTOP, docker
- * pause, a debugger) or stuck in one very long kernel.  Charge it what it held, take the token
- * back and hand it on; when it runs again it finds the token gone and asks anew. */
-static void take_back_locked(struct sg_arbiter *a, int holder, uint64_t now)
-{
-    struct sg_arb_client *h = &a->clients[holder];
-    charge_locked(a, NULL, holder, now);
-    __atomic_store_n(&h->state, SG_ARB_IDLE, __ATOMIC_RELAXED);
-    __atomic_store_n(&h->yield, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&a->token, SG_ARB_TOKEN(SG_ARB_TOKEN_GEN(a->token), -1), __ATOMIC_RELEASE);
-    a->last_release_ns = now;
-    a->stall_reclaims++;
-    int best = pick_locked(a, now);
-    if (best >= 0)
-        grant_locked(a, best, now);
-}
-
-/* Reap, and hand a token freed by a dead holder to the best waiter. */
-static void reap_and_pick_locked(struct sg_arbiter *a)
-{
-    reap_locked(a);
-    if (SG_ARB_TOKEN_HOLDER(a->token) < 0 && a->waiting) {
-        uint64_t now = sg_mono_ns();
-        int best = pick_locked(a, now);
-        if (best >= 0)
-            grant_locked(a, best, now);
-    }
-}
-
-/* EOWNERDEAD: a process died holding the lock, maybe half-way through an update.  The client
- * entries are the truth: rebuild the counts and the holder/state pair from them. */
-static void repair_locked(struct sg_arbiter *a)
-{
-    reap_locked(a);
-    int holder = SG_ARB_TOKEN_HOLDER(a->token);
-    if (holder >= SG_ARB_MAX_CLIENTS || (holder >= 0 && a->clients[holder].pid == 0)) {
-        __atomic_store_n(&a->token, SG_ARB_TOKEN(SG_ARB_TOKEN_GEN(a->token), -1), __ATOMIC_RELEASE);
-        holder = -1;
-    }
-    uint32_t waiting = 0;
-    for (int t = 0; t < SG_ARB_MAX_TENANTS; t++)
-        a->tenants[t].clients = 0;
-    for (int c = 0; c < SG_ARB_MAX_CLIENTS; c++) {
-        struct sg_arb_client *cl = &a->clients[c];
-        if (cl->pid == 0)
-            continue;
-        if (cl->tenant >= SG_ARB_MAX_TENANTS) {
-            cl->pid = 0;
-            cl->state = SG_ARB_FREE;
-            continue;
-        }
-        a->tenants[cl->tenant].clients++;
-        if (c == holder)
-            cl->state = SG_ARB_HOLDING;
-        else if (cl->state == SG_ARB_HOLDING || cl->state > SG_ARB_HOLDING)
-            cl->state = SG_ARB_IDLE; /* its waiter loop asks again */
-        if (cl->state == SG_ARB_WAITING)
-            waiting++;
-    }
-    __atomic_store_n(&a->waiting, waiting, __ATOMIC_RELAXED);
-    a->recoveries++;
-}
-
-static bool region_broken(const struct sg_arbiter *a)
-{
-    return __atomic_load_n(&a->broken_since_ns, __ATOMIC_ACQUIRE) != 0;
-}
-
-/* The lock was held past SG_ARB_LOCK_DEADLINE_NS: no critical section lasts near that long, so
- * its holder is stopped, asleep or hostile.  Mark the region broken (abi.h, 1.7): nobody waits
- * on its lock again, every client launches unarbitrated, and the agent replaces the file. */
-static void mark_broken(struct sg_arbiter *a)
-{
-    __atomic_fetch_add(&a->lock_timeouts, 1, __ATOMIC_RELAXED);
-    uint64_t healthy = 0, now = sg_mono_ns();
-    __atomic_compare_exchange_n(&a->broken_since_ns, &healthy, now ? now : 1, false,
-                                __ATOMIC_RELEASE, __ATOMIC_RELAXED);
-    sg_log_once(&broken_logged,
-                "another process held the GPU arbiter's lock past %llu ms: the GPU runs "
-                "unarbitrated until the agent replaces its region",
-                (unsigned long long)(SG_ARB_LOCK_DEADLINE_NS / 1000000));
-}
-
-/* The region lock, waited for at most SG_ARB_LOCK_DEADLINE_NS, never on a broken region: no
- * tenant holds up another's launches for longer than that.  A waiter asleep for the token comes
- * back at least every LIVENESS_POLL_NS, finds the lock refused and launches unarbitrated. */
-static int arb_lock(struct sg_arbiter *a)
-{
-    if (region_broken(a))
-        return -1; /* abandoned: whoever holds its lock, nothing of it is ours to change */
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    uint64_t ns = (uint64_t)until.tv_nsec + SG_ARB_LOCK_DEADLINE_NS;
-    until.tv_sec += (time_t)(ns / 1000000000ull);
-    until.tv_nsec = (long)(ns % 1000000000ull);
-    int rc = pthread_mutex_clocklock(&a->lock.mutex, CLOCK_MONOTONIC, &until);
-    if (rc == ETIMEDOUT) {
-        mark_broken(a);
-        return -1;
-    }
-    if (rc == EOWNERDEAD) {
-        repair_locked(a);
-        pthread_mutex_consistent(&a->lock.mutex);
-        return 0;
-    }
-    if (rc != 0)
-        sg_log_once(&lock_logged, "cannot lock the GPU arbiter mutex: %s", strerror(rc));
-    return rc == 0 ? 0 : -1;
-}
-
-static void arb_unlock(struct sg_arbiter *a)
-{
-    pthread_mutex_unlock(&a->lock.mutex);
-}
-
-/* ---- scheduling (all under the region lock) -------------------------------------------------- */
-
-/* Does a client of tenant t hold the token? */
-static bool tenant_holds_locked(const struct sg_arbiter *a, const struct sg_arb_tenant *t)
-{
-    int h = SG_ARB_TOKEN_HOLDER(a->token);
-    return h >= 0 && h < SG_ARB_MAX_CLIENTS && a->clients[h].tenant < SG_ARB_MAX_TENANTS &&
-           &a->tenants[a->clients[h].tenant] == t;
-}
-
-/* Bring a ceiling bucket up to `now`: it earns credit at the ceiling; the charge of a hold
- * (charge_locked) spends the GPU time the hold used.  While the tenant holds the card the depth
- * cap waits for that charge, so that a hold's earnings and spending are netted before the cap:
- * capping the earnings alone (and charging the hold afterwards) threw away up to C x hold of
- * credit per grant, which held a 90% cap alone to 67%. */
-static void refill_locked(struct sg_arbiter *a, struct sg_arb_tenant *t, uint64_t now)
-{
-    uint64_t from = t->bucket_ts_ns;
-    t->bucket_ts_ns = now;
-    if (!has_ceiling(t) || now <= from)
-        return;
-    uint64_t elapsed = now - from;
-    if (elapsed > (uint64_t)INT64_MAX / 2000u)
-        elapsed = (uint64_t)INT64_MAX / 2000u;
-    int64_t depth = (int64_t)quantum(a);
-    int64_t b = t->bucket_ns + (int64_t)(elapsed * t->ceiling_permille / 1000u);
-    t->bucket_ns = b > depth && !tenant_holds_locked(a, t) ? depth : b;
-}
-
-/* Spend `used` ns of GPU time from tenant t's bucket (earned up to now first). */
-static void spend_locked(struct sg_arbiter *a, struct sg_arb_tenant *t, uint64_t used,
-                         uint64_t now)
-{
-    refill_locked(a, t, now);
-    if (!has_ceiling(t))
-        return;
-    int64_t depth = (int64_t)quantum(a), b = t->bucket_ns - (int64_t)used;
-    t->bucket_ns = b > depth ? depth : b;
-}
-
-/* A tenant is eligible for a grant unless its ceiling bucket is below the minimum grant.  Half a
- * quantum: each throttle cycle (release, drain, wake, refill the pipeline) loses ~0.1 ms of the
- * tenant's time, so short cycles cost a ceiling tenant its own share (a 1/8-quantum grant left a
- * 50% cap alone at ~48%); half a quantum keeps cycles >= 10 ms at 50%. */
-static int64_t min_grant_ns(const struct sg_arbiter *a)
-{
-    return (int64_t)(quantum(a) / 2);
-}
-
-static bool eligible_locked(struct sg_arbiter *a, struct sg_arb_tenant *t, uint64_t now)
-{
-    if (!has_ceiling(t))
-        return true;
-    refill_locked(a, t, now);
-    return t->bucket_ns >= min_grant_ns(a);
-}
-
-/* Active: a client waiting or holding, or a request/grant/release within four quanta. */
-static void active_tenants_locked(struct sg_arbiter *a, uint64_t now, bool active[])
-{
-    uint64_t win = 4 * quantum(a);
-    for (int t = 0; t < SG_ARB_MAX_TENANTS; t++)
-        active[t] = a->tenants[t].tenant_id[0] && a->tenants[t].clients > 0 &&
-                    now - a->tenants[t].last_active_ns <= win;
-    for (int c = 0; c < SG_ARB_MAX_CLIENTS; c++) {
-        const struct sg_arb_client *cl = &a->clients[c];
-        if (cl->pid && cl->tenant < SG_ARB_MAX_TENANTS &&
-            (cl->state == SG_ARB_WAITING || cl->state == SG_ARB_HOLDING))
-            active[cl->tenant] = true;
-    }
-}
-
-static uint64_t eff_weight_locked(struct sg_arbiter *a, int ti, uint64_t now)
-{
-    struct sg_arb_tenant *t = &a->tenants[ti];
-    uint64_t share = t->share_permille ? t->share_permille : 1;
-    if (t->policy == SG_POLICY_CAP || t->policy == SG_POLICY_BURST)
-        return share;
-    bool active[SG_ARB_MAX_TENANTS];
-    active_tenants_locked(a, now, active);
-    active[ti] = true;
-    uint64_t g = 0, s = 0;
-    for (int i = 0; i < SG_ARB_MAX_TENANTS; i++) {
-        const struct sg_arb_tenant *o = &a->tenants[i];
-        if (!active[i])
-            continue;
-        if (o->policy == SG_POLICY_CAP || o->policy == SG_POLICY_BURST)
-            g += o->share_permille;
-        else if (o->policy == SG_POLICY_SHARE)
-            s += (uint64_t)(o->share_permille ? o->share_permille : 1) * (o->weight ? o->weight : 1);
-    }
-    uint64_t rem = g >= 1000 ? 10 : 1000 - g;
-    uint64_t w = share * (t->weight ? t->weight : 1) * rem / (s ? s : 1);
-    return w ? w : 1;
-}
+/* ---- charging our holds (under the region lock; the rules: arbsched.c) ------------------- */
 
 /* The idle time of our hold since `from` that the charge leaves out: what the launches after
  * drained syncs closed (idle_ns), and, while we are still drained, the time since the drain (or
@@ -411,98 +104,12 @@ static void charge_locked(struct sg_arbiter *a, struct sg_gpu *g, int c, uint64_
         uint64_t idle = idle_take(g, cl->grant_ns, now);
         held = idle < held ? held - idle : 0;
     }
-    if (cl->tenant >= SG_ARB_MAX_TENANTS) {
-        cl->grant_ns = now;
-        return;
+    if (sg_arb_pay_locked(a, c, held, now)) {
+        if (g && g->usage)
+            __atomic_fetch_add(&g->usage->gpu_time_ns, held, __ATOMIC_RELAXED);
+        a->tenants[cl->tenant].last_active_ns = now;
     }
-    struct sg_arb_tenant *t = &a->tenants[cl->tenant];
-    __atomic_fetch_add(&t->gpu_time_ns, held, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&cl->gpu_time_ns, held, __ATOMIC_RELAXED);
-    if (g && g->usage)
-        __atomic_fetch_add(&g->usage->gpu_time_ns, held, __ATOMIC_RELAXED);
-    t->vtime += held * 1000u / eff_weight_locked(a, (int)cl->tenant, now);
-    spend_locked(a, t, held, now);
     cl->grant_ns = now;
-    t->last_active_ns = now;
-}
-
-/* Is waiter w a better candidate than client c (by class, virtual time, then waiting time)?
- * Against the holder (c_holds) a tie goes to the waiter, so processes of one tenant alternate. */
-static bool better_locked(struct sg_arbiter *a, int w, int c, bool c_holds)
-{
-    const struct sg_arb_client *x = &a->clients[w], *y = &a->clients[c];
-    if (x->priority != y->priority)
-        return x->priority > y->priority;
-    uint64_t vx = a->tenants[x->tenant].vtime, vy = a->tenants[y->tenant].vtime;
-    if (vx != vy)
-        return vx < vy;
-    return c_holds || x->wait_since_ns < y->wait_since_ns;
-}
-
-/* The best eligible waiter, or -1. */
-static int pick_locked(struct sg_arbiter *a, uint64_t now)
-{
-    int best = -1;
-    for (int c = 0; c < SG_ARB_MAX_CLIENTS; c++) {
-        struct sg_arb_client *cl = &a->clients[c];
-        if (cl->pid == 0 || cl->state != SG_ARB_WAITING || cl->tenant >= SG_ARB_MAX_TENANTS)
-            continue;
-        if (!eligible_locked(a, &a->tenants[cl->tenant], now))
-            continue;
-        if (cl->priority == SG_PRIORITY_OFFLINE &&
-            (now < a->offline_hold_until_ns || now < a->offline_quiet_until_ns))
-            continue; /* held back ahead of a predicted online request, or a quiet window */
-        if (best < 0 || better_locked(a, c, best, false))
-            best = c;
-    }
-    return best;
-}
-
-/* Quantum length for client c from now: the quantum, shortened so that a ceiling bucket does
- * not run dry (it drains at 1 - ceiling while held). */
-static uint64_t quantum_len_locked(struct sg_arbiter *a, int c, uint64_t now)
-{
-    uint64_t q = quantum(a);
-    struct sg_arb_tenant *t = &a->tenants[a->clients[c].tenant];
-    if (has_ceiling(t)) {
-        refill_locked(a, t, now);
-        int64_t b = t->bucket_ns > 0 ? t->bucket_ns : 0;
-        uint64_t tte = (uint64_t)b * 1000u / (1000u - t->ceiling_permille);
-        if (tte < q)
-            q = tte;
-    }
-    return q;
-}
-
-static void grant_locked(struct sg_arbiter *a, int c, uint64_t now)
-{
-    struct sg_arb_client *cl = &a->clients[c];
-    uint64_t gen = SG_ARB_TOKEN_GEN(a->token) + 1;
-    a->quantum_end_ns = now + quantum_len_locked(a, c, now);
-    a->grant_ns = now;
-    cl->grant_ns = now;
-    if (cl->state == SG_ARB_WAITING && a->waiting > 0)
-        __atomic_store_n(&a->waiting, a->waiting - 1, __ATOMIC_RELAXED);
-    __atomic_store_n(&cl->state, SG_ARB_HOLDING, __ATOMIC_RELAXED);
-    __atomic_store_n(&cl->yield, 0, __ATOMIC_RELAXED);
-    a->grants++;
-    struct sg_arb_tenant *t = &a->tenants[cl->tenant];
-    __atomic_fetch_add(&t->grants, 1, __ATOMIC_RELAXED);
-    t->last_active_ns = now;
-    if (cl->priority == SG_PRIORITY_ONLINE)
-        sg_predict_served(a);
-    __atomic_store_n(&a->token, SG_ARB_TOKEN(gen, c), __ATOMIC_RELEASE);
-    __atomic_fetch_add(&cl->wake, 1, __ATOMIC_RELEASE);
-    futex_wake(&cl->wake, true);
-}
-
-static void note_online_locked(struct sg_arbiter *a, int c, uint64_t now)
-{
-    if (a->clients[c].priority != SG_PRIORITY_ONLINE)
-        return;
-    uint64_t until = now + __atomic_load_n(&a->online_window_ns, __ATOMIC_RELAXED);
-    if (until > __atomic_load_n(&a->online_active_until_ns, __ATOMIC_RELAXED))
-        __atomic_store_n(&a->online_active_until_ns, until, __ATOMIC_RELAXED);
 }
 
 /* ---- limits and devices ------------------------------------------------------------------ */
@@ -792,7 +399,7 @@ static int find_tenant_locked(struct sg_arbiter *a, uint64_t now)
     memcpy(te->tenant_id, tenant_id, SG_TENANT_ID_LEN);
     te->tenant_id[SG_TENANT_ID_LEN - 1] = 0;
     te->incarnation = tenant_incarnation;
-    te->bucket_ns = min_grant_ns(a); /* one grant's credit to start, not a whole quantum */
+    te->bucket_ns = sg_arb_min_grant_ns(a); /* one grant's credit to start, not a whole quantum */
     te->bucket_ts_ns = now;
     return t;
 }
@@ -806,8 +413,8 @@ static void claim_entry_locked(struct sg_gpu *g, int *c, int *t, uint64_t now)
     for (int pass = 0; pass < 2 && *c < 0; pass++) {
         for (int i = 0; i < SG_ARB_MAX_CLIENTS; i++) {
             /* Our identity but not ours: what this process held before an exec. */
-            if (client_is_mine(&a->clients[i]))
-                free_client_locked(a, i);
+            if (sg_arb_client_is_mine(&a->clients[i]))
+                sg_arb_free_client_locked(a, i);
         }
         *t = find_tenant_locked(a, now);
         bool room = *t >= 0 && a->tenants[*t].clients < SG_ARB_TENANT_MAX_CLIENTS;
@@ -820,7 +427,7 @@ static void claim_entry_locked(struct sg_gpu *g, int *c, int *t, uint64_t now)
                 break;
             }
         if (*c < 0)
-            reap_and_pick_locked(a);
+            sg_arb_reap_and_pick_locked(a);
     }
 }
 
@@ -834,8 +441,8 @@ static int ensure_client(struct sg_gpu *g, struct sg_err *e)
         return SG_E_CONFIG;
     }
     pthread_mutex_lock(&setup_mu);
-    if (!self.pid)
-        sg_identity_read(&self);
+    if (!sg_arb_self.pid)
+        sg_identity_read(&sg_arb_self);
     struct sg_limits_device d = alim.devices[g->idx];
     uint64_t gen = alim.generation;
     pthread_mutex_unlock(&setup_mu);
@@ -846,7 +453,7 @@ static int ensure_client(struct sg_gpu *g, struct sg_err *e)
     bool waited = false;
     for (;;) {
         c = t = -1;
-        if (arb_lock(a) < 0)
+        if (sg_arb_lock(a) < 0)
             return sg_fail(e, SG_E_CONFIG, "cannot lock the GPU arbiter");
         claim_entry_locked(g, &c, &t, sg_mono_ns());
         if (c >= 0)
@@ -855,7 +462,7 @@ static int ensure_client(struct sg_gpu *g, struct sg_err *e)
          * one to be freed, as for the token, instead of failing the launch. */
         if (!waited)
             a->entry_waits++;
-        arb_unlock(a);
+        sg_arb_unlock(a);
         if (!waited)
             sg_log_once(&entry_logged,
                         "waiting for a GPU arbiter entry (a tenant may hold %d per GPU, %d in all)",
@@ -871,16 +478,16 @@ static int ensure_client(struct sg_gpu *g, struct sg_err *e)
     memset(cl, 0, sizeof *cl);
     cl->wake = wake;
     cl->watch = watch;
-    cl->pid = self.pid;
-    cl->start_time = self.start;
-    cl->pidns = self.pidns;
+    cl->pid = sg_arb_self.pid;
+    cl->start_time = sg_arb_self.start;
+    cl->pidns = sg_arb_self.pidns;
     cl->flags = g->live_fd >= 0 ? SG_ENTRY_LIVE_LOCK : 0;
     cl->tenant = (uint32_t)t;
     cl->state = SG_ARB_IDLE;
     a->tenants[t].clients++;
     tenant_sync_locked(a, t, &d, gen);
     cl->priority = a->tenants[t].priority;
-    arb_unlock(a);
+    sg_arb_unlock(a);
     g->client = c;
     g->tenant = t;
     pthread_mutex_lock(&setup_mu);
@@ -923,7 +530,7 @@ static void count_preemption(struct sg_gpu *g)
 
 /* ---- holding and releasing (caller holds g->mu) ----------------------------------------------- */
 
-static bool holding(struct sg_gpu *g)
+bool sg_arb_holding(const struct sg_gpu *g)
 {
     uint64_t tok = __atomic_load_n(&g->token, __ATOMIC_RELAXED);
     return tok && __atomic_load_n(&g->a->token, __ATOMIC_ACQUIRE) == tok;
@@ -992,16 +599,8 @@ static void drain(struct sg_gpu *g)
 static void charge_drain_locked(struct sg_arbiter *a, struct sg_gpu *g, int c, uint64_t held,
                                 uint64_t now)
 {
-    struct sg_arb_client *cl = &a->clients[c];
-    if (!client_is_mine(cl) || cl->tenant >= SG_ARB_MAX_TENANTS)
-        return;
-    struct sg_arb_tenant *t = &a->tenants[cl->tenant];
-    __atomic_fetch_add(&t->gpu_time_ns, held, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&cl->gpu_time_ns, held, __ATOMIC_RELAXED);
-    if (g->usage)
+    if (sg_arb_client_is_mine(&a->clients[c]) && sg_arb_pay_locked(a, c, held, now) && g->usage)
         __atomic_fetch_add(&g->usage->gpu_time_ns, held, __ATOMIC_RELAXED);
-    t->vtime += held * 1000u / eff_weight_locked(a, (int)cl->tenant, now);
-    spend_locked(a, t, held, now);
 }
 
 /* Preempted by a higher class: grant it before our drain (the GPU preempts our work in flight
@@ -1047,7 +646,7 @@ static void start_quiet_locked(struct sg_arbiter *a, int c, uint64_t now)
         struct sg_arb_client *w = &a->clients[i];
         if (w->pid && w->state == SG_ARB_WAITING && w->priority == SG_PRIORITY_OFFLINE) {
             __atomic_fetch_add(&w->wake, 1, __ATOMIC_RELEASE);
-            futex_wake(&w->wake, true);
+            sg_futex_wake(&w->wake, true);
         }
     }
 }
@@ -1069,7 +668,7 @@ static void start_quiet_locked(struct sg_arbiter *a, int c, uint64_t now)
  * (early_pre): the request is granted at once and its kernels queue beside our kernel in flight,
  * which the GPU preempts at the end of its time slice.  The preempting holder pays for the
  * overlap (it chose not to wait for our drain); we pay for the part of the drain nobody held. */
-static void release(struct sg_gpu *g, bool preempted)
+void sg_arb_release(struct sg_gpu *g, bool preempted)
 {
     __atomic_store_n(&g->revoked, 1, __ATOMIC_SEQ_CST);
     for (unsigned spins = 0; __atomic_load_n(&g->launching, __ATOMIC_SEQ_CST); spins++) {
@@ -1082,15 +681,15 @@ static void release(struct sg_gpu *g, bool preempted)
     }
     struct sg_arbiter *a = g->a;
     bool ceiling = g->tenant < 0 || g->tenant >= SG_ARB_MAX_TENANTS ||
-                   has_ceiling(&a->tenants[g->tenant]);
+                   sg_arb_has_ceiling(&a->tenants[g->tenant]);
     bool early_pre = preempted && !ceiling && preempt_early(g);
     if (!early_pre)
         drain(g);
     uint64_t now = sg_mono_ns();
     int c = -1;
     uint64_t handed = 0;
-    if (arb_lock(a) == 0) {
-        if (holding(g)) {
+    if (sg_arb_lock(a) == 0) {
+        if (sg_arb_holding(g)) {
             c = g->client;
             charge_locked(a, g, c, now);
             __atomic_store_n(&a->clients[c].state, SG_ARB_IDLE, __ATOMIC_RELAXED);
@@ -1098,17 +697,17 @@ static void release(struct sg_gpu *g, bool preempted)
             __atomic_store_n(&a->token, SG_ARB_TOKEN(SG_ARB_TOKEN_GEN(a->token), -1),
                              __ATOMIC_RELEASE);
             a->last_release_ns = now;
-            note_online_locked(a, c, now);
+            sg_arb_note_online_locked(a, c, now);
             start_quiet_locked(a, c, now);
-            int next = pick_locked(a, now);
+            int next = sg_arb_pick_locked(a, now);
             if (next >= 0) {
-                grant_locked(a, next, now);
+                sg_arb_grant_locked(a, next, now);
                 handed = a->token;
                 if (early_pre)
                     a->early_preemptions++;
             }
         }
-        arb_unlock(a);
+        sg_arb_unlock(a);
         /* The card idles until the next holder launches: let it run now if it was woken onto
          * our CPU, rather than after our host code (a program that syncs, hands on and spins
          * kept it waiting ~1 ms per handover on a 2-core VM, a third of the card). */
@@ -1118,11 +717,11 @@ static void release(struct sg_gpu *g, bool preempted)
     if (early_pre) {
         drain(g);
         uint64_t done = sg_mono_ns();
-        if (c >= 0 && done > now && arb_lock(a) == 0) {
+        if (c >= 0 && done > now && sg_arb_lock(a) == 0) {
             uint64_t owed = unheld_locked(a, handed, now, done);
             if (owed)
                 charge_drain_locked(a, g, c, owed, done);
-            arb_unlock(a);
+            sg_arb_unlock(a);
         }
     }
     if (preempted)
@@ -1159,23 +758,21 @@ static void watch_burst_end_locked(struct sg_arbiter *a, struct sg_gpu *g, int c
     __atomic_store_n(&g->grace_ns, grace, __ATOMIC_RELAXED);
     __atomic_store_n(&g->burst_end_ns, now, __ATOMIC_RELAXED);
     __atomic_fetch_add(&a->clients[c].watch, 1, __ATOMIC_RELEASE);
-    futex_wake(&a->clients[c].watch, true);
+    sg_futex_wake(&a->clients[c].watch, true);
 }
-
-enum decision { KEEP, RELEASE, PREEMPT };
 
 /* At the end of a quantum or of a burst: keep the token (renewing the quantum when it is over)
  * or hand it on.  Charges the time held so far. */
-static enum decision decide(struct sg_gpu *g, uint64_t now, bool burst_end)
+enum sg_arb_decision sg_arb_decide(struct sg_gpu *g, uint64_t now, bool burst_end)
 {
     struct sg_arbiter *a = g->a;
     int c = g->client;
     uint32_t yield = __atomic_load_n(&a->clients[c].yield, __ATOMIC_RELAXED);
     if (yield == SG_ARB_YIELD_CLASS)
-        return PREEMPT;
+        return SG_ARB_PREEMPT;
     bool quantum_over = now >= __atomic_load_n(&g->qend, __ATOMIC_RELAXED);
     if (burst_end && !yield && !__atomic_load_n(&a->waiting, __ATOMIC_RELAXED))
-        return KEEP;
+        return SG_ARB_KEEP;
     pthread_mutex_lock(&setup_mu);
     /* Follow a resize here too: a holder whose launches all take the fast path (the watcher
      * renews its quantum) would otherwise keep its old share, policy and ceiling. */
@@ -1187,20 +784,20 @@ static enum decision decide(struct sg_gpu *g, uint64_t now, bool burst_end)
     bool native = __atomic_load_n(&g->state, __ATOMIC_ACQUIRE) == SG_GPU_NATIVE;
     pthread_mutex_unlock(&setup_mu);
     if (native)
-        return RELEASE; /* resized to native: the card is no longer arbitrated for us */
-    if (arb_lock(a) < 0)
-        return KEEP;
-    enum decision d = KEEP;
-    if (!holding(g)) {
-        arb_unlock(a);
-        return RELEASE; /* lost (taken back): just forget it */
+        return SG_ARB_RELEASE; /* resized to native: the card is no longer arbitrated for us */
+    if (sg_arb_lock(a) < 0)
+        return SG_ARB_KEEP;
+    enum sg_arb_decision d = SG_ARB_KEEP;
+    if (!sg_arb_holding(g)) {
+        sg_arb_unlock(a);
+        return SG_ARB_RELEASE; /* lost (taken back): just forget it */
     }
     charge_locked(a, g, c, now);
     tenant_sync_locked(a, g->tenant, &lim, gen); /* a resize applies from the next quantum */
     struct sg_arb_tenant *t = &a->tenants[g->tenant];
-    int best = pick_locked(a, now);
-    bool throttled = has_ceiling(t) && t->bucket_ns < min_grant_ns(a);
-    bool min_held = now - a->grant_ns >= quantum(a) / 4;
+    int best = sg_arb_pick_locked(a, now);
+    bool throttled = sg_arb_has_ceiling(t) && t->bucket_ns < sg_arb_min_grant_ns(a);
+    bool min_held = now - a->grant_ns >= sg_arb_quantum(a) / 4;
     /* A sync that drained our work is where handing on costs nothing but the wake-up; one that
      * left work queued (a pipeline's event sync) is no better a place than the quantum's end. */
     bool drained = burst_end && __atomic_load_n(&g->drained_at, __ATOMIC_SEQ_CST);
@@ -1208,7 +805,7 @@ static enum decision decide(struct sg_gpu *g, uint64_t now, bool burst_end)
         /* A returning waiter of our class is behind: our turn ends a quarter quantum after
          * our grant (now, if that has passed). */
         __atomic_store_n(&a->clients[c].yield, 0, __ATOMIC_RELAXED);
-        uint64_t turn_end = a->grant_ns + quantum(a) / 4;
+        uint64_t turn_end = a->grant_ns + sg_arb_quantum(a) / 4;
         if (turn_end < a->quantum_end_ns) {
             a->quantum_end_ns = turn_end > now ? turn_end : now;
             __atomic_store_n(&g->qend, a->quantum_end_ns, __ATOMIC_RELAXED);
@@ -1216,31 +813,31 @@ static enum decision decide(struct sg_gpu *g, uint64_t now, bool burst_end)
         quantum_over = now >= a->quantum_end_ns;
     }
     if (best >= 0 && a->clients[best].priority > a->clients[c].priority)
-        d = RELEASE; /* a higher class waits */
+        d = SG_ARB_RELEASE; /* a higher class waits */
     else if (best >= 0 && burst_end && a->clients[best].priority < a->clients[c].priority) {
         /* Our burst may be over: if no launch follows within the idle grace, the watcher hands
          * the card to the lower class (a loop that syncs and launches again keeps it). */
-        watch_burst_end_locked(a, g, c, now, idle_grace(quantum(a)));
+        watch_burst_end_locked(a, g, c, now, idle_grace(sg_arb_quantum(a)));
     } else if ((quantum_over || burst_end) && throttled)
-        d = RELEASE;
-    else if (best >= 0 && (quantum_over || (min_held && drained)) && better_locked(a, best, c, true))
-        d = RELEASE; /* same class, further behind in virtual time */
+        d = SG_ARB_RELEASE;
+    else if (best >= 0 && (quantum_over || (min_held && drained)) && sg_arb_better_locked(a, best, c, true))
+        d = SG_ARB_RELEASE; /* same class, further behind in virtual time */
     else if (best >= 0 && drained) {
         /* Same class, and we keep the card by virtual time, but none of our work is on it. */
-        if (__atomic_load_n(&g->gap_ns, __ATOMIC_RELAXED) >= idle_grace(quantum(a)))
-            d = RELEASE; /* we usually idle longer than any grace: hand on now */
+        if (__atomic_load_n(&g->gap_ns, __ATOMIC_RELAXED) >= idle_grace(sg_arb_quantum(a)))
+            d = SG_ARB_RELEASE; /* we usually idle longer than any grace: hand on now */
         else
-            watch_burst_end_locked(a, g, c, now, same_class_grace(g, quantum(a)));
+            watch_burst_end_locked(a, g, c, now, same_class_grace(g, sg_arb_quantum(a)));
     }
-    if (d == KEEP && quantum_over) {
-        a->quantum_end_ns = now + quantum_len_locked(a, c, now);
+    if (d == SG_ARB_KEEP && quantum_over) {
+        a->quantum_end_ns = now + sg_arb_quantum_len_locked(a, c, now);
         if (a->quantum_end_ns <= now)
-            d = RELEASE;
+            d = SG_ARB_RELEASE;
         __atomic_store_n(&g->qend, a->quantum_end_ns, __ATOMIC_RELAXED);
     }
-    bool renewed = d == KEEP && quantum_over;
-    note_online_locked(a, c, now);
-    arb_unlock(a);
+    bool renewed = d == SG_ARB_KEEP && quantum_over;
+    sg_arb_note_online_locked(a, c, now);
+    sg_arb_unlock(a);
     if (renewed)
         sg_bc_renew(g); /* a driver call: outside the region lock (the caller holds g->mu) */
     return d;
@@ -1257,18 +854,18 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
     uint64_t gen = alim.generation;
     pthread_mutex_unlock(&setup_mu);
     uint64_t now = sg_mono_ns();
-    if (arb_lock(a) < 0)
+    if (sg_arb_lock(a) < 0)
         return sg_fail(e, SG_E_CONFIG, "cannot lock the GPU arbiter");
-    if (!client_is_mine(me)) {
+    if (!sg_arb_client_is_mine(me)) {
         /* Our entry was reaped (judged dead by mistake or the region repaired): claim anew. */
-        arb_unlock(a);
+        sg_arb_unlock(a);
         g->client = -1;
         int rc = ensure_client(g, e);
         if (rc < 0)
             return rc;
         c = g->client;
         me = &a->clients[c];
-        if (arb_lock(a) < 0)
+        if (sg_arb_lock(a) < 0)
             return sg_fail(e, SG_E_CONFIG, "cannot lock the GPU arbiter");
     }
     struct sg_arb_tenant *t = &a->tenants[g->tenant];
@@ -1277,9 +874,9 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
     if (me->state != SG_ARB_WAITING && me->state != SG_ARB_HOLDING) {
         /* Back after idling longer than a grace (me->grant_ns: our last charge, at our last
          * release), not a loop that released and asks again at once. */
-        arrived = now - me->grant_ns >= idle_grace(quantum(a));
+        arrived = now - me->grant_ns >= idle_grace(sg_arb_quantum(a));
         bool active[SG_ARB_MAX_TENANTS];
-        active_tenants_locked(a, now, active);
+        sg_arb_active_tenants_locked(a, now, active);
         if (!active[g->tenant]) {
             /* (Re)joining: start at the least virtual time of the active tenants of our class,
              * so time spent away is not credit to hoard. */
@@ -1299,7 +896,7 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
             sg_predict_note_arrival(a, now);
     }
     t->last_active_ns = now;
-    note_online_locked(a, c, now);
+    sg_arb_note_online_locked(a, c, now);
     bool slept = false, handed = false;
     for (;;) {
         int holder = SG_ARB_TOKEN_HOLDER(a->token);
@@ -1308,27 +905,27 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
             break;
         }
         if (holder < 0) {
-            int best = pick_locked(a, now);
+            int best = sg_arb_pick_locked(a, now);
             if (best >= 0)
-                grant_locked(a, best, now);
+                sg_arb_grant_locked(a, best, now);
             if (best == c)
                 break;
         } else if (holder < SG_ARB_MAX_CLIENTS) {
             struct sg_arb_client *h = &a->clients[holder];
-            if (slept && sg_mono_ns() >= last_reap_ns + REAP_INTERVAL_NS) {
-                reap_and_pick_locked(a); /* a dead holder's token comes back */
+            if (slept && sg_mono_ns() >= sg_arb_last_reap_ns + REAP_INTERVAL_NS) {
+                sg_arb_reap_and_pick_locked(a); /* a dead holder's token comes back */
                 continue;
             }
             uint64_t t_now = sg_mono_ns();
             if (slept && t_now > a->quantum_end_ns + SG_ARB_STALL_NS) {
-                take_back_locked(a, holder, t_now); /* a stopped holder's token comes back */
+                sg_arb_take_back_locked(a, holder, t_now); /* a stopped holder's token comes back */
                 continue;
             }
             if (me->priority > h->priority &&
                 __atomic_load_n(&h->yield, __ATOMIC_RELAXED) != SG_ARB_YIELD_CLASS) {
                 __atomic_store_n(&h->yield, SG_ARB_YIELD_CLASS, __ATOMIC_RELAXED);
                 __atomic_fetch_add(&h->watch, 1, __ATOMIC_RELEASE);
-                futex_wake(&h->watch, true);
+                sg_futex_wake(&h->watch, true);
             } else if (arrived && !slept && me->priority == h->priority &&
                        h->tenant < SG_ARB_MAX_TENANTS && h->tenant != me->tenant &&
                        t->vtime < a->tenants[h->tenant].vtime &&
@@ -1338,18 +935,18 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
                  * through its watcher, instead of at the end of its quantum or its next sync. */
                 __atomic_store_n(&h->yield, SG_ARB_YIELD_TURN, __ATOMIC_RELAXED);
                 __atomic_fetch_add(&h->watch, 1, __ATOMIC_RELEASE);
-                futex_wake(&h->watch, true);
+                sg_futex_wake(&h->watch, true);
             } else if (!slept && me->priority < h->priority) {
                 /* A higher-class holder whose burst ended while nobody waited: its watcher
                  * hands the card to us after the idle grace (sg_arb_burst_end). */
                 __atomic_fetch_add(&h->watch, 1, __ATOMIC_RELEASE);
-                futex_wake(&h->watch, true);
+                sg_futex_wake(&h->watch, true);
             }
         }
-        bool throttled = has_ceiling(t) && !eligible_locked(a, t, now);
+        bool throttled = sg_arb_has_ceiling(t) && !sg_arb_eligible_locked(a, t, now);
         uint64_t sleep = LIVENESS_POLL_NS;
         if (throttled) {
-            int64_t need = min_grant_ns(a) - t->bucket_ns;
+            int64_t need = sg_arb_min_grant_ns(a) - t->bucket_ns;
             uint64_t ns = (uint64_t)(need > 0 ? need : 0) * 1000u / t->ceiling_permille;
             sleep = ns < MIN_SLEEP_NS ? MIN_SLEEP_NS : ns < sleep ? ns : sleep;
         }
@@ -1360,17 +957,17 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
             a->offline_quiet_until_ns - now < sleep)
             sleep = a->offline_quiet_until_ns - now; /* the quiet window ends: ask again */
         uint32_t w = __atomic_load_n(&me->wake, __ATOMIC_ACQUIRE);
-        arb_unlock(a);
-        futex_wait(&me->wake, w, sleep, true);
+        sg_arb_unlock(a);
+        sg_futex_wait(&me->wake, w, sleep, true);
         uint64_t after = sg_mono_ns();
         count_wait(g, after - now, throttled);
         now = after;
         slept = true;
-        if (arb_lock(a) < 0)
+        if (sg_arb_lock(a) < 0)
             return sg_fail(e, SG_E_CONFIG, "cannot lock the GPU arbiter");
-        if (!client_is_mine(me) || me->state == SG_ARB_IDLE) {
+        if (!sg_arb_client_is_mine(me) || me->state == SG_ARB_IDLE) {
             /* Repaired or reaped while we slept: ask again from the top. */
-            arb_unlock(a);
+            sg_arb_unlock(a);
             return acquire(g, e);
         }
     }
@@ -1383,9 +980,8 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
     /* Nothing of ours runs until our first launch: the wake-up is not ours to pay. */
     __atomic_store_n(&g->drained_at, me->grant_ns ? me->grant_ns : now, __ATOMIC_SEQ_CST);
     __atomic_store_n(&g->token, a->token, __ATOMIC_RELAXED);
-    arb_unlock(a);
-    __atomic_fetch_add(&watcher_kick, 1, __ATOMIC_RELEASE);
-    futex_wake(&watcher_kick, false);
+    sg_arb_unlock(a);
+    sg_arb_kick_watcher();
     return 0;
 }
 
@@ -1397,7 +993,7 @@ static void note_gap(struct sg_gpu *g, uint64_t now)
     uint64_t from = __atomic_exchange_n(&g->idle_from, 0, __ATOMIC_RELAXED);
     if (!from || now <= from || !g->a)
         return;
-    uint64_t sample = now - from, most = 4 * idle_grace(quantum(g->a));
+    uint64_t sample = now - from, most = 4 * idle_grace(sg_arb_quantum(g->a));
     if (sample > most)
         sample = most;
     uint64_t avg = __atomic_load_n(&g->gap_ns, __ATOMIC_RELAXED);
@@ -1439,7 +1035,7 @@ static void hold_back_locked(struct sg_gpu *g, uint64_t until)
 {
     struct sg_arbiter *a = g->a;
     __atomic_store_n(&g->launch_by, 0, __ATOMIC_RELAXED);
-    if (g->client < 0 || !holding(g) || arb_lock(a) != 0)
+    if (g->client < 0 || !sg_arb_holding(g) || sg_arb_lock(a) != 0)
         return;
     uint64_t now = sg_mono_ns();
     bool hold = sg_predict_holdback_allowed(a, now);
@@ -1448,9 +1044,9 @@ static void hold_back_locked(struct sg_gpu *g, uint64_t until)
         a->holdbacks++;
         a->holdback_ns += until > now ? until - now : 0;
     }
-    arb_unlock(a);
+    sg_arb_unlock(a);
     if (hold)
-        release(g, false);
+        sg_arb_release(g, false);
 }
 
 static void hold_back(struct sg_gpu *g, uint64_t until)
@@ -1500,8 +1096,8 @@ CUresult sg_arb_enter_slow(struct sg_gate *gt, CUstream s)
     struct sg_arb_tls *t = &sg_arb_tls;
     if (__atomic_load_n(&g->state, __ATOMIC_ACQUIRE) == SG_GPU_NATIVE) {
         pthread_mutex_lock(&g->mu);
-        if (g->a && g->client >= 0 && holding(g))
-            release(g, false); /* became native on a resize */
+        if (g->a && g->client >= 0 && sg_arb_holding(g))
+            sg_arb_release(g, false); /* became native on a resize */
         pthread_mutex_unlock(&g->mu);
         *t = (struct sg_arb_tls){.ctx = ctx, .stream = sg_default_stream(s) ? NULL : s,
                                  .epoch = epoch, .g = g, .gen = gen};
@@ -1509,7 +1105,7 @@ CUresult sg_arb_enter_slow(struct sg_gate *gt, CUstream s)
         return CUDA_SUCCESS;
     }
     pthread_mutex_lock(&g->mu);
-    if (g->a && region_broken(g->a) && !reattach(g)) {
+    if (g->a && sg_arb_region_broken(g->a) && !reattach(g)) {
         forget_hold(g); /* unarbitrated until the region is replaced */
         pthread_mutex_unlock(&g->mu);
         sg_in_hook--;
@@ -1518,7 +1114,7 @@ CUresult sg_arb_enter_slow(struct sg_gate *gt, CUstream s)
     note_gap(g, sg_mono_ns());
     rc = ensure_client(g, &e);
     while (rc == 0) {
-        if (!holding(g)) {
+        if (!sg_arb_holding(g)) {
             __atomic_store_n(&g->token, 0, __ATOMIC_RELAXED);
             rc = acquire(g, &e);
             continue;
@@ -1533,12 +1129,12 @@ CUresult sg_arb_enter_slow(struct sg_gate *gt, CUstream s)
         bool yield = __atomic_load_n(&g->a->clients[g->client].yield, __ATOMIC_RELAXED);
         if (!over && !yield)
             break;
-        enum decision d = decide(g, now, false);
-        if (d == KEEP)
+        enum sg_arb_decision d = sg_arb_decide(g, now, false);
+        if (d == SG_ARB_KEEP)
             break;
-        release(g, d == PREEMPT);
+        sg_arb_release(g, d == SG_ARB_PREEMPT);
     }
-    if (rc < 0 && g->a && region_broken(g->a)) {
+    if (rc < 0 && g->a && sg_arb_region_broken(g->a)) {
         forget_hold(g); /* the lock timed out on the way: this launch goes unarbitrated */
         rc = 1;
     }
@@ -1623,7 +1219,7 @@ uint32_t sg_arb_sync_mark(struct sg_gpu *g, enum sg_sync_kind kind, const void *
     if (pthread_mutex_trylock(&g->mu) != 0)
         return 0;
     sg_in_hook++;
-    uint32_t seq = holding(g) && sg_sync_covers_hold(g, kind, what) ? sg_bc_sync_begin(g) : 0;
+    uint32_t seq = sg_arb_holding(g) && sg_sync_covers_hold(g, kind, what) ? sg_bc_sync_begin(g) : 0;
     sg_in_hook--;
     pthread_mutex_unlock(&g->mu);
     return seq;
@@ -1642,7 +1238,7 @@ void sg_arb_drained(struct sg_gpu *g, const struct sg_sync *s, enum sg_sync_kind
     sg_in_hook++;
     pthread_mutex_lock(&g->mu);
     uint64_t last = __atomic_load_n(&g->last_launch, __ATOMIC_SEQ_CST);
-    if (holding(g) && last < s->begin && sg_sync_covers_hold(g, kind, what)) {
+    if (sg_arb_holding(g) && last < s->begin && sg_sync_covers_hold(g, kind, what)) {
         uint64_t now = sg_mono_ns();
         uint64_t end = sg_bc_end(g, s->end_seq, now);
         if (end <= last)
@@ -1679,137 +1275,20 @@ void sg_arb_burst_end(void)
         int c = __atomic_load_n(&g->client, __ATOMIC_RELAXED);
         if (c >= 0 && c < SG_ARB_MAX_CLIENTS &&
             __atomic_load_n(&g->a->clients[c].priority, __ATOMIC_RELAXED) == SG_PRIORITY_ONLINE) {
-            __atomic_store_n(&g->grace_ns, idle_grace(quantum(g->a)), __ATOMIC_RELAXED);
+            __atomic_store_n(&g->grace_ns, idle_grace(sg_arb_quantum(g->a)), __ATOMIC_RELAXED);
             __atomic_store_n(&g->burst_end_ns, sg_mono_ns(), __ATOMIC_RELAXED);
         }
         return;
     }
     sg_in_hook++;
     pthread_mutex_lock(&g->mu);
-    if (g->client >= 0 && holding(g)) {
-        enum decision d = decide(g, sg_mono_ns(), true);
-        if (d != KEEP)
-            release(g, d == PREEMPT);
+    if (g->client >= 0 && sg_arb_holding(g)) {
+        enum sg_arb_decision d = sg_arb_decide(g, sg_mono_ns(), true);
+        if (d != SG_ARB_KEEP)
+            sg_arb_release(g, d == SG_ARB_PREEMPT);
     }
     pthread_mutex_unlock(&g->mu);
     sg_in_hook--;
-}
-
-/* ---- the watcher ----------------------------------------------------------------------------- */
-
-static void watch_one(struct sg_gpu *g, uint64_t now)
-{
-    if (g->client < 0 || !g->a)
-        return;
-    if (!holding(g)) {
-        __atomic_store_n(&g->token, 0, __ATOMIC_RELAXED);
-        return;
-    }
-    uint64_t q = quantum(g->a);
-    uint32_t why = __atomic_load_n(&g->a->clients[g->client].yield, __ATOMIC_RELAXED);
-    bool yield = why == SG_ARB_YIELD_CLASS;
-    bool over = now >= __atomic_load_n(&g->qend, __ATOMIC_RELAXED) || why == SG_ARB_YIELD_TURN;
-    uint64_t last = __atomic_load_n(&g->last_launch, __ATOMIC_RELAXED);
-    bool launching = __atomic_load_n(&g->launching, __ATOMIC_RELAXED) ||
-                     __atomic_load_n(&g->syncing, __ATOMIC_RELAXED);
-    bool idle = now > last && now - last >= q / 2 && !launching;
-    uint64_t burst_end = __atomic_load_n(&g->burst_end_ns, __ATOMIC_RELAXED);
-    uint64_t grace = __atomic_load_n(&g->grace_ns, __ATOMIC_RELAXED);
-    bool burst_over = burst_end > last && now > burst_end && now - burst_end >= grace &&
-                      !launching &&
-                      __atomic_load_n(&g->a->waiting, __ATOMIC_RELAXED);
-    if (yield) {
-        release(g, true); /* waits for launches under way, then drains */
-    } else if ((over && idle) || burst_over) {
-        release(g, false); /* not launching: do not keep the card */
-    } else if (over) {
-        enum decision d = decide(g, now, false);
-        if (d != KEEP)
-            release(g, d == PREEMPT);
-    }
-}
-
-static void *watcher_main(void *arg)
-{
-    (void)arg;
-    sg_in_hook = 1; /* everything this thread calls is ours */
-    for (;;) {
-        /* Read the kick word first: a grant after this read wakes the futex wait below. */
-        uint32_t kick = __atomic_load_n(&watcher_kick, __ATOMIC_ACQUIRE);
-        uint64_t sleep = 0;
-        uint32_t *word = NULL, val = 0;
-        for (int i = 0; i < SG_MAX_DEVICES; i++) {
-            struct sg_gpu *g = &sg_gpus[i];
-            if (__atomic_load_n(&g->state, __ATOMIC_ACQUIRE) != SG_GPU_ARB || !g->a ||
-                region_broken(g->a))
-                continue;
-            int c = __atomic_load_n(&g->client, __ATOMIC_RELAXED);
-            if (c < 0 || c >= SG_ARB_MAX_CLIENTS)
-                continue;
-            uint32_t *w = &g->a->clients[c].watch;
-            uint32_t v = __atomic_load_n(w, __ATOMIC_ACQUIRE);
-            uint64_t q;
-            if (pthread_mutex_trylock(&g->mu) != 0) {
-                q = WATCHER_BUSY_RETRY_NS; /* a launch or sync is deciding: look again soon */
-            } else {
-                uint64_t now = sg_mono_ns();
-                watch_one(g, now);
-                bool held = __atomic_load_n(&g->token, __ATOMIC_RELAXED) != 0;
-                q = quantum(g->a) / 2;
-                uint64_t qend = __atomic_load_n(&g->qend, __ATOMIC_RELAXED);
-                if (qend > now && qend - now < q)
-                    q = qend - now + 1000;
-                uint64_t be = __atomic_load_n(&g->burst_end_ns, __ATOMIC_RELAXED);
-                uint64_t grace = __atomic_load_n(&g->grace_ns, __ATOMIC_RELAXED);
-                if (be > __atomic_load_n(&g->last_launch, __ATOMIC_RELAXED) && be + grace > now &&
-                    be + grace - now + 1000 < q)
-                    q = be + grace - now + 1000;
-                pthread_mutex_unlock(&g->mu);
-                if (!held)
-                    continue;
-            }
-            if (!sleep || q < sleep)
-                sleep = q;
-            if (!word) {
-                word = w;
-                val = v;
-            }
-        }
-        if (word)
-            futex_wait(word, val, sleep, true);
-        else
-            futex_wait(&watcher_kick, kick, 1000000000ull, false);
-    }
-    return NULL;
-}
-
-/* A detached watcher thread with a stack of `stack` bytes (0: the default size). */
-static int spawn_watcher(size_t stack)
-{
-    pthread_t th;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    if (stack)
-        pthread_attr_setstacksize(&attr, stack);
-    int rc = pthread_create(&th, &attr, watcher_main, NULL);
-    pthread_attr_destroy(&attr);
-    return rc;
-}
-
-void sg_arb_start_watcher(void)
-{
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old); /* the watcher takes none of the app's signals */
-    /* glibc carves the static TLS of every library loaded at start out of the thread's stack:
-     * a process whose libraries carry more than 64 KiB gets the default size. */
-    if (spawn_watcher(64 * 1024) != 0 && spawn_watcher(0) != 0) {
-        static int logged;
-        sg_log_once(&logged, "cannot start the GPU arbiter watcher thread: an idle holder keeps "
-                             "the token until its next launch or sync");
-    }
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
 /* ---- fork and exit ---------------------------------------------------------------------- */
@@ -1820,7 +1299,7 @@ static void atfork_child(void)
      * first launch. */
     pthread_mutex_init(&setup_mu, NULL);
     sg_clock_fork_child();
-    memset(&self, 0, sizeof self);
+    memset(&sg_arb_self, 0, sizeof sg_arb_self);
     watcher_started = false;
     for (int i = 0; i < SG_MAX_DEVICES; i++) {
         struct sg_gpu *g = &sg_gpus[i];
@@ -1882,28 +1361,28 @@ static int exit_lock(pthread_mutex_t *mu)
  * noticed.  The driver tears our contexts down, so there is nothing to drain. */
 __attribute__((destructor)) static void sg_arb_exit_hook(void)
 {
-    if (!self.pid || self.pid != (int32_t)getpid())
+    if (!sg_arb_self.pid || sg_arb_self.pid != (int32_t)getpid())
         return;
     for (int i = 0; i < SG_MAX_DEVICES; i++) {
         struct sg_gpu *g = &sg_gpus[i];
         if (!g->a || g->client < 0 || exit_lock(&g->mu) != 0)
             continue;
         struct sg_arbiter *a = g->a;
-        if (g->client >= 0 && arb_lock(a) == 0) {
+        if (g->client >= 0 && sg_arb_lock(a) == 0) {
             struct sg_arb_client *cl = &a->clients[g->client];
-            if (client_is_mine(cl)) {
+            if (sg_arb_client_is_mine(cl)) {
                 uint64_t now = sg_mono_ns();
                 bool held = SG_ARB_TOKEN_HOLDER(a->token) == g->client;
                 if (held)
                     charge_locked(a, g, g->client, now);
-                free_client_locked(a, g->client);
+                sg_arb_free_client_locked(a, g->client);
                 if (held) {
-                    int next = pick_locked(a, now);
+                    int next = sg_arb_pick_locked(a, now);
                     if (next >= 0)
-                        grant_locked(a, next, now);
+                        sg_arb_grant_locked(a, next, now);
                 }
             }
-            arb_unlock(a);
+            sg_arb_unlock(a);
         }
         g->client = -1;
         __atomic_store_n(&g->token, 0, __ATOMIC_RELAXED);

@@ -1,0 +1,34 @@
+/*
+ * A process's holds of a GPU's token (arbiter.c), as its watcher thread (arbwatch.c) sees
+ * them.  Every call is made with the GPU's per-process mutex `g->mu` held.
+ */
+#ifndef SHAREGPU_ARBHOLD_H
+#define SHAREGPU_ARBHOLD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "shim.h"
+
+#pragma GCC visibility push(hidden)
+
+enum sg_arb_decision {
+    SG_ARB_KEEP,    /* keep the token (its quantum renewed if it was over) */
+    SG_ARB_RELEASE, /* hand it on after our work drains */
+    SG_ARB_PREEMPT, /* a higher class asks: hand it on, maybe before our drain */
+};
+
+/* Do we hold the GPU's token? */
+bool sg_arb_holding(const struct sg_gpu *g);
+/* At the end of a quantum or of a burst: keep the token or hand it on.  Charges the time held
+ * so far. */
+enum sg_arb_decision sg_arb_decide(struct sg_gpu *g, uint64_t now, bool burst_end);
+/* Hand the token on: drain our work (or, preempted early, let it run on into the next hold and
+ * pay for it), charge the hold, grant the best waiter. */
+void sg_arb_release(struct sg_gpu *g, bool preempted);
+/* A grant to this process: the watcher, asleep with nothing held, looks again. */
+void sg_arb_kick_watcher(void);
+
+#pragma GCC visibility pop
+
+#endif
