@@ -267,7 +267,8 @@ def test_cached_keys_match_a_fresh_look_after_every_change(
     """The gradient (with ours' stranding and reserve) and the group pressure are cached per node
     and recomputed only where a node changed: after hundreds of placements and releases they
     equal what a fresh policy and an emptied cache compute."""
-    from sharegpu.placement.engine import Candidates, candidates, decide
+    from sharegpu.placement.candidates import Candidates, candidates
+    from sharegpu.placement.engine import decide
     from sharegpu.placement.model import Placement
     from sharegpu.placement.workload import Workload
 

@@ -1,10 +1,10 @@
 """The agent's writes to the shared regions, through libsgagent.so (native/agentlib).
 
 Reaping a dead process must take the region's robust mutex and change exactly what the shims
-change under it; the C library is compiled from the shim's own ``ledger.c`` and ``arbiter.c``,
-so the agent frees a dead process's charges, and hands on a GPU token that a dead process held,
-with the shim's code rather than a copy of it. The shim itself (``libsharegpu.so``) is never
-loaded into the agent.
+change under it; the C library is compiled from the shim's own ``ledger.c``, ``arbregion.c``
+and ``arbsched.c``, so the agent frees a dead process's charges, and hands on a GPU token that a
+dead process held, with the shim's code rather than a copy of it. The shim itself
+(``libsharegpu.so``) is never loaded into the agent.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sharegpu.errors import SpecError
+from sharegpu.placement.fragmentation import FragmentationTracker
 from sharegpu.placement.model import Node, Placement, Priority, Request, Topology
 from sharegpu.placement.workload import Workload
 
@@ -98,7 +99,7 @@ class ClusterState:
         self.node_online: IntArray = np.zeros(n, dtype=np.int64)
         self.version: IntArray = np.zeros(n, dtype=np.int64)
         self.set_cache: dict[tuple[int, int, int], tuple[IntArray, BoolArray]] = {}
-        """(count, compute, memory) -> (node versions seen, [N, G] GPU sets): engine.node_sets."""
+        """(count, compute, memory) -> (node versions seen, [N, G] GPU sets): candidates.node_sets."""
         self.shape_count: dict[int, IntArray] = {}
         """compute_milli -> [N, G] number of tenants of that size on each GPU (GPU clustering)."""
         self.gpu_cap_node: IntArray = self.cap_c.sum(axis=1)
@@ -123,8 +124,6 @@ class ClusterState:
         self.allocations: dict[str, Allocation] = {}
         self.node_allocations: list[dict[str, Allocation]] = [{} for _ in range(n)]
         self._next_id = 0
-        from sharegpu.placement.fragmentation import FragmentationTracker
-
         self.workload = workload if workload is not None else Workload.default()
         self.frag = FragmentationTracker(self, self.workload)
 

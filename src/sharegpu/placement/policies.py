@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from sharegpu.errors import SpecError
+from sharegpu.placement.candidates import Candidates, Key, candidates, node_sets
 from sharegpu.placement.model import FULL_GPU
 from sharegpu.placement.stranding import StrandingModel
 
 if TYPE_CHECKING:
     from sharegpu.placement.cluster import BoolArray, ClusterState, FloatArray, IntArray
-    from sharegpu.placement.engine import Candidates, Key
     from sharegpu.placement.model import Request
 
 
@@ -196,8 +196,6 @@ class _GradientCache:
 
     def refresh(self, state: ClusterState, limit: int | None = None) -> bool:
         """Bring up to `limit` (default: all) stale nodes up to date; whether none is left."""
-        from sharegpu.placement.engine import node_sets
-
         req, frag = self.request, state.frag
         stale = np.flatnonzero((self.seen != state.version) & self.eligible)
         dirty = stale[:limit]
@@ -271,8 +269,6 @@ class FgdPolicy(Policy):
         return [lambda i: delta[i]]
 
     def warm(self, state: ClusterState, requests: Iterable[Request]) -> None:
-        from sharegpu.placement.engine import candidates
-
         seen: set[tuple[object, ...]] = set()
         for request in requests:
             if request.shape not in seen:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from sharegpu.errors import SpecError
+from sharegpu.placement.candidates import candidates
 from sharegpu.placement.cluster import Allocation, ClusterState
-from sharegpu.placement.engine import candidates
 from sharegpu.placement.model import NoFit, NoFitReason, Placement, Priority, Request
 
 MAX_SUBSETS_PER_NODE = 4096

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sharegpu.errors import ConfigError, SpecError
+from sharegpu.placement.candidates import candidates
 from sharegpu.placement.cluster import ClusterState
-from sharegpu.placement.engine import candidates, explain
+from sharegpu.placement.engine import explain
 from sharegpu.placement.model import FULL_GPU, Node, NoFitReason, Priority, Request, Topology
 
 GPU_MEMORY_MIB = {

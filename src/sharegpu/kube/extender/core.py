@@ -61,9 +61,9 @@ from sharegpu.placement import (
     Placement,
     Request,
     Workload,
-    engine,
     make_policy,
 )
+from sharegpu.placement.candidates import candidates
 from sharegpu.placement.engine import decide
 from sharegpu.placement.preempt import plan_on_node
 
@@ -345,7 +345,7 @@ class Extender:
         unknown = index < 0
         n = np.where(unknown, 0, index)
         fit = np.zeros(len(state.nodes), dtype=np.bool_)
-        fit[engine.candidates(state, request).nodes] = True
+        fit[candidates(state, request).nodes] = True
         model_ok = state.model_mask(request.models) if request.count else np.ones(len(state.nodes), np.bool_)
         per_gpu = (state.cap_c >= request.compute_milli) & (state.cap_m >= request.memory_mib)
         holds = per_gpu.sum(axis=1) >= request.count
