@@ -59,7 +59,7 @@ def emit(
     if is_document(output):
         from sharegpu.ops.output import document
 
-        emit_document(document(kind, items), output, stream=stream)
+        _print(document(kind, items), output, stream=stream)
         return
     shown = human(output is Format.wide)
     if isinstance(shown, str):
@@ -68,7 +68,13 @@ def emit(
         console.print(shown)
 
 
-def emit_document(doc: dict[str, Any], output: Format, *, stream: bool = False) -> None:
+def stream(output: Format, item: dict[str, Any]) -> None:
+    """One item of a followed stream (json or yaml), as it comes: a line of JSON, or a YAML
+    document."""
+    _print(item, output, stream=True)
+
+
+def _print(doc: dict[str, Any], output: Format, *, stream: bool) -> None:
     from sharegpu.ops.output import dump
 
     print(dump(doc, output.value, stream=stream), flush=True)
@@ -85,10 +91,3 @@ def show(frame: Callable[[], None], output: Format, watch: bool, interval: float
     if interval <= 0:
         raise typer.BadParameter(f"{interval:g} is not a positive number of seconds", param_hint="--interval")
     watch_frames(frame, interval, console, header=None if is_document(output) else what)
-
-
-def stream(output: Format, item: dict[str, Any]) -> None:
-    """One item of a followed stream, as it comes: a line of JSON, or a YAML document."""
-    from sharegpu.ops.output import dump
-
-    print(dump(item, output.value, stream=True), flush=True)
