@@ -535,7 +535,7 @@ def test_one_damaged_tenant_is_left_out_and_every_other_listed(sim: Sim, tmp_pat
     assert gen.returncode == 1
     assert "tenant db left out of the spec" in gen.stderr
     assert {"web", "new"} <= {d["name"] for d in json.loads(out.read_text())["devices"]}
-    doctor = sim.cli("doctor", "--json")
+    doctor = sim.cli("doctor", "-o", "json")
     (tenants,) = [c for c in json.loads(doctor.stdout)["items"] if c["name"] == "tenants"]
     assert tenants["status"] == "fail"
     assert "tenant db cannot be read" in tenants["message"]

@@ -33,11 +33,11 @@ DAMAGE = [
 def test_doctor_fails_on_a_damaged_arbiter_region_with_its_fix(sim: Sim, breakage, message) -> None:  # type: ignore[no-untyped-def]
     path = ensure_arbiter(sim.runtime, sim.uuids()[0])
     ensure_arbiter(sim.runtime, sim.uuids()[1])
-    healthy = {c["name"]: c for c in json.loads(sim.cli("doctor", "--json").stdout)["items"]}
+    healthy = {c["name"]: c for c in json.loads(sim.cli("doctor", "-o", "json").stdout)["items"]}
     assert healthy["arbiters"]["status"] == "ok"
     breakage(path)
     assert message in (arbiter_damage(path, sim.uuids()[0]) or "")
-    proc = sim.cli("doctor", "--json")
+    proc = sim.cli("doctor", "-o", "json")
     assert proc.returncode == 1
     check = {c["name"]: c for c in json.loads(proc.stdout)["items"]}["arbiters"]
     assert check["status"] == "fail"

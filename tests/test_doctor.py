@@ -85,13 +85,13 @@ def test_a_healthy_simulated_node(sim: Sim) -> None:
     assert line.startswith("warn")
     assert fix is not None
     assert "sharegpu agent" in fix
-    checks = _checks(sim.cli("doctor", "--json"))
+    checks = _checks(sim.cli("doctor", "-o", "json"))
     assert checks["shim-loads"]["status"] == "ok"
     assert checks["agent"]["status"] == "warn"
 
 
 def test_the_agent_check_passes_when_it_answers(agent: Agent, sim: Sim) -> None:
-    checks = _checks(sim.cli("doctor", "--json"))
+    checks = _checks(sim.cli("doctor", "-o", "json"))
     assert checks["agent"]["status"] == "ok"
     assert "answers on" in checks["agent"]["message"]
 
@@ -124,7 +124,7 @@ def test_a_gpu_nvml_cannot_query_fails_the_nvml_check(sim: Sim) -> None:
 
 def test_a_gpu_outside_the_container_is_named_and_passes(sim: Sim) -> None:
     sim.runtime.mkdir(parents=True)
-    checks = _checks(sim.cli("doctor", "--json", env=sim.env(SIMGPU_NVML_FAULTS="0:no_permission")))
+    checks = _checks(sim.cli("doctor", "-o", "json", env=sim.env(SIMGPU_NVML_FAULTS="0:no_permission")))
     assert checks["nvml"]["status"] == "ok"
     assert "1 GPU(s)" in checks["nvml"]["message"]
     assert "GPU(s) 0 outside this process's devices" in checks["nvml"]["message"]
@@ -133,7 +133,7 @@ def test_a_gpu_outside_the_container_is_named_and_passes(sim: Sim) -> None:
 def test_runtime_dir_that_is_not_a_directory(sim: Sim) -> None:
     sim.runtime.parent.mkdir(parents=True, exist_ok=True)
     sim.runtime.write_text("oops")
-    proc = sim.cli("doctor", "--json")
+    proc = sim.cli("doctor", "-o", "json")
     assert proc.returncode == 1
     check = _checks(proc)["runtime-dir"]
     assert check["status"] == "fail"

@@ -40,7 +40,7 @@ def test_the_host_install_makes_a_venv_the_command_and_a_unit_that_runs_it(tmp_p
     )
     assert where.stdout.startswith(str(prefix)), where.stdout
     doctor = subprocess.run(
-        [str(command), "doctor", "--json"], capture_output=True, text=True, timeout=120, check=False
+        [str(command), "doctor", "-o", "json"], capture_output=True, text=True, timeout=120, check=False
     )
     (built,) = [c for c in json.loads(doctor.stdout)["items"] if c["name"] == "shim-built"]
     assert built["status"] == "ok", built

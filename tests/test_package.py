@@ -83,6 +83,6 @@ def test_wheel_carries_the_native_libraries(tmp_path: Path) -> None:
         "sharegpu/_lib/simgpu/libcuda.so.1",
         "sharegpu/_lib/simgpu/libnvidia-ml.so.1",
         "sharegpu/_lib/sgprobe",
-        "sharegpu/cli.py",
+        "sharegpu/cli/__init__.py",
     ):
         assert member in names, member

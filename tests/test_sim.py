@@ -208,7 +208,7 @@ def test_cli_simulate_json_end_to_end(tmp_path: Path) -> None:
     pods = _write(tmp_path / "pods.csv", PODS_CSV)
     plot = tmp_path / "alloc.png"
     proc = _cli("--trace", str(pods), "--nodes", str(nodes), "-p", "fgd", "-p", "ours", "--seed", "3",
-                "--plot", str(plot), "--json")  # fmt: skip
+                "--plot", str(plot), "-o", "json")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["version"] == 1

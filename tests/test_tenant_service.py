@@ -245,7 +245,7 @@ def test_create_get_and_delete_one_tenant_from_the_command_line(
         assert made.returncode == 0, made.stderr
         assert "created web" in made.stdout
         assert "sharegpu.io/vgpu=web" in made.stdout
-        shown = sim.cli("get", "web", "--json")
+        shown = sim.cli("get", "web", "-o", "json")
         assert shown.returncode == 0, shown.stderr
         (view,) = json.loads(shown.stdout)["items"]
         assert view["devices"][0]["memory_cap_bytes"] == 256 * MIB

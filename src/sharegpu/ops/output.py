@@ -1,7 +1,8 @@
-"""Output of `devices`, `tenants` and `status`: table, wide, JSON and YAML, once or watched.
-
-JSON and YAML are the same document, `{"version": 1, "kind": ..., "items": [...]}`; in watch
-mode JSON is one compact document per line and YAML one document per frame (``---``).
+"""What `devices`, `tenants` and `status` show: their tables (narrow and wide), their items, the
+one document every JSON and YAML output is, `{"version": 1, "kind": ..., "items": [...]}`, its
+text, and the watch loop. The CLI picks the format and prints through sharegpu.cli.render; the
+support bundle writes the same documents. In watch mode JSON is one compact document per line
+and YAML one document per frame (``---``).
 """
 
 from __future__ import annotations
