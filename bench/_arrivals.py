@@ -112,10 +112,16 @@ class RunCounters:
     stalls: int = 0  # runs of off-beat requests that ended back on the learned beat
     relearns: int = 0  # changed patterns learned from off-beat requests
     late_at: list[int] = field(default_factory=list)  # requests over 1.2 x the alone p50 (caller)
+    host_late_at: list[int] = field(default_factory=list)  # of those, late only by CPU waits
+    p99_less_cpu_us: float = 0.0  # p99 of each request's latency less its wait for a CPU
 
     @property
     def late(self) -> int:
         return len(self.late_at)
+
+    @property
+    def host_late(self) -> int:
+        return len(self.host_late_at)
 
 
 def shared(
@@ -128,9 +134,11 @@ def shared(
     mechanism: str,
     latencies: list[float] | None = None,
     counters: list[RunCounters] | None = None,
+    cpu_waits: list[float] | None = None,
 ) -> tuple[float, float, float]:
     """One run next to the offline job: online p50, p99 (µs) and the offline share of idle time;
-    each request's latency (µs) into `latencies` and the arbiter's counters into `counters`."""
+    each request's latency (µs) into `latencies`, the part of it the service waited for a CPU
+    into `cpu_waits`, and the arbiter's counters into `counters`."""
     node.clear_tenants()
     online_env = node.tenant_env("online", ComputeSpec.parse(priority="online"))
     offline_env = node.tenant_env("offline", ComputeSpec.parse(priority="offline"))
@@ -159,6 +167,8 @@ def shared(
         )
     if latencies is not None:
         latencies.extend(float(v) for v in on.get("lat_us_all", "").split(",") if v)
+    if cpu_waits is not None:
+        cpu_waits.extend(float(v) for v in on.get("runq_us_all", "").split(",") if v)
     online_busy = requests * REQUEST["kernels"] * REQUEST["us"] / 1e6
     idle = float(off["wall_ns"]) / 1e9 - online_busy
     return float(on["p50_us"]), float(on["p99_us"]), float(off["gpu_ns"]) / 1e9 / idle
@@ -253,12 +263,26 @@ def table(cells: list[Cell], alones: dict[str, Cell], runs: int) -> list[str]:
     return lines
 
 
+def late_requests(lat: list[float], cpu: list[float], bound: float) -> tuple[list[int], list[int]]:
+    """The requests over `bound` (by index), and those of them that were late only by the time
+    the service waited for a CPU: without that wait they were within it."""
+    late = [i for i, v in enumerate(lat) if v > bound]
+    return late, [i for i in late if i < len(cpu) and lat[i] - cpu[i] <= bound]
+
+
+def p99(values: list[float]) -> float:
+    """The probe's p99: the value at rank round(0.99 (n - 1)) of the sorted values."""
+    ordered = sorted(values)
+    return ordered[int((len(ordered) - 1) * 0.99 + 0.5)]
+
+
 def periodic_repeats(
     node: Node, run_together: RunTogether, *, repeats: int, requests: int, kernel_us: int, mechanism: str
 ) -> tuple[float, list[float], list[RunCounters]]:
     """The service's periodic p99 alone (median of `repeats` runs), p99 / that of `repeats`
     periodic runs next to the offline job, and each run's arbiter counters (with `late`: the
-    requests over 1.2 x the alone p50)."""
+    requests over 1.2 x the alone p50, and `host_late`: those of them on time but for the time
+    the service waited for a CPU)."""
     alones = [alone(node, run_together, "periodic", requests) for _ in range(repeats)]
     alone50 = statistics.median(a[0] for a in alones)
     alone99 = statistics.median(a[1] for a in alones)
@@ -266,6 +290,7 @@ def periodic_repeats(
     counters: list[RunCounters] = []
     for _ in range(repeats):
         lat: list[float] = []
+        cpu: list[float] = []
         _, s99, _ = shared(
             node,
             run_together,
@@ -275,8 +300,11 @@ def periodic_repeats(
             mechanism=mechanism,
             latencies=lat,
             counters=counters,
+            cpu_waits=cpu,
         )
         ratios.append(s99 / alone99)
         if counters:
-            counters[-1].late_at = [i for i, v in enumerate(lat) if v > 1.2 * alone50]
+            counters[-1].late_at, counters[-1].host_late_at = late_requests(lat, cpu, 1.2 * alone50)
+            if len(cpu) == len(lat):
+                counters[-1].p99_less_cpu_us = p99([v - w for v, w in zip(lat, cpu, strict=True)])
     return alone99, ratios, counters

@@ -122,8 +122,9 @@ def run_together(
             raise RuntimeError(f"probe failed ({proc.returncode}): {err.strip()}")
         pairs = [line.split("=", 1) for line in out.splitlines() if "=" in line]
         values = dict(pairs)
-        # A key printed once per request (lat_us): all of them, in order, comma-separated.
-        values["lat_us_all"] = ",".join(v for k, v in pairs if k == "lat_us")
+        # Keys printed once per request (lat_us, runq_us): all of them, in order, comma-separated.
+        for key in ("lat_us", "runq_us"):
+            values[f"{key}_all"] = ",".join(v for k, v in pairs if k == key)
         results.append(values)
     return results
 
@@ -432,13 +433,17 @@ def random_section(args: argparse.Namespace, out: Callable[[str], None]) -> int:
                 out("  preemptions (requests not held back for), prediction samples at the end, the")
                 out("  service's wait for the token (µs, whole run), stalls survived (off-beat requests,")
                 out("  then the beat again) and patterns relearned, requests over 1.2 x the alone p50")
-                out("  (and which, by index)")
+                out("  (and which, by index); of those, how many were late only by the time the service")
+                out("  waited for a CPU (runnable, not running: /proc/thread-self/schedstat), the host's")
+                out("  delay, not the GPU's or the arbiter's; and the p99 of each request's latency less")
+                out("  its wait for a CPU, x alone")
                 for i, (r, c) in enumerate(zip(ratios, counters, strict=True)):
                     which = " ".join(map(str, c.late_at[:12])) + (" ..." if len(c.late_at) > 12 else "")
                     out(
                         f"  run {i + 1:2}: {r:.2f}x  hold-backs {c.holdbacks:4}  missed {c.misses:3}  "
                         f"early {c.early:3}  samples {c.samples:4}  waited {c.waited_us:7.0f}  "
-                        f"stalls {c.stalls} relearns {c.relearns}  late {c.late:3} [{which}]"
+                        f"stalls {c.stalls} relearns {c.relearns}  late {c.late:3} "
+                        f"(CPU {c.host_late:3}) [{which}]  less CPU {c.p99_less_cpu_us / alone99:.2f}x"
                     )
     return 0
 

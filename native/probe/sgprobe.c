@@ -15,6 +15,7 @@
 #include <ctype.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
@@ -168,6 +169,25 @@ static int usage(const char *msg)
 {
     fprintf(stderr, "sgprobe: %s (run `sgprobe help`)\n", msg);
     return 2;
+}
+
+/* This thread's time runnable but not running (waiting for a CPU), ns: the second field of
+ * /proc/thread-self/schedstat; 0 where the kernel does not keep it.  A request's share of it is
+ * the host's delay, not the GPU's or the arbiter's: on a loaded machine the service waits for a
+ * CPU to wake from the token's futex, or between its launches. */
+static uint64_t runq_ns(void)
+{
+    char buf[96];
+    int fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    unsigned long long on_cpu = 0, waited = 0;
+    return sscanf(buf, "%llu %llu", &on_cpu, &waited) == 2 ? (uint64_t)waited : 0;
 }
 
 static uint64_t now_ns(void)
@@ -1129,8 +1149,9 @@ static int run_bursts(int argc, char **argv, enum arrivals how)
     if (spin_setup(&sp, us))
         return 1;
     uint64_t *lat = calloc((size_t)n, sizeof(*lat));
+    uint64_t *runq = calloc((size_t)n, sizeof(*runq));
     double *gap = calloc((size_t)n, sizeof(*gap));
-    if (!lat || !gap)
+    if (!lat || !runq || !gap)
         return usage("out of host memory");
     /* The gaps, scaled so that they add up to (N - 1) means: every run covers the same window
      * (a benchmark runs the offline job for exactly that long), the pattern stays random. */
@@ -1150,15 +1171,18 @@ static int run_bursts(int argc, char **argv, enum arrivals how)
         if (i > 0)
             at += (uint64_t)gap[i];
         sleep_until(at);
-        uint64_t b = now_ns();
+        uint64_t q = runq_ns(), b = now_ns();
         for (long j = 0; j < k; j++)
             CK(api.cuLaunchKernel(sp.f, 1, 1, 1, 1, 1, 1, 0, stream, sp.params, NULL));
         CK(api.cuStreamSynchronize(stream));
         lat[i] = now_ns() - b;
+        runq[i] = runq_ns() - q;
         sum += lat[i];
     }
     for (long i = 0; i < n; i++)
         out("lat_us=%" PRIu64, lat[i] / 1000u); /* in order, before the sort below */
+    for (long i = 0; i < n; i++)
+        out("runq_us=%" PRIu64, runq[i] / 1000u); /* of each request: waiting for a CPU */
     uint64_t t1 = now_ns();
     qsort(lat, (size_t)n, sizeof(*lat), cmp_u64);
     size_t p99 = (size_t)((double)(n - 1) * 0.99 + 0.5);
@@ -1169,6 +1193,7 @@ static int run_bursts(int argc, char **argv, enum arrivals how)
     out("mean_us=%" PRIu64, sum / (uint64_t)n / 1000u);
     out("wall_ns=%" PRIu64, t1 - t0);
     free(lat);
+    free(runq);
     free(gap);
     CK(api.cuModuleUnload(sp.mod));
     return 0;
@@ -1324,8 +1349,8 @@ static const struct command {
     {"bursty", cmd_bursty, "N MEAN_MS K US [START_NS]: as poisson, in groups of 4: gaps of mean "
                            "MEAN_MS/8 inside a group, longer between groups (mean MEAN_MS overall)"},
     {"bursts", cmd_bursts, "N PERIOD_MS K US [START_NS]: every PERIOD_MS launch K spin kernels of "
-                           "US µs and sync, N times; lat_us= per burst in order, then p50_us= p99_us= "
-                           "max_us= mean_us="},
+                           "US µs and sync, N times; lat_us= per burst in order, runq_us= (of each, "
+                           "the time waiting for a CPU), then p50_us= p99_us= max_us= mean_us="},
 };
 
 static int cmd_help(int argc, char **argv)

@@ -56,12 +56,13 @@ def tenants(
         typer.Option(
             "--sample",
             min=0,
-            help="Tables: seconds between the two readings WAIT and THROTTLED are measured over (GPU "
-            "TIME is NVML's last second); 0: one reading, lifetime shares. --watch: between frames.",
+            help="Tables: seconds between the two readings GPU TIME, WAIT and THROTTLED are measured over "
+            "(GPU TIME: the arbiter's charges; a native tenant's, NVML's last second); 0: one reading "
+            "(lifetime waits). --watch: between frames.",
         ),
     ] = 1.0,
 ) -> None:
-    from sharegpu.ops.output import tenants_items, tenants_renderable, waits_between
+    from sharegpu.ops.output import rates_between, tenants_items, tenants_renderable
     from sharegpu.ops.snapshot import Snapshot, take
 
     last: list[Snapshot] = []  # the previous reading: rates between frames
@@ -76,7 +77,7 @@ def tenants(
                 snap = take(gpus=False)
             if last:
                 window = snap.monotonic - last[0].monotonic
-                waits = waits_between(last[0].tenants, snap.tenants, window)
+                waits = rates_between(last[0].tenants, snap.tenants, window)
             last[:] = [snap]
         emit(
             output,
