@@ -24,8 +24,8 @@
  *                          when mapped twice)
  *     vmm-retain           create, map, cuMemRetainAllocationHandle, unmap, release: the
  *                          retained reference keeps the memory, so it stays charged
- *     vmm-many-unmap       20 allocations mapped into one reservation, released, and unmapped by
- *                          one cuMemUnmap of the whole range
+ *     vmm-many-unmap       100 allocations mapped into one reservation, released, and unmapped
+ *                          by one cuMemUnmap of the whole range (more than any fixed batch)
  * Each prints over=<CUresult of an allocation past the cap> (-1: the lookup found nothing), and used=/total= from cuMemGetInfo.
  */
 #include <dlfcn.h>
@@ -273,7 +273,7 @@ static void vmm_retain(void)
  * keep them), then one cuMemUnmap of the whole range ends all 20. */
 static void vmm_many_unmap(void)
 {
-    enum { N = 20 };
+    enum { N = 100 };
     size_t gran = 2 * MIB;
     CUmemAllocationProp prop = vmm_prop();
     prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;

@@ -297,6 +297,25 @@ SIM_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t al
     return CUDA_SUCCESS;
 }
 
+/* Bytes freed per device under vmm_mu, given back to the device after it is released: any
+ * number of mappings may go in one call (a reservation freed whole, one unmap of many). */
+struct freed {
+    uint64_t dev[SIM_MAX_GPUS];
+};
+
+static void freed_add(struct freed *f, int phys, uint64_t bytes)
+{
+    if (bytes && phys >= 0 && phys < SIM_MAX_GPUS)
+        f->dev[phys] += bytes;
+}
+
+static void freed_give_back(const struct freed *f)
+{
+    for (int d = 0; d < SIM_MAX_GPUS; d++)
+        if (f->dev[d])
+            sim_uncharge(cu_g.st, d, f->dev[d]);
+}
+
 /* Under vmm_mu: drops maps[i] (the address range is left to the caller). */
 static uint64_t map_drop(size_t i, int *phys)
 {
@@ -311,9 +330,7 @@ SIM_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
     CUresult r = cu_ready();
     if (r)
         return r;
-    uint64_t freed[64];
-    int phys[64];
-    size_t nfreed = 0;
+    struct freed freed = {0};
     pthread_mutex_lock(&vmm_mu);
     size_t i = 0;
     while (i < nres && !(res[i].base == (uintptr_t)ptr && res[i].size == size))
@@ -326,18 +343,14 @@ SIM_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
             if (maps[m].base >= (uintptr_t)ptr && maps[m].base < (uintptr_t)ptr + size) {
                 int p = -1;
                 uint64_t b = map_drop(m, &p);
-                if (b && nfreed < 64) {
-                    freed[nfreed] = b;
-                    phys[nfreed++] = p;
-                }
+                freed_add(&freed, p, b);
             }
         }
         munmap((void *)(uintptr_t)ptr, size);
         res[i] = res[--nres];
     }
     pthread_mutex_unlock(&vmm_mu);
-    for (size_t k = 0; k < nfreed; k++)
-        sim_uncharge(cu_g.st, phys[k], freed[k]);
+    freed_give_back(&freed);
     return r;
 }
 
@@ -394,9 +407,8 @@ SIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     if (r)
         return r;
     uintptr_t a = (uintptr_t)ptr, b = a + size;
-    uint64_t freed[64];
-    int phys[64];
-    size_t nfreed = 0, found = 0;
+    struct freed freed = {0};
+    size_t found = 0;
     pthread_mutex_lock(&vmm_mu);
     for (size_t i = 0; i < nmaps; i++) {
         if (maps[i].base < b && a < maps[i].base + maps[i].size) {
@@ -416,17 +428,13 @@ SIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
                 mmap((void *)maps[i].base, maps[i].size, PROT_NONE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
                 int p = -1;
-                uint64_t bytes = map_drop(i, &p);
-                if (bytes && nfreed < 64) {
-                    freed[nfreed] = bytes;
-                    phys[nfreed++] = p;
-                }
+                uint64_t bytes = map_drop(i, &p); /* sets p: before it is read */
+                freed_add(&freed, p, bytes);
             }
         }
     }
     pthread_mutex_unlock(&vmm_mu);
-    for (size_t k = 0; k < nfreed; k++)
-        sim_uncharge(cu_g.st, phys[k], freed[k]);
+    freed_give_back(&freed);
     return r;
 }
 
