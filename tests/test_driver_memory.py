@@ -400,7 +400,8 @@ def test_an_image_whose_headers_say_more_than_it_holds_is_refused(
     """The shim copies an image as far as its own headers say (ELF: the tables and every
     section with bytes; fatbin: header size + fat size) and hands the driver that copy.  Headers
     that overflow, point past 1 GiB, or (in a file) past the file's end are refused with
-    CUDA_ERROR_INVALID_IMAGE: followed, they would send the scan for names out of bounds.  A
+    CUDA_ERROR_INVALID_IMAGE: followed, they would send the scan for names out of bounds.  So is
+    an ELF whose symbols the scan cannot all read (it failed open: loaded, nothing charged).  A
     fatbin whose header fits is copied and loads (its globals are left to the reconciler)."""
     sim = sim_factory(memory_mib=8 * 1024)
     good = cubin(48)
@@ -413,9 +414,15 @@ def test_an_image_whose_headers_say_more_than_it_holds_is_refused(
 
     far = bytearray(good)
     struct.pack_into("<Q", far, 40, 1 << 40)  # the section header table 1 TiB away
+    name_out = bytearray(good)  # the 48 MiB object's name past the end of its string table
+    struct.pack_into("<I", name_out, 64 + len(b"\0.shstrtab\0.strtab\0.symtab\0.nv.global\0") + 5 + 24, 1000)
+    bad_entsize = bytearray(good)  # a symbol table whose entries are not ELF64 symbols
+    struct.pack_into("<Q", bad_entsize, shoff + 3 * 64 + 56, 16)
     images = {
         "cubin": good,
         "table_far_away": bytes(far),
+        "name_out_of_its_table": bytes(name_out),
+        "symbols_of_another_size": bytes(bad_entsize),
         "section_offset_overflows": with_strtab((1 << 64) - 8),
         "fatbin": struct.pack("<IHHQ", 0xBA55ED50, 1, 16, 64) + bytes(64),
         "fatbin_too_big": struct.pack("<IHHQ", 0xBA55ED50, 1, 16, 1 << 40),
@@ -437,7 +444,9 @@ def test_an_image_whose_headers_say_more_than_it_holds_is_refused(
         """,
     )
     assert values["cubin"] == "CUDA_SUCCESS,48"
-    for name in ("table_far_away", "section_offset_overflows", "fatbin_too_big"):
+    # Symbols the scan cannot all read: refused, not loaded with a global nobody was charged for.
+    unread = ("name_out_of_its_table", "symbols_of_another_size")
+    for name in ("table_far_away", "section_offset_overflows", "fatbin_too_big", *unread):
         assert values[name] == "CUDA_ERROR_INVALID_IMAGE,0", name
     assert values["fatbin"] == "CUDA_SUCCESS,0"
     assert values["file_past_end"] == "CUDA_ERROR_INVALID_IMAGE"

@@ -396,12 +396,23 @@ static char *image_copy(const void *image, size_t *length, CUresult *res)
 }
 
 /* Whether the driver may be handed this copy: its headers fit inside it (an image read from a
- * file is checked here; image_copy's always fit) and it is not PTX that a preprocessor could
- * rewrite. */
+ * file is checked here; image_copy's always fit), an ELF's symbols can all be read, and it is
+ * not PTX that a preprocessor could rewrite. */
+static void no_var(const char *name, uint64_t size, void *arg)
+{
+    (void)name;
+    (void)size;
+    (void)arg;
+}
+
 static CUresult image_check(const char *image, size_t length)
 {
     uint64_t extent;
     if (image_extent((const unsigned char *)image, length, &extent) != EXTENT_DONE)
+        return CUDA_ERROR_INVALID_IMAGE;
+    /* An ELF whose symbols the scan cannot all read is refused, never loaded with globals
+     * nobody asked the driver about (the scan would fail open). */
+    if (sg_is_elf(image) && sg_cubin_vars(image, length, no_var, NULL) != 0)
         return CUDA_ERROR_INVALID_IMAGE;
     if (!sg_is_elf(image) && !is_fatbin(image) && has_preprocessor_line(image))
         return CUDA_ERROR_NOT_SUPPORTED;

@@ -99,7 +99,10 @@ CUresult cu_module_parse(struct CUmod_st *m, const void *image)
     memset(m, 0, sizeof(*m));
     if (sg_is_elf(image)) {
         struct elf_vars ev = {0};
-        sg_cubin_vars(image, MAX_IMAGE_FILE, add_elf_var, &ev);
+        if (sg_cubin_vars(image, MAX_IMAGE_FILE, add_elf_var, &ev) != 0) {
+            cu_vars_free(ev.vars, ev.n);
+            return CUDA_ERROR_INVALID_IMAGE; /* a symbol table or an object it cannot read */
+        }
         if (ev.oom) {
             cu_vars_free(ev.vars, ev.n);
             return CUDA_ERROR_OUT_OF_MEMORY;
