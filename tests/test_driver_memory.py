@@ -688,3 +688,36 @@ def test_a_context_s_memory_is_refused_past_the_cap_and_given_back_when_it_ends(
     # the refused context left nothing on the card, and the exit gave every estimate back
     values, _ = run(sim.tenant_env(tenant), 'print("next=%d" % free())')
     assert values["next"] == "312"
+
+
+def test_a_context_detached_to_its_end_gives_its_memory_back(sim_factory: Callable[..., Sim]) -> None:
+    """cuCtxAttach and cuCtxDetach (deprecated; pycuda detaches at exit): the detach that drops
+    a created context's usage count to zero destroys it, so its allocations and its own memory
+    leave the cap then (they stayed charged until the process exited); one that leaves a use
+    does not."""
+    sim = sim_factory(memory_mib=2048)
+    sim.config.write_text(json.dumps({"gpus": 1, "memory_mib": 2048, "context_overhead_mib": 100}))
+    tenant = sim.tenant("t", [512], gpus=[0])
+    values, proc = run(
+        sim.tenant_env(tenant),
+        """
+        import ctypes
+        cu = ctypes.CDLL("libcuda.so.1")
+        err, c1 = d.cuCtxCreate(None, 0, 0)
+        err, p = d.cuMemAlloc(200 * M)
+        print("alloc=%s,%d" % (err.name, free()))
+        current = ctypes.c_void_p()
+        print("attach=%d" % cu.cuCtxAttach(ctypes.byref(current), 0))
+        print("same=%d" % (current.value == int(c1)))
+        print("detach=%d,%d" % (cu.cuCtxDetach(ctypes.c_void_p(int(c1))), free()))
+        print("last=%d,%d" % (cu.cuCtxDetach(ctypes.c_void_p(int(c1))), free()))
+        print("again=%s" % d.cuMemAlloc(300 * M)[0].name)
+        """,
+    )
+    assert proc.stderr == ""
+    assert values["alloc"] == "CUDA_SUCCESS,112"  # 512 - the primary's 100 - c1's 100 - 200
+    assert values["attach"] == "0"
+    assert values["same"] == "1"
+    assert values["detach"] == "0,112"  # one use left: the context and its memory stay
+    assert values["last"] == "0,412"  # destroyed: its 200 MiB and its own 100 MiB are back
+    assert values["again"] == "CUDA_SUCCESS"

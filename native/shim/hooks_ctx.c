@@ -308,6 +308,72 @@ CREATE(cuCtxCreate_v3,
 CREATE(cuCtxCreate_v4, (CUcontext * pctx, CUctxCreateParams *params, unsigned int flags, CUdevice dev),
        (pctx, params, flags, dev))
 
+/* Extra uses of created contexts (cuCtxAttach), beyond the one its creation gives [ctx_mu]: the
+ * driver destroys a created context at the cuCtxDetach that drops its usage count to zero, and
+ * at cuCtxDestroy whatever its count.  `uses_lost`: an attach could not be recorded (host
+ * memory), so no detach is taken for a destruction any more (an over-statement until exit). */
+struct ctx_use {
+    CUcontext ctx;
+    unsigned extra;
+};
+static struct ctx_use *uses;
+static size_t nuses, capuses;
+static bool uses_lost;
+
+static void use_add(CUcontext ctx)
+{
+    for (size_t i = 0; i < nuses; i++) {
+        if (uses[i].ctx == ctx) {
+            uses[i].extra++;
+            return;
+        }
+    }
+    if (sg_grow((void **)&uses, &capuses, nuses, sizeof *uses) < 0) {
+        uses_lost = true;
+        return;
+    }
+    uses[nuses++] = (struct ctx_use){.ctx = ctx, .extra = 1};
+}
+
+/* A detach of ctx: true when it dropped an extra use (the context lives on). */
+static bool use_drop(CUcontext ctx)
+{
+    for (size_t i = 0; i < nuses; i++) {
+        if (uses[i].ctx == ctx) {
+            if (--uses[i].extra == 0)
+                uses[i] = uses[--nuses];
+            return true;
+        }
+    }
+    return uses_lost;
+}
+
+static void use_forget(CUcontext ctx)
+{
+    for (size_t i = 0; i < nuses; i++) {
+        if (uses[i].ctx == ctx) {
+            uses[i] = uses[--nuses];
+            return;
+        }
+    }
+}
+
+/* A created context ended (destroyed, or detached to a usage count of zero), under ctx_mu: its
+ * estimate leaves the overhead. */
+static void ended_locked(CUcontext ctx)
+{
+    forget_created(ctx);
+    use_forget(ctx);
+}
+
+/* ... and after ctx_mu: its allocations are credited, and whatever graph memory the driver
+ * freed with it. */
+static void ended(CUcontext ctx)
+{
+    sg_credit_context(ctx);
+    sg_graph_mem_settle_all();
+}
+
 /* A created context goes: the epoch moves around the real call; on success its allocations are
  * credited and its own memory leaves the overhead. */
 #define CTX_DESTROY(name)                                                                          \
@@ -325,16 +391,51 @@ CREATE(cuCtxCreate_v4, (CUcontext * pctx, CUctxCreateParams *params, unsigned in
         CUresult res = real_(ctx);                                                                 \
         sg_stream_handles_died();                                                                  \
         if (res == CUDA_SUCCESS)                                                                   \
-            forget_created(ctx);                                                                   \
+            ended_locked(ctx);                                                                     \
         pthread_mutex_unlock(&ctx_mu);                                                             \
-        if (res == CUDA_SUCCESS) {                                                                 \
-            sg_credit_context(ctx);                                                                \
-            sg_graph_mem_settle_all(); /* whatever graph memory the driver freed with it */        \
-        }                                                                                          \
+        if (res == CUDA_SUCCESS)                                                                   \
+            ended(ctx);                                                                            \
         return res;                                                                                \
     }
 CTX_DESTROY(cuCtxDestroy)
 CTX_DESTROY(cuCtxDestroy_v2)
+
+/* One more use of the current context (deprecated API). */
+SG_EXPORT CUresult cuCtxAttach(CUcontext *pctx, unsigned int flags)
+{
+    REAL(cuCtxAttach);
+    if (sg_in_hook || !sg_configured())
+        return real_(pctx, flags);
+    pthread_mutex_lock(&ctx_mu);
+    CUresult res = real_(pctx, flags);
+    if (res == CUDA_SUCCESS && pctx)
+        use_add(*pctx);
+    pthread_mutex_unlock(&ctx_mu);
+    return res;
+}
+
+/* One use fewer: at zero the driver destroyed the context, which ends here as at cuCtxDestroy. */
+SG_EXPORT CUresult cuCtxDetach(CUcontext ctx)
+{
+    REAL(cuCtxDetach);
+    if (sg_in_hook || !sg_configured()) {
+        sg_stream_handles_died();
+        CUresult r = real_(ctx);
+        sg_stream_handles_died();
+        return r;
+    }
+    pthread_mutex_lock(&ctx_mu);
+    sg_stream_handles_died();
+    CUresult res = real_(ctx);
+    sg_stream_handles_died();
+    bool gone = res == CUDA_SUCCESS && !use_drop(ctx);
+    if (gone)
+        ended_locked(ctx);
+    pthread_mutex_unlock(&ctx_mu);
+    if (gone)
+        ended(ctx);
+    return res;
+}
 
 /* The primary context of dev if it is active (looked up without changing its state), or NULL. */
 static CUcontext active_primary(CUdevice dev)

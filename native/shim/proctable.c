@@ -101,6 +101,8 @@ static const struct proc_row rows[] = {
     /* teardown: a context's memory is credited, cached stream lookups end */
     {"cuCtxDestroy", 4000, ANY, H(cuCtxDestroy_v2)},
     {"cuCtxDestroy", 2000, ANY, H(cuCtxDestroy)},
+    {"cuCtxAttach", 2000, ANY, H(cuCtxAttach)},
+    {"cuCtxDetach", 2000, ANY, H(cuCtxDetach)},
     {"cuDevicePrimaryCtxRelease", 11000, ANY, H(cuDevicePrimaryCtxRelease_v2)},
     {"cuDevicePrimaryCtxRelease", 7000, ANY, H(cuDevicePrimaryCtxRelease)},
     {"cuDevicePrimaryCtxReset", 11000, ANY, H(cuDevicePrimaryCtxReset_v2)},

@@ -439,6 +439,10 @@ SG_CUAPI cuEventDestroy_v2(CUevent event);
  * returns them for CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM); same signatures as their base
  * functions.  Declared once here for both the simulated driver and the shim. */
 CUresult cuCtxDestroy(CUcontext ctx);
+/* Deprecated since CUDA 4, still in the driver (pycuda uses them): a created context's usage
+ * count, which the detach that drops it to zero ends like cuCtxDestroy. */
+CUresult cuCtxAttach(CUcontext *pctx, unsigned int flags);
+CUresult cuCtxDetach(CUcontext ctx);
 CUresult cuStreamDestroy(CUstream stream);
 CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
 CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags);
