@@ -15,6 +15,7 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -654,3 +655,39 @@ def test_a_container_of_a_non_root_user_uses_its_vgpu(
     values, _ = parse_kv(proc.stdout)
     assert values["alloc"] == "OK", proc.stdout + proc.stderr
     assert values["kernels"] == "20"  # through the GPU's arbiter
+
+
+def test_the_first_example_of_containers_md_runs_as_is(sim: Sim, tmp_path: Path) -> None:
+    """docs/containers.md's first example, run by bash as written, but for two directories: the
+    root filesystem is built in the test's own (not /tmp/rootfs) and the agent keeps its
+    database there too (SHAREGPU_STATE_DIR, not /var/lib/sharegpu). The container sees its
+    512 MiB vGPU. The node's spec file it writes is put back as it was."""
+    from conftest import REPO
+
+    text = (REPO / "docs" / "containers.md").read_text()
+    block = text.split("```sh\n", 1)[1].split("```", 1)[0].replace("/tmp/rootfs", str(tmp_path / "rootfs"))
+    here = tmp_path / "checkout"
+    here.mkdir()
+    (here / ".venv").symlink_to(sys.prefix)  # the venv this test runs in
+    (here / "src").symlink_to(REPO / "src")
+    spec = Path("/var/run/cdi/sharegpu.json")
+    kept = {p: p.read_bytes() for p in (spec, owner_path(spec)) if p.exists()}
+    try:
+        done = subprocess.run(
+            ["bash", "-c", f"set -e\n{block}\nkill %1\nwait\n"],
+            cwd=here,
+            env=sim.env(SHAREGPU_STATE_DIR=str(tmp_path / "state")),
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+    finally:
+        for path in (spec, owner_path(spec)):
+            path.unlink(missing_ok=True)
+        for path, data in kept.items():
+            path.write_bytes(data)
+    print(done.stdout, done.stderr, sep="\n")
+    assert done.returncode in (0, 143), done.stderr  # 143: the agent's job, killed at the end
+    assert "created web" in done.stdout
+    assert "total=536870912" in done.stdout  # the container's program sees the 512 MiB vGPU
