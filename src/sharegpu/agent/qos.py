@@ -107,37 +107,67 @@ class QosLoop:
             "wait_ms_total": wait / 1e6,
             "offline_inflight_max": bound,
         }
-        if not online:
-            return _decision(
-                uuid, "hold", (bound, bound), "no online tenant on the GPU", figures, reason="no-online"
-            )
-        if grants == 0:
-            reason = "first sample" if not fresh else "no online grant since the last tick"
-            return _decision(uuid, "hold", (bound, bound), reason, figures, reason="no-grant")
-        mean_ms = wait / grants / 1e6
-        figures["wait_ms_per_grant"] = round(mean_ms, 4)
-        if mean_ms > self.target_wait_ms:
-            new = max(self.min_bound, bound // 2)
-            action = "lower" if new < bound else "hold"
-            key = "at-minimum"
-            why = f"online wait {mean_ms:.3f} ms per grant is above the {self.target_wait_ms:g} ms target"
-            if new >= bound:
-                why += f" (already at the minimum {self.min_bound})"
-        elif mean_ms < self.raise_below * self.target_wait_ms:
-            new = min(self.max_bound, bound + 1)
-            action = "raise" if new > bound else "hold"
-            key = "at-maximum"
-            why = (
-                f"online wait {mean_ms:.3f} ms per grant is well below the {self.target_wait_ms:g} ms target"
-            )
-            if new <= bound:
-                why += f" (already at the maximum {self.max_bound})"
-        else:
-            new, action, key = bound, "hold", "near-target"
-            why = f"online wait {mean_ms:.3f} ms per grant is near the {self.target_wait_ms:g} ms target"
-        if new != bound:
-            tune_arbiter(path, offline_inflight_max=new)
-        return _decision(uuid, action, (bound, new), why, figures, reason=key)
+        if grants:
+            figures["wait_ms_per_grant"] = round(wait / grants / 1e6, 4)
+        step = next_bound(
+            bound,
+            online=bool(online),
+            grants=grants,
+            wait_ns=wait,
+            first_sample=not fresh,
+            target_wait_ms=self.target_wait_ms,
+            bounds=(self.min_bound, self.max_bound),
+            raise_below=self.raise_below,
+        )
+        if step.bound != bound:
+            tune_arbiter(path, offline_inflight_max=step.bound)
+        return _decision(uuid, step.action, (bound, step.bound), step.why, figures, reason=step.reason)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One tick's decision for one GPU."""
+
+    action: str  # "lower", "raise" or "hold"
+    bound: int  # the new offline in-flight bound
+    reason: str  # a hold's (or a change's) kind, for the events
+    why: str  # in words, with the figures
+
+
+def next_bound(
+    bound: int,
+    *,
+    online: bool,
+    grants: int,
+    wait_ns: int,
+    first_sample: bool,
+    target_wait_ms: float,
+    bounds: tuple[int, int],
+    raise_below: float,
+) -> Step:
+    """The bound from the online tenants' waits over the last tick: halved above the target,
+    one more well below it, held otherwise (or with no online tenant, or no online grant)."""
+    low, high = bounds
+    if not online:
+        return Step("hold", bound, "no-online", "no online tenant on the GPU")
+    if grants == 0:
+        why = "first sample" if first_sample else "no online grant since the last tick"
+        return Step("hold", bound, "no-grant", why)
+    mean_ms = wait_ns / grants / 1e6
+    target = f"{target_wait_ms:g} ms target"
+    if mean_ms > target_wait_ms:
+        new = max(low, bound // 2)
+        why = f"online wait {mean_ms:.3f} ms per grant is above the {target}"
+        if new >= bound:
+            return Step("hold", bound, "at-minimum", why + f" (already at the minimum {low})")
+        return Step("lower", new, "at-minimum", why)
+    if mean_ms < raise_below * target_wait_ms:
+        new = min(high, bound + 1)
+        why = f"online wait {mean_ms:.3f} ms per grant is well below the {target}"
+        if new <= bound:
+            return Step("hold", bound, "at-maximum", why + f" (already at the maximum {high})")
+        return Step("raise", new, "at-maximum", why)
+    return Step("hold", bound, "near-target", f"online wait {mean_ms:.3f} ms per grant is near the {target}")
 
 
 def _decision(
