@@ -24,10 +24,12 @@ whose innermost NSpid is that id.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,11 +51,43 @@ class Holder:
     tid: int  # host thread id of the owning thread
 
 
-@dataclass
-class _Suspect:
+@dataclass(frozen=True)
+class Suspect:
+    """A region lock's owner under watch."""
+
     tid: int  # the owner as the futex word names it (its waiters bit may come and go)
     holder: Holder | None = None  # found (a pass over /proc) from the second look on
     since: float = 0.0  # when the holder was first seen stalled
+
+
+def judge(
+    suspect: Suspect | None,
+    tid: int,
+    now: float,
+    *,
+    stall_s: float,
+    find: Callable[[int], Holder | None],
+    is_stalled: Callable[[Holder], bool],
+) -> tuple[Suspect | None, Holder | None]:
+    """One look at a region lock whose futex word names owner `tid` (0: free): the suspect to
+    keep (None: nothing to watch) and the holder to kill (None: none). A lock held at one look
+    is usually a busy one: only an owner seen at two looks in a row is looked for (`find`, a
+    pass over /proc), and only one stalled (`is_stalled`: stopped, or asleep) for `stall_s`
+    from then is killed.  Pure, given `find` and `is_stalled` (the tests pass fakes)."""
+    if not tid:
+        return None, None
+    if suspect is None or suspect.tid != tid:
+        return Suspect(tid=tid), None
+    if suspect.holder is None:
+        holder = find(tid)
+        if holder is None or not is_stalled(holder):
+            return None, None
+        return Suspect(tid, holder, now), None
+    if not is_stalled(suspect.holder):
+        return None, None  # it runs: the lock will be given back
+    if now - suspect.since < stall_s:
+        return suspect, None
+    return None, suspect.holder
 
 
 def lock_word(path: Path, offset: int) -> int:
@@ -143,7 +177,7 @@ class StallBreaker:
         self.root = root
         self.interval_s = interval_s
         self.stall_s = stall_s
-        self._suspects: dict[Path, _Suspect] = {}
+        self._suspects: dict[Path, Suspect] = {}
         self._token_stalls: dict[tuple[int, int], int] = {}  # an arbiter file's stall_reclaims seen
 
     def _regions(self) -> list[tuple[Path, int, str | None, str | None]]:
@@ -167,33 +201,30 @@ class StallBreaker:
                 word = lock_word(path, offset)
             except OSError:
                 continue
-            tid = word & FUTEX_TID_MASK
-            suspect = self._suspects.get(path)
-            if not tid:
+            suspect, kill = judge(
+                self._suspects.get(path),
+                word & FUTEX_TID_MASK,
+                now,
+                stall_s=self.stall_s,
+                find=functools.partial(self._find_other, path),
+                is_stalled=stalled,
+            )
+            if kill is not None:
+                since = self._suspects[path].since
+                events.append(self._kill(path, kill, now - since, tenant, gpu))
+            if suspect is None:
                 self._suspects.pop(path, None)
-                continue
-            if suspect is None or suspect.tid != tid:
-                # A lock held at one look is usually a busy one: only a thread seen holding it
-                # at two looks in a row is worth the pass over /proc that finds it.
-                self._suspects[path] = _Suspect(tid=tid)
-                continue
-            if suspect.holder is None:
-                holder = find_holder(path, tid)
-                if holder is None or holder.pid == os.getpid() or not stalled(holder):
-                    del self._suspects[path]
-                    continue
-                suspect.holder, suspect.since = holder, now
-                continue
-            if not stalled(suspect.holder):
-                del self._suspects[path]  # it runs: the lock will be given back
-                continue
-            if now - suspect.since < self.stall_s:
-                continue
-            events.append(self._kill(path, suspect.holder, now - suspect.since, tenant, gpu))
-            del self._suspects[path]
+            else:
+                self._suspects[path] = suspect
         for gone in set(self._suspects) - seen:
             del self._suspects[gone]
         return events + self._token_stall_events()
+
+    @staticmethod
+    def _find_other(path: Path, tid: int) -> Holder | None:
+        """The lock's owner, unless it is this agent itself."""
+        holder = find_holder(path, tid)
+        return None if holder is None or holder.pid == os.getpid() else holder
 
     def _token_stall_events(self) -> list[Event]:
         """An event for each GPU whose token the waiters took back from a holder stopped past its
