@@ -11,9 +11,11 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -128,6 +130,17 @@ class ProbeResult:
 def parse_kv(text: str) -> tuple[dict[str, str], list[tuple[str, str]]]:
     lines = [tuple(line.split("=", 1)) for line in text.splitlines() if "=" in line]
     return dict(lines), lines  # type: ignore[misc]
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 60) -> Any:
+    """Poll `check` every 20 ms until it returns something true (returned); fail naming `what`
+    after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout} s: {what}")
+        time.sleep(0.02)
+    return found
 
 
 def python(env: dict[str, str], code: str, timeout: float = 120):  # type: ignore[no-untyped-def]
