@@ -345,6 +345,7 @@ def test_watch_from_before_the_history_is_410_expired() -> None:
         assert [e["object"].metadata.name for e in events] == ["p4", "p5"]
 
 
+@pytest.mark.timing
 def test_watch_ends_at_timeout_seconds_and_on_close() -> None:
     api = ApiServerStandIn()
     with api.api_client() as api_client:

@@ -274,6 +274,7 @@ def test_root_in_the_container_can_neither_write_its_limits_nor_point_the_shim_e
     assert values["total"] == str(512 << 20)  # the mounted tenant, whatever the environment says
 
 
+@pytest.mark.timing
 def test_a_killed_container_gives_its_memory_back(
     sim: Sim, rootfs: Path, spec_file: Path, name: str, runtime: str
 ) -> None:
@@ -446,6 +447,7 @@ def _saturate(rootfs: Path, shape: str, seconds: float, at: int) -> subprocess.P
     return background(rootfs, shape, "sgprobe", "saturate", str(seconds), "500", "kernel", str(at))
 
 
+@pytest.mark.timing
 def test_two_containers_split_30_70_with_no_reclaim_and_an_agent_restart_changes_nothing(
     sim: Sim, rootfs: Path, spec_file: Path, tmp_path: Path
 ) -> None:
@@ -479,6 +481,7 @@ def test_two_containers_split_30_70_with_no_reclaim_and_an_agent_restart_changes
         agent.close()
 
 
+@pytest.mark.timing
 def test_a_killed_container_gives_the_token_back_within_2s(sim: Sim, rootfs: Path, spec_file: Path) -> None:
     """`podman kill` of a container while it holds the GPU's token: a host process of another
     tenant gets the card again within 2 s (its longest wait for a launch)."""
@@ -560,6 +563,7 @@ def test_a_hook_killed_after_making_the_tenant_fails_the_start_and_leaves_nothin
         agent.close()
 
 
+@pytest.mark.timing
 def test_an_online_container_next_to_an_offline_one_keeps_its_host_latency(
     sim: Sim, rootfs: Path, spec_file: Path
 ) -> None:

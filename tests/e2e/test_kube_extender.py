@@ -59,6 +59,7 @@ def http() -> Iterator[tuple[httpx.Client, RecordingBinder]]:
         server.server_close()
 
 
+@pytest.mark.timing
 def test_the_http_api_speaks_the_extender_json(http: tuple[httpx.Client, RecordingBinder]) -> None:
     c, binder = http
     payload = args(pod("web"), [node("a"), node("b", age_s=600)])

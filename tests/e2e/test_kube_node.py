@@ -126,6 +126,7 @@ def published_with(standin: ApiServerStandIn, check: Callable[[Inventory], bool]
     return poll
 
 
+@pytest.mark.timing
 def test_the_inventory_appears_on_the_node_and_is_refreshed_though_nothing_changes(
     standin: ApiServerStandIn, core: client.CoreV1Api
 ) -> None:

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from arbiterutil import achieved, compute_tenant, finish, spawn_in_pid_namespace, start_at
 from conftest import Sim, parse_kv
 from metricsutil import api, families, free_port, running_agent, scrape_text, value
@@ -93,6 +95,7 @@ def measured_against_nvml(
     return before
 
 
+@pytest.mark.timing
 def test_every_surface_reports_the_gpu_time_nvml_measures(sim: Sim, tmp_path: Path) -> None:
     port = free_port()
     with running_agent(sim, tmp_path, "--metrics-port", str(port), "--metrics-address", "127.0.0.1") as agent:
@@ -166,6 +169,7 @@ def _own_share(ends: list[int], burst_ns: int, t0: int, t1: int) -> float:
     return sum(1 for e in ends if t0 < e <= t1) * burst_ns / (t1 - t0)
 
 
+@pytest.mark.timing
 def test_what_operators_see_is_what_the_workloads_got(sim: Sim, tmp_path: Path) -> None:
     """Two tenants that wait for their own work (4 x 1 ms, then cuCtxSynchronize; share 30/70):
     what `sharegpu tenants`, the API, the metrics and the arbiter's charge report for each is
@@ -269,6 +273,7 @@ def test_what_operators_see_is_what_the_workloads_got(sim: Sim, tmp_path: Path) 
     assert 0.25 <= _own_share(ends["a"], burst, tick0, tick1) <= 0.35  # the shares themselves
 
 
+@pytest.mark.timing
 def test_tenants_in_their_own_pid_namespaces_are_told_apart(sim: Sim) -> None:
     """Two containers' processes, each pid 1 of a pid namespace with its own /proc: the GPU time
     `sharegpu tenants` shows for each is what each got (issue 36: two Podman containers that got
@@ -296,6 +301,7 @@ def _cell(table: str, column: str, tenant: str) -> str:
     return row[at:].split()[0]
 
 
+@pytest.mark.timing
 def test_every_rate_of_a_tenants_row_is_over_one_window(sim: Sim) -> None:
     """Issue 36: GPU TIME was the last second, WAIT and THROTTLED the tenant's lifetime, so a
     tenant idle now showed "waiting 7%".  The table's rates are over the window its headers

@@ -99,6 +99,7 @@ def _achieved(sim: Sim, tenant: str, seconds: float) -> float:
     return (_gpu_seconds(sim, tenant) - g0) / (time.monotonic() - t0) * 100
 
 
+@pytest.mark.timing
 def test_a_compute_resize_is_followed(agent: Agent, sim: Sim) -> None:
     view = create(agent, name="cap", memory="64MiB", gpus=["0"], policy="cap", compute="20%")
     proc = sim.spawn_probe("saturate", "6", "500", env=sim.tenant_env(Path(view["path"])))
@@ -127,6 +128,7 @@ def _arbiter_tenants(sim: Sim) -> list[Any]:
 # Hot restart.
 
 
+@pytest.mark.timing
 def test_sigkill_and_restart_while_tenants_run(agent: Agent, sim: Sim) -> None:
     capped = create(agent, name="capped", memory="64MiB", gpus=["0"], policy="cap", compute="30%")
     holder = create(agent, name="holder", memory="128MiB", gpus=["1"], labels={"pod": "h-0"})
@@ -291,6 +293,7 @@ def test_one_agent_per_node(agent: Agent, sim: Sim, tmp_path: Path) -> None:
         assert client.health().status == "ok"
 
 
+@pytest.mark.timing
 def test_gpu_list_and_events_follow(agent: Agent, sim: Sim) -> None:
     create(agent, name="a", memory="256MiB", gpus=["0"], policy="burst", compute="20%", ceiling="60%")
     hold = sim.spawn_probe(

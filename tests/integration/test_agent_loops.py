@@ -134,6 +134,7 @@ def with_context_overhead(sim: Sim, mib: int) -> Sim:
 # reaper
 
 
+@pytest.mark.timing
 def test_reaper_releases_a_killed_process_charge_within_two_seconds(sim: Sim, tmp_path: Path) -> None:
     """Through the running agent, not a hand-called tick: the survivors only sleep, so nothing
     but the agent's reaper can give the charge back."""
@@ -495,6 +496,7 @@ def test_the_nodes_mps_server_is_no_untracked_process_and_is_never_killed(sim: S
 # QoS
 
 
+@pytest.mark.timing
 def test_qos_lowers_the_offline_bound_when_online_waits_too_long(sim: Sim) -> None:
     online = compute_tenant(sim, "web", abi.PRIORITY_ONLINE)
     offline = compute_tenant(sim, "train", abi.PRIORITY_OFFLINE)
@@ -548,6 +550,7 @@ def test_qos_lowers_the_offline_bound_when_online_waits_too_long(sim: Sim) -> No
         stop(batch)
 
 
+@pytest.mark.timing
 def test_qos_raises_the_bound_up_to_its_maximum_when_online_waits_are_short(sim: Sim) -> None:
     tenant = compute_tenant(sim, "web", abi.PRIORITY_ONLINE)  # alone: it never waits long
     path = arbiter_path(sim.runtime, sim.uuids()[0])
@@ -602,6 +605,7 @@ FORGER = """
 """
 
 
+@pytest.mark.timing
 def test_the_audit_kills_a_tenant_that_forged_its_ledger_within_its_interval(
     sim_factory, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]

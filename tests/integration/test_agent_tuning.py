@@ -110,6 +110,7 @@ def write_config(tmp_path: Path, arbiter: object) -> Path:
     return path
 
 
+@pytest.mark.timing
 def test_settings_land_and_the_counters_move_with_real_work(sim: Sim, tmp_path: Path) -> None:
     gpu0, gpu1 = sim.uuids()
     # GPU 1's region exists before the agent (made by `sharegpu run` without it, say): the

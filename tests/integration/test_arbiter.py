@@ -75,6 +75,7 @@ def achieved_by_script(sim: Sim, tenant: Path, script: str, *args: str) -> float
 # policies
 
 
+@pytest.mark.timing
 def test_two_saturating_share_tenants_split_30_70(sim: Sim) -> None:
     a = compute_tenant(sim, "a", "share", 30)
     b = compute_tenant(sim, "b", "share", 70)
@@ -102,6 +103,7 @@ def test_two_saturating_share_tenants_split_30_70(sim: Sim) -> None:
         assert counters["preemptions"] == 0
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize(
     ("kernels", "us", "seconds"),
     [
@@ -136,6 +138,7 @@ def test_tenants_that_synchronise_split_30_70(sim: Sim, kernels: int, us: int, s
     assert abs(charged - split) <= 3  # the arbiter charged what the card ran for each
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize(
     ("kernels", "us", "gap_us"),
     [
@@ -154,6 +157,7 @@ def test_a_cap_is_gpu_time_not_time_held(sim: Sim, kernels: int, us: int, gap_us
     assert 46 <= x <= 54
 
 
+@pytest.mark.timing
 def test_a_service_that_idles_between_requests_leaves_the_card_to_its_own_class(sim: Sim) -> None:
     """A service of short bursts and 5 ms of idle time between them, beside a job of its own
     class that never waits: after a sync that drained its work the service hands the card on
@@ -170,6 +174,7 @@ def test_a_service_that_idles_between_requests_leaves_the_card_to_its_own_class(
     assert xs + xj >= 85  # the job fills the service's idle time
 
 
+@pytest.mark.timing
 def test_cap_alone_on_an_idle_card_stays_under_its_ceiling(sim: Sim) -> None:
     c = compute_tenant(sim, "c", "cap", 20)
     x = achieved(finish(spawn(sim, c, "saturate", 1.5, 500)))
@@ -209,6 +214,7 @@ MANY_CONTEXTS = """
 """
 
 
+@pytest.mark.timing
 def test_a_cap_holds_for_work_on_many_contexts(sim: Sim) -> None:
     """Issue 34: a release drained the first 8 contexts a hold launched to; the work of a ninth
     kept running after the token moved on, uncharged, so a 20% cap launching on 12 contexts got
@@ -221,6 +227,7 @@ def test_a_cap_holds_for_work_on_many_contexts(sim: Sim) -> None:
     assert x <= 25
 
 
+@pytest.mark.timing
 def test_a_high_cap_alone_reaches_its_ceiling(sim: Sim) -> None:
     # Credit earned while holding the card used to be capped before the hold was charged, so a
     # 90% cap alone got about 67%.
@@ -230,6 +237,7 @@ def test_a_high_cap_alone_reaches_its_ceiling(sim: Sim) -> None:
     assert 84 <= x <= 92
 
 
+@pytest.mark.timing
 def test_burst_alone_reaches_its_ceiling(sim: Sim) -> None:
     b = compute_tenant(sim, "b", "burst", 20, ceiling=60)
     x = achieved(finish(spawn(sim, b, "saturate", 1.5, 500)))
@@ -237,6 +245,7 @@ def test_burst_alone_reaches_its_ceiling(sim: Sim) -> None:
     assert abs(x - 60) <= 8
 
 
+@pytest.mark.timing
 def test_share_alone_gets_nearly_the_whole_card(sim: Sim) -> None:
     s = compute_tenant(sim, "s", "share", 10)
     x = achieved(finish(spawn(sim, s, "saturate", 1, 500)))
@@ -244,6 +253,7 @@ def test_share_alone_gets_nearly_the_whole_card(sim: Sim) -> None:
     assert x >= 85
 
 
+@pytest.mark.timing
 def test_the_watcher_starts_beside_libraries_with_large_thread_local_storage(
     sim: Sim, tmp_path: Path
 ) -> None:
@@ -261,6 +271,7 @@ def test_the_watcher_starts_beside_libraries_with_large_thread_local_storage(
     assert x >= 85
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("mode", [pytest.param("graph", id="graph"), pytest.param("capture", id="capture")])
 def test_graphs_and_stream_capture_are_held_to_the_cap(sim: Sim, mode: str) -> None:
     c = compute_tenant(sim, "c", "cap", 20)
@@ -273,6 +284,7 @@ def test_graphs_and_stream_capture_are_held_to_the_cap(sim: Sim, mode: str) -> N
     assert achieved(finish(spawn(sim, None, "saturate", 0.5, 500, mode))) >= 85
 
 
+@pytest.mark.timing
 def test_cap_share_and_offline_together(sim: Sim) -> None:
     cap = compute_tenant(sim, "cap", "cap", 20)
     share = compute_tenant(sim, "share", "share", 50)
@@ -311,6 +323,7 @@ def resize_compute(tenant: Path, **fields: int) -> None:
         os.close(fd)
 
 
+@pytest.mark.timing
 def test_a_live_resize_of_the_compute_limits_is_followed(sim: Sim) -> None:
     t = compute_tenant(sim, "t", "share", 100)
     proc = spawn(sim, t, "saturate", 3, 500)
@@ -348,6 +361,7 @@ def _latencies(probe: subprocess.Popen[str]) -> list[int]:
     return [int(line.split("=", 1)[1]) for line in out.splitlines() if line.startswith("lat_us=")]
 
 
+@pytest.mark.timing
 def test_online_preempts_offline(sim: Sim) -> None:
     online = compute_tenant(sim, "web", "share", 50, priority="online")
     offline = compute_tenant(sim, "train", "share", 50, priority="offline")
@@ -393,6 +407,7 @@ def _late_bursts(
     return sum(1 for x in lat if x > quickest + 400) / len(lat)
 
 
+@pytest.mark.timing
 def test_offline_holds_back_before_predicted_online_requests(sim: Sim) -> None:
     online = compute_tenant(sim, "web", "share", 50, priority="online")
     offline = compute_tenant(sim, "train", "share", 50, priority="offline")
@@ -414,6 +429,7 @@ def test_offline_holds_back_before_predicted_online_requests(sim: Sim) -> None:
     assert random_holds <= 20  # nothing regular to predict: few (wrong) hold-backs
 
 
+@pytest.mark.timing
 def test_an_offline_launch_after_host_time_is_held_back_at_the_launch(sim: Sim) -> None:
     """An offline step of one 2 ms kernel, a sync and 3 ms of host code: at its sync the next
     request can be 5 ms away, far enough for a kernel started then, but the kernel starts 3 ms
@@ -434,6 +450,7 @@ def test_an_offline_launch_after_host_time_is_held_back_at_the_launch(sim: Sim) 
     assert late <= 0.2
 
 
+@pytest.mark.timing
 def test_hold_back_covers_offline_kernels_up_to_half_the_period(sim: Sim) -> None:
     # 8 ms offline kernels against a 25 ms beat: more than a quarter of the period, which got no
     # hold-back before (every request then waited for the GPU's time slice).
@@ -453,6 +470,7 @@ def test_hold_back_covers_offline_kernels_up_to_half_the_period(sim: Sim) -> Non
 # robustness
 
 
+@pytest.mark.timing
 def test_under_mps_an_offline_tenant_is_a_below_normal_client_whatever_it_sets(sim_factory) -> None:  # type: ignore[no-untyped-def]
     """With an MPS server (the simulated GPU's, 200 µs blocks) the shim makes an offline tenant's
     processes BELOW_NORMAL clients, even one that asks for NORMAL: an online request arriving at
@@ -469,6 +487,7 @@ def test_under_mps_an_offline_tenant_is_a_below_normal_client_whatever_it_sets(s
     assert plain >= 0.5
 
 
+@pytest.mark.timing
 def test_sigkill_of_the_token_holder(sim: Sim) -> None:
     a = compute_tenant(sim, "a", "share", 50)
     b = compute_tenant(sim, "b", "share", 50)
@@ -501,6 +520,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+@pytest.mark.timing
 def test_death_inside_the_critical_section_is_repaired(sim: Sim) -> None:
     a = compute_tenant(sim, "a", "share", 50)
     path = arbiter_of(sim)
@@ -516,6 +536,7 @@ def test_death_inside_the_critical_section_is_repaired(sim: Sim) -> None:
     assert status.waiting == 0  # recomputed from the client entries
 
 
+@pytest.mark.timing
 def test_regions_of_other_minor_versions_are_used(sim: Sim) -> None:
     """Within one major version, fields are only appended: a shim and an agent of 1.2 work with
     an arbiter written by 1.1 (prediction fields zero: prediction off) and with limits and
@@ -592,6 +613,7 @@ def test_native_tenants_never_touch_the_arbiter(sim: Sim) -> None:
     assert not (sim.runtime / "gpus").exists() or not any((sim.runtime / "gpus").iterdir())
 
 
+@pytest.mark.timing
 def test_launch_fast_path_cost(sim: Sim) -> None:
     """Sanity bound only; the goal (< 100 ns added) is measured by bench/."""
     s = compute_tenant(sim, "s", "share", 50)
@@ -605,6 +627,7 @@ def test_launch_fast_path_cost(sim: Sim) -> None:
     assert shim - bare < 2000
 
 
+@pytest.mark.timing
 def test_launch_hooks_reach_cuda_python(sim: Sim) -> None:
     """cuda-python resolves cuLaunchKernel through cuGetProcAddress: it must get the gate."""
     c = compute_tenant(sim, "c", "cap", 20)
@@ -639,6 +662,7 @@ def test_probe_help_lists_the_compute_commands(sim: Sim) -> None:
         assert f"  {name}" in out
 
 
+@pytest.mark.timing
 def test_a_tenant_recreated_under_the_same_name_inherits_nothing(sim: Sim) -> None:
     """The arbiter keys tenants by name and incarnation: a new tenant of an old name gets its own
     limits, and none of the old one's GPU time, virtual time or ceiling debt, so next to a
@@ -722,6 +746,7 @@ STREAM_DEVICE_SCRIPT = """
 """
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("how", ["other-current", "kernel"])
 def test_launches_are_gated_by_the_stream_device(sim: Sim, how: str) -> None:
     """The work goes to the stream's GPU: that GPU's share holds, whatever context is current
@@ -767,6 +792,7 @@ MULTI_DEVICE_SCRIPT = """
 """
 
 
+@pytest.mark.timing
 def test_multi_device_cooperative_launches_are_gated_on_every_gpu(sim: Sim) -> None:
     u0, u1 = sim.uuids()[:2]
     limits = [
@@ -792,6 +818,7 @@ def test_multi_device_cooperative_launches_are_gated_on_every_gpu(sim: Sim) -> N
         assert t.gpu_time_ns > 0
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("mount_proc", [False, True], ids=["host-proc", "own-proc"])
 def test_tenants_in_two_pid_namespaces_split_30_70_without_reclaims(sim: Sim, mount_proc: bool) -> None:
     """Containers share a GPU from different pid namespaces: no holder may be judged dead by a
@@ -825,6 +852,7 @@ def test_tenants_in_two_pid_namespaces_split_30_70_without_reclaims(sim: Sim, mo
     assert abs(xb - 70) <= 5
 
 
+@pytest.mark.timing
 def test_a_killed_holder_of_another_pid_namespace_is_reclaimed(sim: Sim) -> None:
     a = compute_tenant(sim, "a", "share", 50)
     b = compute_tenant(sim, "b", "share", 50)
@@ -843,6 +871,7 @@ def test_a_killed_holder_of_another_pid_namespace_is_reclaimed(sim: Sim) -> None
     assert all(c.pid != 1 for c in status.clients)
 
 
+@pytest.mark.timing
 def test_a_stopped_token_holder_loses_the_token(sim: Sim) -> None:
     """SIGSTOP (docker pause, a debugger) of the holder must not stall the GPU: after its quantum
     and SG_ARB_STALL_NS the others take the token back."""
@@ -856,6 +885,7 @@ def test_a_stopped_token_holder_loses_the_token(sim: Sim) -> None:
     assert status.reclaims == 0  # it was alive all along
 
 
+@pytest.mark.timing
 def test_one_tenant_with_many_processes_leaves_entries_to_the_others(sim: Sim) -> None:
     """A tenant of 260 launching processes holds at most ARB_TENANT_MAX_CLIENTS entries; its
     other processes wait for one, and another tenant's first launch is served at once (it failed

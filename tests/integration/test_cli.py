@@ -385,6 +385,7 @@ def test_stale_tenant_of_a_killed_supervisor_is_collected(sim: Sim) -> None:
         supervisor.wait()
 
 
+@pytest.mark.timing
 def test_tenants_shows_configured_and_used_compute(sim: Sim) -> None:
     probe = str(native.probe_path())
     busy = subprocess.Popen(

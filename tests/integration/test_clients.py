@@ -91,6 +91,7 @@ def result(proc: subprocess.CompletedProcess[str], client: str, cap_mib: int) ->
     return r
 
 
+@pytest.mark.timing
 @clients
 def test_client_alone_on_the_simulator(client_python: Path, node: Sim, client: str) -> None:
     proc = subprocess.run(
@@ -105,6 +106,7 @@ def test_client_alone_on_the_simulator(client_python: Path, node: Sim, client: s
     assert r["loop_ms"] < 1.8 * r["gpu_ms"], r  # ~1.0x
 
 
+@pytest.mark.timing
 @clients
 def test_client_under_a_memory_cap(client_python: Path, node: Sim, client: str) -> None:
     proc = node.cli(
@@ -120,6 +122,7 @@ def test_client_under_a_memory_cap(client_python: Path, node: Sim, client: str) 
     assert r["loop_ms"] < 1.8 * r["gpu_ms"], r  # no compute limit: ~1.0x
 
 
+@pytest.mark.timing
 @clients
 def test_client_held_to_its_compute_cap(client_python: Path, node: Sim, client: str) -> None:
     proc = node.cli(

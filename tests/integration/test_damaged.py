@@ -48,6 +48,7 @@ def test_doctor_fails_on_a_damaged_arbiter_region_with_its_fix(sim: Sim, breakag
     assert "agent" in check["fix"]
 
 
+@pytest.mark.timing
 def test_the_agent_rebuilds_a_damaged_region_and_other_gpus_never_block(sim: Sim, tmp_path: Path) -> None:
     port = free_port()
     u0, u1 = sim.uuids()[:2]

@@ -103,6 +103,7 @@ def test_the_dry_run_reports_every_step_on_the_simulated_gpu(
     )
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_the_dry_run_figures_are_the_models(
     dry_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]],

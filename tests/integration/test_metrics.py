@@ -81,6 +81,7 @@ def _online_observed(fams: dict[str, Metric]) -> bool:
     return value(fams, "sharegpu_tenant_online_wait_seconds", "_count", tenant="web") > 0
 
 
+@pytest.mark.timing
 def test_a_scrape_agrees_with_the_api(sim: Sim, tmp_path: Path) -> None:
     port = free_port()
     with (
@@ -235,6 +236,7 @@ def test_the_cli_default_port_is_documented() -> None:
 # In-process: the cost of a scrape, the event counters.
 
 
+@pytest.mark.timing
 def test_a_scrape_of_fifty_tenants_is_cheap(sim: Sim, tmp_path: Path) -> None:
     uuids = sim.uuids()
     for i in range(50):

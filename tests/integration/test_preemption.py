@@ -56,6 +56,7 @@ def pair(sim: Sim) -> tuple[Path, Path]:
     return online, offline
 
 
+@pytest.mark.timing
 def test_early_preemption_does_not_wait_for_the_offline_kernel(sim: Sim, pair: tuple[Path, Path]) -> None:
     online, offline = pair
     path = arbiter_of(sim)
@@ -85,6 +86,7 @@ def test_early_preemption_does_not_wait_for_the_offline_kernel(sim: Sim, pair: t
     assert charged <= wall + 2_000_000
 
 
+@pytest.mark.timing
 def test_by_kernel_length_preempts_early_only_for_long_kernels(sim: Sim, pair: tuple[Path, Path]) -> None:
     online, offline = pair
     path = arbiter_of(sim)
@@ -97,6 +99,7 @@ def test_by_kernel_length_preempts_early_only_for_long_kernels(sim: Sim, pair: t
     assert sorted(lat)[-3] <= 8_000
 
 
+@pytest.mark.timing
 def test_quiet_window_keeps_offline_off_after_online_requests(sim: Sim, pair: tuple[Path, Path]) -> None:
     online, offline = pair
     path = arbiter_of(sim)

@@ -104,6 +104,7 @@ def test_nvml_shows_the_vgpu_inside_and_the_card_outside(gpu: RealGpu) -> None:
     assert total(gpu.env) == gpu.total
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("mode", [pytest.param("kernel", id="kernels"), pytest.param("graph", id="graph")])
 def test_kernels_and_graphs_run_their_time_under_a_compute_share(gpu: RealGpu, mode: str) -> None:
     got = gpu.probe("launch", "20", "500", mode, env=gpu.tenant("t", compute="50%"))

@@ -848,6 +848,7 @@ def test_owner_death_with_the_lock_held_is_recovered(sim: Sim) -> None:
         view.close()
 
 
+@pytest.mark.timing
 def test_a_stopped_lock_holder_delays_an_admission_by_a_bound_only(sim: Sim) -> None:
     """A process of the tenant stopped inside the usage lock: an allocation is refused after the
     bound (2 s) with one line, instead of hanging for as long as the process stays stopped;

@@ -183,6 +183,7 @@ def test_exit_frees_memory_and_cycle_is_cheap(sim_env: dict[str, str]) -> None:
 # ---- execution ---------------------------------------------------------------------------------
 
 
+@pytest.mark.timing
 def test_spin_kernel_takes_its_time(sim_env: dict[str, str]) -> None:
     kv = probe(sim_env, "launch", "1", "20000")
     assert 18_000 <= int(kv["wall_us"]) <= 60_000
@@ -190,6 +191,7 @@ def test_spin_kernel_takes_its_time(sim_env: dict[str, str]) -> None:
     assert probe(sim_env, "launch", "0", "20000")["launch_gap_us"] == "0"  # nothing launched
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("mode", ["kernel", "ex", "coop", "graph", "capture"])
 def test_launch_apis_take_the_expected_time(sim_env: dict[str, str], mode: str) -> None:
     kv = probe(sim_env, "launch", "5", "10000", mode)
@@ -197,6 +199,7 @@ def test_launch_apis_take_the_expected_time(sim_env: dict[str, str], mode: str) 
     assert abs(int(kv["gpu_us"]) - 50_000) <= 1_000
 
 
+@pytest.mark.timing
 def test_non_spin_kernel_uses_simgpu_kernel_us(sim_env: dict[str, str]) -> None:
     code = """
         import ctypes, json, time
@@ -288,6 +291,7 @@ def run_together(
     pytest.fail(f"probes kept starting late (lags {lags} ms): machine too loaded")
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("mode", ["kernel", "graph", "capture"])
 def test_two_processes_time_slice_one_engine(sim_env: dict[str, str], mode: str) -> None:
     # Each launches a 100 ms kernel at the same moment: the engine alternates 2 ms slices, so
@@ -299,6 +303,7 @@ def test_two_processes_time_slice_one_engine(sim_env: dict[str, str], mode: str)
         assert 170_000 <= int(r["gpu_us"]) <= 212_000, res
 
 
+@pytest.mark.timing
 def test_three_processes_share_equally(sim_env: dict[str, str]) -> None:
     _, res = run_together(sim_env, [(1, 100_000, "kernel", 0)] * 3)
     for r in res:
@@ -306,6 +311,7 @@ def test_three_processes_share_equally(sim_env: dict[str, str]) -> None:
         assert 255_000 <= int(r["gpu_us"]) <= 315_000, res  # 300 ms and ~150 preemptions
 
 
+@pytest.mark.timing
 def test_short_kernel_waits_slices_not_a_backlog(sim_env: dict[str, str]) -> None:
     # 200 ms of queued work (20 x 10 ms) in one process; a 10 ms kernel from another, 30 ms later,
     # shares the engine at once: its own 10 ms + the other's slices in between, not ~170 ms.
@@ -315,6 +321,7 @@ def test_short_kernel_waits_slices_not_a_backlog(sim_env: dict[str, str]) -> Non
     assert float(backlog["done_ms"]) >= 205, backlog  # it gave up the time the short kernel took
 
 
+@pytest.mark.timing
 def test_lone_kernel_longer_than_a_slice_is_not_slowed(sim_env: dict[str, str]) -> None:
     env = {**sim_env, "SIMGPU_TIMESLICE_US": "100"}  # this test's fresh state: a 100 µs slice
     kv = probe(env, "launch", "1", "50000")
@@ -324,6 +331,7 @@ def test_lone_kernel_longer_than_a_slice_is_not_slowed(sim_env: dict[str, str]) 
     assert_gpu_time(kv, 50_000)
 
 
+@pytest.mark.timing
 def test_timeslice_setting_applies(sim_env: dict[str, str]) -> None:
     # A slice as long as the kernels: two processes launching at once run one after the other.
     env = {**sim_env, "SIMGPU_TIMESLICE_US": "100000"}
@@ -360,6 +368,7 @@ def test_a_lone_context_is_never_preempted(sim_env: dict[str, str]) -> None:
     assert_gpu_time(kv, 50_000)
 
 
+@pytest.mark.timing
 def test_default_switch_costs_are_charged(sim_env: dict[str, str]) -> None:
     # Two 100 ms kernels at once: the engine is busy from the first start to the last end with
     # the 200 ms of work plus a 50 µs preemption (the default) at each 2 ms slice while both have
@@ -374,6 +383,7 @@ def test_default_switch_costs_are_charged(sim_env: dict[str, str]) -> None:
 BELOW_NORMAL = {"CUDA_MPS_CLIENT_PRIORITY": "1"}
 
 
+@pytest.mark.timing
 def test_under_mps_a_normal_client_waits_one_block_of_a_below_normal_kernel(sim_env: dict[str, str]) -> None:
     # An MPS server with 500 µs blocks: a 50 ms kernel of a below-normal client runs; a 1 ms
     # kernel of a normal client arriving 10 ms in waits for the running block (<= 0.5 ms), not
@@ -389,6 +399,7 @@ def test_under_mps_a_normal_client_waits_one_block_of_a_below_normal_kernel(sim_
     assert int(short["gpu_us"]) >= 6_000, short
 
 
+@pytest.mark.timing
 def test_under_mps_a_below_normal_client_waits_for_the_normal_ones_work(sim_env: dict[str, str]) -> None:
     # The other way round: the below-normal kernel arriving 10 ms into a normal 50 ms kernel
     # runs only when that one is done (no slices against a lower priority).
@@ -510,6 +521,7 @@ def test_events_keep_their_time_thousands_of_launches_later(sim_env: dict[str, s
     assert 355.0 <= total <= 420.0  # 100 + 250 + 5 ms of kernels, plus the first launch
 
 
+@pytest.mark.timing
 def test_sigkill_of_a_backlogged_process_frees_the_engine(sim_env: dict[str, str]) -> None:
     hog = spawn_launch(sim_env, 100, 100_000)  # 10 s of queued kernels
     try:
@@ -615,6 +627,7 @@ def test_error_names_cover_the_header(built: Path) -> None:
 # ---- unmodified third-party clients ----------------------------------------------------------------
 
 
+@pytest.mark.timing
 def test_cuda_python_end_to_end(sim_env: dict[str, str]) -> None:
     needs("cuda.bindings")
     code = r"""
@@ -769,6 +782,7 @@ def test_nvml_lists_mps_clients_apart_from_compute_processes(sim_env: dict[str, 
         assert res == {"compute": [holder.pid], "mps": [], "mps_v2": []}
 
 
+@pytest.mark.timing
 def test_nvml_utilization_while_two_processes_compete(sim_env: dict[str, str]) -> None:
     needs("pynvml")
     t = start_at()

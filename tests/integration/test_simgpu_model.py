@@ -9,6 +9,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from simgpuutil import LIB, MIB, probe, run_py, small
 
 # Every script starts with this: init, the primary context of GPU 0 current, and helpers.
@@ -82,6 +84,7 @@ def test_stream_priorities_context_and_device_of_a_stream(sim_env: dict[str, str
     assert res["dev_v2"] == 0
 
 
+@pytest.mark.timing
 def test_library_kernel_launched_on_a_stream_with_no_current_context(sim_env: dict[str, str]) -> None:
     res = run(
         sim_env,
@@ -258,6 +261,7 @@ def test_linker_function_attributes_and_occupancy(sim_env: dict[str, str]) -> No
     assert res["name"] == "other"
 
 
+@pytest.mark.timing
 def test_host_function_runs_when_the_stream_reaches_it(sim_env: dict[str, str]) -> None:
     res = run(
         sim_env,
@@ -387,6 +391,7 @@ def test_pitch_follows_the_configured_alignment(sim_env: dict[str, str], tmp_pat
     assert '"pitch_alignment" must be a power of two' in p.stderr
 
 
+@pytest.mark.timing
 def test_legacy_launch_api_and_profiler_switches(sim_env: dict[str, str]) -> None:
     res = run(
         sim_env,
@@ -599,6 +604,7 @@ def test_3d_and_mipmapped_arrays_are_charged_as_device_memory(sim_env: dict[str,
     assert res["after"] == 0
 
 
+@pytest.mark.timing
 def test_graph_memory_nodes_charge_at_launch_and_stay_in_the_graph_pool(
     sim_env: dict[str, str],
 ) -> None:
@@ -728,6 +734,7 @@ def test_graph_memory_nodes_charge_at_launch_and_stay_in_the_graph_pool(
     assert res["end"] == 0
 
 
+@pytest.mark.timing
 def test_cooperative_launch_on_several_devices(sim_env: dict[str, str]) -> None:
     res = run(
         sim_env,

@@ -18,6 +18,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from agentutil import Agent
 from arbiterutil import arbiter_of, compute_tenant, stop_a_token_holder
 from conftest import Sim, parse_kv
@@ -74,6 +76,7 @@ def finish(*procs: subprocess.Popen[str]) -> None:
         proc.communicate(timeout=30)
 
 
+@pytest.mark.timing
 def test_a_holder_stopped_in_the_usage_lock_is_killed_and_allocations_resume(
     sim: Sim, tmp_path: Path
 ) -> None:
@@ -106,6 +109,7 @@ def share_tenant(sim: Sim, name: str, uuid: str) -> Path:
     return tenant
 
 
+@pytest.mark.timing
 def test_a_tenant_holding_the_arbiter_lock_holds_up_another_for_at_most_the_deadline(sim: Sim) -> None:
     """Issue 34, hole 8: tenant a takes its GPU's arbiter lock through its own tenant directory
     and stops (as a hostile program, a debugger or `docker pause` at the wrong instant would);

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from agentutil import Agent, create
 from conftest import Sim
 from sharegpu.spec import MIB
@@ -47,6 +49,7 @@ def row(text: str, tenant: str) -> str:
     return found[0]
 
 
+@pytest.mark.timing
 def test_top_once_through_the_agent_measures_compute_over_the_sample(agent: Agent, sim: Sim) -> None:
     busy = create(agent, name="busy", memory="64MiB", gpus=["0"], policy="cap", compute="30%")
     idle = create(agent, name="idle", memory="256MiB", gpus=["1"], priority="offline")

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import time
 
+import pytest
 
+
+@pytest.mark.timing
 def test_the_servers_main_loop_ends_when_told_not_at_its_next_second() -> None:
     """uvicorn's loop is made to wake once a second (not ten times); exit() must wake it."""
     import asyncio
@@ -27,6 +30,7 @@ def test_the_servers_main_loop_ends_when_told_not_at_its_next_second() -> None:
     assert asyncio.run(scenario()) < 0.5
 
 
+@pytest.mark.timing
 def test_a_stop_ends_every_sleep_at_once_and_later_ones_do_not_sleep() -> None:
     import asyncio
 

@@ -9,6 +9,7 @@ import threading
 import time
 from typing import Any
 
+import pytest
 from kubernetes import client
 
 from kubeobjects import H100, NOW, SERIALISE, node, pod
@@ -250,6 +251,7 @@ def test_a_pod_of_several_vgpu_containers_gets_a_gpu_per_vgpu_or_a_reason() -> N
     )
 
 
+@pytest.mark.timing
 def test_a_slow_bind_holds_its_room_and_never_blocks_a_filter() -> None:
     """The API server is slow to answer a bind: the scheduler's next pods are filtered
     meanwhile, and the room being bound counts as taken; a bind that fails gives it back."""
