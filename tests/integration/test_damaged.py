@@ -1,9 +1,10 @@
 """A damaged GPU arbiter region is an event, not a silent wall.
 
 Every launch of every tenant on a GPU whose arbiter region the shim refuses fails closed
-(tests/integration/test_arbiter.py). Here: `doctor` fails on it and says how to fix it, the agent moves it
-aside and makes it anew within a second (an event and a metric), the tenants of the other GPU
-are never blocked, and `top` shows a tenant whose files cannot be read instead of hiding it.
+(tests/integration/test_arbiter.py). Here: `doctor` fails on it and says how to fix it, the agent
+moves it aside and makes it anew within a second (an event and a metric), the tenants of the
+other GPU are never blocked, and `top` shows a tenant whose files cannot be read instead of
+hiding it.
 """
 
 from __future__ import annotations
