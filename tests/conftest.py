@@ -1,4 +1,6 @@
-"""Shared fixtures: an isolated simulated GPU per test, the probe, and tenants.
+"""Shared fixtures of every kind of test (unit, integration, e2e): an isolated simulated GPU per
+test, the probe, and tenants. A kind's own fixtures are in its folder's conftest.py; helpers
+shared by several files in tests/*util.py (this folder is on sys.path for them).
 
 Every test gets its own simulated-GPU state file and runtime directory under tmp_path, so tests
 never see each other's devices, memory or tenants.

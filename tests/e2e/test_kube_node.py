@@ -78,10 +78,6 @@ def stop(loop: InventoryPublisher | PodReaper | FilePodReaper, thread: threading
     assert not thread.is_alive(), f"{type(loop).__name__} did not stop within 10 s"
 
 
-# ---------------------------------------------------------------------------------------------
-# the inventory: what is written
-
-
 def gpu(index: int, name: str = "NVIDIA H100 80GB HBM3", memory: int = 80 * GIB) -> Gpu:
     return Gpu(index, f"GPU-{index}0000000-0000-0000-0000-000000000000", name, memory, 0, 0)
 

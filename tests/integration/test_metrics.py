@@ -233,7 +233,7 @@ def test_the_cli_default_port_is_documented() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# In-process: the cost of a scrape, the event counters.
+# In-process: the cost of a scrape (the event counters: tests/unit/test_metrics.py).
 
 
 @pytest.mark.timing
