@@ -11,7 +11,7 @@ CLIENTS_VENV := .venv-clients
 CLIENTS_STAMP := $(CLIENTS_VENV)/.installed
 NATIVE_SRC := $(shell find native -name '*.c' -o -name '*.h' -o -name '*.inc' -o -name '*.map' -o -name '*.def' -o -name Makefile)
 
-.PHONY: run test bench check native clients clean setup proto gpu-check gpu-wheels
+.PHONY: run test test-unit bench check native clients clean setup proto gpu-check gpu-wheels
 
 setup: $(STAMP) $(NATIVE_STAMP)
 
@@ -40,6 +40,11 @@ run: setup
 
 test: setup clients
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The unit tests alone (tests/unit: pure, no process, no simulated GPU), in seconds: the quick
+# loop while editing. `make test` runs them too, with tests/integration and tests/e2e.
+test-unit: setup
+	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
 
 bench: setup
 	$(BIN)/python bench/overhead.py

@@ -1,4 +1,4 @@
-"""The node agent as a real process on a simulated node, for tests/test_agent_*.py."""
+"""The node agent as a real process on a simulated node, for tests/integration/test_agent_*.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Helpers of the compute tests (test_arbiter.py, test_containers.py): a common start instant,
-a probe's results, and a token holder stopped or killed at a moment it holds the GPU."""
+"""Helpers of the compute tests (test_arbiter.py, test_stalls.py, test_containers.py, ...): a
+common start instant, a probe's results, and a token holder stopped or killed at a moment it
+holds the GPU."""
 
 from __future__ import annotations
 
@@ -101,6 +102,29 @@ def freeze_while_holding(path: Path, region_pid: int, host_pid: int, what: str) 
             return
         os.kill(host_pid, signal.SIGCONT)
         time.sleep(0.01)
+
+
+def stop_a_token_holder(sim: Sim, a: Path, b: Path, *, runs_s: float, stopped_s: float) -> dict[str, str]:
+    """Tenants `a` and `b` saturate GPU 0 from a common start (`a` for `runs_s`, `b` for 3.5 s);
+    after a second `a`'s process is stopped (SIGSTOP: docker pause, a debugger) at a moment it
+    holds the token, left stopped for `stopped_s` and let go. Returns `b`'s results, both ended."""
+    at = start_at()
+    frozen = spawn(sim, a, "saturate", runs_s, 500, "kernel", at)
+    other = spawn(sim, b, "saturate", 3.5, 500, "kernel", at)
+    time.sleep(1.0)
+    freeze_while_holding(arbiter_of(sim), frozen.pid, frozen.pid, "the frozen tenant")
+    time.sleep(stopped_s)
+    frozen.send_signal(signal.SIGCONT)
+    values = finish(other)
+    finish(frozen)
+    return values
+
+
+def patch_file(path: Path, offset: int, data: bytes) -> None:
+    """Overwrite `data` at `offset` of a region file in place (a damaged or foreign region)."""
+    with path.open("r+b") as f:
+        f.seek(offset)
+        f.write(data)
 
 
 def kill_while_holding(path: Path, region_pid: int, host_pid: int, what: str) -> None:

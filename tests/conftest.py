@@ -1,4 +1,6 @@
-"""Shared fixtures: an isolated simulated GPU per test, the probe, and tenants.
+"""Shared fixtures of every kind of test (unit, integration, e2e): an isolated simulated GPU per
+test, the probe, and tenants. A kind's own fixtures are in its folder's conftest.py; helpers
+shared by several files in tests/*util.py (this folder is on sys.path for them).
 
 Every test gets its own simulated-GPU state file and runtime directory under tmp_path, so tests
 never see each other's devices, memory or tenants.
@@ -11,9 +13,11 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -137,6 +141,17 @@ def table_cell(table: str, column: str, tenant: str) -> str:
     at = header.index(column)
     row = next(line for line in lines if line.split() and line.split()[0] == tenant)
     return row[at:].split()[0]
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 60) -> Any:
+    """Poll `check` every 20 ms until it returns something true (returned); fail naming `what`
+    after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout} s: {what}")
+        time.sleep(0.02)
+    return found
 
 
 def python(env: dict[str, str], code: str, timeout: float = 120):  # type: ignore[no-untyped-def]

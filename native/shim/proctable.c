@@ -8,11 +8,11 @@
  * that introduced it (PFN_cuMemAlloc_v3020, PFN_cuCtxSynchronize_v13000, and
  * PFN_cuLaunchKernel_v7000_ptsz for the per-thread-default-stream variants).  A base lists every
  * variant the header has, so a newer variant is never answered with an older one's hook (the
- * next row is each row's upper bound); tests/test_shim.py checks the table against the headers.
+ * next row is each row's upper bound); tests/integration/test_shim.py checks the table against the headers.
  * Rows of one base are ordered newest first; the first row whose version is <= the requested one
  * and whose stream mode matches wins.
  *
- * Pure function, no state: tests/test_shim.py compiles this file alone into a small program
+ * Pure function, no state: tests/integration/test_shim.py compiles this file alone into a small program
  * and checks every hooked base against it.
  */
 #include <string.h>

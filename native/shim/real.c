@@ -381,7 +381,7 @@ static void *lookup(void *handle, const char *name, const char *version)
  * The forwards under RTLD_NEXT are sibling calls, which the optimize attribute asks for even in
  * a -O0 build, so that glibc sees our caller's return address (another preloaded library
  * wrapping malloc with dlsym(RTLD_NEXT, "malloc") would otherwise find itself).
- * tests/test_shim.py checks this with two preloaded libraries.
+ * tests/integration/test_shim.py checks this with two preloaded libraries.
  */
 SG_EXPORT __attribute__((optimize("O2", "optimize-sibling-calls"), noinline)) void *
 dlsym(void *__restrict handle, const char *__restrict name)

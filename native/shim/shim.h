@@ -548,8 +548,8 @@ void sg_arb_start_watcher(void);
  * process-private counter (so that a release never overlaps a launch), one acquire load of the
  * region's token word, two relaxed loads (our yield flag, the quantum end) and the launch
  * clock (a CPU counter read), and one load of the drained mark (set only between a sync that
- * drained the hold and the next launch): no system call, no lock, no allocation.  Measured by tests/test_arbiter.py (sanity
- * bound) and bench/.
+ * drained the hold and the next launch): no system call, no lock, no allocation.  Measured by
+ * tests/integration/test_arbiter.py (sanity bound) and bench/.
  */
 static inline CUresult sg_arb_enter(struct sg_gate *gt, CUstream s)
 {

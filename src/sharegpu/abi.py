@@ -1,6 +1,6 @@
 """Python mirror of ``native/include/sharegpu/abi.h`` (ctypes).
 
-Every structure here has the same fields, in the same order, as its C twin; ``tests/test_abi.py``
+Every structure here has the same fields, in the same order, as its C twin; ``tests/integration/test_abi.py``
 compiles a C program that prints each offset and size and compares them with these. Change both
 files together, append only within one major version, and read abi.h for who writes what.
 """

@@ -21,7 +21,7 @@ NOT_RUN = re.compile(r"realgpu: (\d+) real-GPU tests? not run: (.*)")
 def test_files() -> list[str]:
     return sorted(
         str(p.relative_to(REPO))
-        for p in (REPO / "tests").glob("test_*.py")
+        for p in (REPO / "tests").rglob("test_*.py")
         if "pytest.mark.realgpu" in p.read_text(errors="replace")
     )
 

@@ -1,5 +1,5 @@
 /*
- * RTLD_NEXT through the dlsym override (tests/test_shim.py).  Built three times:
+ * RTLD_NEXT through the dlsym override (tests/integration/test_shim.py).  Built three times:
  *   -DLIB_A: libnexta.so, defines sgt_sym() = 1 and sgt_next() = dlsym(RTLD_NEXT, "sgt_sym")()
  *   -DLIB_B: libnextb.so, defines sgt_sym() = 2
  *   (none): the program, which prints next=<what sgt_next returned>

@@ -1,5 +1,5 @@
 /*
- * Ways past the cap that tests/test_shim_escapes.py checks stay closed.  Built twice:
+ * Ways past the cap that tests/integration/test_shim_escapes.py checks stay closed.  Built twice:
  *   -DWRAPPER -DWRAP_NAME(x)=wrapa_##x (and wrapb_): a tracing wrapper as profilers write
  *              them, preloaded after the shim: it defines cuMemAlloc_v2, which counts its calls
  *              in wrapX_calls and forwards to dlsym(RTLD_NEXT, "cuMemAlloc_v2"), and wrapX_next()

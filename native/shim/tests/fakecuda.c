@@ -1,5 +1,5 @@
 /*
- * A deliberately odd libcuda.so.1 for tests/test_shim.py: its cuGetProcAddress_v2 answers
+ * A deliberately odd libcuda.so.1 for tests/integration/test_shim.py: its cuGetProcAddress_v2 answers
  * "cuMemAlloc" and "cuMemFree" with pointers to functions it does not export, so the shim
  * cannot identify them and must fall back to its version table.  One device, UUID
  * GPU-11111111-2222-3333-4444-555555555555; allocations return fake addresses, any module image

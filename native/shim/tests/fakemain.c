@@ -1,4 +1,4 @@
-/* Drives fakecuda.c through dlopen + dlsym + cuGetProcAddress_v2 (tests/test_shim.py). */
+/* Drives fakecuda.c through dlopen + dlsym + cuGetProcAddress_v2 (tests/integration/test_shim.py). */
 #include <dlfcn.h>
 #include <stdio.h>
 

@@ -1,5 +1,5 @@
 /*
- * A tenant racing the module-globals charge (tests/test_driver_memory.py): one thread flips the
+ * A tenant racing the module-globals charge (tests/integration/test_driver_memory.py): one thread flips the
  * first byte of a global's name in a PTX image (`big` <-> `%ig`, both names the driver places)
  * while the main thread loads that same buffer again and again.  A shim that lets the driver
  * read the caller's buffer and then scans the buffer again for names can ask for the name the

@@ -1,6 +1,6 @@
 /*
  * Unit test driver of the online-request prediction (predict.c), compiled with it alone by
- * tests/unit/test_predict.py.  Reads commands on stdin, times in microseconds, and answers
+ * tests/integration/test_predict.py.  Reads commands on stdin, times in microseconds, and answers
  * each with one line of key=value pairs:
  *   arrive T         an online request asks for the token at T -> the learned state
  *   next T K         would work of K µs started at T meet a predicted request -> next, late,

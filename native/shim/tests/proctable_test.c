@@ -1,6 +1,6 @@
 /*
  * Unit test of the cuGetProcAddress fallback table (proctable.c), compiled with it alone by
- * tests/test_shim.py.  Prints key=value lines; "bad=..." lines are failures.
+ * tests/integration/test_shim.py.  Prints key=value lines; "bad=..." lines are failures.
  */
 #include <stdio.h>
 #include <string.h>

@@ -1,6 +1,6 @@
 /*
  * Unit test driver of the arbiter's scheduling decisions (arbsched.c), compiled with it and
- * predict.c alone by tests/test_sched.py: one region in memory, a fake clock, no processes.
+ * predict.c alone by tests/integration/test_sched.py: one region in memory, a fake clock, no processes.
  * Reads commands on stdin (times in microseconds) and answers each with one line of key=value
  * pairs:
  *   quantum US                       the region's quantum
