@@ -149,7 +149,7 @@ def read_charges(root: Path) -> dict[ChargeKey, int]:
 
 
 def charge_rates(
-    before: Mapping[ChargeKey, int], after: Mapping[ChargeKey, int], seconds: float
+    before: Mapping[ChargeKey, float], after: Mapping[ChargeKey, float], seconds: float
 ) -> dict[ChargeKey, float]:
     """Each tenant's GPU time over the `seconds` between two readings of the charges: the share
     of the card (0-1). A tenant new since the first reading was charged all it has since then
@@ -159,7 +159,7 @@ def charge_rates(
         return {}
     rates = {}
     for key, now in after.items():
-        then = before.get(key, 0)
+        then = before.get(key, 0.0)
         spent = now - then if now >= then else now
         rates[key] = min(max(spent, 0) / 1e9 / seconds, 1.0)
     return rates

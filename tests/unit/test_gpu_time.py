@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from sharegpu.agent.busy import UNCHARGED_RATIO, UNCHARGED_SECONDS, Crosscheck, crosscheck
+from sharegpu.agent.busy import UNCHARGED_RATIO, UNCHARGED_SECONDS, Crosscheck, charges_at, crosscheck
 from sharegpu.report import charge_rates
 
 A = ("a", 1, "GPU-0")
@@ -57,3 +57,12 @@ def test_seconds_of_noise_between_nvml_and_the_charges_report_nothing() -> None:
     assert _run(noisy * 4) == [None] * (UNCHARGED_SECONDS * 4)
     assert _run([(0.5 + UNCHARGED_RATIO, 0.5)] * 10) == [None] * 10  # at the margin: not past it
     assert _run([(0.0, 0.7)] * 10) == [None] * 10  # charged more than NVML saw: not this check's
+
+
+def test_the_charge_a_second_ago_is_read_between_the_ticks_around_it() -> None:
+    readings = [(10.0, {A: 1_000_000_000}), (11.0, {A: 1_300_000_000, B: 200_000_000})]
+    assert charges_at(readings, 10.25) == (10.25, {A: 1_075_000_000, B: 50_000_000})
+    assert charges_at(readings, 9.0) == (10.0, {A: 1_000_000_000})  # before the first: it
+    assert charges_at(readings, 12.0) == (11.0, {A: 1_300_000_000, B: 200_000_000})  # after: the last
+    rebuilt = [(10.0, {A: 9_000_000_000}), (11.0, {A: 100_000_000})]
+    assert charges_at(rebuilt, 10.5) == (10.5, {A: 9_000_000_000})

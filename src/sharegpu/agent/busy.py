@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -57,6 +57,30 @@ def crosscheck(state: Crosscheck, nvml: float, charged: float) -> tuple[Crossche
     if state.reported:
         return Crosscheck(), "cleared"
     return Crosscheck(), None
+
+
+def charges_at(
+    readings: Sequence[tuple[float, Mapping[ChargeKey, int]]], at: float
+) -> tuple[float, dict[ChargeKey, float]]:
+    """The charges at instant `at` and that instant, from readings in time order: between two
+    readings, interpolated (a charge grows by a quantum at a time, about evenly over a second; a
+    tenant new in the later reading from zero); before the first or after the last, that
+    reading and its own instant."""
+    earlier = [r for r in readings if r[0] <= at]
+    later = [r for r in readings if r[0] > at]
+    if not earlier:
+        first_at, first = readings[0]
+        return first_at, dict(first)
+    t0, c0 = earlier[-1]
+    if not later:
+        return t0, dict(c0)
+    t1, c1 = later[0]
+    f = (at - t0) / (t1 - t0)
+    found: dict[ChargeKey, float] = {}
+    for key in c0.keys() | c1.keys():
+        a, b = c0.get(key, 0), c1.get(key, 0)
+        found[key] = a + (b - a) * f if b >= a else a  # went back (a rebuilt region): as it was
+    return at, found
 
 
 class BusyMeter:
@@ -144,16 +168,17 @@ class BusyMeter:
     def snapshot(self) -> Mapping[ChargeKey, GpuTime]:
         """{(tenant, incarnation, GPU uuid): its GPU time}, for every tenant measured since the
         agent started (a tenant re-created under the same name is another incarnation, from zero).
-        An arbitrated tenant's ratio is measured again at the call, over the window from the
-        kept reading nearest a second before to now (0.5-1.5 s), so that a view's GPU time ends
-        when it is asked for, as NVML's does, not at the last tick."""
+        An arbitrated tenant's ratio is measured again at the call, over the last second: from
+        its charge a second ago (charges_at, between the two ticks around it) to now, so that a
+        view's GPU time is the second before it was asked for, as NVML's is, not the last
+        tick's."""
         now = time.monotonic()
         with self._lock:
             times = dict(self._times)
             readings = list(self._readings)
         if not readings:
             return times
-        then, before = min(readings, key=lambda r: abs(now - r[0] - BUSY_WINDOW_S))
+        then, before = charges_at(readings, now - BUSY_WINDOW_S)
         if now - then < BUSY_WINDOW_S / 4:
             return times  # only a reading of this instant: the last tick's rates stand
         for key, rate in charge_rates(before, read_charges(self.root), now - then).items():
