@@ -2,10 +2,12 @@
 (`filter`), which it prefers (`prioritize`) and lets it `bind` the pod, choosing the GPUs.
 
 Every decision is `sharegpu.placement` (engine.decide with the node mask the scheduler passes):
-the same code as `sharegpu simulate`, not a copy. The state is a `ClusterState` of every node
-the scheduler has shown, with a fresh inventory (inventory.py), and the vGPUs of the pods bound
-so far (`observe` for pods bound before, or by another replica); it is rebuilt when a node
-appears or its GPUs change, with the allocations re-applied.
+the same code as `sharegpu simulate`, not a copy. What it knows of the cluster is its
+`ClusterCache` (cache.py): a `ClusterState` of every node the scheduler has shown, with a fresh
+inventory (inventory.py), and the vGPUs of the pods bound so far (`observe` for pods bound
+before, or by another replica); it is rebuilt when a node appears or its GPUs change, with the
+allocations re-applied. This module holds the verbs, and the one lock under which they read and
+change the cache.
 
 - `filter` keeps the nodes where the pod fits now. The others carry the reason the scheduler
   shows in the pod's events: `FailedNodes` for what may change (no room now, a stale
@@ -41,20 +43,17 @@ from typing import Any, Protocol
 import numpy as np
 
 from sharegpu.errors import SpecError
-from sharegpu.kube.assignment import Assignment, read_assignment
-from sharegpu.kube.bindings import BindError, Fits, PodRef, holds
+from sharegpu.kube.assignment import Assignment
+from sharegpu.kube.bindings import BindError, Fits, PodRef
 from sharegpu.kube.events import EventSink, NoEvents
+from sharegpu.kube.extender.cache import NO_INVENTORY, ClusterCache
 from sharegpu.kube.extender.translate import assignment_for, oversubscribed, placement_request
 from sharegpu.kube.extender.wire import filter_result, meta_victims, resource_version, unschedulable, victims
 from sharegpu.kube.inventory import (
     STALE_AFTER_S,
-    Inventory,
-    InventoryError,
     node_name,
-    placement_node,
-    read_inventory,
 )
-from sharegpu.kube.request import PodRequest, PodRequestError, pod_finished, pod_request
+from sharegpu.kube.request import PodRequest, PodRequestError, pod_request
 from sharegpu.placement import (
     DEFAULT_POLICY,
     ClusterState,
@@ -69,7 +68,6 @@ from sharegpu.placement.preempt import plan_on_node
 
 MAX_SCORE = 10  # the extender API's MaxExtenderPriority
 MAX_PENDING = 10_000  # pods filtered and not bound yet, remembered for their bind
-_NO_INVENTORY = "no sharegpu inventory on this node (is the sharegpu agent running on it?)"
 
 
 class Binder(Protocol):
@@ -89,12 +87,6 @@ class _Pending:
     wanted: Request
     resource_version: str  # of the pod filtered: a pod edited since is not bound on it
     chosen: Placement | None = None
-
-
-@dataclass(frozen=True)
-class _Known:
-    node: Mapping[str, Any]
-    inventory: Inventory
 
 
 class Extender:
@@ -120,185 +112,46 @@ class Extender:
         self.leader = leader  # None: a single extender, always the leader
         self.events = events if events is not None else NoEvents()
         self.synced = True  # False while a ClusterSync has not read the API server yet
-        self.state: ClusterState | None = None
-        self._known: dict[str, _Known] = {}
-        self._layout: dict[str, tuple[object, ...]] = {}
-        self._bound: dict[str, tuple[Placement, Request]] = {}  # pod uid -> where it went
-        # pod uid -> the resourceVersion of this extender's write of its assignment: a watch
-        # event older than that (the pod before the bind) must not undo the bind.
-        self._written: dict[str, int] = {}
-        self._binding: set[str] = set()  # pod uids whose bind is with the API server now
+        self.cache = ClusterCache(self.policy, self.workload, self.events, clock)
         self._pods: dict[str, _Pending] = {}  # pod uid -> filtered, not bound yet
-        self._published_at = np.zeros(0)  # per state index: when the node's inventory was published
-        self._index_cache: list[tuple[list[str], np.ndarray[Any, np.dtype[np.int64]]]] = []
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the cache's, and the pending pods'
 
-    # -- the state ---------------------------------------------------------------------------
+    @property
+    def state(self) -> ClusterState | None:
+        return self.cache.state
+
+    # -- what the cluster holds (ClusterSync feeds these) ----------------------------------------
 
     def learn(self, nodes: Iterable[Mapping[str, Any]]) -> dict[str, str]:
         """Take in nodes (new, or changed); {name: why it cannot be used, permanently}."""
         with self._lock:
-            return self._learn(nodes)
-
-    def _learn(self, nodes: Iterable[Mapping[str, Any]]) -> dict[str, str]:
-        unusable: dict[str, str] = {}
-        changed = False
-        for node in nodes:
-            name = node_name(node)
-            try:
-                inventory = read_inventory(node)
-                if inventory is None:
-                    unusable[name] = _NO_INVENTORY
-                    changed |= self._drop(name)
-                    continue
-                layout = (placement_node(node, inventory), tuple(inventory.gpus))
-            except InventoryError as err:
-                unusable[name] = str(err)
-                changed |= self._drop(name)
-                continue
-            self._known[name] = _Known(node=node, inventory=inventory)
-            if self.state is not None and name in self.state.index:
-                self._published_at[self.state.index[name]] = inventory.published_at
-            if self._layout.get(name) != layout:
-                self._layout[name] = layout
-                changed = True
-        if changed or (self.state is None and self._known):
-            self._rebuild()
-        return unusable
-
-    def _drop(self, name: str) -> bool:
-        """Forget a node (gone, or no longer publishing a usable inventory); whether it was known."""
-        self._layout.pop(name, None)
-        return self._known.pop(name, None) is not None
+            return self.cache.learn(nodes)
 
     def forget_node(self, name: str) -> None:
         with self._lock:
-            if self._drop(name):
-                self._rebuild()
-
-    def _indexes(self, names: list[str]) -> np.ndarray[Any, np.dtype[np.int64]]:
-        """The state index of each name (-1: unknown). The scheduler sends the same names call
-        after call (every node to filter, then what filter kept to prioritize), so the last few
-        lists are kept, the most recently used first; filter adds the list it answers with."""
-        for k, (known, index) in enumerate(self._index_cache):
-            if known == names:
-                if k:
-                    self._index_cache.insert(0, self._index_cache.pop(k))
-                return index
-        state = self.state
-        assert state is not None
-        index = np.array([state.index.get(name, -1) for name in names], dtype=np.int64)
-        self._remember(names, index)
-        return index
-
-    def _remember(self, names: list[str], index: np.ndarray[Any, np.dtype[np.int64]]) -> None:
-        self._index_cache = [(names, index), *self._index_cache[:2]]
-
-    def _rebuild(self) -> None:
-        # In the order the nodes were first seen: ties between nodes go as in the simulator.
-        nodes = [placement_node(k.node, k.inventory) for k in self._known.values()]
-        self.state = ClusterState(nodes, self.workload)
-        self._index_cache = []
-        self.policy.warm(self.state, self.workload.shapes)
-        self._published_at = np.array([k.inventory.published_at for k in self._known.values()])
-        for uid, (placement, request) in list(self._bound.items()):
-            index = self.state.index.get(placement.node)
-            try:
-                if index is None:
-                    raise SpecError("its node is gone")
-                self.state.allocate(Placement(placement.node, index, placement.gpus), request, alloc_id=uid)
-            except SpecError:
-                del self._bound[uid]  # its node went or changed: the pod is the API server's to judge
+            if self.cache.drop(name):
+                self.cache.rebuild()
 
     def resync(
         self,
         nodes: Sequence[Mapping[str, Any]] | None = None,
         pods: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
-        """Start again from the API server's lists: all its nodes, or all the pods (those that
-        hold GPUs are taken in); a kind not given is kept."""
+        """Start again from the API server's lists (ClusterCache.resync)."""
         with self._lock:
-            if nodes is not None:
-                self._known.clear()
-                self._layout.clear()
-                self.state = None
-                self._learn(nodes)
-            if pods is not None:
-                self._written.clear()
-                for uid in list(self._bound):
-                    self._release(uid)
-                for pod in pods:
-                    self._observe(pod)
+            self.cache.resync(nodes, pods)
 
     def observe(self, pod: Mapping[str, Any]) -> None:
         """Record a pod bound already (by an earlier run, or another replica) from its assignment;
         a pod that finished or lost its assignment frees what it held."""
         with self._lock:
-            self._observe(pod)
-
-    def _observe(self, pod: Mapping[str, Any]) -> None:
-        meta = pod.get("metadata") or {}
-        uid = str(meta.get("uid", ""))
-        if uid in self._binding:
-            return  # being bound by this extender: its reservation stands until the bind ends
-        version, written = resource_version(meta.get("resourceVersion")), self._written.get(uid)
-        if written is not None and version is not None and version < written:
-            return  # the pod as it was before this extender bound it
-        key = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
-        problem = ""
-        try:
-            assignment = read_assignment(meta.get("annotations"), key)
-            request = pod_request(pod)
-            wanted = placement_request(pod, request) if request is not None else None
-        except PodRequestError as err:
-            assignment, problem = None, str(err)  # not one of ours to count: the device plugin refuses it too
-        previous = self._bound.get(uid)
-        finished = pod_finished(pod)
-        bound_to = (pod.get("spec") or {}).get("nodeName") or ""
-        gpus = tuple(g.index for c in assignment.containers for g in c.gpus) if assignment else ()
-        if previous is not None and not finished and bound_to == previous[0].node:
-            # Bound, and its node made its tenant from the assignment it had then: an edit of
-            # the annotation since changes nothing there, so it changes nothing here.
-            if assignment is None or assignment.node != bound_to or gpus != previous[0].gpus:
-                was = f"GPUs {list(previous[0].gpus)} of node {bound_to}"
-                self.events.warn(
-                    pod,
-                    "AssignmentEdited",
-                    f"{problem or 'its sharegpu.io/assignment changed'} after bind: {was} stay held",
-                )
-            return
-        if assignment is None or wanted is None or not holds(dict(pod), assignment.node, self.clock()):
-            self._release(uid)  # not (or no longer) holding GPUs; a pod filtered stays pending
-            return
-        if previous is not None and previous[0].node == assignment.node and previous[0].gpus == gpus:
-            return  # known already (bound by this extender, or seen before)
-        self._release(uid)
-        index = self.state.index.get(assignment.node, -1) if self.state is not None else -1
-        placement = Placement(assignment.node, index, gpus)
-        self._bound[uid] = (placement, wanted)
-        if index >= 0 and self.state is not None:
-            try:
-                self.state.allocate(placement, wanted, alloc_id=uid)
-            except SpecError:
-                del self._bound[uid]  # no longer fits what the node is: the API server's to judge
+            self.cache.observe(pod)
 
     def forget(self, uid: str) -> None:
         """A pod deleted or finished: what it held is free."""
         with self._lock:
-            self._forget(uid)
-
-    def _forget(self, uid: str) -> None:
-        self._pods.pop(uid, None)
-        self._written.pop(uid, None)
-        self._release(uid)
-
-    def _release(self, uid: str) -> None:
-        if (
-            self._bound.pop(uid, None) is not None
-            and self.state is not None
-            and uid in self.state.allocations
-        ):
-            self.state.release(uid)
+            self._pods.pop(uid, None)
+            self.cache.forget(uid)
 
     @property
     def is_leader(self) -> bool:
@@ -326,7 +179,7 @@ class Extender:
             if len(self._pods) >= MAX_PENDING:
                 self._pods.pop(next(iter(self._pods)))  # the oldest: a pod that never came to bind
             self._pods[uid] = _Pending(request, wanted, str(meta.get("resourceVersion") or ""))
-            final.update(self._learn(nodes))
+            final.update(self.cache.learn(nodes))
             fits = self._sort_nodes([n for n in names if n not in final], wanted, failed, final)
         if not fits:
             self.events.warn(pod, "VGPUUnschedulable", unschedulable(wanted, failed, final))
@@ -337,11 +190,11 @@ class Extender:
     ) -> list[str]:
         """The nodes that can take the request now; the reason of each other one, in `failed`
         (may change) or `final` (will not). Vectorised: the kube-scheduler sends every node."""
-        state = self.state
+        state = self.cache.state
         if state is None:
-            failed.update(dict.fromkeys(names, _NO_INVENTORY))
+            failed.update(dict.fromkeys(names, NO_INVENTORY))
             return []
-        index = self._indexes(names)
+        index = self.cache.indexes(names)
         unknown = index < 0
         n = np.where(unknown, 0, index)
         fit = np.zeros(len(state.nodes), dtype=np.bool_)
@@ -349,7 +202,7 @@ class Extender:
         model_ok = state.model_mask(request.models) if request.count else np.ones(len(state.nodes), np.bool_)
         per_gpu = (state.cap_c >= request.compute_milli) & (state.cap_m >= request.memory_mib)
         holds = per_gpu.sum(axis=1) >= request.count
-        age = self.clock() - self._published_at[n]
+        age = self.clock() - self.cache.published_at[n]
         stale = ~unknown & (age > self.stale_after_s)
         wrong_model = ~unknown & ~stale & ~model_ok[n]
         too_small = ~unknown & ~stale & ~wrong_model & ~holds[n]
@@ -359,7 +212,7 @@ class Extender:
         # Reasons that read the same on every node they apply to: the scheduler counts them.
         stale_why = f"sharegpu inventory older than {self.stale_after_s:.0f} s (its agent is down or cut off)"
         for k in np.flatnonzero(unknown):
-            failed[names[k]] = _NO_INVENTORY
+            failed[names[k]] = NO_INVENTORY
         for k in np.flatnonzero(stale):
             failed[names[k]] = stale_why
         for k in np.flatnonzero(wrong_model):
@@ -371,7 +224,7 @@ class Extender:
             failed[names[k]] = busy
         ok = np.flatnonzero(~(unknown | stale | wrong_model | too_small | full))
         fits = [names[k] for k in ok]
-        self._remember(fits, index[ok])  # the names prioritize will be sent
+        self.cache.remember(fits, index[ok])  # the names prioritize will be sent
         return fits
 
     def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -382,11 +235,11 @@ class Extender:
         uid = str((pod.get("metadata") or {}).get("uid", ""))
         with self._lock:
             pending = self._pods.get(uid)  # None: a pod without vGPUs, or one filter refused
-            self._learn(nodes)
-            state = self.state
+            self.cache.learn(nodes)
+            state = self.cache.state
             if pending is not None and state is not None:
                 allowed = np.zeros(len(state.nodes) + 1, dtype=np.bool_)  # the last: unknown names
-                allowed[self._indexes(names)] = True
+                allowed[self.cache.indexes(names)] = True
                 allowed = allowed[:-1]
                 # The policy's decision, with its random tie-break as in the simulator; kept for
                 # the bind. One decision only: the others score 0 (ranking more nodes would cost
@@ -414,13 +267,13 @@ class Extender:
             return {"NodeNameToMetaVictims": {n: meta_victims(u, pdb) for n, (u, pdb) in proposed.items()}}
         result: dict[str, Any] = {}
         with self._lock:
-            state = self.state
+            state = self.cache.state
             if state is None:
                 return {"NodeNameToMetaVictims": {}}
             now = self.clock()
             for node, (uids, pdb) in proposed.items():
                 n = state.index.get(node)
-                if n is None or now - self._published_at[n] > self.stale_after_s:
+                if n is None or now - self.cache.published_at[n] > self.stale_after_s:
                     continue  # no usable inventory: nothing may be placed there, evicted or not
                 on_gpus = [state.allocations[u] for u in uids if u in state.node_allocations[n]]
                 plan = plan_on_node(state, wanted, n, on_gpus)
@@ -446,7 +299,7 @@ class Extender:
                     "Error": f"pod {namespace}/{name} was not filtered by this extender: scheduling it again"
                 }
             request, wanted = seen.request, seen.wanted
-            state, known = self.state, self._known.get(node)
+            state, known = self.cache.state, self.cache.known.get(node)
             if state is None or known is None or node not in state.index:
                 return {
                     "Error": f"node {node} has no sharegpu inventory: scheduling {namespace}/{name} again"
@@ -463,7 +316,7 @@ class Extender:
             # Reserved in the state before the API server is asked, as the kube-scheduler assumes
             # a pod before binding it: the lock is not held through the API round trips, and no
             # other decision meanwhile counts this room as free.
-            self._release(uid)  # anything a watch event recorded of it
+            self.cache.release(uid)  # anything a watch event recorded of it
             try:
                 if chosen is None or chosen.node != node:
                     raise SpecError("not decided for this node")
@@ -476,15 +329,15 @@ class Extender:
                     return {"Error": f"no room on node {node} now for {wanted.describe()}: {got.message}"}
                 chosen = got
                 state.allocate(chosen, wanted, alloc_id=uid)
-            self._bound[uid] = (chosen, wanted)
-            self._binding.add(uid)
+            self.cache.bound[uid] = (chosen, wanted)
+            self.cache.binding.add(uid)
             assignment = assignment_for(known.inventory, node, chosen, request, self.clock())
             ref = PodRef(namespace, name, uid, seen.resource_version)
 
         def fits(others: Sequence[tuple[Mapping[str, Any], Assignment]]) -> str | None:
             with self._lock:
                 for pod, _ in others:
-                    self._observe(pod)  # bound by another replica, or before a restart: now known
+                    self.cache.observe(pod)  # bound by another replica, or before a restart: now known
             return oversubscribed(known.inventory, assignment, others)
 
         error, written = "", None
@@ -495,23 +348,13 @@ class Extender:
         except Exception as err:  # the API server's refusal, whatever its type: the pod is retried
             error = f"binding {ref.key} to {node} failed: {type(err).__name__}: {err}"
         with self._lock:
-            self._binding.discard(uid)
+            self.cache.binding.discard(uid)
             if error:
-                self._release(uid)  # the reservation
+                self.cache.release(uid)  # the reservation
                 return {"Error": error}
-            if uid not in self._bound:  # a resync meanwhile read the pod before its bind
-                self._reserve(uid, chosen, wanted)
+            if uid not in self.cache.bound:  # a resync meanwhile read the pod before its bind
+                self.cache.reserve(uid, chosen, wanted)
             if written is not None:
-                self._written[uid] = written
+                self.cache.written[uid] = written
             self._pods.pop(uid, None)
         return {"Error": ""}
-
-    def _reserve(self, uid: str, chosen: Placement, wanted: Request) -> None:
-        index = self.state.index.get(chosen.node) if self.state is not None else None
-        if self.state is None or index is None:
-            return  # its node went meanwhile: the API server's to judge
-        try:
-            self.state.allocate(Placement(chosen.node, index, chosen.gpus), wanted, alloc_id=uid)
-            self._bound[uid] = (chosen, wanted)
-        except SpecError:
-            pass  # what this extender knows says it does not fit; the API server's fence said it does
