@@ -18,9 +18,10 @@ set -euo pipefail
 # with the installed Go 1.26.x. Its kubelet refuses cgroup v1 unless the kubelet config sets
 # failCgroupV1: false (the default flipped to true in 1.35); see docs/kubernetes.md.
 KUBE_VERSION="${KUBE_VERSION:-v1.37.2}"
-# etcd: the server release of the same line that k8s v1.37.2's own go.mod requires (v3.7.0); the
-# newest patch release the proxy serves. The apiserver needs etcd 3.5 or newer, so Debian's
-# etcd-server (3.4) is not usable.
+# etcd: the newest patch release of the line k8s v1.37.2 is tested with (its go.mod requires the
+# v3.7.0 client, its hack/lib/etcd.sh wants etcd >= 3.7.0). Debian's etcd-server is 3.4.23: older
+# than the 3.4.31 / 3.5.13 the apiserver's feature checker needs for watch progress requests, and
+# a release line etcd no longer supports, so it is not used.
 ETCD_VERSION="${ETCD_VERSION:-v3.7.3}"
 # The binaries built from k8s.io/kubernetes (cmd/<name>).
 KUBE_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
