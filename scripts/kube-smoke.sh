@@ -14,6 +14,8 @@ for b in etcd kube-apiserver kube-scheduler kube-controller-manager kubelet kube
 done
 D="$(mktemp -d /tmp/sharegpu-kube-smoke.XXXXXX)"
 PIDS=()
+MADE=()
+for p in /var/lib/kubelet/device-plugins /var/lib/kubelet /var/log/pods; do [ -e "$p" ] || MADE+=("$p"); done
 stop() {  # stop PID: SIGTERM, then SIGKILL after 10 s
     local i
     kill "$1" 2>/dev/null || return 0
@@ -24,6 +26,11 @@ stop() {  # stop PID: SIGTERM, then SIGKILL after 10 s
 cleanup() {  # newest first: the apiserver's graceful shutdown hangs on an etcd already gone
     local i
     for (( i=${#PIDS[@]}-1; i>=0; i-- )); do stop "${PIDS[i]}"; done
+    # With a runtime, the kubelet makes these fixed paths whatever --root-dir says: remove them
+    # when this run made them and they are still empty.
+    for i in "${MADE[@]}"; do rmdir "$i" 2>/dev/null || true; done
+    # It also bind-mounts its --root-dir onto itself (to make it a shared mount).
+    while mountpoint -q "$D/kubelet" 2>/dev/null; do umount "$D/kubelet" || break; done
     if [ "${KEEP:-0}" = 1 ]; then echo "kube-smoke: kept $D"; else rm -rf "$D"; fi
 }
 trap cleanup EXIT
@@ -145,10 +152,31 @@ containerRuntimeEndpoint: unix://$D/no-runtime.sock
 authentication: {anonymous: {enabled: false}, webhook: {enabled: false}, x509: {clientCAFile: $D/ca.crt}}
 authorization: {mode: AlwaysAllow}
 EOF
+# KUBE_SMOKE_CONTAINERD=1: give it a containerd (Debian's 1.6, CRI v1) of its own instead, with
+# its root, state and socket in the temp dir, and run the kubelet for 30 s.
+secs=20
+if [ "${KUBE_SMOKE_CONTAINERD:-0}" = 1 ]; then
+    cat > containerd.toml <<EOF
+version = 2
+root = "$D/containerd/root"
+state = "$D/containerd/state"
+[grpc]
+  address = "$D/containerd.sock"
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+EOF
+    t=$(ms)
+    containerd --config containerd.toml > containerd.log 2>&1 &
+    PIDS+=($!)
+    wait_for containerd "$t" 30 "${PIDS[-1]}" containerd.log test -S "$D/containerd.sock"
+    containerd --version
+    sed -i "s#^containerRuntimeEndpoint: .*#containerRuntimeEndpoint: unix://$D/containerd.sock#" kubelet.yaml
+    secs=30
+fi
 t=$(ms)
 rc=0
-timeout 20 "$BIN/kubelet" --config kubelet.yaml --kubeconfig kubeconfig --root-dir "$D/kubelet" \
+timeout "$secs" "$BIN/kubelet" --config kubelet.yaml --kubeconfig kubeconfig --root-dir "$D/kubelet" \
     --cert-dir "$D/kubelet-pki" --hostname-override smoke-node > kubelet.log 2>&1 || rc=$?
 echo "kube-smoke: kubelet exited $rc after $(( $(ms) - t )) ms; its last lines:"
 grep -E '^[EF][0-9]{4}|error|failed' kubelet.log | tail -5 || tail -5 kubelet.log
-K get nodes || true
+K get nodes -o wide || true
