@@ -11,7 +11,7 @@ CLIENTS_VENV := .venv-clients
 CLIENTS_STAMP := $(CLIENTS_VENV)/.installed
 NATIVE_SRC := $(shell find native -name '*.c' -o -name '*.h' -o -name '*.inc' -o -name '*.map' -o -name '*.def' -o -name Makefile)
 
-.PHONY: run test test-unit bench check native clients clean setup proto gpu-check gpu-wheels
+.PHONY: run test test-unit bench check native clients clean setup proto gpu-check gpu-wheels kube
 
 setup: $(STAMP) $(NATIVE_STAMP)
 
@@ -86,6 +86,11 @@ PROTO_OUT ?= src
 proto:
 	$(BIN)/python -m grpc_tools.protoc -Isrc --python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) \
 	  --grpc_python_out=$(PROTO_OUT) sharegpu/kube/deviceplugin/api.proto
+
+# The real Kubernetes components and etcd (issue 37, in progress: docs/kubernetes.md), built once
+# from the Go module proxy into ${SHAREGPU_KUBE_CACHE:-~/.cache/sharegpu/kube}. Not part of `make test`.
+kube:
+	bash scripts/build-kube.sh
 
 clean:
 	rm -rf $(VENV) $(CLIENTS_VENV) build src/sharegpu/_lib .pytest_cache .mypy_cache .ruff_cache

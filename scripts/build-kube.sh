@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# Build the real Kubernetes control-plane and node binaries (and etcd) from the Go module proxy,
+# once, into a cache outside the clone (issue 37, first increment). No Kubernetes binary comes from
+# any package registry this project can reach, so we do what kubernetes-sigs/scheduler-plugins does:
+# a throw-away Go module that requires k8s.io/kubernetes at one version and replaces every k8s.io/*
+# staging module with the matching v0.X.Y release, then `go build` of the cmd/ packages.
+#
+#   scripts/build-kube.sh            # build what is missing, print where the binaries are
+#   SHAREGPU_KUBE_CACHE=/some/dir scripts/build-kube.sh
+#
+# Later runs reuse the cache: a binary is skipped when it exists and its stamp file records the
+# same pins and Go version. Each step's wall time is printed. Compiles run niced with -p 1 (the
+# machines are small and other work runs beside them); override with KUBE_BUILD_P / KUBE_NICE.
+set -euo pipefail
+
+# --- pins -----------------------------------------------------------------------------------------
+# v1.37.2: the newest k8s.io/kubernetes the proxy serves; its go.mod says `go 1.26.0`, so it builds
+# with the installed Go 1.26.x. Its kubelet refuses cgroup v1 unless the kubelet config sets
+# failCgroupV1: false (the default flipped to true in 1.35); see docs/kubernetes.md.
+KUBE_VERSION="${KUBE_VERSION:-v1.37.2}"
+# etcd: the newest patch release of the line k8s v1.37.2 is tested with (its go.mod requires the
+# v3.7.0 client, its hack/lib/etcd.sh wants etcd >= 3.7.0). Debian's etcd-server is 3.4.23: older
+# than the 3.4.31 / 3.5.13 the apiserver's feature checker needs for watch progress requests, and
+# a release line etcd no longer supports, so it is not used.
+ETCD_VERSION="${ETCD_VERSION:-v3.7.3}"
+# The binaries built from k8s.io/kubernetes (cmd/<name>).
+KUBE_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+
+CACHE_ROOT="${SHAREGPU_KUBE_CACHE:-$HOME/.cache/sharegpu/kube}"
+OUT="$CACHE_ROOT/$KUBE_VERSION"
+BIN="$OUT/bin"
+WORK="$OUT/src"            # the generated helper modules (kept: cheap, and handy to inspect)
+P="${KUBE_BUILD_P:-1}"
+NICE="${KUBE_NICE:-19}"
+
+export CGO_ENABLED=0       # the upstream release binaries are static too
+
+command -v go >/dev/null || { echo "build-kube: go is not installed" >&2; exit 1; }
+GOVER="$(go env GOVERSION)"
+mkdir -p "$BIN" "$WORK/kube" "$WORK/etcd"
+
+t_all=$(date +%s)
+step() {  # step LABEL CMD...: run CMD, print its wall time
+    local label="$1" t0 rc=0; shift
+    t0=$(date +%s)
+    "$@" || rc=$?
+    printf 'build-kube: %-28s %4ss%s\n' "$label" "$(( $(date +%s) - t0 ))" \
+        "$([ "$rc" = 0 ] || echo "  FAILED (exit $rc)")"
+    return "$rc"
+}
+stamp_of() { echo "kube=$KUBE_VERSION etcd=$ETCD_VERSION go=$GOVER cgo=$CGO_ENABLED"; }
+is_built() { [ -x "$BIN/$1" ] && [ "$(cat "$BIN/.$1.stamp" 2>/dev/null)" = "$(stamp_of)" ]; }
+
+todo=()
+for c in "${KUBE_CMDS[@]}" etcd; do is_built "$c" || todo+=("$c"); done
+if [ "${#todo[@]}" = 0 ]; then
+    echo "build-kube: all binaries for $KUBE_VERSION (etcd $ETCD_VERSION, $GOVER) already in $BIN"
+    exit 0
+fi
+echo "build-kube: building ${todo[*]} into $BIN ($GOVER, -p $P)"
+
+# --- the helper module for Kubernetes ---------------------------------------------------------------
+# k8s.io/kubernetes's go.mod replaces each staging module with ./staging/src/k8s.io/<name>, which
+# only works inside its own repository. Each of those is published as its own module at v0.X.Y for
+# release v1.X.Y, so rewrite every such replace to point at that published version.
+gen_kube_module() {
+    local gomod staging_ver
+    # (The module is needed for the build anyway; `go mod download -json` also names its go.mod.)
+    gomod="$(cd "$WORK" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" \
+        | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')"
+    [ -f "$gomod" ] || { echo "build-kube: cannot read go.mod of k8s.io/kubernetes@$KUBE_VERSION" >&2; return 1; }
+    staging_ver="v0.${KUBE_VERSION#v1.}"
+    {
+        echo "module sharegpu.local/kube-build"
+        echo
+        sed -n 's/^go \(.*\)$/go \1/p' "$gomod" | head -1
+        echo
+        echo "require k8s.io/kubernetes $KUBE_VERSION"
+        echo
+        echo "replace ("
+        # `	k8s.io/api => ./staging/src/k8s.io/api`  ->  `	k8s.io/api => k8s.io/api v0.37.2`
+        sed -n "s#^[[:space:]]*\(k8s\.io/[^ ]*\) => \./staging/src/k8s\.io/.*\$#\t\1 => \1 $staging_ver#p" "$gomod"
+        echo ")"
+    } > "$WORK/kube/go.mod" || return 1
+    echo "build-kube: $(grep -c ' => ' "$WORK/kube/go.mod") staging modules replaced with $staging_ver"
+    # A file that imports every command, so that `go mod tidy` resolves all they need.
+    {
+        echo "//go:build tools"
+        echo
+        echo "package tools"
+        echo
+        echo "import ("
+        for c in "${KUBE_CMDS[@]}"; do echo "	_ \"k8s.io/kubernetes/cmd/$c\""; done
+        echo ")"
+    } > "$WORK/kube/tools.go"
+    (cd "$WORK/kube" && nice -n "$NICE" go mod tidy)
+}
+
+gen_etcd_module() {
+    # etcd's own main.go (repository root, module go.etcd.io/etcd/v3) is two lines around
+    # go.etcd.io/etcd/server/v3/etcdmain.Main; depend on the server module alone.
+    cat > "$WORK/etcd/go.mod" <<EOF
+module sharegpu.local/etcd-build
+
+go 1.26.0
+
+require go.etcd.io/etcd/server/v3 $ETCD_VERSION
+EOF
+    cat > "$WORK/etcd/main.go" <<'EOF'
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+EOF
+    (cd "$WORK/etcd" && nice -n "$NICE" go mod tidy)
+}
+
+# -X flags so that `--version` and the apiserver's /version report the release, as upstream's
+# hack/lib/version.sh does.
+minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
+LDFLAGS="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    LDFLAGS+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    LDFLAGS+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+done
+
+# (Functions run by `step` are in an `||` list, where set -e does not apply: chain with &&.)
+build_one() {  # build_one NAME MODULE_DIR PACKAGE
+    (cd "$2" && nice -n "$NICE" go build -p "$P" -trimpath -ldflags "$LDFLAGS" -o "$BIN/$1.tmp" "$3") &&
+        mv "$BIN/$1.tmp" "$BIN/$1" &&
+        stamp_of > "$BIN/.$1.stamp"
+}
+
+need_kube=0
+for c in "${todo[@]}"; do [ "$c" = etcd ] || need_kube=1; done
+if [ "$need_kube" = 1 ]; then
+    step "module kubernetes (tidy)" gen_kube_module
+    for c in "${todo[@]}"; do
+        [ "$c" = etcd ] && continue
+        step "compile $c" build_one "$c" "$WORK/kube" "k8s.io/kubernetes/cmd/$c"
+    done
+fi
+if is_built etcd; then :; else
+    step "module etcd (tidy)" gen_etcd_module
+    step "compile etcd" build_one etcd "$WORK/etcd" .
+fi
+
+echo "build-kube: done in $(( $(date +%s) - t_all ))s; binaries in $BIN:"
+for c in "${KUBE_CMDS[@]}" etcd; do
+    printf '  %-26s %s\n' "$c" "$(du -h "$BIN/$c" | cut -f1)"
+done
