@@ -6,6 +6,7 @@ API). The gpu-check report in docs/gpu-check.md is an outline with elisions (…
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -195,3 +196,47 @@ def test_the_placement_example_names_the_api_as_it_is() -> None:
         assert name in namespace, name
     state_class = namespace["ClusterState"]
     assert hasattr(state_class, "allocate")
+
+
+def test_the_api_examples_of_agent_md_run_as_written(sim_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """docs/agent.md's curl examples, every shell block that has one, in order, by bash against
+    a running agent: the only change is the socket (`S=`), the test agent's (the `sharegpu`
+    lines beside them are checked above; `events --follow` would not end). Each answer is the
+    document the text says: the tenant made, read and resized with its fields, the GPUs, the
+    events; the delete answers nothing (204)."""
+    from agentutil import Agent
+
+    sim = sim_factory(memory_mib=8192)
+    blocks = [b for b in _blocks("docs/agent.md", "sh") if "curl" in b or b.startswith("S=")]
+    agent = Agent(sim, tmp_path / "state").start()
+    try:
+        lines = "\n".join(blocks).splitlines()
+        script = "\n".join(line for line in lines if not line.startswith("sharegpu "))
+        script = script.replace("S=/run/sharegpu/agent.sock", f"S={agent.sock}")
+        script = script.replace("curl -s ", "curl -s -w '\\n' ")  # one answer per line
+        done = subprocess.run(
+            ["bash", "-e", "-c", script],
+            env=sim.env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        agent.close()
+    print(done.stdout, done.stderr, sep="\n")
+    assert done.returncode == 0, done.stderr
+    answers = [json.loads(line) if line else None for line in done.stdout.splitlines()]
+    created, read, resized, deleted, gpus, events = answers
+    assert (created["id"], created["devices"][0]["policy"], created["labels"]["pod"]) == (
+        "web",
+        "burst",
+        "web-0",
+    )
+    assert read["id"] == "web"
+    assert resized["id"] == "web"
+    device = resized["devices"][0]
+    assert (device["memory_cap_bytes"], device["compute_share_ratio"]) == (2 << 30, 0.5)  # the PATCH's
+    assert deleted is None
+    assert gpus["items"]
+    assert "items" in events
