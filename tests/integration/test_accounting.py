@@ -1,10 +1,13 @@
-"""GPU time as every surface reports it, against what NVML measures per process.
+"""GPU time as every surface reports it, against NVML's per-process figure and against what the
+workloads themselves finished.
 
-On the simulated GPU, NVML's per-process utilization is the truth (the engine knows which
-process's kernel ran when). A bursty online tenant (4 x 1 ms every 30 ms, about 13% of the card)
-holds the token far longer than the GPU runs for it; a saturating batch tenant takes the rest.
-`sharegpu tenants`, `sharegpu top`, `sharegpu devices`, the API and the metrics must all report
-GPU time within 2 points of NVML, and the tenants of the card never more than the whole card.
+A bursty online tenant (4 x 1 ms every 30 ms, about 13% of the card) holds the token far longer
+than the GPU runs for it; a saturating batch tenant takes the rest. The surfaces (`sharegpu
+tenants`, `top`, `devices`, the API, the metrics) report the arbiter's charges; NVML's samples
+(whole percents, one per sampling period) are their cross-check, and must agree within 6 points,
+the tenants of the card never more than the whole card. How exact the charges are is judged
+against the workloads' own count of finished kernel time, within 1 point
+(test_what_operators_see_is_what_the_workloads_got).
 """
 
 from __future__ import annotations
@@ -74,13 +77,21 @@ def at_meter_tick(port: int, uuid: str) -> tuple[dict[str, Any], float]:
     raise AssertionError("the GPU-time meter never ticked")
 
 
-def close(measured: dict[str, float], before: dict[str, float], after: dict[str, float], what: str) -> None:
-    """Within 3 points of NVML, read just before and just after: the surface's window lies
-    between the two, and the batch tenant's share moves by a few points from one second to the
-    next (on a loaded 2-core machine, `sharegpu top`'s half second read 0.73 between NVML's 0.69
-    and 0.70: 2 points flaked)."""
+def close(
+    measured: dict[str, float],
+    before: dict[str, float],
+    after: dict[str, float],
+    what: str,
+    *,
+    slack: float = 0.06,
+) -> None:
+    """Within `slack` of NVML, read just before and just after: the surface's window lies between
+    the two. Two sources meet here: NVML's samples and the arbiter's charges, whose window edges
+    are known to a quantum; on this VM they were seen 4.5 points apart over one second (batch
+    0.776 charged against NVML's 0.73), so 6 points; the batch tenant's share itself moves by a
+    few points from one second to the next."""
     for name, share in before.items():
-        low, high = min(share, after[name]) - 0.03, max(share, after[name]) + 0.03
+        low, high = min(share, after[name]) - slack, max(share, after[name]) + slack
         assert low - 1e-9 <= measured[name] <= high + 1e-9, (
             f"{what}: {name} {measured[name]:.3f}, NVML {share:.3f} before and {after[name]:.3f} after"
         )
@@ -122,7 +133,9 @@ def test_every_surface_reports_the_gpu_time_nvml_measures(sim: Sim, tmp_path: Pa
                 return by_tenant(api(agent, "/v1/tenants")["items"], "gpu_busy_ratio")
 
             def top() -> dict[str, float]:
-                return top_compute(sim.cli("top", "--once", "--sample", "0.5").stdout)
+                # Over a second, as NVML's: a charge's edges are known to a quantum (10 ms), which
+                # over half a second moved batch 4 points (0.816 against NVML's 0.77-0.78).
+                return top_compute(sim.cli("top", "--once", "--sample", "1").stdout)
 
             def devices() -> dict[str, float]:
                 items = json.loads(sim.cli("devices", "-o", "json").stdout)["items"]
@@ -158,7 +171,7 @@ def test_every_surface_reports_the_gpu_time_nvml_measures(sim: Sim, tmp_path: Pa
             print(f"metrics rate over {elapsed:.1f} s: {rate}, NVML mean {mean}")
             # The counters' rate over the whole window against the mean of six one-second NVML
             # samples taken inside it (seen: 0.775 against a mean of 0.755).
-            close(rate, mean, mean, "the metrics")
+            close(rate, mean, mean, "the metrics", slack=0.03)  # over seconds: the edges weigh less
         finally:
             for proc in (web, batch):
                 proc.kill()
