@@ -131,3 +131,29 @@ def kill_while_holding(path: Path, region_pid: int, host_pid: int, what: str) ->
     """SIGKILL process `host_pid` at a moment it holds the GPU's token."""
     freeze_while_holding(path, region_pid, host_pid, what)
     os.kill(host_pid, signal.SIGKILL)
+
+
+# The region's figures that are not tunables: counters, the clients waiting now, what the
+# prediction learned.
+FIGURES = (
+    "waiting",
+    "grants",
+    "handovers",
+    "handover_idle_ns",
+    "reclaims",
+    "recoveries",
+    "stall_reclaims",
+    "entry_waits",
+    "online_period_ns",
+    "online_jitter_ns",
+    "online_samples",
+    "holdbacks",
+    "holdback_ns",
+    "holdback_misses",
+    "early_preemptions",
+    "quiet_windows",
+    "lock_timeouts",
+    "broken_since_ns",
+    "online_stalls",
+    "online_relearns",
+)

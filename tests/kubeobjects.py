@@ -4,10 +4,13 @@ kube-scheduler send them."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from kubernetes import client
 
+from sharegpu.kube.assignment import Assignment
+from sharegpu.kube.bindings import BindError, Fits, PodRef
 from sharegpu.kube.inventory import ANNOTATION_INVENTORY, Inventory, InventoryGpu
 
 SERIALISE = client.ApiClient().sanitize_for_serialization
@@ -76,3 +79,32 @@ def pod(
     )
     serialised: dict[str, Any] = SERIALISE(body)
     return serialised
+
+
+# The scheduler extender's side (tests/unit and tests/e2e test_kube_extender.py).
+
+
+def args(the_pod: dict[str, Any], nodes: list[Any]) -> dict[str, Any]:
+    """ExtenderArgs as the kube-scheduler sends them to an extender that is not node-cache capable."""
+    return {"Pod": the_pod, "Nodes": SERIALISE(client.V1NodeList(items=nodes)), "NodeNames": None}
+
+
+class RecordingBinder:
+    def __init__(self, fail: str | None = None) -> None:
+        self.bound: list[tuple[str, str, Assignment]] = []
+        self.fail = fail
+        self.lock = threading.Lock()
+
+    def bind(self, pod: PodRef, assignment: Assignment, fits: Fits) -> str:
+        if self.fail:
+            raise RuntimeError(self.fail)
+        why = fits([])
+        if why is not None:
+            raise BindError(why)
+        with self.lock:
+            self.bound.append((pod.key, pod.uid, assignment))
+        return ""
+
+
+def kept(result: dict[str, Any]) -> list[str]:
+    return [n["metadata"]["name"] for n in result["Nodes"]["items"]]

@@ -11,38 +11,9 @@ from typing import Any
 
 import httpx
 import pytest
-from kubernetes import client
 
-from kubeobjects import NOW, SERIALISE, node, pod
-from sharegpu.kube.assignment import Assignment
-from sharegpu.kube.bindings import BindError, Fits, PodRef
+from kubeobjects import NOW, RecordingBinder, args, kept, node, pod
 from sharegpu.kube.extender import MAX_SCORE, Extender, serve
-
-
-def args(the_pod: dict[str, Any], nodes: list[Any]) -> dict[str, Any]:
-    """ExtenderArgs as the kube-scheduler sends them to an extender that is not node-cache capable."""
-    return {"Pod": the_pod, "Nodes": SERIALISE(client.V1NodeList(items=nodes)), "NodeNames": None}
-
-
-class RecordingBinder:
-    def __init__(self, fail: str | None = None) -> None:
-        self.bound: list[tuple[str, str, Assignment]] = []
-        self.fail = fail
-        self.lock = threading.Lock()
-
-    def bind(self, pod: PodRef, assignment: Assignment, fits: Fits) -> str:
-        if self.fail:
-            raise RuntimeError(self.fail)
-        why = fits([])
-        if why is not None:
-            raise BindError(why)
-        with self.lock:
-            self.bound.append((pod.key, pod.uid, assignment))
-        return ""
-
-
-def kept(result: dict[str, Any]) -> list[str]:
-    return [n["metadata"]["name"] for n in result["Nodes"]["items"]]
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentutil import Agent, create
-from arbiterutil import finish, start_at
+from arbiterutil import FIGURES, finish, start_at
 from conftest import Sim, parse_kv
 from metricsutil import free_port
 from sharegpu import abi
@@ -191,32 +191,6 @@ def test_settings_land_and_the_counters_move_with_real_work(sim: Sim, tmp_path: 
         assert agent.stop() == 0
     finally:
         agent.close()
-
-
-# The region's figures that are not tunables: counters, the clients waiting now, what the
-# prediction learned.
-FIGURES = (
-    "waiting",
-    "grants",
-    "handovers",
-    "handover_idle_ns",
-    "reclaims",
-    "recoveries",
-    "stall_reclaims",
-    "entry_waits",
-    "online_period_ns",
-    "online_jitter_ns",
-    "online_samples",
-    "holdbacks",
-    "holdback_ns",
-    "holdback_misses",
-    "early_preemptions",
-    "quiet_windows",
-    "lock_timeouts",
-    "broken_since_ns",
-    "online_stalls",
-    "online_relearns",
-)
 
 
 def test_the_counters_show_in_the_api_the_metrics_and_devices(sim: Sim, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import dataclasses
 
 import pytest
 
+from arbiterutil import FIGURES
 from sharegpu import abi
 from sharegpu.agent.models import ArbiterView
 from sharegpu.agent.tuning import ArbiterTuning
@@ -17,30 +18,6 @@ from sharegpu.arbiter import (
     ArbiterStatus,
 )
 
-# The region's figures that are not tunables: counters, the clients waiting now, what the
-# prediction learned.
-FIGURES = (
-    "waiting",
-    "grants",
-    "handovers",
-    "handover_idle_ns",
-    "reclaims",
-    "recoveries",
-    "stall_reclaims",
-    "entry_waits",
-    "online_period_ns",
-    "online_jitter_ns",
-    "online_samples",
-    "holdbacks",
-    "holdback_ns",
-    "holdback_misses",
-    "early_preemptions",
-    "quiet_windows",
-    "lock_timeouts",
-    "broken_since_ns",
-    "online_stalls",
-    "online_relearns",
-)
 # What the region holds and the views leave out: the token's state, the prediction's working
 # figures, the header and the tables (shown as `holder_pid`, `waiting` and the tenants' views).
 INTERNAL = {
