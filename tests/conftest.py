@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 
 from sharegpu import native, simgpu
+from sharegpu.placement import Node, Request
+from sharegpu.sim import load_nodes, load_pods
 from sharegpu.spec import MIB
 from sharegpu.tenant import DeviceLimit, create_tenant
 from simgpuutil import TUNING_VARS, run_python
@@ -294,3 +296,38 @@ def sim_env(sim_factory: Callable[..., Sim], built: Path) -> dict[str, str]:
     for var in TUNING_VARS:
         env.pop(var, None)
     return env
+
+
+# -- the Alibaba GPU trace (tests/unit and tests/integration test_sim.py) --------------------------
+
+TRACE = REPO / "data" / "alibaba-gpu-v2023"
+
+
+@pytest.fixture(scope="module")
+def data() -> Path:
+    if not (TRACE / "openb_node_list_all_node.csv").is_file():
+        pytest.fail(
+            f"the Alibaba GPU trace is missing: expected {TRACE} "
+            "(it ships in the repository; restore data/ from git)"
+        )
+    return TRACE
+
+
+@pytest.fixture(scope="module")
+def cluster(data: Path) -> list[Node]:
+    nodes, report = load_nodes(data / "openb_node_list_all_node.csv")
+    assert report.skipped_total == 0
+    return nodes
+
+
+@pytest.fixture(scope="module")
+def small_cluster(cluster: list[Node]) -> list[Node]:
+    """Every 4th node of the full cluster: the same mix of node kinds, a quarter of the size."""
+    return cluster[::4]
+
+
+@pytest.fixture(scope="module")
+def default_pods(data: Path, cluster: list[Node]) -> list[Request]:
+    pods, report = load_pods(data / "openb_pod_list_default.csv", cluster)
+    assert report.skipped_total == 0
+    return pods

@@ -16,40 +16,7 @@ import pytest
 
 from sharegpu.placement import Node, Request, policies
 from sharegpu.placement.cluster import ClusterState
-from sharegpu.sim import load_nodes, load_pods, simulate
-
-REPO = Path(__file__).resolve().parents[2]
-DATA = REPO / "data" / "alibaba-gpu-v2023"
-
-
-@pytest.fixture(scope="module")
-def data() -> Path:
-    if not (DATA / "openb_node_list_all_node.csv").is_file():
-        pytest.fail(
-            f"the Alibaba GPU trace is missing: expected {DATA} "
-            "(it ships in the repository; restore data/ from git)"
-        )
-    return DATA
-
-
-@pytest.fixture(scope="module")
-def cluster(data: Path) -> list[Node]:
-    nodes, report = load_nodes(data / "openb_node_list_all_node.csv")
-    assert report.skipped_total == 0
-    return nodes
-
-
-@pytest.fixture(scope="module")
-def small_cluster(cluster: list[Node]) -> list[Node]:
-    """Every 4th node of the full cluster: the same mix of node kinds, a quarter of the size."""
-    return cluster[::4]
-
-
-@pytest.fixture(scope="module")
-def default_pods(data: Path, cluster: list[Node]) -> list[Request]:
-    pods, report = load_pods(data / "openb_pod_list_default.csv", cluster)
-    assert report.skipped_total == 0
-    return pods
+from sharegpu.sim import simulate
 
 
 def _write(path: Path, text: str) -> Path:
