@@ -92,22 +92,21 @@ class BusyMeter:
         self.root = root
         self.interval_s = interval_s
         self.since = time.time()
-        self._charged: dict[ChargeKey, int] | None = None  # the last reading; None before the first
-        self._last: float | None = None
-        self._readings: deque[tuple[float, dict[ChargeKey, int]]] = deque(maxlen=3)  # (monotonic, charges)
+        # (monotonic, charges) of the last ticks, oldest first: the last one is the previous
+        # tick's, and a view's second a moment ago lies between two of them.
+        self._readings: deque[tuple[float, dict[ChargeKey, int]]] = deque(maxlen=3)
         self._times: dict[ChargeKey, GpuTime] = {}
         self._checks: dict[ChargeKey, Crosscheck] = {}
         self._lock = threading.Lock()
 
     def tick(self) -> list[Event]:
         now = time.monotonic()
-        elapsed = self.interval_s if self._last is None else now - self._last
-        self._last = now
         charged = read_charges(self.root)
-        rates = charge_rates(self._charged, charged, elapsed) if self._charged is not None else {}
-        self._charged = charged
         with self._lock:
+            previous = self._readings[-1] if self._readings else None
             self._readings.append((now, charged))
+        elapsed = self.interval_s if previous is None else now - previous[0]
+        rates = charge_rates(previous[1], charged, elapsed) if previous is not None else {}
         # NVML answers for at most its window: a late tick counts the last window's rate for
         # the whole gap rather than nothing.
         busy = measure_busy(min(elapsed, BUSY_WINDOW_S))

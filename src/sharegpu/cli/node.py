@@ -69,7 +69,7 @@ def tenants(
 
     def frame() -> None:
         snap = take(gpus=False)
-        waits, window = None, None
+        rates, window = None, None
         if not is_document(output):  # the documents carry the raw seconds: one reading, no rates
             if not last and sample > 0:
                 last.append(snap)
@@ -77,13 +77,13 @@ def tenants(
                 snap = take(gpus=False)
             if last:
                 window = snap.monotonic - last[0].monotonic
-                waits = rates_between(last[0].tenants, snap.tenants, window)
+                rates = rates_between(last[0].tenants, snap.tenants, window)
             last[:] = [snap]
         emit(
             output,
             "TenantList",
             tenants_items(snap.tenants),
-            lambda wide: tenants_renderable(snap.tenants, wide=wide, waits=waits, window_s=window),
+            lambda wide: tenants_renderable(snap.tenants, wide=wide, rates=rates, window_s=window),
             stream=watch,
         )
 

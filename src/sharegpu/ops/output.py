@@ -171,27 +171,27 @@ def tenants_renderable(
     items: list[TenantView],
     *,
     wide: bool = False,
-    waits: dict[tuple[str, str], WindowRates] | None = None,
+    rates: dict[tuple[str, str], WindowRates] | None = None,
     window_s: float | None = None,
 ) -> RenderableType:
     """The tenants table.  Every rate of a row is over one window, named in its header: GPU TIME,
-    WAIT and THROTTLED (`waits`, measured between two readings `window_s` apart: GPU TIME from
+    WAIT and THROTTLED (`rates`, measured between two readings `window_s` apart: GPU TIME from
     the arbiter's charges, a native tenant's from NVML's last window; a tenant new since the
     first reading shows "-").  The lifetime shares are the wide table's "(LIFE)" columns, and
-    NVML's figure, the cross-check of GPU TIME, its "GPU TIME (NVML)".  Without `waits` (a single
+    NVML's figure, the cross-check of GPU TIME, its "GPU TIME (NVML)".  Without `rates` (a single
     reading) GPU TIME is the view's (the agent's last second, else NVML's) and WAIT and
     THROTTLED are lifetime shares, and the headers say so."""
     if not items:
         return Text("no tenants")
     window = f"{items[0].devices[0].busy_window_seconds:g}s" if items[0].devices else "1s"
-    rate = "LIFE" if waits is None else f"{window_s or 0:.1f}s"
+    rate = "LIFE" if rates is None else f"{window_s or 0:.1f}s"
     columns = [
         "TENANT",
         "CONTAINER",
         "GPU",
         "PRIORITY",
         "COMPUTE",
-        f"GPU TIME ({window if waits is None else rate})",
+        f"GPU TIME ({window if rates is None else rate})",
         f"WAIT ({rate})",
         f"THROTTLED ({rate})",
     ]
@@ -227,8 +227,8 @@ def tenants_renderable(
                 d.uuid,
                 d.priority,
                 configured(d),
-                _gpu_time(d, waits, (t.id, d.uuid)),
-                *_waits(d, age, waits, (t.id, d.uuid)),
+                _gpu_time(d, rates, (t.id, d.uuid)),
+                *_waits(d, age, rates, (t.id, d.uuid)),
                 memory + (" [yellow]over cap[/yellow]" if d.over_cap else ""),
                 str(d.oom_events),
                 str(live) if i == 0 else "",
@@ -257,26 +257,26 @@ def _percent(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio * 100:.1f}%"
 
 
-def _gpu_time(d: DeviceView, waits: dict[tuple[str, str], WindowRates] | None, key: tuple[str, str]) -> str:
+def _gpu_time(d: DeviceView, rates: dict[tuple[str, str], WindowRates] | None, key: tuple[str, str]) -> str:
     """GPU TIME of one row: the charges over the window when measured, else the view's figure."""
-    if waits is None:
+    if rates is None:
         return _percent(d.gpu_busy_ratio)
-    if key not in waits:
+    if key not in rates:
         return "-"  # new since the first reading
-    charged = waits[key].gpu_time
+    charged = rates[key].gpu_time
     return _percent(d.gpu_busy_ratio if charged is None else charged)
 
 
 def _waits(
-    d: DeviceView, age: float, waits: dict[tuple[str, str], WindowRates] | None, key: tuple[str, str]
+    d: DeviceView, age: float, rates: dict[tuple[str, str], WindowRates] | None, key: tuple[str, str]
 ) -> list[str]:
     """WAIT and THROTTLED of one row: over the window when measured, else over its lifetime."""
-    if waits is None:
+    if rates is None:
         return [f"{d.wait_seconds / age * 100:.1f}%", f"{d.throttled_seconds / age * 100:.1f}%"]
-    if key not in waits:
+    if key not in rates:
         return ["-", "-"]  # new since the first reading
-    rates = waits[key]
-    return [f"{rates.wait * 100:.1f}%", f"{rates.throttled * 100:.1f}%"]
+    row = rates[key]
+    return [f"{row.wait * 100:.1f}%", f"{row.throttled * 100:.1f}%"]
 
 
 # -- status ----------------------------------------------------------------------------------------
