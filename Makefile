@@ -62,7 +62,7 @@ check: setup
 	MYPYPATH=src $(BIN)/mypy bench/gpucheck
 	bash -n scripts/gpu-check.sh
 	$(BIN)/lint-imports
-	$(MAKE) -s -C native OUT=$(CURDIR)/build/check all
+	$(MAKE) -s -C native LIBDIR=$(CURDIR)/build/check all
 
 # The validation run on a real NVIDIA GPU (docs/gpu-check.md): on a GPU machine, `make gpu-check`;
 # GPU_CHECK_ARGS="--dry-run --quick" runs the same steps on the simulated GPU. It creates no venv

@@ -15,7 +15,7 @@ class BuildNative(build_py):
     def run(self) -> None:
         super().run()
         out = Path(self.build_lib).resolve() / "sharegpu" / "_lib"
-        subprocess.run(["make", "-s", "-C", str(ROOT / "native"), f"OUT={out}"], check=True)
+        subprocess.run(["make", "-s", "-C", str(ROOT / "native"), f"LIBDIR={out}"], check=True)
 
 
 class NativeDistribution(Distribution):
