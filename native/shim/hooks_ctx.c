@@ -192,6 +192,8 @@ static CUresult measure_admit(CUdevice dev, const struct measure *m, int *idx, u
     if (own && device && dropped < grown)
         grown = dropped; /* the pid listed was not ours (a pid namespace): more than the card lost */
     *bytes = own ? estimate(dev, true, grown, 0) : estimate(dev, device, m->before, after);
+    *bytes = (*bytes + (1u << 20) - 1) & ~(uint64_t)((1u << 20) - 1); /* whole MiB, as the
+                                                                          slot records it */
     *idx = -1;
     if (!*bytes)
         return CUDA_SUCCESS; /* nothing to admit: no lock taken */

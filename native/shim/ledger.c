@@ -119,10 +119,54 @@ static void recompute_totals_locked(void)
     }
 }
 
+/* Take bytes off overhead_bytes (never below 0: the agent may have replaced the estimate by a
+ * smaller measurement). */
+static void overhead_credit_locked(int idx, uint64_t bytes)
+{
+    uint64_t *o = &sg_usage_map->devices[idx].overhead_bytes;
+    uint64_t old = __atomic_load_n(o, __ATOMIC_RELAXED), now;
+    do
+        now = old >= bytes ? old - bytes : 0;
+    while (!__atomic_compare_exchange_n(o, &old, now, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+}
+
+/* A slot's record of its contexts' memory (abi.h ctx_mib): delta MiB on device idx.  A device
+ * with no entry and none free is not recorded (the reconciler counts it). */
+static void slot_ctx_note_locked(struct sg_usage_proc *p, int idx, int64_t delta_mib)
+{
+    uint32_t *free_entry = NULL;
+    for (int i = 0; i < SG_SLOT_CTX_ENTRIES; i++) {
+        uint32_t e = p->ctx_mib[i];
+        if (!e) {
+            if (!free_entry)
+                free_entry = &p->ctx_mib[i];
+            continue;
+        }
+        if ((int)(e >> 24) != idx)
+            continue;
+        int64_t mib = (int64_t)(e & SG_SLOT_CTX_MIB_MAX) + delta_mib;
+        if (mib > SG_SLOT_CTX_MIB_MAX)
+            mib = SG_SLOT_CTX_MIB_MAX;
+        p->ctx_mib[i] = mib > 0 ? (uint32_t)idx << 24 | (uint32_t)mib : 0;
+        return;
+    }
+    if (free_entry && delta_mib > 0)
+        *free_entry = (uint32_t)idx << 24 |
+                      (uint32_t)(delta_mib < SG_SLOT_CTX_MIB_MAX ? delta_mib : SG_SLOT_CTX_MIB_MAX);
+}
+
 static void release_slot_locked(uint32_t s)
 {
     struct sg_usage *u = sg_usage_map;
     struct sg_usage_proc *p = &u->procs[s];
+    /* Contexts still recorded are a killed process's (an exit credits its own first): the
+     * driver freed them with the process. */
+    for (int i = 0; i < SG_SLOT_CTX_ENTRIES; i++) {
+        uint32_t e = p->ctx_mib[i];
+        if (e && (e >> 24) < SG_MAX_DEVICES)
+            overhead_credit_locked((int)(e >> 24), (uint64_t)(e & SG_SLOT_CTX_MIB_MAX) << 20);
+        p->ctx_mib[i] = 0;
+    }
     for (int d = 0; d < SG_MAX_DEVICES; d++) {
         uint64_t b = p->dev[d].mem_bytes, used = u->devices[d].mem_used_bytes;
         u->devices[d].mem_used_bytes = used >= b ? used - b : 0;
@@ -265,6 +309,7 @@ static int ensure_slot_locked(void)
             if (!locked && live_fd >= 0)
                 continue;
             memset(p->dev, 0, sizeof p->dev);
+            memset(p->ctx_mib, 0, sizeof p->ctx_mib);
             p->start_time = self.start;
             p->pidns = self.pidns;
             p->flags = locked ? SG_ENTRY_LIVE_LOCK : 0;
@@ -787,21 +832,20 @@ int sg_ctx_admit(CUdevice dev, uint64_t bytes, int *idx_out, struct sg_err *e)
         goto out;
     }
     __atomic_fetch_add(&sg_usage_map->devices[idx].overhead_bytes, bytes, __ATOMIC_RELAXED);
+    slot_ctx_note_locked(&sg_usage_map->procs[slot], idx, (int64_t)(bytes >> 20));
     *idx_out = idx;
 out:
     usage_unlock();
     return rc;
 }
 
-/* Take bytes off overhead_bytes (never below 0: the agent may have replaced the estimate by a
- * smaller measurement). */
+/* One of our contexts ended: its estimate leaves the overhead and our slot's record. */
 static void ctx_credit_locked(int idx, uint64_t bytes)
 {
-    uint64_t *o = &sg_usage_map->devices[idx].overhead_bytes;
-    uint64_t old = __atomic_load_n(o, __ATOMIC_RELAXED), now;
-    do
-        now = old >= bytes ? old - bytes : 0;
-    while (!__atomic_compare_exchange_n(o, &old, now, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    overhead_credit_locked(idx, bytes);
+    int s = self_slot;
+    if (s >= 0 && (uint32_t)s < SG_MAX_PROCS && mine(&sg_usage_map->procs[s]))
+        slot_ctx_note_locked(&sg_usage_map->procs[s], idx, -(int64_t)(bytes >> 20));
 }
 
 void sg_ctx_credit(int idx, uint64_t bytes)

@@ -11,7 +11,7 @@ import ctypes
 import uuid as uuidlib
 
 ABI_MAJOR = 1
-ABI_MINOR = 8
+ABI_MINOR = 9
 
 MAGIC_LIMITS = 0x4D4C4753  # "SGLM"
 MAGIC_USAGE = 0x53554753  # "SGUS"
@@ -22,6 +22,7 @@ LIVE_LOCK_BASE = 1 << 40  # byte offset of entry 0's liveness lock in the region
 
 MAX_DEVICES = 16
 MAX_PROCS = 256
+SLOT_CTX_ENTRIES = 6  # SG_SLOT_CTX_ENTRIES: devices a slot remembers context memory for (1.9)
 TENANT_ID_LEN = 64
 
 LIMITS_FILE = "limits"
@@ -144,7 +145,7 @@ class UsageProc(ctypes.Structure):
         ("flags", u32),
         ("pad", u32),
         ("pidns", u64),
-        ("reserved", u8 * 24),
+        ("ctx_mib", u32 * SLOT_CTX_ENTRIES),  # (1.9) device index << 24 | MiB of its contexts
         ("dev", UsageProcDev * MAX_DEVICES),
     )
 

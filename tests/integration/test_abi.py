@@ -30,6 +30,7 @@ def _c_layout(tmp_path: Path) -> dict[str, int]:
         "SG_MAGIC_ARBITER",
         "SG_MAX_DEVICES",
         "SG_MAX_PROCS",
+        "SG_SLOT_CTX_ENTRIES",
         "SG_TENANT_ID_LEN",
         "SG_ARB_MAX_TENANTS",
         "SG_ARB_MAX_CLIENTS",
@@ -84,6 +85,7 @@ def test_constants_agree(tmp_path: Path) -> None:
     assert c["SG_MAGIC_ARBITER"] == abi.MAGIC_ARBITER
     assert c["SG_MAX_DEVICES"] == abi.MAX_DEVICES
     assert c["SG_MAX_PROCS"] == abi.MAX_PROCS
+    assert c["SG_SLOT_CTX_ENTRIES"] == abi.SLOT_CTX_ENTRIES
     assert c["SG_TENANT_ID_LEN"] == abi.TENANT_ID_LEN
     assert c["SG_ARB_MAX_TENANTS"] == abi.ARB_MAX_TENANTS
     assert c["SG_ARB_MAX_CLIENTS"] == abi.ARB_MAX_CLIENTS

@@ -690,6 +690,31 @@ def test_a_context_s_memory_is_refused_past_the_cap_and_given_back_when_it_ends(
     assert values["next"] == "312"
 
 
+def test_a_killed_process_s_context_memory_comes_back_without_an_agent(
+    sim_factory: Callable[..., Sim],
+) -> None:
+    """A process killed with SIGKILL runs no exit handler: the next process that needs the room
+    releases its slot, and takes its context's memory off the tenant's overhead as well as its
+    allocations (ABI 1.9: the slot records it). Without an agent nothing else would: on an H200
+    each killed process left its 518 MiB context charged to the tenant for good."""
+    sim = sim_factory(memory_mib=2048)
+    sim.config.write_text(json.dumps({"gpus": 1, "memory_mib": 2048, "context_overhead_mib": 200}))
+    tenant = sim.tenant("t", [512], gpus=[0])
+    env = sim.tenant_env(tenant)
+    probe = str(native.probe_path())
+    for _ in range(3):  # 200 + 256 fit the 512 only if each killed one's 200 + 256 came back
+        killed = subprocess.run(
+            [probe, "killself", "plain", "256M"], env=env, capture_output=True, timeout=60, check=False
+        )
+        assert killed.returncode == -9, killed.stdout
+    got = parse_kv(
+        subprocess.run(
+            [probe, "alloc", "plain", "256M"], env=env, capture_output=True, text=True, timeout=60, check=True
+        ).stdout
+    )[0]
+    assert got["alloc"] == "OK"
+
+
 def test_a_context_detached_to_its_end_gives_its_memory_back(sim_factory: Callable[..., Sim]) -> None:
     """cuCtxAttach and cuCtxDetach (deprecated; pycuda detaches at exit): the detach that drops
     a created context's usage count to zero destroys it, so its allocations and its own memory

@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 #define SG_ABI_MAJOR 1
-#define SG_ABI_MINOR 8 /* 1.1: the GPU arbiter region and the compute counters;
+#define SG_ABI_MINOR 9 /* 1.1: the GPU arbiter region and the compute counters;
                           1.2: predicted online arrivals (offline hold-back);
                           1.3: liveness locks and pid namespaces of entries, tenant
                                incarnations;
@@ -41,7 +41,10 @@
                                GPU runs unarbitrated until the agent replaces the region;
                           1.8: a stall of an online service is told from a changed pattern:
                                the learned period survives late requests (online_cand_*,
-                               online_stalls, online_relearns) */
+                               online_stalls, online_relearns);
+                          1.9: a process slot remembers its contexts' admitted memory
+                               (ctx_mib), so releasing the slot of a killed process takes it
+                               off overhead_bytes */
 
 #define SG_MAGIC_LIMITS 0x4d4c4753u  /* "SGLM" little-endian */
 #define SG_MAGIC_USAGE 0x53554753u   /* "SGUS" */
@@ -187,6 +190,8 @@ struct sg_usage_proc_dev {
 _Static_assert(sizeof(struct sg_usage_proc_dev) == 64, "usage proc dev size");
 
 /* One process slot (64 + 64 * SG_MAX_DEVICES bytes). */
+#define SG_SLOT_CTX_ENTRIES 6
+#define SG_SLOT_CTX_MIB_MAX ((1u << 24) - 1)
 struct sg_usage_proc {
     int32_t pid;           /* [lock] pid in the tenant's pid namespace; 0 = free slot */
     int32_t host_pid;      /* [atomic relaxed] W: agent.  pid in the host namespace, 0 unknown */
@@ -196,7 +201,12 @@ struct sg_usage_proc {
     uint32_t flags;        /* [lock] SG_ENTRY_* (1.3); 0: judged by pid + start time only */
     uint32_t pad;
     uint64_t pidns;        /* [lock] inode of the owner's pid namespace (1.3); 0 unknown */
-    uint8_t reserved[24];
+    uint32_t ctx_mib[SG_SLOT_CTX_ENTRIES]; /* [lock] (1.9) W: own shim.  What its live contexts
+                              were admitted into overhead_bytes, per device: entries
+                              index << 24 | MiB, 0 free.  Whoever releases the slot takes them
+                              off overhead_bytes (a killed process runs no exit handler).  A
+                              process with contexts on more devices leaves the rest to the
+                              agent's reconciler */
     struct sg_usage_proc_dev dev[SG_MAX_DEVICES];
 };
 _Static_assert(offsetof(struct sg_usage_proc, pid) == 0, "proc pid");
@@ -205,6 +215,7 @@ _Static_assert(offsetof(struct sg_usage_proc, start_time) == 8, "proc start_time
 _Static_assert(offsetof(struct sg_usage_proc, attached_ns) == 16, "proc attached_ns");
 _Static_assert(offsetof(struct sg_usage_proc, flags) == 24, "proc flags");
 _Static_assert(offsetof(struct sg_usage_proc, pidns) == 32, "proc pidns");
+_Static_assert(offsetof(struct sg_usage_proc, ctx_mib) == 40, "proc ctx_mib");
 _Static_assert(offsetof(struct sg_usage_proc, dev) == 64, "proc dev");
 _Static_assert(sizeof(struct sg_usage_proc) == 64 + 64 * SG_MAX_DEVICES, "usage proc size");
 
