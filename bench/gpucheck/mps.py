@@ -21,6 +21,23 @@ class PrivateMps:
     found: dict[str, Any] = field(default_factory=dict)  # what starting and stopping it showed
 
 
+def daemon_pids(pipe: Path) -> list[int]:
+    """The MPS control daemon's and servers' pids serving `pipe` (their environment names it)."""
+    wanted = f"{mps.PIPE_ENV}={pipe}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if not (proc / "comm").read_text().startswith("nvidia-cuda-mps"):
+                continue
+            if wanted in (proc / "environ").read_bytes().split(b"\0"):
+                found.append(int(proc.name))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return sorted(found)
+
+
 @contextlib.contextmanager
 def private_daemon(base: Path, env: dict[str, str]) -> Iterator[PrivateMps]:
     """Start `nvidia-cuda-mps-control -d` under `base`; `found["started"]` says whether it did
@@ -57,11 +74,16 @@ def private_daemon(base: Path, env: dict[str, str]) -> Iterator[PrivateMps]:
                     timeout=20,
                     check=False,
                 )
-            for _ in range(50):  # the daemon removes its pipe when it is gone
-                if not (pipe / "control").exists():
+            # The daemon leaves its pipe behind when it quits, so its being gone is judged by
+            # its processes: none left with this pipe directory in its environment.
+            for _ in range(50):
+                if not daemon_pids(pipe):
                     break
                 time.sleep(0.1)
-            daemon.found["stopped"] = not (pipe / "control").exists()
+            left = daemon_pids(pipe)
+            daemon.found["stopped"] = not left
+            if left:
+                daemon.found["left_running"] = left
         for name in ("control.log", "server.log"):
             if (log / name).exists():
                 daemon.found[f"{name}_tail"] = (log / name).read_text(errors="replace")[-600:]

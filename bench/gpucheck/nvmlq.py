@@ -53,6 +53,17 @@ def process_used(index: int = 0) -> dict[int, int]:
     return {int(p.pid): int(p.usedGpuMemory or 0) for p in procs}
 
 
+def clocks(index: int = 0) -> dict[str, float]:
+    """The SM clock (MHz) and the power drawn (W) now; {} where this NVML cannot say (the
+    simulated GPU)."""
+    h = handle(index)
+    sm = ask(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM)
+    power = ask(pynvml.nvmlDeviceGetPowerUsage, h)
+    if not isinstance(sm, int) or not isinstance(power, int):
+        return {}
+    return {"sm_mhz": float(sm), "power_w": power / 1000}
+
+
 def settings(index: int = 0) -> dict[str, Any]:
     """The GPU's settings that a check could change (and must leave as found)."""
     h = handle(index)

@@ -76,9 +76,13 @@ def test_the_driver_api_shows_the_vgpu_inside_a_tenant(gpu: RealGpu) -> None:
 
 
 def test_allocations_stop_at_the_cap_and_a_freed_chunk_fits_again(gpu: RealGpu) -> None:
-    got = gpu.probe("fill", "plain", "64M", env=gpu.tenant("t"))
+    got = gpu.probe("fill", "plain", "64M", "0.01", env=gpu.tenant("t"))
     assert got["error"] == "CUDA_ERROR_OUT_OF_MEMORY"
-    assert CAP_MIB * MIB - 64 * MIB < int(got["bytes"]) <= CAP_MIB * MIB
+    # The cap counts the context's own memory (about 520 MiB on an H200), so the allocations
+    # stop short of it by that much, and what the tenant holds reaches it.
+    held = int(got["total"]) - int(got["free"])
+    assert CAP_MIB * MIB - 2 * 64 * MIB < held <= CAP_MIB * MIB
+    assert 0 < int(got["bytes"]) < held
     assert got["refill"] == "OK"
 
 
@@ -101,7 +105,8 @@ def test_nvml_shows_the_vgpu_inside_and_the_card_outside(gpu: RealGpu) -> None:
         return int(proc.stdout.split()[-1])
 
     assert total(gpu.tenant("t")) == CAP_MIB * MIB
-    assert total(gpu.env) == gpu.total
+    # Outside, the card: NVML's total also counts what the driver reserves (616 MiB on an H200).
+    assert gpu.total <= total(gpu.env) <= gpu.total * 1.02
 
 
 @pytest.mark.timing
@@ -115,14 +120,16 @@ def test_kernels_and_graphs_run_their_time_under_a_compute_share(gpu: RealGpu, m
 
 
 def test_a_killed_process_gives_its_memory_back_to_the_tenant(gpu: RealGpu) -> None:
-    env = gpu.tenant("t")
+    # Each process's context takes some of the 2 GiB too, so two 1 GiB allocations fit one
+    # after the other only if the killed process's memory came back.
+    env = gpu.tenant("t", cap_mib=2048)
     proc = subprocess.run(
-        [str(native.probe_path()), "killself", "plain", "768M"],
+        [str(native.probe_path()), "killself", "plain", "1024M"],
         env=env,
         capture_output=True,
         timeout=60,
         check=False,
     )
     assert proc.returncode == -9
-    got = gpu.probe("alloc", "plain", "768M", env=env)
+    got = gpu.probe("alloc", "plain", "1024M", env=env)
     assert got["alloc"] == "OK"
