@@ -223,14 +223,28 @@ def processes_by_gpu() -> dict[str, list[GpuProcess]]:
 BUSY_WINDOW_S = 1.0
 
 
-def busy_by_pid(window_s: float = BUSY_WINDOW_S) -> dict[str, dict[int, float]]:
-    """Every GPU's processes with the share of the card (0-1) the GPU spent running their work
-    over the last `window_s` seconds (at most BUSY_WINDOW_S), from NVML's per-process utilization
-    samples: {uuid: {host pid: ratio}}. A GPU that does not report them, or that NVML cannot
-    query, is left out; one with no samples in the window maps to {}."""
+@dataclass(frozen=True)
+class GpuBusy:
+    """One GPU over the last window, as NVML saw it."""
+
+    card: float | None  # the share of the time the GPU ran any work (device utilization)
+    by_pid: dict[int, float]  # each process's share, from its samples (host pids)
+
+
+def gpu_busy(window_s: float = BUSY_WINDOW_S) -> dict[str, GpuBusy]:
+    """Every GPU's busy time over the last `window_s` seconds (at most BUSY_WINDOW_S): the card's
+    (NVML's device utilization, over its own sample period of 1/6 s to 1 s; None where it is
+    not supported) and each process's, from NVML's per-process utilization samples. A GPU that
+    reports no per-process samples, or that NVML cannot query, is left out; one with no samples
+    in the window maps to an empty `by_pid`.
+
+    The per-process figures overlap on a real GPU: a sample counts a process busy when any of
+    its work ran in the sample's period, so time-sliced processes add up to more than the card
+    (an H200 showed 49% and 60% for processes that did 29% and 69% of the work); the card's
+    figure does not."""
     since_us = int((time.time() - min(window_s, BUSY_WINDOW_S)) * 1e6)
 
-    def busy(_index: int, handle: object) -> tuple[str, dict[int, float]] | None:
+    def busy(_index: int, handle: object) -> tuple[str, GpuBusy] | None:
         uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
         try:
             samples = pynvml.nvmlDeviceGetProcessUtilization(handle, since_us)
@@ -238,15 +252,25 @@ def busy_by_pid(window_s: float = BUSY_WINDOW_S) -> dict[str, dict[int, float]]:
             samples = []
         except pynvml.NVMLError_NotSupported:
             return None
+        try:
+            card: float | None = min(int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu), 100) / 100
+        except pynvml.NVMLError:
+            card = None
         # Several samples of one process (one per sampling period): their mean.
         per_pid: dict[int, list[int]] = {}
         for sample in samples:
             per_pid.setdefault(int(sample.pid), []).append(int(sample.smUtil))
-        return uuid, {pid: min(sum(v) / len(v), 100.0) / 100 for pid, v in per_pid.items()}
+        return uuid, GpuBusy(card, {pid: min(sum(v) / len(v), 100.0) / 100 for pid, v in per_pid.items()})
 
     with nvml():
         listed, _ = _each_gpu(busy)
     return dict(row for row in listed if row is not None)
+
+
+def busy_by_pid(window_s: float = BUSY_WINDOW_S) -> dict[str, dict[int, float]]:
+    """Every GPU's processes with their share of the card (0-1) over the last `window_s`
+    seconds: {uuid: {host pid: ratio}} (gpu_busy without the card's figure)."""
+    return {uuid: busy.by_pid for uuid, busy in gpu_busy(window_s).items()}
 
 
 def select_gpus(selectors: list[GpuSelector], gpus: list[Gpu]) -> list[Gpu]:

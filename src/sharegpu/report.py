@@ -39,7 +39,7 @@ from typing import TypeVar
 
 from sharegpu import abi, liveness
 from sharegpu.arbiter import ArbiterStatus, arbiter_path, iter_arbiters, read_arbiter
-from sharegpu.devices import BUSY_WINDOW_S, busy_by_pid
+from sharegpu.devices import BUSY_WINDOW_S, GpuBusy, gpu_busy
 from sharegpu.errors import ConfigError, DeviceError, SpecError
 from sharegpu.tenant import (
     ProcessUsage,
@@ -165,10 +165,11 @@ def charge_rates(
     return rates
 
 
-def measure_busy(window_s: float) -> dict[str, dict[int, float]] | None:
-    """NVML's per-process GPU time over the window, or None when NVML does not answer."""
+def measure_busy(window_s: float) -> dict[str, GpuBusy] | None:
+    """NVML's GPU time over the window, each card's and its processes', or None when NVML does
+    not answer."""
     try:
-        return busy_by_pid(window_s)
+        return gpu_busy(window_s)
     except DeviceError:
         return None
 
@@ -299,5 +300,5 @@ def node_report(
                 )
         reports.append(report)
     if busy_window_s is not None and (busy := measure_busy(busy_window_s)) is not None:
-        _attribute_busy(reports, busy)
+        _attribute_busy(reports, {uuid: gpu.by_pid for uuid, gpu in busy.items()})
     return reports

@@ -3,7 +3,14 @@
 
 from __future__ import annotations
 
-from sharegpu.agent.busy import UNCHARGED_RATIO, UNCHARGED_SECONDS, Crosscheck, charges_at, crosscheck
+from sharegpu.agent.busy import (
+    UNCHARGED_RATIO,
+    UNCHARGED_SECONDS,
+    Crosscheck,
+    charges_at,
+    crosscheck,
+    uncharged_suspect,
+)
 from sharegpu.report import charge_rates
 
 A = ("a", 1, "GPU-0")
@@ -34,9 +41,11 @@ def test_the_rate_is_never_more_than_the_card_nor_measured_over_no_time() -> Non
 
 
 def _run(pairs: list[tuple[float, float]]) -> list[str | None]:
+    """One tenant alone on its GPU, second after second: (NVML's share, its charges' rate)."""
     state, verdicts = Crosscheck(), []
     for nvml, charged in pairs:
-        state, verdict = crosscheck(state, nvml, charged)
+        suspect = uncharged_suspect(nvml, {A: (nvml, charged)})  # the card: its one tenant
+        state, verdict = crosscheck(state, suspect == A)
         verdicts.append(verdict)
     return verdicts
 
@@ -57,6 +66,28 @@ def test_seconds_of_noise_between_nvml_and_the_charges_report_nothing() -> None:
     assert _run(noisy * 4) == [None] * (UNCHARGED_SECONDS * 4)
     assert _run([(0.5 + UNCHARGED_RATIO, 0.5)] * 10) == [None] * 10  # at the margin: not past it
     assert _run([(0.0, 0.7)] * 10) == [None] * 10  # charged more than NVML saw: not this check's
+
+
+def test_overlapping_per_process_figures_of_a_real_gpu_accuse_nobody() -> None:
+    # An H200 under sharegpu (make gpu-check, shares-probe): the tenants' work got 29.3/68.6 and
+    # 9.8/89.3 of the card, NVML's per-process figures said 49/60 and 40/81 (scaled to the card,
+    # as busy_by_tenant does), the card ran 98%.
+    for nvml, charged in (((0.49, 0.60), (0.293, 0.686)), ((0.40, 0.81), (0.098, 0.893))):
+        scale = min(1.0, 1 / sum(nvml))
+        tenants = {A: (nvml[0] * scale, charged[0]), B: (nvml[1] * scale, charged[1])}
+        assert uncharged_suspect(0.98, tenants) is None
+        assert uncharged_suspect(None, tenants) == A  # without the card's figure it would accuse
+
+
+def test_the_tenant_whose_work_no_charge_accounts_for_is_the_suspect() -> None:
+    # It zeroes its charges (test_accounting.py does it for real): the card ran 99%, the
+    # tenants account for the honest one's half.
+    tenants = {A: (0.49, 0.0), B: (0.50, 0.50)}
+    assert uncharged_suspect(0.99, tenants) == A
+    # A native tenant's GPU time is NVML's: it accounts for the card's time, and is never accused.
+    native = ("n", 1, "GPU-0")
+    assert uncharged_suspect(0.99, {B: (0.45, 0.45), native: (0.54, None)}) is None
+    assert uncharged_suspect(0.99, {native: (0.99, None)}) is None
 
 
 def test_the_charge_a_second_ago_is_read_between_the_ticks_around_it() -> None:

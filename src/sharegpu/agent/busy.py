@@ -11,10 +11,15 @@ start time). From the two it keeps, per (tenant, incarnation, GPU):
 - the GPU time since the agent started (``sharegpu_tenant_gpu_busy_seconds_total``, the API's
   ``gpu_time_seconds``) and NVML's own total beside it (``..._gpu_nvml_seconds_total``).
 
-The cross-check: an arbitrated tenant that NVML sees running well past what it was charged, second
-after second, launches around the arbiter (a driver reached past the shim) or rewrites its charges
-in the region it can write. ``crosscheck`` decides; the loop reports ``audit.compute_uncharged``
-once when it starts and once, ``cleared``, when it ends (the threat model: docs/architecture.md).
+The cross-check: a tenant that launches around the arbiter (a driver reached past the shim) or
+rewrites its charges in the region it can write leaves GPU time that no charge accounts for. NVML's
+per-process figures cannot show that tenant by themselves: on a real GPU they overlap (an H200
+showed 49% and 60% for two tenants charged 29% and 69%, which is what their work got). The card's
+own figure does not overlap, so the check is per GPU: when the card ran, second after second, well
+past what its tenants account for (their charges; NVML's figure for a ``native`` tenant), the
+arbitrated tenant furthest past its charges is the one reported. ``uncharged_suspect`` and
+``crosscheck`` decide; the loop reports ``audit.compute_uncharged`` once when it starts and once,
+``cleared``, when it ends (the threat model: docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -30,26 +35,46 @@ from sharegpu.agent.events import Event
 from sharegpu.devices import BUSY_WINDOW_S
 from sharegpu.report import ChargeKey, GpuTime, busy_by_tenant, charge_rates, measure_busy, read_charges
 
-# NVML past the charges by this much of the card, for this many consecutive seconds: reported.
-# NVML's one-second samples and the charges' quantum boundaries differ by a few points from one
-# second to the next (a 10 ms quantum is one point); a tenant that ran half its work around the
-# arbiter is far past it, every second.
+# A card busy past what its tenants account for by this much of it, with a tenant as far past its
+# charges, for this many consecutive seconds: reported. NVML's one-second figures and the charges'
+# quantum boundaries differ by a few points from one second to the next (a 10 ms quantum is one
+# point); work run around the arbiter is far past it, every second.
 UNCHARGED_RATIO = 0.10
 UNCHARGED_SECONDS = 3
 
 
 @dataclass(frozen=True)
 class Crosscheck:
-    """A tenant's run of seconds with NVML past its charges."""
+    """A tenant's run of seconds as the GPU's suspect."""
 
-    seconds: int = 0  # consecutive seconds past UNCHARGED_RATIO
+    seconds: int = 0  # consecutive seconds as the suspect
     reported: bool = False
 
 
-def crosscheck(state: Crosscheck, nvml: float, charged: float) -> tuple[Crosscheck, str | None]:
-    """One second's verdict: the new state and "started", "cleared" or None (nothing to report).
-    Pure: the loop passes NVML's and the charges' shares of the same second."""
-    if nvml - charged > UNCHARGED_RATIO:
+def uncharged_suspect(
+    card: float | None, tenants: Mapping[ChargeKey, tuple[float, float | None]]
+) -> ChargeKey | None:
+    """The tenant of one GPU that this second points at, or None. `tenants`: each tenant's
+    (NVML's share, the charges' rate; None for a native tenant, which the arbiter does not
+    charge); `card`: NVML's busy share of the card (None: unknown, then only the tenants'
+    figures are weighed). Pure."""
+    excess = {key: nvml - charged for key, (nvml, charged) in tenants.items() if charged is not None}
+    if not excess:
+        return None
+    worst = max(excess, key=lambda key: excess[key])
+    if excess[worst] <= UNCHARGED_RATIO:
+        return None
+    if card is not None:
+        accounted = sum(charged if charged is not None else nvml for nvml, charged in tenants.values())
+        if card - accounted <= UNCHARGED_RATIO:
+            return None  # the card's time is accounted for: NVML's per-process figures overlapped
+    return worst
+
+
+def crosscheck(state: Crosscheck, suspected: bool) -> tuple[Crosscheck, str | None]:
+    """One second's verdict for a tenant: the new state and "started", "cleared" or None
+    (nothing to report). Pure."""
+    if suspected:
         seconds = state.seconds + 1
         if not state.reported and seconds >= UNCHARGED_SECONDS:
             return Crosscheck(seconds, True), "started"
@@ -109,9 +134,10 @@ class BusyMeter:
         rates = charge_rates(previous[1], charged, elapsed) if previous is not None else {}
         # NVML answers for at most its window: a late tick counts the last window's rate for
         # the whole gap rather than nothing.
-        busy = measure_busy(min(elapsed, BUSY_WINDOW_S))
-        nvml = busy_by_tenant(self.root, busy) if busy and any(busy.values()) else {}
-        events = []
+        busy = measure_busy(min(elapsed, BUSY_WINDOW_S)) or {}
+        by_pid = {uuid: gpu.by_pid for uuid, gpu in busy.items()}
+        nvml = busy_by_tenant(self.root, by_pid) if any(by_pid.values()) else {}
+        figures: dict[str, dict[ChargeKey, tuple[float, float | None]]] = {}  # per GPU
         with self._lock:
             for key in set(rates) | set(nvml) | set(self._times):
                 old = self._times.get(key)
@@ -128,12 +154,20 @@ class BusyMeter:
                     seconds=(old.seconds if old else 0.0) + ratio * elapsed,
                     nvml_seconds=(old.nvml_seconds if old else 0.0) + seen * elapsed,
                 )
+                figures.setdefault(key[2], {})[key] = (seen, rate)
+        events = []
+        for uuid, tenants in figures.items():
+            card = busy[uuid].card if uuid in busy else None
+            suspect = uncharged_suspect(card, tenants)
+            for key, (seen, rate) in tenants.items():
                 if rate is not None:
-                    events += self._check(key, seen, rate)
+                    events += self._check(key, seen, rate, card, suspected=key == suspect)
         return events
 
-    def _check(self, key: ChargeKey, nvml: float, charged: float) -> list[Event]:
-        state, verdict = crosscheck(self._checks.get(key, Crosscheck()), nvml, charged)
+    def _check(
+        self, key: ChargeKey, nvml: float, charged: float, card: float | None, *, suspected: bool
+    ) -> list[Event]:
+        state, verdict = crosscheck(self._checks.get(key, Crosscheck()), suspected)
         if state == Crosscheck():
             self._checks.pop(key, None)
         else:
@@ -159,6 +193,7 @@ class BusyMeter:
                     "incarnation": incarnation,
                     "nvml_ratio": round(nvml, 4),
                     "charged_ratio": round(charged, 4),
+                    "card_ratio": None if card is None else round(card, 4),
                     "cleared": cleared,
                 },
             )
