@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 
 from conftest import Sim, parse_kv
-from sharegpu import abi, native
+from sharegpu import native
 from sharegpu.arbiter import arbiter_path, ensure_arbiter, read_arbiter
+from sharegpu.regions import abi
 from sharegpu.spec import MIB
 from sharegpu.tenant import DeviceLimit, create_tenant
 

@@ -6,8 +6,13 @@
  * the waiter), and the lock's EOWNERDEAD repair is the shim's.  The agent has no client entry
  * of its own.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../shim/arbregion.h"
@@ -79,4 +84,41 @@ int sga_arbiter_reap(const char *path, struct sga_arb_reaped *out, int cap,
     pthread_mutex_unlock(&agent_mu);
     sga_unmap(m, sizeof *a);
     return n;
+}
+
+int sga_arbiter_check(const char *path, const uint8_t uuid[16], char err[SGA_ERR_LEN])
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) {
+        sga_error(err, "%s: %s", path, strerror(errno));
+        return errno == ENOENT ? SGA_ARB_MISSING : -1;
+    }
+    /* A copy, not a mapping: a file shorter than the region is judged, not faulted on. */
+    struct sg_arbiter *a = calloc(1, sizeof *a);
+    struct stat st;
+    ssize_t got = -1;
+    if (a && fstat(fd, &st) == 0)
+        got = pread(fd, a, sizeof *a, 0);
+    int saved = errno;
+    close(fd);
+    if (!a || got < 0 || !S_ISREG(st.st_mode)) {
+        free(a);
+        return sga_error(err, "%s: %s", path, got < 0 ? strerror(saved) : "not a regular file");
+    }
+    struct sg_err e;
+    sg_err_clear(&e);
+    int rc = sg_arb_region_problem(a, (uint64_t)st.st_size, uuid, path, &e);
+    if (rc == 0 && sg_arb_region_broken(a)) {
+        sg_fail(&e, SG_E_CONFIG,
+                "%s: a process held its lock past %llu ms (%llu lock attempts gave up); the GPU "
+                "runs unarbitrated",
+                path, (unsigned long long)(SG_ARB_LOCK_DEADLINE_NS / 1000000),
+                (unsigned long long)a->lock_timeouts);
+        rc = -1;
+    }
+    free(a);
+    if (rc == 0)
+        return SGA_ARB_USABLE;
+    snprintf(err, SGA_ERR_LEN, "%s", e.msg);
+    return rc > 0 ? SGA_ARB_OTHER_ABI : SGA_ARB_DAMAGED;
 }

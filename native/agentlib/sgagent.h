@@ -18,7 +18,7 @@
  * host_pid when the agent has filled it in, else by pid; both must be in the agent's pid
  * namespace.
  *
- * Mirrored with ctypes in src/sharegpu/agent/regions.py.
+ * Mirrored with ctypes in src/sharegpu/regions/agentlib.py.
  */
 #ifndef SHAREGPU_SGAGENT_H
 #define SHAREGPU_SGAGENT_H
@@ -78,5 +78,27 @@ SGA_EXPORT int sga_usage_swap_overhead(const char *path, int idx, uint64_t expec
  * sg_arb_reap_and_pick_locked).  Up to cap freed entries are described in out. */
 SGA_EXPORT int sga_arbiter_reap(const char *path, struct sga_arb_reaped *out, int cap,
                                 struct sga_arb_result *res, char err[SGA_ERR_LEN]);
+
+/* Would a shim refuse the arbiter region at path for GPU uuid (16 bytes)?  The shim's own rule
+ * (shim/arbregion.c sg_arb_region_problem: header, size, slot counts, GPU, quantum, a robust
+ * process-shared mutex), plus a region marked broken (ABI 1.7), which the agent replaces.
+ * SGA_ARB_USABLE; SGA_ARB_MISSING (no file); SGA_ARB_OTHER_ABI (a newer sharegpu wrote it: not
+ * damage); SGA_ARB_DAMAGED; -1 when it cannot be read.  err says why for all but USABLE. */
+#define SGA_ARB_USABLE 0
+#define SGA_ARB_MISSING 1
+#define SGA_ARB_OTHER_ABI 2
+#define SGA_ARB_DAMAGED 3
+SGA_EXPORT int sga_arbiter_check(const char *path, const uint8_t uuid[16], char err[SGA_ERR_LEN]);
+
+/* The shim's liveness test (shim/live.c sg_entry_alive) of entry `index` of the region at
+ * path, which names pid with its start time and pid namespace and has the entry flags `flags`:
+ * its liveness lock when it has one, else its pid and start time, judged only from the pid
+ * namespace that wrote them (elsewhere: alive, never guessed dead).  1 alive, 0 dead. */
+SGA_EXPORT int sga_entry_alive(const char *path, uint32_t index, uint32_t flags, uint64_t pidns,
+                               int32_t pid, uint64_t start);
+
+/* Field 22 of /proc/<pid>/stat (clock ticks after boot) in *start: 0 read, -1 no such process
+ * (or only its zombie), 1 cannot tell (not allowed to read it). */
+SGA_EXPORT int sga_start_time(int32_t pid, uint64_t *start);
 
 #endif /* SHAREGPU_SGAGENT_H */

@@ -243,32 +243,9 @@ static int open_region(struct sg_gpu *g, struct sg_err *e)
     close(fd);
     if (a == MAP_FAILED)
         return sg_fail(e, SG_E_CONFIG, "%s: cannot map: %s", path, strerror(errno));
-    int rc = 0;
-    uint64_t q = __atomic_load_n(&a->quantum_ns, __ATOMIC_RELAXED);
-    if (a->hdr.magic != SG_MAGIC_ARBITER)
-        rc = sg_fail(e, SG_E_CONFIG, "%s: bad magic 0x%08x (not a sharegpu arbiter region)", path,
-                     a->hdr.magic);
-    else if (a->hdr.abi_major != SG_ABI_MAJOR)
-        rc = sg_fail(e, SG_E_CONFIG, "%s: ABI %u.%u, this shim speaks %d.x", path,
-                     a->hdr.abi_major, a->hdr.abi_minor, SG_ABI_MAJOR);
-    else if (a->hdr.total_size < sizeof *a)
-        rc = sg_fail(e, SG_E_CONFIG, "%s: region is %u bytes, need %zu", path, a->hdr.total_size,
-                     sizeof *a);
-    else if (a->tenant_slots != SG_ARB_MAX_TENANTS || a->client_slots != SG_ARB_MAX_CLIENTS)
-        rc = sg_fail(e, SG_E_CONFIG, "%s: %u tenant / %u client slots, expected %d / %d", path,
-                     a->tenant_slots, a->client_slots, SG_ARB_MAX_TENANTS, SG_ARB_MAX_CLIENTS);
-    else if (memcmp(a->uuid, alim.devices[g->idx].uuid, 16) != 0)
-        rc = sg_fail(e, SG_E_CONFIG, "%s: the region belongs to another GPU", path);
-    else if (q < SG_ARB_MIN_QUANTUM_NS || q > SG_ARB_MAX_QUANTUM_NS)
-        rc = sg_fail(e, SG_E_CONFIG, "%s: quantum %llu ns out of range", path,
-                     (unsigned long long)q);
-#ifdef __GLIBC__
-    else if ((__atomic_load_n(&a->lock.mutex.__data.__kind, __ATOMIC_RELAXED) & (16 | 128)) !=
-             (16 | 128))
-        rc = sg_fail(e, SG_E_CONFIG,
-                     "%s: the arbiter mutex is not initialised as robust and process-shared",
-                     path);
-#endif
+    int rc = sg_arb_region_problem(a, (uint64_t)st.st_size, alim.devices[g->idx].uuid, path, e);
+    if (rc > 0)
+        rc = SG_E_CONFIG; /* another ABI major: refused all the same */
     if (rc < 0) {
         munmap(a, sizeof *a);
         return rc;

@@ -137,6 +137,42 @@ static void repair_locked(struct sg_arbiter *a)
     a->recoveries++;
 }
 
+int sg_arb_region_problem(const struct sg_arbiter *a, uint64_t file_size, const uint8_t uuid[16],
+                          const char *path, struct sg_err *e)
+{
+    if (file_size < sizeof(struct sg_region_header))
+        return sg_fail(e, SG_E_CONFIG, "%s: truncated (%llu bytes)", path,
+                       (unsigned long long)file_size);
+    if (a->hdr.magic != SG_MAGIC_ARBITER)
+        return sg_fail(e, SG_E_CONFIG, "%s: not a sharegpu arbiter region (bad magic 0x%x)", path,
+                       a->hdr.magic);
+    if (a->hdr.abi_major != SG_ABI_MAJOR) {
+        sg_fail(e, SG_E_CONFIG, "%s: ABI %u.%u, this is %d.x", path, a->hdr.abi_major,
+                a->hdr.abi_minor, SG_ABI_MAJOR);
+        return 1;
+    }
+    if (file_size < sizeof *a || a->hdr.total_size < sizeof *a)
+        return sg_fail(e, SG_E_CONFIG, "%s: truncated (%llu of %zu bytes)", path,
+                       (unsigned long long)file_size, sizeof *a);
+    if (a->tenant_slots != SG_ARB_MAX_TENANTS || a->client_slots != SG_ARB_MAX_CLIENTS)
+        return sg_fail(e, SG_E_CONFIG, "%s: %u tenant / %u client slots, expected %d / %d", path,
+                       a->tenant_slots, a->client_slots, SG_ARB_MAX_TENANTS, SG_ARB_MAX_CLIENTS);
+    if (memcmp(a->uuid, uuid, 16) != 0)
+        return sg_fail(e, SG_E_CONFIG, "%s: the region belongs to another GPU", path);
+    uint64_t q = __atomic_load_n(&a->quantum_ns, __ATOMIC_RELAXED);
+    if (q < SG_ARB_MIN_QUANTUM_NS || q > SG_ARB_MAX_QUANTUM_NS)
+        return sg_fail(e, SG_E_CONFIG, "%s: quantum %llu ns out of range", path,
+                       (unsigned long long)q);
+#ifdef __GLIBC__
+    if ((__atomic_load_n(&a->lock.mutex.__data.__kind, __ATOMIC_RELAXED) & (16 | 128)) !=
+        (16 | 128))
+        return sg_fail(e, SG_E_CONFIG,
+                       "%s: the arbiter mutex is not initialised as robust and process-shared",
+                       path);
+#endif
+    return 0;
+}
+
 bool sg_arb_region_broken(const struct sg_arbiter *a)
 {
     return __atomic_load_n(&a->broken_since_ns, __ATOMIC_ACQUIRE) != 0;

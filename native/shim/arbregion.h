@@ -32,6 +32,12 @@ extern uint64_t sg_arb_last_reap_ns;
  * is marked broken).  Repairs it after a dead holder (EOWNERDEAD). */
 int sg_arb_lock(struct sg_arbiter *a);
 void sg_arb_unlock(struct sg_arbiter *a);
+/* Why a process refuses the arbiter region `a` (file_size bytes of its file mapped or read) of
+ * GPU uuid: 0 usable; 1 written by another ABI major (a newer sharegpu: not damage); < 0
+ * damaged.  Either refusal fills e.  The shim's processes and the agent (sga_arbiter_check)
+ * judge a region by this one rule. */
+int sg_arb_region_problem(const struct sg_arbiter *a, uint64_t file_size, const uint8_t uuid[16],
+                          const char *path, struct sg_err *e);
 /* The region was marked broken: nothing of it is to be changed any more. */
 bool sg_arb_region_broken(const struct sg_arbiter *a);
 /* Is client entry cl this process's own? */

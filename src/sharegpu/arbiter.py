@@ -30,9 +30,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypedDict, Unpack
 
-from sharegpu import abi, access, regionmap
+from sharegpu import access
 from sharegpu.errors import ConfigError, SpecError, TenantError
-from sharegpu.tenant import init_robust_mutex, publish_region
+from sharegpu.regions import abi, agentlib
+from sharegpu.regions.files import (
+    header_problem,
+    init_robust_mutex,
+    mapped_region,
+    new_header,
+    publish_region,
+)
 
 LOCK_FILE = ".lock"
 
@@ -200,14 +207,7 @@ def _gpus_lock(gpus: Path) -> Iterator[None]:
 def _init_region(view: mmap.mmap, uuid: str, quantum_ns: int) -> None:
     region = abi.Arbiter.from_buffer(view)
     size = ctypes.sizeof(abi.Arbiter)
-    region.hdr = abi.RegionHeader(
-        magic=abi.MAGIC_ARBITER,
-        abi_major=abi.ABI_MAJOR,
-        abi_minor=abi.ABI_MINOR,
-        header_size=ctypes.sizeof(abi.RegionHeader),
-        total_size=size,
-        created_ns=time.time_ns(),
-    )
+    region.hdr = new_header(abi.MAGIC_ARBITER, size)
     region.uuid[:] = abi.uuid_to_bytes(uuid)
     region.tenant_slots = abi.ARB_MAX_TENANTS
     region.client_slots = abi.ARB_MAX_CLIENTS
@@ -218,47 +218,16 @@ def _init_region(view: mmap.mmap, uuid: str, quantum_ns: int) -> None:
     del region  # release the buffer export before the mmap closes
 
 
-# glibc's pthread_mutex_t: __kind (int) at byte 16; PTHREAD_MUTEX_ROBUST_NORMAL_NP (16) and
-# PTHREAD_MUTEX_PSHARED_BIT (128) set by pthread_mutex_init for a robust, process-shared mutex.
-_MUTEX_KIND_AT = 16
-_MUTEX_ROBUST_PSHARED = 16 | 128
-
-
-def _problem(data: bytes, path: Path, uuid: str, *, shim_checks: bool) -> tuple[str, bool] | None:
-    """What is wrong with region bytes `data`: (message, damaged), or None.  `damaged` is False
-    for a region of another ABI major (a newer sharegpu wrote it, not damage).  With
-    `shim_checks`, everything open_region in native/shim/arbiter.c refuses; without, the header
-    and the GPU only (what creation checks of an existing region)."""
+def _problem(data: bytes, path: Path, uuid: str) -> tuple[str, bool] | None:
+    """What creation checks of an existing region: its header and its GPU. (message, damaged),
+    or None; a region of another ABI major is not damage (a newer sharegpu wrote it). The
+    shim's full rule is agentlib.arbiter_problem."""
     size = ctypes.sizeof(abi.Arbiter)
-    if len(data) < ctypes.sizeof(abi.RegionHeader):
-        return f"{path}: truncated ({len(data)} bytes)", True
-    hdr = abi.RegionHeader.from_buffer_copy(data)
-    if hdr.magic != abi.MAGIC_ARBITER:
-        return f"{path}: not a sharegpu arbiter region (bad magic {hdr.magic:#x})", True
-    if hdr.abi_major != abi.ABI_MAJOR:
-        return f"{path}: ABI {hdr.abi_major}.{hdr.abi_minor}, this is {abi.ABI_MAJOR}.x", False
-    if len(data) < size or hdr.total_size < size:
-        return f"{path}: truncated ({len(data)} of {size} bytes)", True
+    if (problem := header_problem(data, abi.MAGIC_ARBITER, size, path, "arbiter")) is not None:
+        return problem
     region = abi.Arbiter.from_buffer_copy(data[:size])
     if bytes(region.uuid) != abi.uuid_to_bytes(uuid):
         return f"{path}: the region belongs to {abi.bytes_to_uuid(bytes(region.uuid))}", True
-    if not shim_checks:
-        return None
-    if (region.tenant_slots, region.client_slots) != (abi.ARB_MAX_TENANTS, abi.ARB_MAX_CLIENTS):
-        return f"{path}: {region.tenant_slots} tenant / {region.client_slots} client slots", True
-    quantum = TUNABLES["quantum_ns"]
-    if not quantum.low <= region.quantum_ns <= quantum.high:
-        return f"{path}: quantum {region.quantum_ns} ns out of range", True
-    if region.broken_since_ns:
-        deadline_ms = abi.ARB_LOCK_DEADLINE_NS // 1_000_000
-        return (
-            f"{path}: a process held its lock past {deadline_ms} ms "
-            f"({region.lock_timeouts} lock attempts gave up); the GPU runs unarbitrated",
-            True,
-        )
-    at = abi.Arbiter.lock.offset + _MUTEX_KIND_AT
-    if int.from_bytes(data[at : at + 4], "little") & _MUTEX_ROBUST_PSHARED != _MUTEX_ROBUST_PSHARED:
-        return f"{path}: the arbiter mutex is not initialised as robust and process-shared", True
     return None
 
 
@@ -267,21 +236,15 @@ def _validate(path: Path, uuid: str) -> None:
         data = path.read_bytes()
     except OSError as err:
         raise ConfigError(f"{path}: {err.strerror}") from err
-    if (problem := _problem(data, path, uuid, shim_checks=False)) is not None:
+    if (problem := _problem(data, path, uuid)) is not None:
         raise ConfigError(problem[0])
 
 
 def arbiter_damage(path: Path, uuid: str) -> str | None:
-    """Why the shim would refuse this region (its own checks, open_region in
-    native/shim/arbiter.c), or None when it is usable or missing.  A region of another ABI major
-    is not damage (a newer sharegpu wrote it): None."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as err:
-        return f"{path}: {err.strerror}"
-    problem = _problem(data, path, uuid, shim_checks=True)
+    """Why the shim would refuse this region (its own rule, run in libsgagent.so:
+    shim/arbregion.c sg_arb_region_problem), or that it is marked broken; None when it is usable
+    or missing. A region of another ABI major is not damage (a newer sharegpu wrote it): None."""
+    problem = agentlib.arbiter_problem(path, uuid)
     return problem[0] if problem is not None and problem[1] else None
 
 
@@ -413,11 +376,9 @@ def _validate_header_only(path: Path) -> None:
             raw = f.read(ctypes.sizeof(abi.RegionHeader))
     except OSError as err:
         raise ConfigError(f"{path}: {err.strerror}") from err
-    if len(raw) < ctypes.sizeof(abi.RegionHeader):
-        raise ConfigError(f"{path}: truncated")
-    hdr = abi.RegionHeader.from_buffer_copy(raw)
-    if hdr.magic != abi.MAGIC_ARBITER or hdr.abi_major != abi.ABI_MAJOR:
-        raise ConfigError(f"{path}: not a sharegpu {abi.ABI_MAJOR}.x arbiter region")
+    header = ctypes.sizeof(abi.RegionHeader)
+    if (problem := header_problem(raw, abi.MAGIC_ARBITER, header, path, "arbiter")) is not None:
+        raise ConfigError(problem[0])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -524,17 +485,8 @@ _CLIENTS_AT = abi.Arbiter.clients.offset + abi.ArbClient.pid.offset
 
 def read_arbiter(path: Path) -> ArbiterStatus:
     """Read an arbiter region (validated: magic, ABI major, size)."""
-    data = regionmap.mapped(path)
     size = ctypes.sizeof(abi.Arbiter)
-    if len(data) < ctypes.sizeof(abi.RegionHeader):
-        raise ConfigError(f"{path}: truncated ({len(data)} bytes)")
-    hdr = abi.RegionHeader.from_buffer_copy(data)
-    if hdr.magic != abi.MAGIC_ARBITER:
-        raise ConfigError(f"{path}: not a sharegpu arbiter region (bad magic {hdr.magic:#x})")
-    if hdr.abi_major != abi.ABI_MAJOR:
-        raise ConfigError(f"{path}: ABI {hdr.abi_major}.{hdr.abi_minor}, this is {abi.ABI_MAJOR}.x")
-    if len(data) < size or hdr.total_size < size:
-        raise ConfigError(f"{path}: truncated ({len(data)} of {size} bytes)")
+    data = mapped_region(path, abi.MAGIC_ARBITER, size, "arbiter")
     region = abi.Arbiter.from_buffer_copy(data)
     # Walk only the occupied entries (most of the 64 + 256 are empty): found with numpy.
     import numpy as np  # here, not at the top: the CDI hooks import this module and never call this

@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from sharegpu import abi, liveness
 from sharegpu.arbiter import ArbiterStatus, arbiter_path, iter_arbiters, read_arbiter
 from sharegpu.devices import BUSY_WINDOW_S, GpuBusy, gpu_busy
 from sharegpu.errors import ConfigError, DeviceError, SpecError
+from sharegpu.regions import abi, liveness
 from sharegpu.tenant import (
     ProcessUsage,
     is_stale,

@@ -26,7 +26,6 @@ import pytest
 
 from conftest import REPO, Sim, python
 from kubeletutil import FakeKubelet, PluginClient
-from sharegpu import abi
 from sharegpu.devices import Gpu
 from sharegpu.errors import DeviceError
 from sharegpu.kube.assignment import AssignedContainer, AssignedGpu, Assignment
@@ -35,6 +34,7 @@ from sharegpu.kube.deviceplugin.registration import Registrar
 from sharegpu.kube.deviceplugin.service import DevicePluginService
 from sharegpu.kube.deviceplugin.slots import Inventory
 from sharegpu.kube.request import ANNOTATION_ALLOCATED, ANNOTATION_ASSIGNMENT, run_as_user
+from sharegpu.regions import abi
 from sharegpu.spec import MIB
 from sharegpu.tenant import iter_tenants, read_device_limits, read_meta, tenant_path
 

@@ -24,12 +24,12 @@ from apiserver_standin import ApiServerStandIn
 from conftest import Sim, wait_for
 from kubeletutil import FakeKubelet
 from kubeobjects import pod
-from sharegpu import abi
 from sharegpu.kube.bindings import ApiBinder
 from sharegpu.kube.deviceplugin.allocate import tenant_name
 from sharegpu.kube.extender import Extender
 from sharegpu.kube.extender.sync import ClusterSync
 from sharegpu.kube.request import ANNOTATION_ALLOCATED
+from sharegpu.regions import abi
 from sharegpu.spec import MIB
 from sharegpu.tenant import read_device_limits, tenant_path
 

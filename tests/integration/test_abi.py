@@ -6,7 +6,7 @@ import ctypes
 import subprocess
 from pathlib import Path
 
-from sharegpu import abi
+from sharegpu.regions import abi
 
 INCLUDE = Path(__file__).resolve().parents[2] / "native" / "include"
 

@@ -323,7 +323,7 @@ def test_tenants_in_their_own_pid_namespaces_are_told_apart(sim: Sim) -> None:
 
 def _keep_charge_at_zero(path: Path, tenant: str, stop: threading.Event) -> None:
     """What a tenant may do to the arbiter region it can write: keep its own charge at zero."""
-    from sharegpu import abi
+    from sharegpu.regions import abi
 
     size = ctypes.sizeof(abi.ArbTenant)
     with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as region:

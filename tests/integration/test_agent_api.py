@@ -19,7 +19,8 @@ import pytest
 
 from agentutil import Agent
 from conftest import Sim, parse_kv
-from sharegpu import abi, native
+from sharegpu import native
+from sharegpu.regions import abi
 from sharegpu.spec import MIB
 from sharegpu.tenant import read_limits
 

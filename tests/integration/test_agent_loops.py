@@ -24,8 +24,7 @@ import pytest
 
 from agentutil import Agent
 from conftest import REPO, Sim, parse_kv
-from sharegpu import abi, mps, native
-from sharegpu.agent import regions
+from sharegpu import mps, native
 from sharegpu.agent.audit import Auditor
 from sharegpu.agent.events import Event
 from sharegpu.agent.procs import proc_info
@@ -35,6 +34,7 @@ from sharegpu.agent.reconcile import Reconciler
 from sharegpu.agent.tuning import ArbiterTuner, ArbiterTuning
 from sharegpu.arbiter import arbiter_path, ensure_arbiter, read_arbiter, tune_arbiter
 from sharegpu.devices import GpuProcess
+from sharegpu.regions import abi, agentlib
 from sharegpu.spec import MIB
 from sharegpu.tenant import (
     DeviceLimit,
@@ -284,7 +284,7 @@ def test_reconciled_overhead_is_counted_against_the_cap(sim: Sim) -> None:
         # NVML's figure is the same quantity: replaced, not added
         assert Reconciler(sim.runtime, nvml=nvml_of(sim)).tick() == []
         assert read_usage(tenant).devices[0].overhead_bytes == 200 * MIB
-        regions.set_overhead(tenant, 0, 0)  # an estimate lost: the reconciler restores it
+        agentlib.set_overhead(tenant, 0, 0)  # an estimate lost: the reconciler restores it
         loop = Reconciler(sim.runtime, nvml=nvml_of(sim))
         events = loop.tick()
         assert read_usage(tenant).devices[0].overhead_bytes == 200 * MIB
@@ -320,10 +320,10 @@ def test_the_reconciler_never_overwrites_a_context_admitted_while_it_measured(si
 
         def racing() -> dict[str, list[GpuProcess]]:
             seen = measure()
-            regions.set_overhead(tenant, 0, 456 * MIB)  # as a shim's admission would
+            agentlib.set_overhead(tenant, 0, 456 * MIB)  # as a shim's admission would
             return seen
 
-        regions.set_overhead(tenant, 0, 0)
+        agentlib.set_overhead(tenant, 0, 0)
         assert Reconciler(sim.runtime, nvml=racing).tick() == []
         assert read_usage(tenant).devices[0].overhead_bytes == 456 * MIB
         Reconciler(sim.runtime, nvml=measure).tick()
@@ -586,7 +586,7 @@ def test_the_simulated_context_overhead_is_configured_strictly(sim: Sim) -> None
 FORGER = """
     import ctypes, mmap, os, sys, time
     from cuda.bindings import driver as d
-    from sharegpu import abi
+    from sharegpu.regions import abi
     M = 1 << 20
     assert d.cuInit(0)[0] == 0
     d.cuCtxSetCurrent(d.cuDevicePrimaryCtxRetain(0)[1])

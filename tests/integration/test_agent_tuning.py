@@ -21,7 +21,6 @@ from agentutil import Agent, create
 from arbiterutil import FIGURES, finish, start_at
 from conftest import Sim, parse_kv
 from metricsutil import free_port
-from sharegpu import abi
 from sharegpu.agent.tuning import ArbiterTuner, ArbiterTuning
 from sharegpu.arbiter import (
     TUNABLES,
@@ -32,6 +31,7 @@ from sharegpu.arbiter import (
     tune_arbiter,
 )
 from sharegpu.errors import SpecError
+from sharegpu.regions import abi
 
 
 def scrape(port: int) -> dict[tuple[str, str], float]:

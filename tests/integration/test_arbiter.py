@@ -36,12 +36,12 @@ from arbiterutil import (
     stop_a_token_holder,
 )
 from conftest import Sim, parse_kv, python
-from sharegpu import abi
 from sharegpu.arbiter import (
     ensure_arbiter,
     read_arbiter,
     tune_arbiter,
 )
+from sharegpu.regions import abi
 from sharegpu.spec import MIB
 from sharegpu.tenant import DeviceLimit, create_tenant, read_limits
 
@@ -509,7 +509,7 @@ def test_sigkill_of_the_token_holder(sim: Sim) -> None:
 
 KILL_IN_LOCK = """
 import ctypes, mmap, os, signal, sys
-from sharegpu import abi
+from sharegpu.regions import abi
 fd = os.open(sys.argv[1], os.O_RDWR)
 view = mmap.mmap(fd, ctypes.sizeof(abi.Arbiter))
 region = abi.Arbiter.from_buffer(view)
@@ -823,7 +823,7 @@ def test_multi_device_cooperative_launches_are_gated_on_every_gpu(sim: Sim) -> N
 def test_tenants_in_two_pid_namespaces_split_30_70_without_reclaims(sim: Sim, mount_proc: bool) -> None:
     """Containers share a GPU from different pid namespaces: no holder may be judged dead by a
     pid of another namespace (the review saw 21 reclaims from live holders)."""
-    from sharegpu.agent.regions import reap_arbiter
+    from sharegpu.regions.agentlib import reap_arbiter
 
     a = compute_tenant(sim, "a", "share", 30)
     b = compute_tenant(sim, "b", "share", 70)

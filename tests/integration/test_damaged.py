@@ -18,8 +18,8 @@ import pytest
 from arbiterutil import patch_file
 from conftest import Sim, parse_kv
 from metricsutil import api, families, free_port, running_agent, scrape_text, value
-from sharegpu import abi
 from sharegpu.arbiter import arbiter_damage, arbiter_path, ensure_arbiter, read_arbiter
+from sharegpu.regions import abi
 
 DAMAGE = [
     pytest.param(lambda p: patch_file(p, 0, b"XXXX"), "bad magic", id="magic"),

@@ -24,7 +24,8 @@ import pytest
 
 from cbuild import INCLUDE, SHIM_DIR, gcc
 from conftest import REPO, Sim, parse_kv, python
-from sharegpu import abi, native
+from sharegpu import native
+from sharegpu.regions import abi
 from sharegpu.spec import MIB
 from sharegpu.tenant import DeviceLimit, create_tenant, tenant_status
 
@@ -502,7 +503,7 @@ def test_a_spare_never_keeps_memory_from_another_process(sim: Sim) -> None:
 FORGED_SPARE_SCRIPT = """
     import ctypes, mmap, os
     from cuda.bindings import driver as d
-    from sharegpu import abi
+    from sharegpu.regions import abi
     M = 1 << 20
     results = []
     assert d.cuInit(0)[0] == 0
@@ -820,7 +821,7 @@ def holding_the_usage_lock(tenant: Path, then: str) -> str:
     prelude = textwrap.dedent(
         f"""
         import ctypes, mmap, os, signal
-        from sharegpu import abi
+        from sharegpu.regions import abi
         fd = os.open({str(tenant / abi.USAGE_FILE)!r}, os.O_RDWR)
         view = mmap.mmap(fd, ctypes.sizeof(abi.Usage))
         usage = abi.Usage.from_buffer(view)
@@ -1434,7 +1435,7 @@ def test_alloc_free_overhead(sim: Sim) -> None:
 FORK_SCRIPT = """
     import ctypes, mmap, os
     from cuda.bindings import driver as d
-    from sharegpu import abi
+    from sharegpu.regions import abi
     M = 1 << 20
     d.cuInit(0)
     err, dev = d.cuDeviceGet(0)

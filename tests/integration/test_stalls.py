@@ -23,8 +23,8 @@ import pytest
 from agentutil import Agent
 from arbiterutil import arbiter_of, compute_tenant, stop_a_token_holder
 from conftest import Sim, parse_kv
-from sharegpu import abi
 from sharegpu.arbiter import arbiter_path, ensure_arbiter, read_arbiter
+from sharegpu.regions import abi
 from sharegpu.spec import MIB
 from sharegpu.tenant import DeviceLimit, create_tenant, read_usage
 

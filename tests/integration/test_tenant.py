@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sharegpu import abi
 from sharegpu.errors import ConfigError, SpecError, TenantError
+from sharegpu.regions import abi
 from sharegpu.spec import MIB
 from sharegpu.tenant import (
     DeviceLimit,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from sharegpu import abi
+from sharegpu.regions import abi
 
 
 @pytest.mark.parametrize(

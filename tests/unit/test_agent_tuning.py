@@ -10,13 +10,13 @@ import dataclasses
 import pytest
 
 from arbiterutil import FIGURES
-from sharegpu import abi
 from sharegpu.agent.models import ArbiterView
 from sharegpu.agent.tuning import ArbiterTuning
 from sharegpu.arbiter import (
     TUNABLES,
     ArbiterStatus,
 )
+from sharegpu.regions import abi
 
 # What the region holds and the views leave out: the token's state, the prediction's working
 # figures, the header and the tables (shown as `holder_pid`, `waiting` and the tenants' views).

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from sharegpu import abi
 from sharegpu.arbiter import (
     TUNABLES,
     Tunables,
@@ -23,6 +22,7 @@ from sharegpu.arbiter import (
     tune_arbiter,
 )
 from sharegpu.errors import ConfigError, SpecError
+from sharegpu.regions import abi
 
 # Two GPUs in NVML's form (lower-case hex, so that the upper-case spelling is another string).
 UUIDS = ("GPU-0a1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d", "GPU-5d4c3b2a-1f0e-9d8c-7b6a-5f4e3d2c1b0a")

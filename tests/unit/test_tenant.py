@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sharegpu import abi
 from sharegpu.errors import TenantError
+from sharegpu.regions import abi
 from sharegpu.spec import MIB
 from sharegpu.tenant import (
     DeviceLimit,

@@ -1,6 +1,6 @@
 /*
  * sharegpu shared-memory ABI: the one source of truth for every layout that crosses a process
- * boundary.  Mirrored field for field in src/sharegpu/abi.py; tests/integration/test_abi.py compiles a
+ * boundary.  Mirrored field for field in src/sharegpu/regions/abi.py; tests/integration/test_abi.py compiles a
  * program that prints every offset below and compares it with the mirror.
  *
  * Versioning: every region starts with struct sg_region_header.  A reader accepts a region whose

@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sharegpu import __version__, abi
+from sharegpu import __version__
 from sharegpu.agent.events import EventKind
 from sharegpu.agent.models import (
     ERROR_CODES,
@@ -37,6 +37,7 @@ from sharegpu.errors import (
     SharegpuError,
     SpecError,
 )
+from sharegpu.regions import abi
 
 log = logging.getLogger("sharegpu.agent")
 

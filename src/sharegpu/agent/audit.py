@@ -33,13 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from sharegpu import abi, mps
+from sharegpu import mps
 from sharegpu.agent.events import Event
 from sharegpu.agent.procs import ProcessTable, kill, live_slots, mib, process_table, tenant_pids
 from sharegpu.agent.reconcile import NvmlSource
 from sharegpu.cgroup import Container, container_of
 from sharegpu.devices import GpuProcess, processes_by_gpu
 from sharegpu.errors import ConfigError, DeviceError
+from sharegpu.regions import abi
 from sharegpu.spec import MIB
 from sharegpu.tenant import (
     UsageSnapshot,

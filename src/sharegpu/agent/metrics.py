@@ -35,7 +35,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from sharegpu import __version__, abi
+from sharegpu import __version__
 from sharegpu.agent.events import Event
 from sharegpu.agent.models import TenantView, gpu_views
 from sharegpu.agent.service import LoopStats, views
@@ -43,6 +43,7 @@ from sharegpu.agent.store import TenantRow
 from sharegpu.arbiter import TUNABLES, Tunable, iter_arbiters, read_arbiter
 from sharegpu.devices import Gpu
 from sharegpu.errors import AgentError, ConfigError, DeviceError
+from sharegpu.regions import abi
 from sharegpu.report import ChargeKey, GpuTime, read_arbiters
 
 log = logging.getLogger("sharegpu.agent")

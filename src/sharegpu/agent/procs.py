@@ -15,8 +15,8 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from sharegpu import abi
 from sharegpu.errors import ConfigError
+from sharegpu.regions import abi
 from sharegpu.tenant import TenantStatus, UsageSnapshot, read_usage, slot_alive, slot_host_pid
 
 

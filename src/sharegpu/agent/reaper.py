@@ -5,7 +5,7 @@ process of the tenant (or of the GPU) next calls in. The reaper does not wait fo
 half second it frees, in each tenant's usage region, the slots of dead processes (their bytes
 leave the per-device totals) and, in each GPU's arbiter region, the entries of dead clients; a
 token that a dead client held goes to the best waiter. Both run the shim's own code under the
-regions' robust mutexes (libsgagent.so, see ``sharegpu.agent.regions``), so the accounting is
+regions' robust mutexes (libsgagent.so, see ``sharegpu.regions.agentlib``), so the accounting is
 exactly the shim's. Then tenants whose owner (``sharegpu run`` supervisor, process group) is
 gone and that have no live process left are removed, under the node lock that tenant creation
 takes.
@@ -17,12 +17,11 @@ import logging
 import time
 from pathlib import Path
 
-from sharegpu import abi
-from sharegpu.agent import regions
 from sharegpu.agent.events import Event
 from sharegpu.agent.procs import ProcessTable, alive_in, live_slots, mib, owner_gone, process_table
 from sharegpu.arbiter import iter_arbiters, read_arbiter, rebuild_arbiter
 from sharegpu.errors import ConfigError, SharegpuError
+from sharegpu.regions import abi, agentlib
 from sharegpu.tenant import (
     iter_tenants,
     node_lock,
@@ -75,7 +74,7 @@ class Reaper:
                     continue
                 lim = read_limits(path)
                 uuids = [abi.bytes_to_uuid(bytes(d.uuid)) for d in lim.devices[: lim.device_count]]
-                reap = regions.reap_usage(path)
+                reap = agentlib.reap_usage(path)
             except ConfigError as err:
                 if (path / abi.USAGE_FILE).exists():  # else being created or removed
                     self._warn_once(str(path), f"reaper: {err}")
@@ -148,7 +147,7 @@ class Reaper:
                     continue
                 if all(alive_in(table, c.pid, c.start_time) for c in status.clients):
                     continue
-                reap = regions.reap_arbiter(path)
+                reap = agentlib.reap_arbiter(path)
             except ConfigError as err:
                 rebuilt = self._rebuild(path, uuid)
                 if rebuilt is None:

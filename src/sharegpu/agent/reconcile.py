@@ -32,12 +32,11 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from sharegpu import abi
-from sharegpu.agent import regions
 from sharegpu.agent.events import Event
 from sharegpu.agent.procs import SlotProc, live_slots, mib, process_table
 from sharegpu.devices import GpuProcess, processes_by_gpu
 from sharegpu.errors import ConfigError, DeviceError
+from sharegpu.regions import abi, agentlib
 from sharegpu.spec import MIB
 from sharegpu.tenant import UsageSnapshot, iter_tenants, read_limits, read_usage
 
@@ -145,7 +144,7 @@ class Reconciler:
             current = int(usage.devices[i].overhead_bytes)
             if overhead != current:
                 try:
-                    stored = regions.swap_overhead(path, i, int(pre.devices[i].overhead_bytes), overhead)
+                    stored = agentlib.swap_overhead(path, i, int(pre.devices[i].overhead_bytes), overhead)
                 except ConfigError as err:
                     log.warning("reconcile: %s", err)
                     continue

@@ -25,7 +25,6 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from sharegpu import abi
 from sharegpu.agent.busy import BusyMeter
 from sharegpu.agent.events import Event
 from sharegpu.agent.models import (
@@ -40,6 +39,7 @@ from sharegpu.agent.store import Store, TenantRow
 from sharegpu.agent.tuning import ArbiterTuner, tuned_event
 from sharegpu.devices import Gpu, GpuFault, gpu_faults, list_gpus
 from sharegpu.errors import ConfigError, DeviceError, SpecError, TenantNotFound
+from sharegpu.regions import abi
 from sharegpu.report import ChargeKey, GpuTime, node_report, read_arbiters
 from sharegpu.service import LocalTenantService, ResizeRequest, TenantRequest
 from sharegpu.service.plan import compute_of

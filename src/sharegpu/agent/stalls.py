@@ -33,10 +33,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sharegpu import abi
 from sharegpu.agent.events import Event
 from sharegpu.arbiter import iter_arbiters
 from sharegpu.cgroup import unified_path
+from sharegpu.regions import abi
 from sharegpu.tenant import iter_tenants
 
 log = logging.getLogger(__name__)

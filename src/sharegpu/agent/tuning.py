@@ -47,10 +47,10 @@ from pydantic import (
     model_serializer,
 )
 
-from sharegpu import abi
 from sharegpu.agent.events import Event
 from sharegpu.arbiter import TUNABLES, iter_arbiters
 from sharegpu.errors import ConfigError, SpecError
+from sharegpu.regions import abi
 from sharegpu.service.settings import DEFAULT_KEY, Changes, tune_region
 
 log = logging.getLogger(__name__)

@@ -40,10 +40,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sharegpu import abi, native
+from sharegpu import native
 from sharegpu.agent.events import Event
 from sharegpu.agent.procs import proc_info
 from sharegpu.errors import ConfigError
+from sharegpu.regions import abi
 from sharegpu.tenant import directory_lock
 
 SHIM_DIR = "shim"

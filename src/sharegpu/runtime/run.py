@@ -24,11 +24,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sharegpu import abi
 from sharegpu.agent.upgrade import current_shim, stable_path
 from sharegpu.doors import tenant_service
 from sharegpu.errors import CommandNotFound, SpecError, TenantNotFound
 from sharegpu.native import shim_path
+from sharegpu.regions import abi
 from sharegpu.service import TenantRequest
 from sharegpu.service.plan import device_limit
 from sharegpu.spec import ComputeSpec, GpuSelector, validate_tenant_id

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sharegpu import abi
 from sharegpu.devices import Gpu, select_gpus
 from sharegpu.errors import DeviceError, SpecError, UnknownGpu
+from sharegpu.regions import abi
 from sharegpu.spec import (
     MAX_WEIGHT,
     POLICIES,

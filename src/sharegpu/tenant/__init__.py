@@ -25,7 +25,7 @@ import contract checks it):
 
 * ``paths``: the runtime directory, its ``tenants`` and ``gpus`` folders, finding a tenant;
 * ``records``: DeviceLimit and the status records;
-* ``regions``: the limits and usage files, written and read (structures: sharegpu.abi);
+* ``regions``: the limits and usage files, written and read (structures: sharegpu.regions.abi);
 * ``processes``: the ledger's processes and the supervisor, alive or not;
 * ``status``: a tenant as operators and reapers see it;
 * ``admission``: what a GPU can still honour, and the node's overcommit rule;
@@ -64,9 +64,7 @@ from sharegpu.tenant.records import DeviceLimit, DeviceUsage, ProcessUsage, Tena
 from sharegpu.tenant.regions import (
     UsageSnapshot,
     device_limit_of,
-    init_robust_mutex,
     limits_bytes,
-    publish_region,
     read_device_limits,
     read_limits,
     read_usage,
@@ -89,7 +87,6 @@ __all__ = [
     "device_limit_of",
     "directory_lock",
     "gpus_dir",
-    "init_robust_mutex",
     "is_stale",
     "iter_tenants",
     "limits_bytes",
@@ -97,7 +94,6 @@ __all__ = [
     "overcommit_allowed",
     "process_start_time",
     "process_uid",
-    "publish_region",
     "read_device_limits",
     "read_limits",
     "read_meta",

@@ -9,8 +9,8 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from sharegpu import abi
 from sharegpu.errors import AdmissionError, ConfigError
+from sharegpu.regions import abi
 from sharegpu.spec import format_size
 from sharegpu.tenant.paths import iter_tenants, runtime_dir
 from sharegpu.tenant.records import DeviceLimit

@@ -13,8 +13,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from sharegpu import abi, access
+from sharegpu import access
 from sharegpu.errors import SpecError, TenantError, TenantExists, TenantNotFound
+from sharegpu.regions import abi
+from sharegpu.regions.files import publish_region
 from sharegpu.spec import validate_tenant_id
 from sharegpu.tenant.admission import admit
 from sharegpu.tenant.paths import GPUS_DIR, iter_tenants, tenant_path, tenants_dir
@@ -23,7 +25,6 @@ from sharegpu.tenant.records import DeviceLimit
 from sharegpu.tenant.regions import (
     init_usage_region,
     limits_bytes,
-    publish_region,
     read_device_limits,
     write_limits_in_place,
 )

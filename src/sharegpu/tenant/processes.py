@@ -1,5 +1,5 @@
 """The processes a tenant names: its ledger's slots and its supervisor, alive or not (the shim's
-rule, sharegpu.liveness)."""
+rule, sharegpu.regions.liveness)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sharegpu import abi, liveness
+from sharegpu.regions import abi, liveness
 
 
 def process_uid(pid: int) -> int | None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sharegpu import abi
 from sharegpu.cgroup import Container
+from sharegpu.regions import abi
 
 
 @dataclass(frozen=True)

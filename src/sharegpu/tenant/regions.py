@@ -1,93 +1,25 @@
 """The limits and usage regions as files: published whole by rename, the limits rewritten in
-place under their seqlock, read back with their headers checked (the structures are sharegpu.abi)."""
+place under their seqlock, read back with their headers checked (the structures are sharegpu.regions.abi)."""
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import mmap
 import os
 import secrets
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sharegpu import abi, regionmap
 from sharegpu.errors import ConfigError, TenantError
+from sharegpu.regions import abi
+from sharegpu.regions.files import init_robust_mutex, mapped_region, new_header
 from sharegpu.tenant.records import DeviceLimit
 
 # ---------------------------------------------------------------------------------------------
-# libc: robust process-shared mutex initialisation.
-
-_PTHREAD_PROCESS_SHARED = 1
-_PTHREAD_MUTEX_ROBUST = 1
-
-
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-
-
-def init_robust_mutex(address: int, what: str = "usage") -> None:
-    """Initialise the pthread mutex at `address` as robust and process-shared (through libc).
-
-    Shared by every region that holds one (the usage region here, the GPU arbiter in
-    ``sharegpu.arbiter``); the shim refuses a region whose mutex lacks either attribute.
-    """
-    libc = _libc()
-    attr = ctypes.create_string_buffer(64)  # pthread_mutexattr_t is 4 bytes on glibc; be generous
-    for call, args in (
-        (libc.pthread_mutexattr_init, (attr,)),
-        (libc.pthread_mutexattr_setpshared, (attr, _PTHREAD_PROCESS_SHARED)),
-        (libc.pthread_mutexattr_setrobust, (attr, _PTHREAD_MUTEX_ROBUST)),
-        (libc.pthread_mutex_init, (ctypes.c_void_p(address), attr)),
-    ):
-        if rc := call(*args):
-            raise TenantError(f"cannot initialise the {what} mutex: {os.strerror(rc)}")
-    libc.pthread_mutexattr_destroy(attr)
-
-
-# ---------------------------------------------------------------------------------------------
 # Writing regions.
-
-
-def _header(magic: int, size: int) -> abi.RegionHeader:
-    return abi.RegionHeader(
-        magic=magic,
-        abi_major=abi.ABI_MAJOR,
-        abi_minor=abi.ABI_MINOR,
-        header_size=ctypes.sizeof(abi.RegionHeader),
-        total_size=size,
-        created_ns=time.time_ns(),
-    )
-
-
-def publish_region(
-    directory: Path, name: str, data: bytes | None, size: int, mode: int, *, fill: object = None
-) -> None:
-    """Write `name` in `directory` atomically: temp file, optional in-place init, rename."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=directory)
-    try:
-        os.ftruncate(fd, size)
-        with mmap.mmap(fd, size) as view:
-            if data is not None:
-                view[: len(data)] = data
-            if callable(fill):
-                fill(view)
-            view.flush()
-        os.fchmod(fd, mode)
-        os.fsync(fd)
-        os.close(fd)
-        fd = -1
-        os.rename(tmp, directory / name)
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def limits_bytes(tenant_id: str, devices: Sequence[DeviceLimit], generation: int = 0) -> bytes:
@@ -96,7 +28,7 @@ def limits_bytes(tenant_id: str, devices: Sequence[DeviceLimit], generation: int
     if len(devices) > abi.MAX_DEVICES:
         raise TenantError(f"a tenant can use at most {abi.MAX_DEVICES} GPUs, not {len(devices)}")
     region = abi.Limits()
-    region.hdr = _header(abi.MAGIC_LIMITS, ctypes.sizeof(abi.Limits))
+    region.hdr = new_header(abi.MAGIC_LIMITS, ctypes.sizeof(abi.Limits))
     region.generation = generation
     region.tenant_id = tenant_id.encode()
     region.device_count = len(devices)
@@ -131,7 +63,7 @@ def device_limit_of(slot: abi.LimitsDevice) -> DeviceLimit:
 
 def init_usage_region(view: mmap.mmap) -> None:
     region = abi.Usage.from_buffer(view)
-    region.hdr = _header(abi.MAGIC_USAGE, ctypes.sizeof(abi.Usage))
+    region.hdr = new_header(abi.MAGIC_USAGE, ctypes.sizeof(abi.Usage))
     region.slot_count = abi.MAX_PROCS
     region.device_count = abi.MAX_DEVICES
     init_robust_mutex(ctypes.addressof(region) + abi.Usage.lock.offset)
@@ -183,24 +115,9 @@ def write_limits_in_place(path: Path, devices: Sequence[DeviceLimit]) -> int:
 # Reading regions.
 
 
-def _check_header(hdr: abi.RegionHeader, magic: int, need: int, what: Path) -> None:
-    if hdr.magic != magic:
-        raise ConfigError(f"{what}: not a sharegpu region (bad magic {hdr.magic:#x})")
-    if hdr.abi_major != abi.ABI_MAJOR:
-        raise ConfigError(f"{what}: ABI {hdr.abi_major}.{hdr.abi_minor}, this is {abi.ABI_MAJOR}.x")
-    if hdr.total_size < need:
-        raise ConfigError(f"{what}: region is {hdr.total_size} bytes, need {need}")
-
-
 def _mapped_region(path: Path, size: int, magic: int) -> mmap.mmap:
-    """The region at `path`, mapped read-only, with its header checked."""
-    view = regionmap.mapped(path)
-    if len(view) < ctypes.sizeof(abi.RegionHeader):
-        raise ConfigError(f"{path}: truncated ({len(view)} bytes)")
-    _check_header(abi.RegionHeader.from_buffer_copy(view), magic, size, path)
-    if len(view) < size:
-        raise ConfigError(f"{path}: truncated ({len(view)} of {size} bytes)")
-    return view
+    kind = "limits" if magic == abi.MAGIC_LIMITS else "usage"
+    return mapped_region(path, magic, size, kind)
 
 
 def _read_region(path: Path, struct: type[ctypes.Structure], magic: int) -> ctypes.Structure:

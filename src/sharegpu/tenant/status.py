@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sharegpu import abi
 from sharegpu.cgroup import container_of_process
 from sharegpu.errors import ConfigError
+from sharegpu.regions import abi
 from sharegpu.tenant.processes import slot_alive, slot_host_pid, supervisor_gone
 from sharegpu.tenant.records import DeviceUsage, ProcessUsage, TenantStatus
 from sharegpu.tenant.regions import read_limits, read_usage

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from sharegpu import abi
+from sharegpu.regions import abi
 
 
 def tenant_binds(root: Path, path: Path, uuids: Iterable[str]) -> list[tuple[Path, str, bool]]:

@@ -30,10 +30,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sharegpu import abi, mps, simgpu
+from sharegpu import mps, simgpu
 from sharegpu.devices import Gpu, driver_version, list_gpus, nvml_library
 from sharegpu.errors import CdiSpecError, ConfigError, SpecError, TenantNotFound
 from sharegpu.native import simgpu_dir
+from sharegpu.regions import abi
 from sharegpu.runtime.cdi import nvidia
 from sharegpu.runtime.cdi.binds import tenant_binds
 from sharegpu.runtime.cdi.model import (

@@ -19,8 +19,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from sharegpu import liveness
 from sharegpu.errors import CdiSpecError, SpecError
+from sharegpu.regions import liveness
 
 
 @dataclass(frozen=True)

@@ -5,25 +5,24 @@ processes of the namespace that wrote it. An entry written by ABI 1.3 shims carr
 lock: its owner holds an OFD write lock on byte ``LIVE_LOCK_BASE + index`` of the region's file
 while it lives, and the kernel drops it at exit, whatever namespace the reader is in. Entries
 without one are judged by pid and start time, and only from the writer's own namespace.
+
+That test and a process's start time are the shim's C (``entry_alive`` and ``start_time``, called
+in libsgagent.so through ``agentlib``); what is here is what only Python readers need: this
+process's identity and the host pid of a process another namespace knows by its own pid.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import os
-import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sharegpu import abi
+from sharegpu.regions.agentlib import entry_alive, start_time
 
-# struct flock on Linux (x86-64, arm64): short l_type, short l_whence, off_t l_start, off_t l_len,
-# pid_t l_pid, with the padding the C layout has.
-_FLOCK = "hh4xqqi4x"
-_F_OFD_GETLK = getattr(fcntl, "F_OFD_GETLK", 36)
+__all__ = ["HostPids", "Identity", "entry_alive", "host_pids", "host_view", "identity", "start_time"]
 
 
 @dataclass(frozen=True)
@@ -49,49 +48,6 @@ def _identity(pid: int) -> Identity:
     except (OSError, ValueError):
         ours = False
     return Identity(pidns=pidns, pid=pid, proc_is_ours=ours)
-
-
-def start_time(pid: int) -> int | None:
-    """Field 22 of /proc/<pid>/stat (clock ticks after boot), or None if the pid is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[19]) if fields[0] not in ("Z", "X") else None
-
-
-def lock_held(region: Path, index: int) -> bool | None:
-    """Is the liveness lock of entry `index` of `region` held?  None: cannot tell."""
-    try:
-        fd = os.open(region, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:
-        return None
-    try:
-        probe = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, abi.LIVE_LOCK_BASE + index, 1, 0)
-        answer = fcntl.fcntl(fd, _F_OFD_GETLK, probe)
-        kind: int = struct.unpack(_FLOCK, answer)[0]
-        return kind != fcntl.F_UNLCK
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-def entry_alive(region: Path, index: int, *, flags: int, pidns: int, pid: int, start: int) -> bool:
-    """The shim's sg_entry_alive: the liveness lock if the entry has one, else pid + start
-    time, judged only from the writer's pid namespace (elsewhere: alive, never guessed dead)."""
-    if pid <= 0:
-        return False
-    if flags & abi.ENTRY_LIVE_LOCK:
-        held = lock_held(region, index)
-        if held is not None:
-            return held
-    me = identity()
-    if (pidns and pidns != me.pidns) or not me.proc_is_ours:
-        return True
-    return start_time(pid) == start
 
 
 # The kernel's inode of the initial pid namespace (PROC_PID_INIT_INO, include/linux/proc_ns.h).

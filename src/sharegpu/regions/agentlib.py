@@ -1,21 +1,24 @@
-"""The agent's writes to the shared regions, through libsgagent.so (native/agentlib).
+"""The rules of the shared regions that are C's, called in libsgagent.so (native/agentlib).
 
 Reaping a dead process must take the region's robust mutex and change exactly what the shims
-change under it; the C library is compiled from the shim's own ``ledger.c``, ``arbregion.c``
-and ``arbsched.c``, so the agent frees a dead process's charges, and hands on a GPU token that a
-dead process held, with the shim's code rather than a copy of it. The shim itself
-(``libsharegpu.so``) is never loaded into the agent.
+change under it; the C library is compiled from the shim's own ``ledger.c``, ``arbregion.c``,
+``arbsched.c`` and ``live.c``, so the agent frees a dead process's charges and hands on a GPU
+token that a dead process held, and the agent and the CLI judge whether an entry's process lives
+and whether an arbiter region is damaged, with the shim's code rather than a copy of it. The
+shim itself (``libsharegpu.so``) is never loaded into the agent.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from sharegpu import abi, native
+from sharegpu import native
 from sharegpu.errors import ConfigError
+from sharegpu.regions import abi
 
 ERR_LEN = 256
 MAX_REPORTED = 64  # reaped entries described per call (the rest are still freed)
@@ -84,6 +87,8 @@ _lib_lock = threading.Lock()
 
 
 def _load() -> ctypes.CDLL:
+    if _lib:
+        return _lib[0]
     with _lib_lock:
         if not _lib:
             lib = ctypes.CDLL(str(native.agent_lib_path()))
@@ -118,6 +123,19 @@ def _load() -> ctypes.CDLL:
                 ctypes.c_char_p,
             )
             lib.sga_arbiter_reap.restype = ctypes.c_int
+            lib.sga_arbiter_check.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p)
+            lib.sga_arbiter_check.restype = ctypes.c_int
+            lib.sga_entry_alive.argtypes = (
+                ctypes.c_char_p,
+                ctypes.c_uint32,
+                ctypes.c_uint32,
+                ctypes.c_uint64,
+                ctypes.c_int32,
+                ctypes.c_uint64,
+            )
+            lib.sga_entry_alive.restype = ctypes.c_int
+            lib.sga_start_time.argtypes = (ctypes.c_int32, ctypes.POINTER(ctypes.c_uint64))
+            lib.sga_start_time.restype = ctypes.c_int
             _lib.append(lib)
         return _lib[0]
 
@@ -189,3 +207,37 @@ def reap_arbiter(path: Path) -> ArbiterReap:
         new_holder_pid=res.new_holder_pid or None,
         recovered=bool(res.recovered),
     )
+
+
+def entry_alive(region: Path, index: int, *, flags: int, pidns: int, pid: int, start: int) -> bool:
+    """The shim's liveness test of entry `index` of `region` (shim/live.c sg_entry_alive): its
+    liveness lock if the entry has one, else pid + start time, judged only from the writer's pid
+    namespace (elsewhere: alive, never guessed dead)."""
+    if not 0 < pid < 2**31:
+        return False
+    return bool(_load().sga_entry_alive(os.fsencode(region), index, flags, pidns, pid, start))
+
+
+def start_time(pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat (clock ticks after boot), or None if the pid is gone, only a
+    zombie, or not ours to read."""
+    if not 0 < pid < 2**31:
+        return None
+    out = ctypes.c_uint64()
+    return int(out.value) if _load().sga_start_time(pid, ctypes.byref(out)) == 0 else None
+
+
+# sga_arbiter_check's answers (sgagent.h)
+_ARB_USABLE, _ARB_MISSING, _ARB_OTHER_ABI, _ARB_DAMAGED = range(4)
+
+
+def arbiter_problem(path: Path, uuid: str) -> tuple[str, bool] | None:
+    """Why a shim would refuse the arbiter region at `path` for GPU `uuid` (its own rule,
+    shim/arbregion.c, plus a region marked broken): (message, damaged), or None when it is
+    usable or missing. A region of another ABI major is refused but not damaged (a newer
+    sharegpu wrote it)."""
+    err = ctypes.create_string_buffer(ERR_LEN)
+    rc = _load().sga_arbiter_check(os.fsencode(path), abi.uuid_to_bytes(uuid), err)
+    if rc in (_ARB_USABLE, _ARB_MISSING):
+        return None
+    return err.value.decode(errors="replace"), rc != _ARB_OTHER_ABI
