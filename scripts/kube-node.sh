@@ -58,6 +58,7 @@ BRIDGE="sgkn${D##*.}"      # <= 15 characters, unique to this run
 PIDS=()                    # started in this order; stopped newest first
 P_KUBELET_PID=""
 P_CONTAINERD_PID=""
+WAITER=""                  # --hold: the `cat` that ends when stdin does
 MADE=()                    # fixed host paths that this run made (removed again on exit)
 for p in /var/lib/kubelet/device-plugins /var/lib/kubelet /var/log/pods /run/containerd /run/netns; do
     [ -e "$p" ] || MADE+=("$p")
@@ -107,6 +108,7 @@ cleanup() {
     set +e
     trap - INT TERM
     echo "kube-node: tearing down (exit status $rc)"
+    [ -z "$WAITER" ] || kill "$WAITER" 2>/dev/null
     # Pods first, while the kubelet and containerd still run: the kubelet stops their containers,
     # and containerd calls the CNI DEL and removes their network namespaces and mounts.
     if [ -n "$P_KUBELET_PID" ] && kill -0 "$P_KUBELET_PID" 2>/dev/null; then
@@ -357,12 +359,14 @@ echo "kube-node: node up $(( $(ms) - T0 )) ms after the script started"
 
 if [ "$HOLD" = 1 ]; then
     echo "kube-node: READY dir=$D kubeconfig=$D/kubeconfig node=$NODE image=$TEST_IMAGE kubectl=$BIN/kubectl"
-    # Until stdin reaches its end (the fixture closes it, or dies) or a signal comes.
-    while :; do
-        rc=0; read -r -t 1 _ || rc=$?
-        [ "$rc" -gt 128 ] || [ "$rc" = 0 ] || break
-        kill -0 "$P_KUBELET_PID" 2>/dev/null || die "the kubelet exited; see $D/kubelet.log"
-    done
+    # Until stdin reaches its end (the fixture closes it, or dies), the kubelet exits, or a signal
+    # comes. (A SIGTERM that arrived in a `read -t` loop here once made bash 5.2 crash in the
+    # middle of the teardown: the trap now runs out of `wait`, the documented way.)
+    exec 3<&0              # (a background command's stdin is /dev/null unless redirected)
+    cat <&3 >/dev/null &
+    WAITER=$!
+    wait -n "$WAITER" "$P_KUBELET_PID" || true
+    kill -0 "$P_KUBELET_PID" 2>/dev/null || die "the kubelet exited; see $D/kubelet.log"
     exit 0
 fi
 
