@@ -50,6 +50,9 @@ for p in bridge host-local loopback; do
     [ -x "$CNI_BIN/$p" ] || die "$CNI_BIN/$p missing (apt-get install containernetworking-plugins)"
 done
 [ -x "$BUSYBOX" ] || die "$BUSYBOX missing (apt-get install busybox-static)"
+if readelf -l "$BUSYBOX" 2>/dev/null | grep -q 'program interpreter'; then
+    die "$BUSYBOX is dynamically linked: the image has no libc (apt-get install busybox-static)"
+fi
 
 T0=$(date +%s%3N)
 ms() { date +%s%3N; }

@@ -28,6 +28,14 @@ START_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 120.0
 
 
+# The host-wide sysctls the kubelet needs; the script sets them while it runs and puts them back.
+SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
+
+
+def _sysctls() -> dict[str, str]:
+    return {name: (Path("/proc/sys") / name).read_text().strip() for name in SYSCTLS}
+
+
 def enabled() -> bool:
     return os.environ.get(ENABLE_ENV, "") == "1"
 
@@ -102,6 +110,7 @@ def running_kube_node() -> Iterator[KubeNode]:
     of the tests that use it wraps this."""
     if os.geteuid() != 0:
         pytest.fail("the kube node needs root (containerd, runc, the kubelet)")
+    sysctls_before = _sysctls()
     t0 = time.monotonic()
     proc = subprocess.Popen(
         ["bash", str(SCRIPT), "--hold"],
@@ -141,3 +150,4 @@ def running_kube_node() -> Iterator[KubeNode]:
         tail = "\n".join(out.lines[-20:])
         assert torn, f"kube-node.sh did not say it tore down:\n{tail}"
         assert "torn down" in torn[-1], f"kube-node.sh left mounts behind:\n{tail}"
+        assert _sysctls() == sysctls_before, f"kube-node.sh did not put the sysctls back:\n{tail}"
