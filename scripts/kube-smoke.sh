@@ -162,6 +162,9 @@ root = "$D/containerd/root"
 state = "$D/containerd/state"
 [grpc]
   address = "$D/containerd.sock"
+# (Its "opt" plugin makes /opt/containerd unless told otherwise.)
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$D/containerd/opt"
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
   runtime_type = "io.containerd.runc.v2"
 EOF

@@ -1,0 +1,153 @@
+"""A real single-node Kubernetes for the end-to-end tests (issue 37): `scripts/kube-node.sh --hold`
+started once, kept running while the tests use it, stopped (and torn down by the script) at the
+end. The script owns every process, mount and host setting; this only reads its READY line and
+closes its stdin to stop it.
+
+Not part of `make test` yet: the tests that use it run when SHAREGPU_KUBE_NODE=1 (they need root,
+the binaries of `make kube`, and Debian's containerd, runc, CNI plugins and busybox-static).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "kube-node.sh"
+ENABLE_ENV = "SHAREGPU_KUBE_NODE"
+START_TIMEOUT_S = 240.0
+STOP_TIMEOUT_S = 120.0
+
+
+# The host-wide sysctls the kubelet needs; the script sets them while it runs and puts them back.
+SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
+
+
+def _sysctls() -> dict[str, str]:
+    return {name: (Path("/proc/sys") / name).read_text().strip() for name in SYSCTLS}
+
+
+def enabled() -> bool:
+    return os.environ.get(ENABLE_ENV, "") == "1"
+
+
+@dataclass
+class KubeNode:
+    """The running node: its kubeconfig, kubectl, node name and test image, and the script's
+    output so far (printed when a test fails)."""
+
+    kubeconfig: Path
+    kubectl_bin: Path
+    node: str
+    image: str
+    dir: Path
+    start_s: float
+    output: list[str] = field(default_factory=list)
+
+    def kubectl(
+        self, *args: str, check: bool = True, timeout: float = 60.0, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [str(self.kubectl_bin), "--kubeconfig", str(self.kubeconfig), *args],
+            check=False,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()}")
+        return proc
+
+
+class _Output:
+    """The script's stdout, read by a thread, so that waiting for a line never blocks forever."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        self.cond = threading.Condition()
+        self.done = False
+        self.thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self.thread.start()
+
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            with self.cond:
+                self.lines.append(line.rstrip("\n"))
+                self.cond.notify_all()
+        with self.cond:
+            self.done = True
+            self.cond.notify_all()
+
+    def wait_for(self, prefix: str, timeout: float) -> str | None:
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self.cond:
+            while True:
+                for line in self.lines[seen:]:
+                    if line.startswith(prefix):
+                        return line
+                seen = len(self.lines)
+                left = deadline - time.monotonic()
+                if self.done or left <= 0:
+                    return None
+                self.cond.wait(left)
+
+
+@contextmanager
+def running_kube_node() -> Iterator[KubeNode]:
+    """The node, started (about 15-30 s), and torn down when the block ends; a session fixture
+    of the tests that use it wraps this."""
+    if os.geteuid() != 0:
+        pytest.fail("the kube node needs root (containerd, runc, the kubelet)")
+    sysctls_before = _sysctls()
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        ["bash", str(SCRIPT), "--hold"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # a ^C at the terminal reaches pytest, which then closes stdin
+    )
+    out = _Output(proc)
+    try:
+        ready = out.wait_for("kube-node: READY ", START_TIMEOUT_S)
+        if ready is None:
+            pytest.fail("kube-node.sh did not become ready:\n" + "\n".join(out.lines[-40:]))
+        info = dict(kv.split("=", 1) for kv in ready.split()[2:])
+        yield KubeNode(
+            kubeconfig=Path(info["kubeconfig"]),
+            kubectl_bin=Path(info["kubectl"]),
+            node=info["node"],
+            image=info["image"],
+            dir=Path(info["dir"]),
+            start_s=time.monotonic() - t0,
+            output=out.lines,
+        )
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()  # the script tears everything down when its stdin ends
+        try:
+            proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)  # its trap still tears down
+            proc.wait(timeout=STOP_TIMEOUT_S)
+        out.thread.join(timeout=5)
+        assert proc.stdout is not None
+        proc.stdout.close()
+        torn = [line for line in out.lines if "torn down" in line or "left under" in line]
+        tail = "\n".join(out.lines[-20:])
+        assert torn, f"kube-node.sh did not say it tore down:\n{tail}"
+        assert "torn down" in torn[-1], f"kube-node.sh left mounts behind:\n{tail}"
+        assert _sysctls() == sysctls_before, f"kube-node.sh did not put the sysctls back:\n{tail}"
