@@ -38,7 +38,7 @@ clients: $(CLIENTS_STAMP)
 run: setup
 	$(BIN)/sharegpu demo
 
-test: setup clients
+test: setup clients kube
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # The unit tests alone (tests/unit: pure, no process, no simulated GPU), in seconds: the quick

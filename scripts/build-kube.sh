@@ -35,7 +35,9 @@ NICE="${KUBE_NICE:-19}"
 
 export CGO_ENABLED=0       # the upstream release binaries are static too
 
-command -v go >/dev/null || { echo "build-kube: go is not installed" >&2; exit 1; }
+# The official Go tarball's place, where a non-login shell's PATH may not reach.
+command -v go >/dev/null || [ ! -x /usr/local/go/bin/go ] || PATH="/usr/local/go/bin:$PATH"
+command -v go >/dev/null || { echo "build-kube: go is not installed (Kubernetes $KUBE_VERSION needs Go 1.26 or newer)" >&2; exit 1; }
 GOVER="$(go env GOVERSION)"
 mkdir -p "$BIN" "$WORK/kube" "$WORK/etcd"
 

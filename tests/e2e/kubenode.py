@@ -3,8 +3,8 @@ started once, kept running while the tests use it, stopped (and torn down by the
 end. The script owns every process, mount and host setting; this only reads its READY line and
 closes its stdin to stop it.
 
-Not part of `make test` yet: the tests that use it run when SHAREGPU_KUBE_NODE=1 (they need root,
-the binaries of `make kube`, and Debian's containerd, runc, CNI plugins and busybox-static).
+`make test` runs the tests that use it (they need root, the binaries of `make kube`, and
+Debian's containerd, runc, CNI plugins and busybox-static: a missing one fails the start).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "kube-node.sh"
-ENABLE_ENV = "SHAREGPU_KUBE_NODE"
 START_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 120.0
 
@@ -34,10 +33,6 @@ SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
 
 def _sysctls() -> dict[str, str]:
     return {name: (Path("/proc/sys") / name).read_text().strip() for name in SYSCTLS}
-
-
-def enabled() -> bool:
-    return os.environ.get(ENABLE_ENV, "") == "1"
 
 
 @dataclass

@@ -2,8 +2,9 @@
 containerd of `scripts/kube-node.sh`, through `tests/e2e/kubenode.py`. The pod's image is built
 here from files and imported into containerd (no registry), and so is the sandbox image.
 
-Runs only with SHAREGPU_KUBE_NODE=1 (root, `make kube`, Debian's containerd, runc, CNI plugins
-and busybox-static); not part of `make test` yet.
+Part of `make test`, which builds the binaries first (`make kube`); it needs root and Debian's
+containerd, runc, CNI plugins and busybox-static (`.ci/run` installs them), and fails, never
+skips, when one is missing. The node runs for this module's tests only, not beside the others.
 """
 
 from __future__ import annotations
@@ -14,12 +15,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from e2e.kubenode import ENABLE_ENV, KubeNode, enabled, running_kube_node
-
-pytestmark = pytest.mark.skipif(not enabled(), reason=f"the real kube node runs only with {ENABLE_ENV}=1")
+from e2e.kubenode import KubeNode, running_kube_node
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def kube_node() -> Iterator[KubeNode]:
     with running_kube_node() as node:
         yield node
