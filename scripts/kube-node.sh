@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A real single-node Kubernetes on this machine (issue 37, second increment): etcd, kube-apiserver,
-# kube-scheduler and kube-controller-manager on loopback (as scripts/kube-smoke.sh starts them),
+# kube-scheduler and kube-controller-manager on loopback with certificates and RBAC,
 # then Debian's containerd (1.6, CRI v1) and runc with a bridge CNI network, and a real kubelet
 # registered as node "localhost". The sandbox (pause) image and a busybox test image are built here
 # from files (images/pause/pause.c compiled static; Debian's busybox-static) as OCI archives by
