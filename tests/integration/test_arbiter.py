@@ -390,18 +390,20 @@ def _late_bursts(
     kernel_us: int = 1000,
     *,
     host_us: int | None = None,
+    requests: int = 60,
 ) -> float:
-    """Online requests (2 x 1 ms kernels, every 25 ms or at random around it) next to a process
+    """Online requests (`requests` of 2 x 1 ms kernels, every 25 ms or at random around it) next to a process
     of `offline_env` saturating with kernels of `kernel_us` (or, with `host_us`, launching one,
     syncing and spending that long on the host, over and over): the fraction of requests delayed
     by more than 0.4 ms over the quickest."""
     at = start_at(0.5)
     begin = str(at - 300_000_000)
+    seconds = f"{requests * 0.025 + 1.1:.1f}"  # the requests' window, and a margin around it
     if host_us is None:
-        off = sim.spawn_probe("saturate", "2.6", str(kernel_us), "kernel", begin, env=offline_env)
+        off = sim.spawn_probe("saturate", seconds, str(kernel_us), "kernel", begin, env=offline_env)
     else:
-        off = sim.spawn_probe("syncloop", "2.6", "1", str(kernel_us), str(host_us), begin, env=offline_env)
-    lat = _latencies(spawn(sim, online, arrivals, 60, 25, 2, 1000, at))
+        off = sim.spawn_probe("syncloop", seconds, "1", str(kernel_us), str(host_us), begin, env=offline_env)
+    lat = _latencies(spawn(sim, online, arrivals, requests, 25, 2, 1000, at))
     finish(off)
     quickest = min(lat)
     return sum(1 for x in lat if x > quickest + 400) / len(lat)
@@ -423,10 +425,13 @@ def test_offline_holds_back_before_predicted_online_requests(sim: Sim) -> None:
     assert read_arbiter(path).holdbacks == status.holdbacks
     assert late < late_off / 2
     tune_arbiter(path, holdback_max_ns=abi.ARB_DEFAULT_HOLDBACK_MAX_NS)
-    _late_bursts(sim, online, sim.tenant_env(offline), "poisson")
+    # Nothing regular to predict: few (wrong) hold-backs.  Each run draws its own random pattern
+    # (12-20 per 60 requests is usual, 29 was seen once), so the count is taken over 120
+    # requests and judged against the periodic rate: under half of it, per request.
+    _late_bursts(sim, online, sim.tenant_env(offline), "poisson", requests=120)
     random_holds = read_arbiter(path).holdbacks - status.holdbacks
-    print(f"random arrivals: {random_holds} holdbacks for 60 requests")
-    assert random_holds <= 20  # nothing regular to predict: few (wrong) hold-backs
+    print(f"random arrivals: {random_holds} holdbacks for 120 requests")
+    assert random_holds / 120 < status.holdbacks / 60 / 2
 
 
 @pytest.mark.timing
