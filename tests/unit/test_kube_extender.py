@@ -16,6 +16,7 @@ from kubeobjects import H100, NOW, SERIALISE, RecordingBinder, args, kept, node,
 from sharegpu.kube.assignment import Assignment
 from sharegpu.kube.bindings import BindError, Fits, PodRef
 from sharegpu.kube.extender import MAX_SCORE, Extender, placement_request
+from sharegpu.kube.extender.wire import for_scheduler
 from sharegpu.kube.request import ANNOTATION_ASSIGNMENT, pod_request
 from sharegpu.placement import ClusterState, Placement, place
 
@@ -267,3 +268,21 @@ def test_a_slow_bind_holds_its_room_and_never_blocks_a_filter() -> None:
         else:
             assert "the API server said no" in result[0]["Error"]
             assert kept(after) == ["one"]  # the reservation was given back
+
+
+def test_reasons_reach_the_scheduler_without_a_percent_sign() -> None:
+    """The kube-scheduler formats the extender's reasons (Eventf), so a '%' must not reach it."""
+    reply = {
+        "NodeNames": ["a"],
+        "FailedNodes": {"b": "no room now for 1 x 10% GPU / 4096 MiB"},
+        "FailedAndUnresolvableNodes": {"c": "GPUs of 50% at most"},
+        "Error": "",
+    }
+    out = for_scheduler(reply)
+    assert out["FailedNodes"] == {"b": "no room now for 1 x 10 percent GPU / 4096 MiB"}
+    assert out["FailedAndUnresolvableNodes"] == {"c": "GPUs of 50 percent at most"}
+    assert out["NodeNames"] == ["a"]
+    assert out["Error"] == ""
+    assert for_scheduler({"Error": "no room for 30%"})["Error"] == "no room for 30 percent"
+    assert for_scheduler([{"Host": "a", "Score": 10}]) == [{"Host": "a", "Score": 10}]  # prioritize
+    assert reply["FailedNodes"]["b"].endswith("10% GPU / 4096 MiB")  # the caller's reply untouched

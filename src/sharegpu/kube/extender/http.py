@@ -12,6 +12,7 @@ from typing import Any
 import orjson  # the scheduler's every call carries every node's name: a third of a pod's cost in json
 
 from sharegpu.kube.extender.core import Extender
+from sharegpu.kube.extender.wire import for_scheduler
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -45,7 +46,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError as err:  # orjson.JSONDecodeError is one
             self._reply(400, {"Error": f"malformed extender request: {err}"})
             return
-        self._reply(200, verb(args))
+        self._reply(200, for_scheduler(verb(args)))
 
     def do_GET(self) -> None:
         path = self.path.rstrip("/")

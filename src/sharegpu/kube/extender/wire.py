@@ -26,6 +26,26 @@ def filter_result(
     }
 
 
+def for_scheduler(reply: Any) -> Any:
+    """A verb's reply with its reasons as the kube-scheduler shows them. The scheduler hands the
+    extender's reasons to its event recorder as a format string, so "10% GPU" reached a pod's
+    events as "10%!G(MISSING)PU" (seen on the real node: tests/e2e/test_kube_real_sharegpu.py);
+    the reasons say "percent" instead."""
+    if not isinstance(reply, dict):
+        return reply
+    out = dict(reply)
+    for key in ("FailedNodes", "FailedAndUnresolvableNodes"):
+        if isinstance(out.get(key), dict):
+            out[key] = {node: _words(str(why)) for node, why in out[key].items()}
+    if isinstance(out.get("Error"), str):
+        out["Error"] = _words(out["Error"])
+    return out
+
+
+def _words(reason: str) -> str:
+    return reason.replace("%", " percent")
+
+
 def unschedulable(request: Request, failed: Mapping[str, str], final: Mapping[str, str]) -> str:
     """Why no node can take the request, in one line: the commonest reasons, counted."""
     counts = Counter([*failed.values(), *final.values()])
