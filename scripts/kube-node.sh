@@ -240,6 +240,18 @@ wait_for etcd "$t" 30 "${PIDS[-1]}" etcd.log curl -sf "http://127.0.0.1:$P_ETCD/
 # --endpoint-reconciler-type none: the default reconciler refuses a loopback advertise address.
 # The kubelet serves on 127.0.0.1 only, and a node's InternalIP may not be a loopback address, so
 # the apiserver reaches it (logs, exec) by its Hostname address: the node is named "localhost".
+# --allow-privileged: the node DaemonSet of deploy/kubernetes runs privileged, as kubeadm clusters allow.
+# The audit log records every request of sharegpu's service accounts (the e2e tests read it: a
+# component denied something fails them); nothing else is logged.
+cat > audit-policy.yaml <<EOF
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    userGroups: ["system:serviceaccounts:sharegpu-system"]
+  - level: None
+EOF
 t=$(ms)
 "$BIN/kube-apiserver" --etcd-servers "http://127.0.0.1:$P_ETCD" \
     --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$P_API" \
@@ -250,7 +262,8 @@ t=$(ms)
     --enable-admission-plugins NodeRestriction \
     --kubelet-client-certificate apiserver-kubelet-client.crt --kubelet-client-key apiserver-kubelet-client.key \
     --kubelet-certificate-authority ca.crt --kubelet-preferred-address-types Hostname \
-    --endpoint-reconciler-type none > apiserver.log 2>&1 &
+    --endpoint-reconciler-type none --allow-privileged=true \
+    --audit-policy-file audit-policy.yaml --audit-log-path "$D/audit.log" > apiserver.log 2>&1 &
 PIDS+=($!)
 wait_for kube-apiserver "$t" 120 "${PIDS[-1]}" apiserver.log K get --raw /readyz
 
@@ -361,7 +374,7 @@ wait_for "serviceaccount default/default" "$t" 60 "${PIDS[-3]}" controller-manag
 echo "kube-node: node up $(( $(ms) - T0 )) ms after the script started"
 
 if [ "$HOLD" = 1 ]; then
-    echo "kube-node: READY dir=$D kubeconfig=$D/kubeconfig node=$NODE image=$TEST_IMAGE kubectl=$BIN/kubectl"
+    echo "kube-node: READY dir=$D kubeconfig=$D/kubeconfig node=$NODE image=$TEST_IMAGE kubectl=$BIN/kubectl bin=$BIN audit=$D/audit.log"
     # Until stdin reaches its end (the fixture closes it, or dies), the kubelet exits, or a signal
     # comes. (A SIGTERM that arrived in a `read -t` loop here once made bash 5.2 crash in the
     # middle of the teardown: the trap now runs out of `wait`, the documented way.)

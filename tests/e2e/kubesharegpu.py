@@ -1,0 +1,260 @@
+"""sharegpu installed on the real node of `kubenode.py` (issue 37): `deploy/kubernetes` applied with
+kubectl, then its three components started as host processes under their ServiceAccounts' own
+tokens, so the API server's RBAC judges every request they make as it would in the cluster:
+
+* the device plugin (the node DaemonSet's command) on a simulated GPU, registering with the real
+  kubelet at its fixed socket, /var/lib/kubelet/device-plugins/kubelet.sock;
+* the extender (the extender Deployment's command);
+* a second kube-scheduler (the scheduler Deployment's binary, built by `make kube`) with
+  `deploy/kubernetes/base/scheduler-config.yaml` as it is, but for two lines a host process
+  needs: the extender's URL (no cluster DNS here: 127.0.0.1 and its port) and the kubeconfig
+  holding the ServiceAccount's token (a pod gets it mounted).
+
+The Deployments and the DaemonSet are applied and accepted, then scaled to none / left without a
+matching node: their pods need the project's image, which is not built here yet (issue 37).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import Sim
+from e2e.kubenode import ROOT, KubeNode
+from metricsutil import free_port
+from sharegpu.runtime.rootfs import build_rootfs
+
+NAMESPACE = "sharegpu-system"
+DEPLOY = ROOT / "deploy" / "kubernetes"
+SCHEDULER_CONFIG = DEPLOY / "base" / "scheduler-config.yaml"
+KUBELET_SOCKET = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
+START_TIMEOUT_S = 60.0
+PROBE_IMAGE = "sharegpu.local/probe:1"
+
+
+@dataclass
+class Sharegpu:
+    """The node with sharegpu on it: the simulated GPU, where each component logs, and what the
+    API server accepted from the manifests."""
+
+    node: KubeNode
+    sim: Sim
+    logs: dict[str, Path]
+    applied: list[str]
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def kubectl(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        return self.node.kubectl(*args, **kwargs)
+
+    def get(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def tail(self, lines: int = 30) -> str:
+        return "\n".join(
+            f"--- {name}:\n" + "\n".join(path.read_text().splitlines()[-lines:])
+            for name, path in self.logs.items()
+        )
+
+
+def audit_denials(audit_log: Path) -> list[str]:
+    """Every request of a sharegpu ServiceAccount that the API server refused (401/403), one
+    line each: who, verb, resource, the status."""
+    denied = []
+    for line in audit_log.read_text().splitlines():
+        event = json.loads(line)
+        code = event.get("responseStatus", {}).get("code", 0)
+        if code in (401, 403):
+            ref = event.get("objectRef", {})
+            what = "/".join(p for p in (ref.get("resource"), ref.get("subresource"), ref.get("name")) if p)
+            denied.append(
+                f"{event['user']['username']} {event['verb']} {what or event['requestURI']}: {code}"
+            )
+    return denied
+
+
+def _token_kubeconfig(node: KubeNode, account: str, path: Path) -> Path:
+    """A kubeconfig that authenticates as ServiceAccount `account` with a token the API server
+    issues for it (what a pod of that account has mounted)."""
+    token = node.kubectl("-n", NAMESPACE, "create", "token", account, "--duration", "2h").stdout.strip()
+    admin = yaml.safe_load(node.kubeconfig.read_text())
+    cluster = admin["clusters"][0]["cluster"]
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "node", "cluster": cluster}],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": account, "context": {"cluster": "node", "user": account}}],
+        "current-context": account,
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def scheduler_config(extender_port: int, kubeconfig: Path, path: Path) -> Path:
+    """deploy's scheduler configuration with the two lines a host process needs changed."""
+    config = yaml.safe_load(SCHEDULER_CONFIG.read_text())
+    (extender,) = config["extenders"]
+    assert extender["urlPrefix"] == f"http://sharegpu-extender.{NAMESPACE}.svc:8998", extender
+    extender["urlPrefix"] = f"http://127.0.0.1:{extender_port}"
+    config["clientConnection"] = {"kubeconfig": str(kubeconfig)}
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _start(stack: ExitStack, gpu: Sharegpu, name: str, argv: list[str], env: dict[str, str]) -> None:
+    """Run one component, logging to gpu.logs[name], stopped (SIGTERM, then SIGKILL) when the
+    stack closes."""
+    log = gpu.logs[name]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    gpu.procs[name] = proc
+
+    def stop() -> None:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    stack.callback(stop)
+
+
+def import_probe_image(node: KubeNode, root: Path) -> None:
+    """An image with busybox, the CUDA probe and the C libraries they need (the driver and the
+    shim come from the device plugin's answer), built from files and imported into the node's
+    containerd: the pods' CUDA program."""
+    rootfs = build_rootfs(root / "probe-rootfs")
+    archive = root / "probe.tar"
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "oci-image.py"),
+            "--name",
+            PROBE_IMAGE,
+            "--rootfs",
+            str(rootfs),
+            "--out",
+            str(archive),
+            "--cmd",
+            "/bin/sh",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    ctr = ["ctr", "--address", str(node.dir / "containerd.sock"), "-n", "k8s.io"]
+    subprocess.run([*ctr, "images", "import", str(archive)], check=True, capture_output=True)
+
+
+def apply_manifests(node: KubeNode) -> list[str]:
+    """`kubectl apply -k deploy/kubernetes`: the objects it created (every line), failing on any
+    object the server refused."""
+    applied = node.kubectl("apply", "-k", str(DEPLOY), check=False, timeout=120)
+    assert applied.returncode == 0, (
+        f"the API server refused part of deploy/kubernetes:\n{applied.stderr}{applied.stdout}"
+    )
+    # Their pods need the project's image (not built here yet): none is left to start.
+    node.kubectl("-n", NAMESPACE, "scale", "deployment", "--all", "--replicas=0")
+    return applied.stdout.splitlines()
+
+
+@contextmanager
+def sharegpu_on(node: KubeNode, root: Path) -> Iterator[Sharegpu]:
+    if not KUBELET_SOCKET.is_socket():
+        pytest.fail(f"the kubelet's device-plugin socket {KUBELET_SOCKET} is not there")
+    applied = apply_manifests(node)
+    import_probe_image(node, root)
+    sim = Sim(root / "sim", gpus=1, memory_mib=8192)
+    base = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
+    logs = {name: root / f"{name}.log" for name in ("device-plugin", "extender", "scheduler")}
+    gpu = Sharegpu(node, sim, logs, applied)
+    extender_port, scheduler_port = free_port(), free_port()
+    with ExitStack() as stack:
+        plugin_env = sim.env(
+            SHAREGPU_NO_AGENT="1",
+            KUBECONFIG=str(_token_kubeconfig(node, "sharegpu-node", root / "node.kubeconfig")),
+        )
+        plugin_env.pop("KUBERNETES_SERVICE_HOST", None)
+        _start(
+            stack,
+            gpu,
+            "device-plugin",
+            [
+                sys.executable,
+                "-m",
+                "sharegpu.kube.deviceplugin",
+                "--node",
+                node.node,
+                "--cdi-spec",
+                str(root / "cdi" / "sharegpu.yaml"),
+                "--publish-interval",
+                "1",
+            ],
+            plugin_env,
+        )
+        extender_env = dict(
+            base,
+            KUBECONFIG=str(_token_kubeconfig(node, "sharegpu-extender", root / "extender.kubeconfig")),
+            POD_NAME="extender-e2e",
+            POD_NAMESPACE=NAMESPACE,
+        )
+        _start(
+            stack,
+            gpu,
+            "extender",
+            [
+                sys.executable,
+                "-m",
+                "sharegpu.kube.extender",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(extender_port),
+            ],
+            extender_env,
+        )
+        sched_kubeconfig = _token_kubeconfig(node, "sharegpu-scheduler", root / "scheduler.kubeconfig")
+        _start(
+            stack,
+            gpu,
+            "scheduler",
+            [
+                str(node.kubectl_bin.parent / "kube-scheduler"),
+                "--config",
+                str(scheduler_config(extender_port, sched_kubeconfig, root / "scheduler-config.yaml")),
+                "--authentication-kubeconfig",
+                str(sched_kubeconfig),
+                "--authorization-kubeconfig",
+                str(sched_kubeconfig),
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                str(scheduler_port),
+            ],
+            base,
+        )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            dead = [name for name, proc in gpu.procs.items() if proc.poll() is not None]
+            if dead:
+                pytest.fail(f"{', '.join(dead)} exited:\n{gpu.tail()}")
+            status = gpu.get("node", node.node)["status"]
+            if int(status.get("allocatable", {}).get("sharegpu.io/vgpu", "0")) > 0:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"the node shows no sharegpu.io/vgpu after {START_TIMEOUT_S:.0f} s:\n{gpu.tail()}")
+        yield gpu

@@ -1,0 +1,202 @@
+"""sharegpu on a real node (issue 37): `deploy/kubernetes` applied to the real API server, the
+device plugin registered with the real kubelet, vGPU pods placed by a real kube-scheduler through
+sharegpu's extender, admitted by the kubelet and started by containerd with their tenants
+(`tests/e2e/kubesharegpu.py` sets it up; `tests/e2e/kubenode.py` runs the node).
+
+Part of `make test` (after `make kube`); needs root; fails, never skips, when a component is
+missing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import parse_kv
+from e2e.kubenode import running_kube_node
+from e2e.kubesharegpu import PROBE_IMAGE, Sharegpu, audit_denials, sharegpu_on
+from sharegpu.kube.deviceplugin.allocate import tenant_name
+from sharegpu.regions import abi
+from sharegpu.spec import MIB
+from sharegpu.tenant import read_device_limits, tenant_path
+
+APP_NS = "default"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sharegpu]:
+    root = Path(tmp_path_factory.mktemp("sharegpu-kube"))
+    with running_kube_node() as node, sharegpu_on(node, root) as gpu:
+        yield gpu
+        # What every component asked of the API server, judged by the server's own RBAC.
+        denied = audit_denials(node.dir / "audit.log")
+        assert not denied, "the API server refused sharegpu's components:\n" + "\n".join(denied)
+
+
+def vgpu_pod(name: str, memory_mib: int, compute: int, command: str, **annotations: str) -> dict[str, Any]:
+    """A pod that asks for a vGPU the way docs/kubernetes.md tells users to."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": APP_NS, "annotations": annotations},
+        "spec": {
+            "schedulerName": "sharegpu-scheduler",
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": PROBE_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", command],
+                    "resources": {
+                        "limits": {
+                            "sharegpu.io/vgpu": 1,
+                            "sharegpu.io/vgpu-memory": memory_mib,
+                            "sharegpu.io/vgpu-compute": compute,
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def wait_phase(gpu: Sharegpu, name: str, phases: tuple[str, ...], timeout: float = 90) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        pod: dict[str, Any] = gpu.get("pod", "-n", APP_NS, name)
+        if pod["status"].get("phase") in phases:
+            return pod
+        if time.monotonic() > deadline:
+            describe = gpu.kubectl("-n", APP_NS, "describe", "pod", name, check=False).stdout
+            pytest.fail(f"pod {name} not {'/'.join(phases)} after {timeout:.0f} s:\n{describe}\n{gpu.tail()}")
+        time.sleep(0.2)
+
+
+def test_the_manifests_are_accepted_and_the_node_shows_its_vgpus(cluster: Sharegpu) -> None:
+    kinds = {line.split("/", 1)[0].split(".", 1)[0] for line in cluster.applied}
+    assert {
+        "namespace",
+        "serviceaccount",
+        "clusterrole",
+        "clusterrolebinding",
+        "deployment",
+        "daemonset",
+    } <= kinds
+    assert all(line.endswith(("created", "configured", "unchanged")) for line in cluster.applied), (
+        cluster.applied
+    )
+    node = cluster.get("node", cluster.node.node)
+    slots = int(node["status"]["allocatable"]["sharegpu.io/vgpu"])
+    assert slots > 0
+    # The device plugin published the GPU inventory the extender reads.
+    labels = node["metadata"]["labels"]
+    print(f"node allocatable sharegpu.io/vgpu={slots}; labels {sorted(k for k in labels if 'sharegpu' in k)}")
+
+
+def test_a_vgpu_pod_is_placed_through_the_extender_and_started_with_its_tenant(cluster: Sharegpu) -> None:
+    name = "vgpu-4g-30"
+    # An unmodified CUDA program (the probe, on the simulated GPU): what it sees, then 3000 MiB
+    # allocated and 2000 MiB more refused.
+    pod = vgpu_pod(name, 4096, 30, "sgprobe info && sgprobe alloc plain 3000M 2000M && exec sleep 600")
+    t0 = time.monotonic()
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+    running = wait_phase(cluster, name, ("Running", "Succeeded", "Failed"))
+    took = time.monotonic() - t0
+    assert running["status"]["phase"] == "Running", running["status"]
+    assert running["spec"]["nodeName"] == cluster.node.node
+    # Placed by the sharegpu scheduler, through the extender's bind (its assignment annotation).
+    events = cluster.get("events", "-n", APP_NS, "--field-selector", f"involvedObject.name={name}")["items"]
+    assert [e.get("reportingComponent") for e in events if e["reason"] == "Scheduled"] == [
+        "sharegpu-scheduler"
+    ]
+    assert any(key.startswith("sharegpu.io/") for key in running["metadata"]["annotations"]), running[
+        "metadata"
+    ]
+    # Allocated by the kubelet through the device plugin: the container's tenant, 4 GiB and 30%.
+    tenant = tenant_name(running["metadata"]["uid"], "main")
+    path = tenant_path(tenant, cluster.sim.runtime)
+    (limit,) = read_device_limits(path)
+    assert (limit.mem_cap_bytes, limit.share_permille, limit.priority) == (
+        4096 * MIB,
+        300,
+        abi.PRIORITY_NORMAL,
+    )
+    deadline = time.monotonic() + 30
+    while (
+        "alloc=" not in (log := cluster.kubectl("-n", APP_NS, "logs", name).stdout)
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
+    values, lines = parse_kv(log)
+    assert values.get("dev0.total") == str(4096 * MIB), log  # its vGPU, not the 8 GiB card
+    allocs = [v for k, v in lines if k == "alloc"]
+    assert allocs == ["OK", "CUDA_ERROR_OUT_OF_MEMORY"], log
+    print(
+        f"vGPU pod created -> Running in {took:.1f} s; inside: total {values['dev0.total']}, allocs {allocs}"
+    )
+    # Deleted, its tenant goes (the device plugin's pod reaper).
+    cluster.kubectl("-n", APP_NS, "delete", "pod", name, "--wait", "--timeout", "60s")
+    deadline = time.monotonic() + 30
+    while path.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not path.exists(), f"the deleted pod's tenant {tenant} is still there:\n{cluster.tail()}"
+
+
+def failed_scheduling(gpu: Sharegpu, name: str) -> list[str]:
+    events = gpu.get("events", "-n", APP_NS, "--field-selector", f"involvedObject.name={name}")["items"]
+    return [e["message"] for e in events if e["reason"] == "FailedScheduling"]
+
+
+def test_an_online_and_an_offline_pod_share_the_gpu_and_a_third_waits_for_room(cluster: Sharegpu) -> None:
+    """Two pods on the one 8 GiB card, each with the priority its class gives; a third that does
+    not fit what is left stays Pending with the extender's reason in its events, and runs once
+    one of the two is deleted."""
+    sleep = "exec sleep 600"
+    online = vgpu_pod("serve", 4096, 30, sleep)
+    online["spec"]["priorityClassName"] = "sharegpu-online"
+    offline = vgpu_pod("train", 3072, 60, sleep)
+    offline["spec"]["priorityClassName"] = "sharegpu-offline"
+    waiting = vgpu_pod("later", 4096, 10, sleep)
+    for pod in (online, offline):
+        cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+    pods = {
+        p["metadata"]["name"]: wait_phase(cluster, p["metadata"]["name"], ("Running",))
+        for p in (online, offline)
+    }
+    for name, priority, memory in (
+        ("serve", abi.PRIORITY_ONLINE, 4096),
+        ("train", abi.PRIORITY_OFFLINE, 3072),
+    ):
+        (limit,) = read_device_limits(
+            tenant_path(tenant_name(pods[name]["metadata"]["uid"], "main"), cluster.sim.runtime)
+        )
+        assert (limit.priority, limit.mem_cap_bytes) == (priority, memory * MIB), name
+    uuids = {
+        read_device_limits(tenant_path(tenant_name(p["metadata"]["uid"], "main"), cluster.sim.runtime))[
+            0
+        ].uuid
+        for p in pods.values()
+    }
+    assert len(uuids) == 1  # one card, shared
+
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(waiting))
+    deadline = time.monotonic() + 60
+    while not (reasons := failed_scheduling(cluster, "later")) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert reasons, f"no FailedScheduling event for the pod that does not fit:\n{cluster.tail()}"
+    assert cluster.get("pod", "-n", APP_NS, "later")["status"]["phase"] == "Pending"
+    assert any("no room now" in r and "%!" not in r for r in reasons), reasons  # not mangled by Eventf
+    print(f"the third pod waits: {reasons[-1]}")
+
+    t0 = time.monotonic()
+    cluster.kubectl("-n", APP_NS, "delete", "pod", "serve", "--wait", "--timeout", "60s")
+    wait_phase(cluster, "later", ("Running",), timeout=120)
+    print(f"deleting one let the third run {time.monotonic() - t0:.1f} s later")
+    cluster.kubectl("-n", APP_NS, "delete", "pod", "train", "later", "--wait", "--timeout", "60s")
