@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from sharegpu.kube.apiclient import REQUEST_TIMEOUT_S
+
 log = logging.getLogger(__name__)
 
 COMPONENT = "sharegpu-extender"
@@ -122,5 +124,8 @@ class EventRecorder:
         while self._queue.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.01)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = REQUEST_TIMEOUT_S + 1) -> None:
+        """Post what is queued, then end the thread (waited for: a thread still in a request when
+        the interpreter finalizes can abort the process)."""
         self._queue.put(None)
+        self._thread.join(timeout)

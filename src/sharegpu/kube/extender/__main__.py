@@ -22,13 +22,14 @@ from types import FrameType
 from typing import Protocol
 
 from sharegpu.errors import SharegpuError, SpecError
+from sharegpu.kube.apiclient import REQUEST_TIMEOUT_S
 from sharegpu.kube.assignment import Assignment
 from sharegpu.kube.bindings import ApiBinder, BindError, Fits, PodRef
 from sharegpu.kube.extender.core import Binder, Extender
 from sharegpu.kube.extender.http import serve
 from sharegpu.kube.extender.translate import read_workload
 from sharegpu.kube.inventory import STALE_AFTER_S
-from sharegpu.kube.leader import LEASE_S, RENEW_S
+from sharegpu.kube.leader import LEASE_S, RENEW_S, LeaderElector
 from sharegpu.placement import DEFAULT_POLICY, Workload
 
 LEASE_NAME = "sharegpu-extender"
@@ -139,7 +140,6 @@ def _connected(args: argparse.Namespace, workload: Workload | None) -> tuple[Ext
     from sharegpu.kube.apiclient import api_client, failure
     from sharegpu.kube.events import EventRecorder
     from sharegpu.kube.extender.sync import ClusterSync
-    from sharegpu.kube.leader import LeaderElector
 
     if not 0 < args.renew_seconds < args.lease_seconds:
         raise SharegpuError("--renew-seconds must be above 0 and below --lease-seconds")
@@ -169,8 +169,22 @@ def _connected(args: argparse.Namespace, workload: Workload | None) -> tuple[Ext
         sync.start()
     except Exception as err:  # the API server refused or did not answer: say which, and stop
         raise SharegpuError(f"cannot read the cluster's nodes and pods: {failure(err, api)}") from err
-    threading.Thread(target=elector.run, name="leader", daemon=True).start()
-    return extender, [sync, elector, events]
+    leader = _Leader(elector)
+    return extender, [sync, leader, events]
+
+
+class _Leader:
+    """The election's thread; stopping it hands the Lease back (elector.run) and waits for that,
+    so a replacement leads at once and no request is left running while the process exits."""
+
+    def __init__(self, elector: LeaderElector) -> None:
+        self.elector = elector
+        self.thread = threading.Thread(target=elector.run, name="leader", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.elector.stop()
+        self.thread.join(REQUEST_TIMEOUT_S * 2 + 1)  # the Lease read and its replacement
 
 
 if __name__ == "__main__":

@@ -5,6 +5,9 @@ calls there only)."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -72,10 +75,46 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # one line per scheduling cycle would drown the log
 
 
+class ExtenderServer(ThreadingHTTPServer):
+    """A thread per connection, and every one of them ended by server_close: the scheduler keeps
+    its connections open, so their threads wait in recv for its next call. Left waiting while
+    the interpreter finalized, such a thread (or any other still in C code) aborted the
+    extender when it woke (SIGABRT at a SIGTERM, on the real node:
+    tests/e2e/test_kube_real_sharegpu.py); now the connections are shut and the threads joined."""
+
+    daemon_threads = False
+    block_on_close = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            self._open.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._open_lock:
+            self._open.discard(request)
+        super().shutdown_request(request)
+
+    def server_close(self) -> None:
+        """Stop listening, end every open connection (a call in progress loses its reply; the
+        scheduler retries), and join their threads."""
+        with self._open_lock:
+            connections = list(self._open)
+        for conn in connections:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        super().server_close()
+
+
 def serve(
     extender: Extender, host: str = "0.0.0.0", port: int = 8998, *, preempt: bool = False
-) -> ThreadingHTTPServer:
+) -> ExtenderServer:
     """An HTTP server of the extender API (not started: call serve_forever); `preempt` adds the
     preempt verb (the scheduler's configuration must name it too: preemptVerb)."""
     handler = type("Handler", (_Handler,), {"extender": extender, "preempt": preempt})
-    return ThreadingHTTPServer((host, port), handler)
+    return ExtenderServer((host, port), handler)

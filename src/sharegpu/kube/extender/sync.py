@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from sharegpu.kube.apiclient import REQUEST_TIMEOUT_S
 from sharegpu.kube.extender.core import Extender
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,11 @@ class ClusterSync:
                     self._stop.wait(RETRY_S)
                 version = ""  # list again: changes may have been missed
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = REQUEST_TIMEOUT_S + 1) -> None:
+        """End both watches (Watch.stop cuts the stream's socket) and wait for their threads: a
+        thread still in a request when the interpreter finalizes can abort the process."""
         self._stop.set()
         for w in list(self._watches.values()):
             w.stop()
+        for thread in self._threads:
+            thread.join(timeout)
