@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -54,6 +55,45 @@ class Sharegpu:
     logs: dict[str, Path]
     applied: list[str]
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    commands: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
+    extender_port: int = field(default_factory=free_port)
+
+    def extender_ready(self) -> bool:
+        """The extender's readiness probe, as deploy/kubernetes sets it: the leader, synced."""
+        try:
+            return httpx.get(f"http://127.0.0.1:{self.extender_port}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        """Run one component, appending to logs[name]."""
+        self.commands[name] = (argv, env)
+        with self.logs[name].open("ab") as out:
+            self.procs[name] = subprocess.Popen(
+                argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def stop(self, name: str) -> int | None:
+        """SIGTERM (SIGKILL after 30 s); the exit status."""
+        proc = self.procs[name]
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        return proc.returncode
+
+    def stop_if_started(self, name: str) -> None:
+        if name in self.procs:
+            self.stop(name)
+
+    def restart(self, name: str) -> None:
+        """Stopped and started again with the same command, as a pod's container is."""
+        code = self.stop(name)
+        assert code == 0, f"{name} exited {code} at SIGTERM:\n" + self.logs[name].read_text()[-3000:]
+        self.start(name, *self.commands[name])
 
     def kubectl(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
         return self.node.kubectl(*args, **kwargs)
@@ -113,26 +153,6 @@ def scheduler_config(extender_port: int, kubeconfig: Path, path: Path) -> Path:
     return path
 
 
-def _start(stack: ExitStack, gpu: Sharegpu, name: str, argv: list[str], env: dict[str, str]) -> None:
-    """Run one component, logging to gpu.logs[name], stopped (SIGTERM, then SIGKILL) when the
-    stack closes."""
-    log = gpu.logs[name]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    gpu.procs[name] = proc
-
-    def stop() -> None:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-    stack.callback(stop)
-
-
 def import_probe_image(node: KubeNode, root: Path) -> None:
     """An image with busybox, the CUDA probe and the C libraries they need (the driver and the
     shim come from the device plugin's answer), built from files and imported into the node's
@@ -179,18 +199,20 @@ def sharegpu_on(node: KubeNode, root: Path) -> Iterator[Sharegpu]:
     import_probe_image(node, root)
     sim = Sim(root / "sim", gpus=1, memory_mib=8192)
     base = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
+    base["PYTHONFAULTHANDLER"] = "1"  # a crash of a component leaves its traceback in its log
     logs = {name: root / f"{name}.log" for name in ("device-plugin", "extender", "scheduler")}
     gpu = Sharegpu(node, sim, logs, applied)
-    extender_port, scheduler_port = free_port(), free_port()
+    extender_port, scheduler_port = gpu.extender_port, free_port()
     with ExitStack() as stack:
+        for name in logs:
+            stack.callback(gpu.stop_if_started, name)
         plugin_env = sim.env(
             SHAREGPU_NO_AGENT="1",
+            PYTHONFAULTHANDLER="1",
             KUBECONFIG=str(_token_kubeconfig(node, "sharegpu-node", root / "node.kubeconfig")),
         )
         plugin_env.pop("KUBERNETES_SERVICE_HOST", None)
-        _start(
-            stack,
-            gpu,
+        gpu.start(
             "device-plugin",
             [
                 sys.executable,
@@ -211,9 +233,7 @@ def sharegpu_on(node: KubeNode, root: Path) -> Iterator[Sharegpu]:
             POD_NAME="extender-e2e",
             POD_NAMESPACE=NAMESPACE,
         )
-        _start(
-            stack,
-            gpu,
+        gpu.start(
             "extender",
             [
                 sys.executable,
@@ -227,9 +247,7 @@ def sharegpu_on(node: KubeNode, root: Path) -> Iterator[Sharegpu]:
             extender_env,
         )
         sched_kubeconfig = _token_kubeconfig(node, "sharegpu-scheduler", root / "scheduler.kubeconfig")
-        _start(
-            stack,
-            gpu,
+        gpu.start(
             "scheduler",
             [
                 str(node.kubectl_bin.parent / "kube-scheduler"),

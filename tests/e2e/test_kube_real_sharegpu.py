@@ -200,3 +200,42 @@ def test_an_online_and_an_offline_pod_share_the_gpu_and_a_third_waits_for_room(c
     wait_phase(cluster, "later", ("Running",), timeout=120)
     print(f"deleting one let the third run {time.monotonic() - t0:.1f} s later")
     cluster.kubectl("-n", APP_NS, "delete", "pod", "train", "later", "--wait", "--timeout", "60s")
+
+
+def tenant_of(gpu: Sharegpu, pod: dict[str, Any]) -> Path:
+    return tenant_path(tenant_name(pod["metadata"]["uid"], "main"), gpu.sim.runtime)
+
+
+def test_the_device_plugin_extender_and_scheduler_restart_under_running_pods_and_lose_nothing(
+    cluster: Sharegpu,
+) -> None:
+    """Each component stopped and started again (as a pod's container is) while a vGPU pod runs:
+    its tenant stays, the node's vGPUs come back, and the extender, having read the running
+    pod's assignment back from the API server, places the next pod beside it and refuses one
+    that would oversubscribe the card."""
+    sleep = "exec sleep 600"
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(vgpu_pod("before", 4096, 30, sleep)))
+    before = wait_phase(cluster, "before", ("Running",))
+    tenant = tenant_of(cluster, before)
+    limits = read_device_limits(tenant)
+    t0 = time.monotonic()
+    for name in ("device-plugin", "extender", "scheduler"):
+        cluster.restart(name)
+    deadline = time.monotonic() + 60
+    while not cluster.extender_ready() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert cluster.extender_ready(), f"the extender is not ready again:\n{cluster.tail()}"
+    print(f"three components restarted, the extender ready again {time.monotonic() - t0:.1f} s later")
+    assert read_device_limits(tenant) == limits  # the running pod's tenant, untouched
+
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(vgpu_pod("after", 3072, 40, sleep)))
+    after = wait_phase(cluster, "after", ("Running",))
+    assert read_device_limits(tenant_of(cluster, after))[0].uuid == limits[0].uuid
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(vgpu_pod("over", 2048, 10, sleep)))
+    deadline = time.monotonic() + 60
+    while not (reasons := failed_scheduling(cluster, "over")) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert any("no room now" in r for r in reasons), f"{reasons}\n{cluster.tail()}"
+    assert cluster.get("pod", "-n", APP_NS, "over")["status"]["phase"] == "Pending"
+    assert read_device_limits(tenant) == limits
+    cluster.kubectl("-n", APP_NS, "delete", "pod", "before", "after", "over", "--wait", "--timeout", "60s")
