@@ -58,16 +58,18 @@ class Sharegpu:
     commands: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
     extender_port: int = field(default_factory=free_port)
 
-    def extender_ready(self) -> bool:
+    def extender_ready(self, port: int | None = None) -> bool:
         """The extender's readiness probe, as deploy/kubernetes sets it: the leader, synced."""
         try:
-            return httpx.get(f"http://127.0.0.1:{self.extender_port}/readyz", timeout=2).status_code == 200
+            url = f"http://127.0.0.1:{port or self.extender_port}/readyz"
+            return httpx.get(url, timeout=2).status_code == 200
         except httpx.HTTPError:
             return False
 
     def start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
         """Run one component, appending to logs[name]."""
         self.commands[name] = (argv, env)
+        self.logs.setdefault(name, self.logs["extender"].with_name(f"{name}.log"))
         with self.logs[name].open("ab") as out:
             self.procs[name] = subprocess.Popen(
                 argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

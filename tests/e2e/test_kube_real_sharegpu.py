@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,8 @@ import pytest
 
 from conftest import parse_kv
 from e2e.kubenode import running_kube_node
-from e2e.kubesharegpu import PROBE_IMAGE, Sharegpu, audit_denials, sharegpu_on
+from e2e.kubesharegpu import NAMESPACE, PROBE_IMAGE, Sharegpu, audit_denials, sharegpu_on
+from metricsutil import free_port
 from sharegpu.kube.deviceplugin.allocate import tenant_name
 from sharegpu.regions import abi
 from sharegpu.spec import MIB
@@ -239,3 +240,46 @@ def test_the_device_plugin_extender_and_scheduler_restart_under_running_pods_and
     assert cluster.get("pod", "-n", APP_NS, "over")["status"]["phase"] == "Pending"
     assert read_device_limits(tenant) == limits
     cluster.kubectl("-n", APP_NS, "delete", "pod", "before", "after", "over", "--wait", "--timeout", "60s")
+
+
+def lease_holder(gpu: Sharegpu) -> str:
+    args = ("-n", NAMESPACE, "get", "lease", "sharegpu-extender", "-o", "jsonpath={.spec.holderIdentity}")
+    return gpu.kubectl(*args).stdout
+
+
+def wait_until(check: Callable[[], bool], what: str, gpu: Sharegpu, timeout: float = 60) -> float:
+    """Seconds until `check` held; fails naming `what` with the components' logs."""
+    t0 = time.monotonic()
+    while not check():
+        if time.monotonic() - t0 > timeout:
+            pytest.fail(f"not within {timeout:.0f} s: {what}\n{gpu.tail()}")
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+def test_two_extender_replicas_elect_one_leader_through_the_lease_and_hand_over_at_a_stop(
+    cluster: Sharegpu,
+) -> None:
+    """A second replica (deploy/kubernetes runs two) waits while the first leads: only the
+    leader is ready, so the Service sends the scheduler to it. Stopped, the leader hands the
+    Lease back and the other leads at once; started again, the first waits its turn."""
+    argv, env = cluster.commands["extender"]
+    second_port = free_port()
+    second = [*argv[: argv.index("--port")], "--port", str(second_port)]
+    cluster.start("extender-b", second, dict(env, POD_NAME="extender-e2e-b"))
+    wait_until(cluster.extender_ready, "the first replica ready", cluster)
+    time.sleep(3)  # the second has had rounds of its own by now
+    assert lease_holder(cluster) == "extender-e2e"
+    assert not cluster.extender_ready(second_port)
+
+    assert cluster.stop("extender") == 0
+    took = wait_until(lambda: cluster.extender_ready(second_port), "the second replica leading", cluster)
+    assert lease_holder(cluster) == "extender-e2e-b"
+    cluster.start("extender", argv, env)
+    time.sleep(3)
+    assert not cluster.extender_ready(), "two leaders"
+    # Back to the first (the scheduler's URL names its port) for the tests after this one.
+    assert cluster.stop("extender-b") == 0
+    back = wait_until(cluster.extender_ready, "the first replica leading again", cluster)
+    assert lease_holder(cluster) == "extender-e2e"
+    print(f"leader stopped: the other replica ready {took:.1f} s later; and back: {back:.1f} s")
