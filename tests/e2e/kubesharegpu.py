@@ -35,6 +35,7 @@ import yaml
 from conftest import Sim
 from e2e.kubenode import ROOT, KubeNode
 from metricsutil import free_port
+from sharegpu.agent.client import AgentClient
 from sharegpu.runtime.rootfs import build_rootfs
 
 NAMESPACE = "sharegpu-system"
@@ -87,6 +88,14 @@ class Sharegpu:
                 proc.wait()
         return proc.returncode
 
+    def wait_for_agent(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while (client := AgentClient.connect(self.sim.runtime)) is None:
+            if self.procs["agent"].poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the agent does not answer:\n{self.tail()}")
+            time.sleep(0.1)
+        client.close()
+
     def stop_if_started(self, name: str) -> None:
         if name in self.procs:
             self.stop(name)
@@ -96,6 +105,8 @@ class Sharegpu:
         code = self.stop(name)
         assert code == 0, f"{name} exited {code} at SIGTERM:\n" + self.logs[name].read_text()[-3000:]
         self.start(name, *self.commands[name])
+        if name == "agent":
+            self.wait_for_agent()
 
     def kubectl(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
         return self.node.kubectl(*args, **kwargs)
@@ -202,18 +213,25 @@ def sharegpu_on(node: KubeNode, root: Path) -> Iterator[Sharegpu]:
     sim = Sim(root / "sim", gpus=1, memory_mib=8192)
     base = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
     base["PYTHONFAULTHANDLER"] = "1"  # a crash of a component leaves its traceback in its log
-    logs = {name: root / f"{name}.log" for name in ("device-plugin", "extender", "scheduler")}
+    logs = {name: root / f"{name}.log" for name in ("agent", "device-plugin", "extender", "scheduler")}
     gpu = Sharegpu(node, sim, logs, applied)
     extender_port, scheduler_port = gpu.extender_port, free_port()
     with ExitStack() as stack:
         for name in logs:
             stack.callback(gpu.stop_if_started, name)
+        # The node DaemonSet's two containers, with its ServiceAccount: the agent (its flags but
+        # for the simulated GPU's paths and no metrics port), then the device plugin, whose
+        # allocations go through the agent's tenant service.
         plugin_env = sim.env(
-            SHAREGPU_NO_AGENT="1",
             PYTHONFAULTHANDLER="1",
+            NODE_NAME=node.node,
             KUBECONFIG=str(_token_kubeconfig(node, "sharegpu-node", root / "node.kubeconfig")),
         )
         plugin_env.pop("KUBERNETES_SERVICE_HOST", None)
+        agent = [sys.executable, "-m", "sharegpu.cli", "agent", "--runtime-dir", str(sim.runtime)]
+        agent += ["--state-dir", str(root / "agent-state"), "--metrics-port", "0", "--cdi-spec", "none"]
+        gpu.start("agent", agent, plugin_env)
+        gpu.wait_for_agent()
         gpu.start(
             "device-plugin",
             [

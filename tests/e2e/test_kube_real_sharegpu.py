@@ -207,7 +207,7 @@ def tenant_of(gpu: Sharegpu, pod: dict[str, Any]) -> Path:
     return tenant_path(tenant_name(pod["metadata"]["uid"], "main"), gpu.sim.runtime)
 
 
-def test_the_device_plugin_extender_and_scheduler_restart_under_running_pods_and_lose_nothing(
+def test_the_agent_device_plugin_extender_and_scheduler_restart_under_running_pods_and_lose_nothing(
     cluster: Sharegpu,
 ) -> None:
     """Each component stopped and started again (as a pod's container is) while a vGPU pod runs:
@@ -220,13 +220,13 @@ def test_the_device_plugin_extender_and_scheduler_restart_under_running_pods_and
     tenant = tenant_of(cluster, before)
     limits = read_device_limits(tenant)
     t0 = time.monotonic()
-    for name in ("device-plugin", "extender", "scheduler"):
+    for name in ("agent", "device-plugin", "extender", "scheduler"):
         cluster.restart(name)
     deadline = time.monotonic() + 60
     while not cluster.extender_ready() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert cluster.extender_ready(), f"the extender is not ready again:\n{cluster.tail()}"
-    print(f"three components restarted, the extender ready again {time.monotonic() - t0:.1f} s later")
+    print(f"four components restarted, the extender ready again {time.monotonic() - t0:.1f} s later")
     assert read_device_limits(tenant) == limits  # the running pod's tenant, untouched
 
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(vgpu_pod("after", 3072, 40, sleep)))
