@@ -35,8 +35,8 @@
  * Not read: a library's placement in a context other than the one current at its load
  * (another device, a context created later, a load with no current context), and the
  * prelinked fatbins a version-2 wrapper also names (relocatable input of a link, which no
- * module load places): what those take is in the agent's NVML reconciliation, like the
- * driver's own overhead.
+ * module load is known to place; unverified on a driver): what those take is in the agent's
+ * NVML reconciliation, like the driver's own overhead.
  */
 #include "modnames.h"
 #include "sharegpu/cubin.h"
