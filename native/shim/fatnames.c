@@ -10,12 +10,15 @@
  * Refusals (the load fails before the driver sees the image, nothing is placed): a container
  * whose layout does not fit, an entry that does not decompress to its stated size, an ELF the
  * scan cannot read in full, a PTX text with bytes past a NUL: CUDA_ERROR_INVALID_IMAGE (a
- * driver would not load those either).  A compressed entry whose library cannot be opened, an
- * entry of a kind the shim does not know that holds no ELF, PTX with a preprocessor line:
- * CUDA_ERROR_NOT_SUPPORTED (a driver might load it; its globals would be uncharged).  Both
- * the first decompression refusals of a process say why on stderr, once each.  Entries of LTO
- * IR (kind 8: NVVM IR, the input of nvJitLink, which no driver loads as a module, and which
- * CUDA 13 stores encrypted) are skipped.
+ * driver would not load those either).  A compressed entry whose library cannot be opened, PTX
+ * with a preprocessor line: CUDA_ERROR_NOT_SUPPORTED (a driver might load it; its globals would
+ * be uncharged).  The first decompression refusals of a process say why on stderr, once each.
+ * Skipped: entries of LTO IR (kind 8: NVVM IR, the input of nvJitLink, which no driver loads as
+ * a module, and which CUDA 13 stores encrypted), and an entry of a kind the shim does not know
+ * that holds no ELF, with one line on stderr.  Such kinds are reported in NVIDIA's own libraries
+ * (0x10, 0x40 in cuBLAS), and refusing them would fail those libraries' loads under the shim on
+ * a real GPU; if a driver places globals from one, the agent's reconciler counts them (NVML),
+ * as for the other gaps the threat model lists.
  */
 #include "modnames.h"
 #include "sharegpu/cubin.h"
@@ -34,10 +37,11 @@ static CUresult entry_names(struct sg_names *set, const struct sg_fatbin_entry *
     if (e->kind == SG_FATBIN_KIND_ELF)
         return CUDA_ERROR_INVALID_IMAGE; /* an ELF entry that holds no ELF */
     if (e->kind != SG_FATBIN_KIND_PTX) {
-        sg_log_once(&kind_logged, "a fatbin entry of kind %u (not PTX, not an ELF) cannot be read "
-                                  "for its globals: the load is refused (CUDA_ERROR_NOT_SUPPORTED)",
+        sg_log_once(&kind_logged, "a fatbin entry of kind %u (not PTX, not an ELF) is not read for "
+                                  "its globals: what a driver places from it is counted by the "
+                                  "agent's reconciler, not admitted here",
                     e->kind);
-        return CUDA_ERROR_NOT_SUPPORTED;
+        return CUDA_SUCCESS;
     }
     if (!sg_fatbin_ptx_ok(p, e->size))
         return CUDA_ERROR_INVALID_IMAGE;
