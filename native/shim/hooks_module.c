@@ -7,226 +7,46 @@
  * (LAZY); the hooks ask for its globals in the current context right after the load, which
  * places them there under either mode, and charge them like a module's.
  *
- * The names come from the image, the sizes from the driver: every identifier of a PTX image (a
- * superset of its declarations' names, so no lexing difference from the driver can hide one), an
- * ELF cubin's object symbols in its `.nv.global*` and `.nv.constant*` sections; each distinct
- * name is asked of the loaded module (cuModuleGetGlobal) or library (cuLibraryGetGlobal), so a
- * name read wrongly costs one failed lookup and the size is the driver's own.  PTX with a
- * preprocessor line is refused.  The sum is admitted after the real load (it is only known
- * then): refused, the module or library is unloaded again and the load fails with
- * CUDA_ERROR_OUT_OF_MEMORY.  What is checked, loaded and sized is one buffer of the shim's
- * own: an image in memory is copied first (as far as its own headers say, image_copy), so a
- * thread that rewrites the caller's buffer meanwhile changes nothing the driver or the scan
- * reads; a file (cuModuleLoad, cuLibraryLoadFromFile) is read once, here.  The copy is freed
- * after the load (CU_LIBRARY_BINARY_IS_PRESERVED, which would let the driver read it later, is
- * withdrawn); its cost is one memcpy of the image per load.
+ * The names come from the image, the sizes from the driver (modnames.c, fatnames.c): every
+ * identifier of a PTX image (a superset of its declarations' names, so no lexing difference
+ * from the driver can hide one), an ELF cubin's object symbols in its `.nv.global*` and
+ * `.nv.constant*` sections, and for a fatbin container (what nvcc embeds in programs; a
+ * fatbin wrapper's fatbin too) the union of those over all its entries, each decompressed
+ * first (zstd or LZ4, through libzstd.so.1 / liblz4.so.1; sharegpu/fatbin.h).  They are read
+ * before the driver is handed the image, and an image that cannot be read in full is refused
+ * then: PTX with a preprocessor line, a compressed entry without its library, an entry of an
+ * unknown kind that holds no ELF (CUDA_ERROR_NOT_SUPPORTED); an ELF whose symbols cannot all
+ * be read, a container whose sizes do not fit, an entry that does not decompress to its
+ * stated size (CUDA_ERROR_INVALID_IMAGE).  After the real load each distinct name is asked of
+ * the loaded module (cuModuleGetGlobal) or library (cuLibraryGetGlobal), so a name read
+ * wrongly, or one of a fatbin entry the driver did not pick, costs one failed lookup and the
+ * size is the driver's own.  The sum is admitted then (it is only known then): refused, the
+ * module or library is unloaded again and the load fails with CUDA_ERROR_OUT_OF_MEMORY.
  *
- * Not read: fatbins (what nvcc embeds in programs, possibly compressed; copied, by their
- * header's size, but not scanned); a library's placement
- * in a context other than the one current at its load (another device, a context created
- * later, a load with no current context): what those take is in the agent's NVML
- * reconciliation, like the driver's own overhead.
+ * What is checked, loaded and sized is one buffer of the shim's own: an image in memory is
+ * copied first (as far as its own headers say, image_copy; a fatbin wrapper's fatbin as well,
+ * and the copied wrapper pointed at the copy, image_take), so a thread that rewrites the
+ * caller's buffer meanwhile changes nothing the driver or the scan reads; a file (cuModuleLoad,
+ * cuLibraryLoadFromFile) is read once, here.  The copy is freed after the load
+ * (CU_LIBRARY_BINARY_IS_PRESERVED, which would let the driver read it later, is withdrawn);
+ * its cost is one memcpy of the image per load, and for a fatbin the decompression of every
+ * entry.
+ *
+ * Not read: a library's placement in a context other than the one current at its load
+ * (another device, a context created later, a load with no current context), and the
+ * prelinked fatbins a version-2 wrapper also names (relocatable input of a link, which no
+ * module load is known to place; unverified on a driver): what those take is in the agent's
+ * NVML reconciliation, like the driver's own overhead.
  */
-#include "shim.h"
+#include "modnames.h"
 #include "sharegpu/cubin.h"
+#include "sharegpu/fatbin.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-
-/* A PTX identifier's characters after its first (PTX ISA "Identifiers": followsym). */
-static bool follow(char c)
-{
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '_' || c == '$';
-}
-
-static bool digit(char c)
-{
-    return c >= '0' && c <= '9';
-}
-
-/* The names already asked of the driver: open addressing over slices of the image, so that a
- * name written a million times (a register, a label) costs one lookup. */
-struct name_set {
-    struct {
-        const char *s;
-        size_t len;
-    } *slot;
-    size_t cap, n;
-    bool oom;
-};
-
-static uint64_t name_hash(const char *s, size_t len)
-{
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (size_t i = 0; i < len; i++)
-        h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
-    return h;
-}
-
-/* true the first time a name is offered; false after, and when the set cannot grow (then
- * `oom` is set and the load is refused: a name left unasked could be a global). */
-static bool first_time(struct name_set *set, const char *s, size_t len)
-{
-    if (set->n * 2 >= set->cap) {
-        size_t cap = set->cap ? set->cap * 2 : 1024;
-        __typeof__(set->slot) slot = calloc(cap, sizeof(*slot));
-        if (!slot) {
-            set->oom = true;
-            return false;
-        }
-        for (size_t i = 0; i < set->cap; i++) {
-            if (!set->slot[i].s)
-                continue;
-            size_t k = name_hash(set->slot[i].s, set->slot[i].len) & (cap - 1);
-            while (slot[k].s)
-                k = (k + 1) & (cap - 1);
-            slot[k] = set->slot[i];
-        }
-        free(set->slot);
-        set->slot = slot;
-        set->cap = cap;
-    }
-    size_t k = name_hash(s, len) & (set->cap - 1);
-    for (; set->slot[k].s; k = (k + 1) & (set->cap - 1))
-        if (set->slot[k].len == len && memcmp(set->slot[k].s, s, len) == 0)
-            return false;
-    set->slot[k].s = s;
-    set->slot[k].len = len;
-    set->n++;
-    return true;
-}
-
-/* What the loaded image's globals take, asked name by name of the driver. */
-struct sizing {
-    CUresult (*get)(size_t *bytes, void *handle, const char *name);
-    void *handle;
-    uint64_t bytes;
-    struct name_set asked;
-};
-
-static void add_global(const char *name, size_t len, void *arg)
-{
-    struct sizing *s = arg;
-    if (len == 0 || digit(name[0]) || !first_time(&s->asked, name, len))
-        return;
-    char small[256];
-    char *buf = len < sizeof small ? small : malloc(len + 1);
-    if (!buf) {
-        s->asked.oom = true;
-        return;
-    }
-    memcpy(buf, name, len);
-    buf[len] = '\0';
-    size_t bytes = 0;
-    if (s->get(&bytes, s->handle, buf) == CUDA_SUCCESS &&
-        __builtin_add_overflow(s->bytes, (uint64_t)bytes, &s->bytes))
-        s->bytes = UINT64_MAX;
-    if (buf != small)
-        free(buf);
-}
-
-/* Every identifier of a PTX text, offered to fn: a superset of the names its declarations give,
- * whatever separates them (any whitespace, comments, strings, several declarators, `.visible`,
- * `.weak`, `.common`, `.align`, dimensions, initialisers).  Reading only declarations would mean
- * matching the driver's lexer exactly, and every difference would be a name missed, so a hole;
- * a name offered that is no global costs one failed lookup.  A run of identifier characters is
- * cut where `%` starts a new identifier (PTX: `%` only begins one), and a run that starts with
- * digits (a number glued to a name) is also offered without them. */
-static void ptx_identifiers(const char *text, void (*fn)(const char *, size_t, void *), void *arg)
-{
-    const char *p = text;
-    while (*p) {
-        if (!follow(*p) && *p != '%') {
-            p++;
-            continue;
-        }
-        const char *run = p;
-        while (follow(*p) || *p == '%')
-            p++;
-        for (const char *s = run, *e; s < p; s = e) {
-            for (e = s + 1; e < p && *e != '%'; e++)
-                ;
-            const char *name = s;
-            while (name < e && digit(*name))
-                name++;
-            if (name < e)
-                fn(name, (size_t)(e - name), arg);
-        }
-    }
-}
-
-/* The text with every backslash-newline removed (a reader that joins continued lines, as the C
- * preprocessor does, sees these names); NULL when there is none or no memory (*oom set). */
-static char *spliced(const char *text, bool *oom)
-{
-    if (!strstr(text, "\\\n") && !strstr(text, "\\\r\n"))
-        return NULL;
-    char *out = malloc(strlen(text) + 1), *o = out;
-    if (!out) {
-        *oom = true;
-        return NULL;
-    }
-    for (const char *p = text; *p;) {
-        if (p[0] == '\\' && p[1] == '\n')
-            p += 2;
-        else if (p[0] == '\\' && p[1] == '\r' && p[2] == '\n')
-            p += 3;
-        else
-            *o++ = *p++;
-    }
-    *o = '\0';
-    return out;
-}
-
-/* A preprocessor line (`#` first on a line, PTX ISA "Source Format"): a driver that runs one
- * could paste a name together that no identifier of the text spells, so such PTX is refused.
- * A comment counts as whitespace there (a `#define` right after a closed comment is a
- * directive, as the simulated driver's lexer also reads it), and a newline inside a comment
- * starts a line (an over-refusal only: C would join the two lines).  A `#` that only
- * whitespace precedes on its line is refused even inside what looks like a comment (as before
- * comments were followed): a reader that ends or starts comments elsewhere (a comment opener
- * inside a string) would see it first on its line. */
-static bool has_preprocessor_line(const char *text)
-{
-    bool line_start = true; /* since the last newline: whitespace and comments only */
-    bool blank = true;      /* since the last newline: whitespace only */
-    enum { CODE, BLOCK, LINE } in = CODE;
-    for (const char *p = text; *p; p++) {
-        if (*p == '#' && (blank || (in == CODE && line_start)))
-            return true;
-        if (*p == '\n') {
-            line_start = blank = true;
-            if (in == LINE)
-                in = CODE;
-        } else if (!strchr(" \t\r\v\f", *p)) {
-            blank = false;
-            if (in == CODE && p[0] == '/' && p[1] == '*') {
-                in = BLOCK;
-                p++;
-            } else if (in == CODE && p[0] == '/' && p[1] == '/') {
-                in = LINE;
-                p++;
-            } else if (in == BLOCK && p[0] == '*' && p[1] == '/') {
-                in = CODE;
-                p++;
-            } else if (in == CODE) {
-                line_start = false;
-            }
-        }
-    }
-    return false;
-}
-
-static void add_cubin_var(const char *name, uint64_t size, void *arg)
-{
-    (void)size; /* the driver's figure counts, not the image's */
-    add_global(name, strlen(name), arg);
-}
 
 /* ---- the image: copied before anything reads it ----
  *
@@ -237,10 +57,8 @@ static void add_cubin_var(const char *name, uint64_t size, void *arg)
  * much to copy comes from the image's own headers, and those are read from the copy too: the
  * copy grows until what its own headers say fits inside it (image_extent). */
 
-#define FATBIN_MAGIC 0xBA55ED50u         /* fatBinaryHeader: magic, version, headerSize, fatSize */
-#define FATBIN_WRAPPER_MAGIC 0x466243B1u /* __fatBinC_Wrapper_t: magic, version, data, filename */
-#define FATBIN_HEADER 16u
-#define FATBIN_WRAPPER 24u
+#define FATBIN_MAGIC SG_FATBIN_MAGIC
+#define FATBIN_WRAPPER_MAGIC SG_FATBIN_WRAPPER_MAGIC
 #define IMAGE_PAD 8 /* zero bytes after every copy: magic reads stay inside, PTX text ends */
 #define IMAGE_MAX (1ull << 30) /* an ELF or fatbin whose headers say more is refused */
 #define IMAGE_ROUNDS 8         /* copies of a binary image before one is found consistent */
@@ -250,12 +68,6 @@ static uint32_t magic_of(const unsigned char *p)
     uint32_t m;
     memcpy(&m, p, sizeof m);
     return m;
-}
-
-static bool is_fatbin(const void *image)
-{
-    uint32_t m = magic_of(image);
-    return m == FATBIN_MAGIC || m == FATBIN_WRAPPER_MAGIC;
 }
 
 enum { EXTENT_DONE, EXTENT_MORE, EXTENT_BAD };
@@ -315,26 +127,21 @@ static int elf_extent(const unsigned char *img, uint64_t have, uint64_t *extent)
  * bytes) says a reader may read: EXTENT_DONE (*extent <= have), EXTENT_MORE (*extent > have:
  * copy that much and ask again) or EXTENT_BAD (headers that overflow or say more than
  * IMAGE_MAX, or an ELF the shim cannot read: refused).  PTX is the text up to its NUL; a fatbin
- * its header and the size that header states (the shim reads no fatbin: the driver gets the
- * copy); a fatbin wrapper its own 24 bytes (the fatbin it points to stays the caller's, and is
- * read by the driver alone). */
+ * its header and the size that header states (a container of another version is refused); a
+ * fatbin wrapper its own 24 bytes (the fatbin it points to is copied on its own, image_take). */
 static int image_extent(const unsigned char *img, uint64_t have, uint64_t *extent)
 {
     if (sg_is_elf(img))
         return elf_extent(img, have, extent);
     uint32_t m = magic_of(img);
     if (m == FATBIN_WRAPPER_MAGIC) {
-        *extent = FATBIN_WRAPPER;
+        *extent = SG_FATBIN_WRAPPER;
     } else if (m == FATBIN_MAGIC) {
-        *extent = FATBIN_HEADER;
-        if (have >= FATBIN_HEADER) {
-            uint16_t header;
-            uint64_t fat;
-            memcpy(&header, img + 6, sizeof header);
-            memcpy(&fat, img + 8, sizeof fat);
-            if (header < FATBIN_HEADER || !reach(extent, header, fat))
-                return EXTENT_BAD;
-        }
+        *extent = SG_FATBIN_HEADER;
+        uint64_t total;
+        if (have >= SG_FATBIN_HEADER &&
+            (sg_fatbin_extent(img, &total) != SG_FATBIN_OK || !reach(extent, 0, total)))
+            return EXTENT_BAD;
     } else {
         *extent = have; /* PTX: the copy ends with IMAGE_PAD zero bytes */
     }
@@ -395,46 +202,100 @@ static char *image_copy(const void *image, size_t *length, CUresult *res)
     return NULL;
 }
 
-/* Whether the driver may be handed this copy: its headers fit inside it (an image read from a
- * file is checked here; image_copy's always fit), an ELF's symbols can all be read, and it is
- * not PTX that a preprocessor could rewrite. */
-static void no_var(const char *name, uint64_t size, void *arg)
+/* ---- what the driver is handed and the scan reads: the shim's own copies ---- */
+
+struct image {
+    char *buf; /* handed to the driver */
+    size_t length;
+    char *fat; /* a fatbin wrapper's fatbin, copied; the wrapper in buf points to it */
+    size_t fat_length;
+};
+
+static void image_free(struct image *im)
 {
-    (void)name;
-    (void)size;
-    (void)arg;
+    free(im->buf);
+    free(im->fat);
+    memset(im, 0, sizeof *im);
 }
 
-static CUresult image_check(const char *image, size_t length)
+/* The caller's image copied into im (image_copy); a fatbin wrapper's fatbin too, and the copy
+ * of the wrapper pointed at that copy, so that the driver and the scan read the same bytes
+ * there as well.  A wrapper of version 1 (a program's fatbin) or 2 (device-linked code: its
+ * prelinked fatbins, relocatable input of a link, stay the caller's) is taken; another
+ * version, no fatbin address, or an address where no fatbin starts is refused. */
+static CUresult image_take(const void *image, struct image *im)
+{
+    CUresult res;
+    memset(im, 0, sizeof *im);
+    im->buf = image_copy(image, &im->length, &res);
+    if (!im->buf)
+        return res;
+    if (magic_of((const unsigned char *)im->buf) != FATBIN_WRAPPER_MAGIC)
+        return CUDA_SUCCESS;
+    struct sg_fatbin_wrapper w;
+    memcpy(&w.version, im->buf + 4, sizeof w.version);
+    memcpy(&w.data, im->buf + 8, sizeof w.data);
+    res = CUDA_ERROR_INVALID_IMAGE;
+    if ((w.version == 1 || w.version == 2) && w.data)
+        im->fat = image_copy(w.data, &im->fat_length, &res);
+    if (im->fat && magic_of((const unsigned char *)im->fat) == FATBIN_MAGIC) {
+        memcpy(im->buf + 8, &im->fat, sizeof im->fat);
+        return CUDA_SUCCESS;
+    }
+    if (im->fat)
+        res = CUDA_ERROR_INVALID_IMAGE;
+    image_free(im);
+    return res;
+}
+
+/* Whether the driver may be handed this copy, and the names its globals can have: its headers
+ * fit inside it (an image read from a file is checked here; image_copy's always fit), an ELF's
+ * symbols can all be read, a fatbin's entries can all be read (fatnames.c), and it is not PTX
+ * that a preprocessor could rewrite.  A wrapper whose fatbin was not copied (read from a file,
+ * where its address means nothing) is refused. */
+static CUresult image_names(const struct image *im, struct sg_names *names)
 {
     uint64_t extent;
-    if (image_extent((const unsigned char *)image, length, &extent) != EXTENT_DONE)
+    if (image_extent((const unsigned char *)im->buf, im->length, &extent) != EXTENT_DONE)
         return CUDA_ERROR_INVALID_IMAGE;
+    const char *img = im->fat ? im->fat : im->buf;
+    uint64_t length = im->fat ? im->fat_length : im->length;
+    uint32_t m = magic_of((const unsigned char *)img);
+    CUresult res = CUDA_SUCCESS;
     /* An ELF whose symbols the scan cannot all read is refused, never loaded with globals
      * nobody asked the driver about (the scan would fail open). */
-    if (sg_is_elf(image) && sg_cubin_vars(image, length, no_var, NULL) != 0)
-        return CUDA_ERROR_INVALID_IMAGE;
-    if (!sg_is_elf(image) && !is_fatbin(image) && has_preprocessor_line(image))
-        return CUDA_ERROR_NOT_SUPPORTED;
-    return CUDA_SUCCESS;
+    if (sg_is_elf(img))
+        res = sg_names_cubin(names, img, length) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_IMAGE;
+    else if (m == FATBIN_MAGIC)
+        res = sg_names_fatbin(names, img, length);
+    else if (m == FATBIN_WRAPPER_MAGIC)
+        res = CUDA_ERROR_INVALID_IMAGE;
+    else if (sg_ptx_has_preprocessor_line(img)) /* anything else the driver reads as PTX text */
+        res = CUDA_ERROR_NOT_SUPPORTED;
+    else
+        sg_names_ptx(names, img);
+    if (res == CUDA_SUCCESS && names->oom)
+        res = CUDA_ERROR_OUT_OF_MEMORY; /* a name left unasked could be a global */
+    return res;
 }
 
-/* Sum the driver's sizes of the globals the image names into s; -1 when the names could not
- * all be asked (host memory), so the load must be refused. */
-static int globals_bytes(struct sizing *s, const void *image, uint64_t length)
+/* The caller's image in memory, copied and read: CUDA_SUCCESS, or the refusal with nothing
+ * left to free. */
+static CUresult take_data(const void *image, struct image *im, struct sg_names *names)
 {
-    if (sg_is_elf(image)) {
-        sg_cubin_vars(image, length, add_cubin_var, s);
-    } else if (!is_fatbin(image)) { /* anything else the driver reads as PTX text */
-        ptx_identifiers(image, add_global, s);
-        char *joined = spliced(image, &s->asked.oom);
-        if (joined)
-            ptx_identifiers(joined, add_global, s);
-        free(joined);
+    CUresult res = image_take(image, im);
+    if (res == CUDA_SUCCESS)
+        res = image_names(im, names);
+    if (res != CUDA_SUCCESS) {
+        image_free(im);
+        sg_names_free(names);
     }
-    free(s->asked.slot);
-    return s->asked.oom ? -1 : 0;
+    return res;
 }
+
+/* ---- the globals' size, asked of the driver after the load ---- */
+
+typedef CUresult (*global_size_fn)(size_t *bytes, void *handle, const char *name);
 
 static CUresult module_global(size_t *bytes, void *mod, const char *name)
 {
@@ -448,24 +309,35 @@ static CUresult library_global(size_t *bytes, void *lib, const char *name)
     return SG_REAL(cuLibraryGetGlobal)(&p, bytes, (CUlibrary)lib, name);
 }
 
-/* Admit the globals the loaded image names (sized by s->get) on the current context's device
- * and track them under key with that context; 0 when admitted or nothing is placed, else the
- * error (the caller unloads).  image is the shim's own copy that the driver loaded, length its
- * size (the offsets a cubin's headers give are followed inside it only). */
-static int charge_globals(struct sizing *s, const void *image, uint64_t length, uint64_t key)
+/* What the loaded image's globals take: each name asked of the driver, the sizes summed. */
+static uint64_t globals_bytes(global_size_fn get, void *handle, const struct sg_names *names)
+{
+    uint64_t total = 0;
+    for (size_t i = 0; i < names->cap; i++) {
+        size_t bytes = 0;
+        if (names->slot[i].s && get(&bytes, handle, names->slot[i].s) == CUDA_SUCCESS &&
+            __builtin_add_overflow(total, (uint64_t)bytes, &total))
+            total = UINT64_MAX;
+    }
+    return total;
+}
+
+/* Admit the globals of the loaded image (its names, sized by get) on the current context's
+ * device and track them under key with that context; 0 when admitted or nothing is placed,
+ * else the error (the caller unloads). */
+static int charge_globals(global_size_fn get, void *handle, const struct sg_names *names, uint64_t key)
 {
     CUcontext ctx;
     CUdevice dev;
     if (sg_current_place(&ctx, &dev) != CUDA_SUCCESS || !ctx)
         return 0;
-    if (globals_bytes(s, image, length) < 0)
-        return SG_E_NOMEM;
-    if (!s->bytes)
+    uint64_t bytes = globals_bytes(get, handle, names);
+    if (!bytes)
         return 0;
     struct sg_charge c;
     struct sg_err e;
     sg_err_clear(&e);
-    int rc = sg_reserve(dev, s->bytes, &c, &e);
+    int rc = sg_reserve(dev, bytes, &c, &e);
     if (rc != 0)
         return rc;
     c.ctx = ctx; /* the globals go with their context */
@@ -476,13 +348,12 @@ static int charge_globals(struct sizing *s, const void *image, uint64_t length, 
 }
 
 /* After a real module load: admit its globals, or unload it and refuse. */
-static CUresult charge_module(CUresult res, CUmodule *module, const void *image, uint64_t length)
+static CUresult charge_module(CUresult res, CUmodule *module, const struct sg_names *names)
 {
-    if (res != CUDA_SUCCESS || !image)
+    if (res != CUDA_SUCCESS)
         return res;
-    struct sizing s = {.get = module_global, .handle = *module};
     int rc = SG_REAL(cuModuleGetGlobal_v2)
-                 ? charge_globals(&s, image, length, (uint64_t)(uintptr_t)*module)
+                 ? charge_globals(module_global, *module, names, (uint64_t)(uintptr_t)*module)
                  : SG_E_NOMEM;
     if (rc == 0)
         return CUDA_SUCCESS;
@@ -494,13 +365,12 @@ static CUresult charge_module(CUresult res, CUmodule *module, const void *image,
 /* After a real library load: its globals are placed in the current context now (asking for
  * one makes a lazily loading driver load the library there) and admitted, or the library is
  * unloaded and the load refused. */
-static CUresult charge_library(CUresult res, CUlibrary *library, const void *code, uint64_t length)
+static CUresult charge_library(CUresult res, CUlibrary *library, const struct sg_names *names)
 {
-    if (res != CUDA_SUCCESS || !code)
+    if (res != CUDA_SUCCESS)
         return res;
-    struct sizing s = {.get = library_global, .handle = *library};
     int rc = SG_REAL(cuLibraryGetGlobal)
-                 ? charge_globals(&s, code, length, (uint64_t)(uintptr_t)*library)
+                 ? charge_globals(library_global, *library, names, (uint64_t)(uintptr_t)*library)
                  : SG_E_NOMEM;
     if (rc == 0)
         return CUDA_SUCCESS;
@@ -521,18 +391,16 @@ SG_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
     REAL(cuModuleLoadData);
     if (!ACCOUNTED || !image)
         return real_(module, image);
-    size_t length;
-    CUresult res;
-    char *copy = image_copy(image, &length, &res);
-    if (!copy)
+    struct image im;
+    struct sg_names names = {0};
+    CUresult res = take_data(image, &im, &names);
+    if (res != CUDA_SUCCESS)
         return res;
-    res = image_check(copy, length);
-    if (res == CUDA_SUCCESS) {
-        sg_in_hook++;
-        res = charge_module(real_(module, copy), module, copy, length);
-        sg_in_hook--;
-    }
-    free(copy);
+    sg_in_hook++;
+    res = charge_module(real_(module, im.buf), module, &names);
+    sg_in_hook--;
+    image_free(&im);
+    sg_names_free(&names);
     return res;
 }
 
@@ -542,19 +410,35 @@ SG_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsig
     REAL(cuModuleLoadDataEx);
     if (!ACCOUNTED || !image)
         return real_(module, image, numOptions, options, optionValues);
-    size_t length;
-    CUresult res;
-    char *copy = image_copy(image, &length, &res);
-    if (!copy)
+    struct image im;
+    struct sg_names names = {0};
+    CUresult res = take_data(image, &im, &names);
+    if (res != CUDA_SUCCESS)
         return res;
-    res = image_check(copy, length);
-    if (res == CUDA_SUCCESS) {
-        sg_in_hook++;
-        res = charge_module(real_(module, copy, numOptions, options, optionValues), module, copy,
-                            length);
-        sg_in_hook--;
-    }
-    free(copy);
+    sg_in_hook++;
+    res = charge_module(real_(module, im.buf, numOptions, options, optionValues), module, &names);
+    sg_in_hook--;
+    image_free(&im);
+    sg_names_free(&names);
+    return res;
+}
+
+/* A fatbin or a fatbin wrapper (the driver takes any image here, as cuModuleLoadData does). */
+SG_EXPORT CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
+{
+    REAL(cuModuleLoadFatBinary);
+    if (!ACCOUNTED || !fatCubin)
+        return real_(module, fatCubin);
+    struct image im;
+    struct sg_names names = {0};
+    CUresult res = take_data(fatCubin, &im, &names);
+    if (res != CUDA_SUCCESS)
+        return res;
+    sg_in_hook++;
+    res = charge_module(real_(module, im.buf), module, &names);
+    sg_in_hook--;
+    image_free(&im);
+    sg_names_free(&names);
     return res;
 }
 
@@ -599,6 +483,23 @@ static char *read_file(const char *path, size_t *length, CUresult *res)
     return buf;
 }
 
+/* A file read once (read_file) and read for names: CUDA_SUCCESS, or the refusal with nothing
+ * left to free. */
+static CUresult take_file(const char *path, struct image *im, struct sg_names *names)
+{
+    CUresult res;
+    memset(im, 0, sizeof *im);
+    im->buf = read_file(path, &im->length, &res);
+    if (!im->buf)
+        return res;
+    res = image_names(im, names);
+    if (res != CUDA_SUCCESS) {
+        image_free(im);
+        sg_names_free(names);
+    }
+    return res;
+}
+
 /* Under a tenant the file is read here, once, and those bytes are loaded with cuModuleLoadData
  * and sized: reading it a second time to size it would miss a pipe (readable once) and a file
  * swapped between the two reads.  The real cuModuleLoad is never called then. */
@@ -612,18 +513,16 @@ SG_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
         return CUDA_ERROR_NOT_FOUND;
     if (!module)
         return CUDA_ERROR_INVALID_VALUE;
-    size_t length;
-    CUresult res;
-    char *image = read_file(fname, &length, &res);
-    if (!image)
+    struct image im;
+    struct sg_names names = {0};
+    CUresult res = take_file(fname, &im, &names);
+    if (res != CUDA_SUCCESS)
         return res;
-    res = image_check(image, length);
-    if (res == CUDA_SUCCESS) {
-        sg_in_hook++;
-        res = charge_module(load(module, image), module, image, length);
-        sg_in_hook--;
-    }
-    free(image);
+    sg_in_hook++;
+    res = charge_module(load(module, im.buf), module, &names);
+    sg_in_hook--;
+    image_free(&im);
+    sg_names_free(&names);
     return res;
 }
 
@@ -704,19 +603,17 @@ SG_EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit
     void **values;
     if (!unpreserved(numLibraryOptions, libraryOptions, libraryOptionValues, &kept, &opts, &values))
         return CUDA_ERROR_OUT_OF_MEMORY;
-    size_t length;
-    CUresult res;
-    char *copy = image_copy(code, &length, &res);
-    if (copy) {
-        res = image_check(copy, length);
-        if (res == CUDA_SUCCESS) {
-            sg_in_hook++;
-            res = charge_library(real_(library, copy, jitOptions, jitOptionsValues, numJitOptions,
-                                       opts, values, kept),
-                                 library, copy, length);
-            sg_in_hook--;
-        }
-        free(copy);
+    struct image im;
+    struct sg_names names = {0};
+    CUresult res = take_data(code, &im, &names);
+    if (res == CUDA_SUCCESS) {
+        sg_in_hook++;
+        res = charge_library(real_(library, im.buf, jitOptions, jitOptionsValues, numJitOptions,
+                                   opts, values, kept),
+                             library, &names);
+        sg_in_hook--;
+        image_free(&im);
+        sg_names_free(&names);
     }
     if (opts != libraryOptions) {
         free(opts);
@@ -745,20 +642,18 @@ SG_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileNam
     for (unsigned i = 0; i < numLibraryOptions; i++)
         if (libraryOptions[i] == 1 /* CU_LIBRARY_BINARY_IS_PRESERVED */)
             return CUDA_ERROR_INVALID_VALUE;
-    size_t length;
-    CUresult res;
-    char *code = read_file(fileName, &length, &res);
-    if (!code)
+    struct image im;
+    struct sg_names names = {0};
+    CUresult res = take_file(fileName, &im, &names);
+    if (res != CUDA_SUCCESS)
         return res;
-    res = image_check(code, length);
-    if (res == CUDA_SUCCESS) {
-        sg_in_hook++;
-        res = charge_library(load(library, code, jitOptions, jitOptionsValues, numJitOptions,
-                                  libraryOptions, libraryOptionValues, numLibraryOptions),
-                             library, code, length);
-        sg_in_hook--;
-    }
-    free(code);
+    sg_in_hook++;
+    res = charge_library(load(library, im.buf, jitOptions, jitOptionsValues, numJitOptions,
+                              libraryOptions, libraryOptionValues, numLibraryOptions),
+                         library, &names);
+    sg_in_hook--;
+    image_free(&im);
+    sg_names_free(&names);
     return res;
 }
 

@@ -113,6 +113,7 @@ static const struct proc_row rows[] = {
     {"cuModuleLoad", 2000, ANY, H(cuModuleLoad)},
     {"cuModuleLoadData", 2000, ANY, H(cuModuleLoadData)},
     {"cuModuleLoadDataEx", 2010, ANY, H(cuModuleLoadDataEx)},
+    {"cuModuleLoadFatBinary", 2000, ANY, H(cuModuleLoadFatBinary)},
     {"cuLibraryLoadData", 12000, ANY, H(cuLibraryLoadData)},
     {"cuLibraryLoadFromFile", 12000, ANY, H(cuLibraryLoadFromFile)},
     {"cuLibraryUnload", 12000, ANY, H(cuLibraryUnload)},

@@ -4,7 +4,8 @@
   charged when the graph runs (launch or upload), kept while the pool keeps it, and given back at
   cuDeviceGraphMemTrim; a launch that would grow the pool past the cap is refused.
 - Module globals: a module's `__device__`/`__constant__` variables are charged when it is loaded
-  (PTX or ELF cubin), refused past the cap, given back at unload or with the context.
+  (PTX, ELF cubin, or a fatbin container of those, compressed or not, made here by CUDA 13's own
+  ptxas and fatbinary), refused past the cap, given back at unload or with the context.
 
 Real processes through cuda-python (a real driver-API client) on the simulated GPU, whose
 driver keeps graph memory and module variables as a real one does (native/simgpu/cuda/graph_mem.c,
@@ -13,7 +14,12 @@ module.c).
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
 import json
+import random
+import re
+import shutil
 import struct
 import subprocess
 import textwrap
@@ -23,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from cbuild import SHIM_DIR, gcc
-from conftest import Sim, parse_kv, python
+from conftest import REPO, Sim, parse_kv, python
 from sharegpu import native
 
 CAP = 64  # MiB
@@ -401,8 +407,9 @@ def test_an_image_whose_headers_say_more_than_it_holds_is_refused(
     section with bytes; fatbin: header size + fat size) and hands the driver that copy.  Headers
     that overflow, point past 1 GiB, or (in a file) past the file's end are refused with
     CUDA_ERROR_INVALID_IMAGE: followed, they would send the scan for names out of bounds.  So is
-    an ELF whose symbols the scan cannot all read (it failed open: loaded, nothing charged).  A
-    fatbin whose header fits is copied and loads (its globals are left to the reconciler)."""
+    an ELF whose symbols the scan cannot all read (it failed open: loaded, nothing charged), and
+    a fatbin whose header fits but whose entries are none (zeros: an entry header of 0 bytes;
+    before fatbins were read such a container was copied and loaded unread)."""
     sim = sim_factory(memory_mib=8 * 1024)
     good = cubin(48)
     shoff = struct.unpack_from("<Q", good, 40)[0]
@@ -424,7 +431,7 @@ def test_an_image_whose_headers_say_more_than_it_holds_is_refused(
         "name_out_of_its_table": bytes(name_out),
         "symbols_of_another_size": bytes(bad_entsize),
         "section_offset_overflows": with_strtab((1 << 64) - 8),
-        "fatbin": struct.pack("<IHHQ", 0xBA55ED50, 1, 16, 64) + bytes(64),
+        "fatbin_of_zeros": struct.pack("<IHHQ", 0xBA55ED50, 1, 16, 64) + bytes(64),
         "fatbin_too_big": struct.pack("<IHHQ", 0xBA55ED50, 1, 16, 1 << 40),
     }
     past_end = tmp_path / "past_end.cubin"
@@ -446,9 +453,8 @@ def test_an_image_whose_headers_say_more_than_it_holds_is_refused(
     assert values["cubin"] == "CUDA_SUCCESS,48"
     # Symbols the scan cannot all read: refused, not loaded with a global nobody was charged for.
     unread = ("name_out_of_its_table", "symbols_of_another_size")
-    for name in ("table_far_away", "section_offset_overflows", "fatbin_too_big", *unread):
+    for name in ("table_far_away", "section_offset_overflows", "fatbin_too_big", "fatbin_of_zeros", *unread):
         assert values[name] == "CUDA_ERROR_INVALID_IMAGE,0", name
-    assert values["fatbin"] == "CUDA_SUCCESS,0"
     assert values["file_past_end"] == "CUDA_ERROR_INVALID_IMAGE"
     assert proc.stderr == ""
 
@@ -491,6 +497,430 @@ def test_a_name_flipped_during_the_load_is_still_charged(
     assert int(values["pct"]) > 0, proc.stdout
     assert int(values["max_used"]) <= 1000 << 20
     assert proc.stderr == ""
+
+
+# ---------------------------------------------------------------------------------------------
+# fatbin globals: containers made by CUDA 13's own tools (ptxas, fatbinary) from .venv-clients
+
+TOOLS_GLOB = ".venv-clients/lib/python3*/site-packages/nvidia/cu13/bin"
+FATBIN_MAGIC = 0xBA55ED50
+ZSTD, LZ4 = 0x8000, 0x2000
+
+
+@pytest.fixture(scope="module")
+def cuda_tools() -> Path:
+    """The nvidia-cuda-nvcc wheel's bin/ (ptxas, fatbinary) in .venv-clients; missing, the
+    tests fail (they never skip): `make clients`, which `make test` runs first, installs it."""
+    found = sorted(REPO.glob(TOOLS_GLOB))
+    if not found or not (found[-1] / "fatbinary").exists() or not (found[-1] / "ptxas").exists():
+        pytest.fail(f"no ptxas/fatbinary in {REPO / TOOLS_GLOB}: run `make clients` (or `make test`)")
+    return found[-1]
+
+
+def fatbinary(tools: Path, work: Path, text: bytes, *, elf: bool = True, compress: str = "") -> bytes:
+    """A fatbin container as `fatbinary` writes it: an ELF cubin (`ptxas` of the text, for the
+    sm its `.target` names) unless elf is False, and the PTX text itself; compress: ""
+    (fatbinary's default: the PTX zstd-compressed), "none" (--compress=false) or "all"
+    (--compress-all: the ELF too)."""
+    sm = re.search(rb"\.target sm_(\d+)", text)
+    assert sm is not None
+    name = hashlib.sha256(text + f"{elf}{compress}".encode()).hexdigest()[:16]
+    ptx, cubin, out = work / f"{name}.ptx", work / f"{name}.cubin", work / f"{name}.fatbin"
+    ptx.write_bytes(text.rstrip(b"\0"))
+    cmd = [str(tools / "fatbinary"), "-64", f"--create={out}"]
+    if elf:
+        subprocess.run(
+            [str(tools / "ptxas"), f"-arch=sm_{sm[1].decode()}", str(ptx), "-o", str(cubin)], check=True
+        )
+        cmd.append(f"--image3=kind=elf,sm={sm[1].decode()},file={cubin}")
+    cmd.append(f"--image3=kind=ptx,sm={sm[1].decode()},file={ptx}")
+    cmd += {"": [], "none": ["--compress=false"], "all": ["--compress-all"]}[compress]
+    subprocess.run(cmd, check=True)
+    return out.read_bytes()
+
+
+def entries(fatbin: bytes) -> list[tuple[bytearray, bytes]]:
+    """A container's entries, (entry header, payload) pairs (the layout:
+    native/include/sharegpu/fatbin.h)."""
+    header, fat = struct.unpack_from("<6xHQ", fatbin)
+    out, off = [], header
+    while off < header + fat:
+        size, payload = struct.unpack_from("<4xIQ", fatbin, off)
+        out.append((bytearray(fatbin[off : off + size]), fatbin[off + size : off + size + payload]))
+        off += size + payload
+    return out
+
+
+def container(parts: list[tuple[bytearray, bytes]]) -> bytes:
+    """Entries back in a container; each entry header's payload size set to its payload's."""
+    body = b""
+    for h, p in parts:
+        struct.pack_into("<Q", h, 8, len(p))
+        body += bytes(h) + p
+    return struct.pack("<IHHQ", FATBIN_MAGIC, 1, 16, len(body)) + body
+
+
+def lz4_ptx(plain: bytes) -> bytes:
+    """An uncompressed PTX-only container with its entry LZ4-compressed as older toolkits
+    did (flag 0x2000; the system's liblz4.so.1 compresses, as it decompresses for the shim)."""
+    lz4 = ctypes.CDLL("liblz4.so.1")
+    ((h, p),) = entries(plain)
+    text = p.rstrip(b"\0") + b"\0"
+    dst = ctypes.create_string_buffer(len(text) + 64 + len(text) // 200)
+    n = lz4.LZ4_compress_default(text, dst, len(text), len(dst))
+    assert n > 0
+    flags = (struct.unpack_from("<Q", h, 40)[0] & ~ZSTD) | LZ4
+    struct.pack_into("<I", h, 16, n)
+    struct.pack_into("<Q", h, 40, flags)
+    struct.pack_into("<Q", h, 56, len(text))
+    return container([(h, dst.raw[:n] + bytes(-n % 8))])
+
+
+def fatbin_forms(tools: Path, work: Path, text: bytes) -> dict[str, bytes]:
+    """One PTX text in each container form: everything uncompressed, fatbinary's default (a
+    plain ELF, the PTX zstd-compressed), the PTX alone zstd-compressed, everything
+    zstd-compressed, the PTX alone LZ4-compressed."""
+    return {
+        "uncompressed": fatbinary(tools, work, text, compress="none"),
+        "default": fatbinary(tools, work, text),
+        "zstd_ptx_only": fatbinary(tools, work, text, elf=False),
+        "compress_all": fatbinary(tools, work, text, compress="all"),
+        "lz4_ptx_only": lz4_ptx(fatbinary(tools, work, text, elf=False, compress="none")),
+    }
+
+
+# Every way a program hands the driver a fatbin: in memory (cuModuleLoadData, the runtime's
+# cuLibraryLoadData, cuModuleLoadFatBinary), through a fatbin wrapper (__fatBinC_Wrapper_t, what
+# a program registers) pointing to it, and in a file.  load_each prints name.how=result,MiB taken
+# (a library once used: the simulated driver, like a real one, places it in a context then).
+FATBIN_LOADERS = """
+import ctypes, struct
+keep = []
+def wrapper(image, version=1):
+    fat = ctypes.create_string_buffer(image, len(image))
+    w = ctypes.create_string_buffer(struct.pack("<IIQQ", 0x466243B1, version, ctypes.addressof(fat), 0), 24)
+    keep.append((fat, w))
+    return ctypes.addressof(w)
+def as_file(image):
+    keep.append("%s/load%d.fatbin" % (work, len(keep)))
+    with open(keep[-1], "wb") as f:
+        f.write(image)
+    return keep[-1].encode()
+def lib(load):
+    def run(image):
+        err, handle = load(image)
+        if err == d.CUresult.CUDA_SUCCESS:
+            d.cuLibraryGetGlobal(handle, b"big")  # a use places a lazily loaded library here
+        return err, lambda: d.cuLibraryUnload(handle)
+    return run
+def mod(load):
+    def run(image):
+        err, handle = load(image)
+        return err, lambda: d.cuModuleUnload(handle)
+    return run
+loaders = {
+    "lib_data": lib(lambda image: d.cuLibraryLoadData(image, [], [], 0, [], [], 0)),
+    "lib_wrapper": lib(lambda image: d.cuLibraryLoadData(wrapper(image), [], [], 0, [], [], 0)),
+    "lib_file": lib(lambda image: d.cuLibraryLoadFromFile(as_file(image), [], [], 0, [], [], 0)),
+    "mod_data": mod(d.cuModuleLoadData),
+    "mod_fatbinary": mod(d.cuModuleLoadFatBinary),
+    "mod_wrapper": mod(lambda image: d.cuModuleLoadData(wrapper(image))),
+    "mod_file": mod(lambda image: d.cuModuleLoad(as_file(image))),
+}
+def load_each(images, hows=tuple(loaders)):
+    for name, image in images.items():
+        for how in hows:
+            before = d.cuMemGetInfo()[1]
+            err, unload = loaders[how](image)
+            print("%s.%s=%s,%d" % (name, how, err.name, (before - d.cuMemGetInfo()[1]) >> 20))
+            if err == d.CUresult.CUDA_SUCCESS:
+                unload()
+"""
+LOADERS = ("lib_data", "lib_wrapper", "lib_file", "mod_data", "mod_fatbinary", "mod_wrapper", "mod_file")
+
+
+def load_fatbins(env: dict[str, str], work: Path, images: dict[str, bytes], hows=LOADERS):  # type: ignore[no-untyped-def]
+    return run(env, f"work = {str(work)!r}\n{FATBIN_LOADERS}\nload_each({images!r}, {tuple(hows)!r})\n")
+
+
+def test_a_fatbin_global_past_the_cap_is_refused_however_the_fatbin_is_loaded(
+    sim_factory: Callable[..., Sim], cuda_tools: Path, tmp_path: Path
+) -> None:
+    """A 3 GiB `.global` in a fatbin made by fatbinary (everything uncompressed, the PTX
+    zstd-compressed alone or beside a plain ELF, everything compressed, the PTX LZ4-compressed),
+    loaded every way under a 1000 MiB cap: refused with CUDA_ERROR_OUT_OF_MEMORY, nothing left
+    charged (the shim reads every entry, decompressed, for names and asks the driver their
+    sizes; before, a fatbin was copied unread and the 3 GiB loaded).  On the bare simulated GPU
+    each load takes its 3 GiB: the model places a fatbin's globals as a driver does."""
+    sim = sim_factory(memory_mib=8 * 1024)
+    images = fatbin_forms(cuda_tools, tmp_path, ptx_with(f".visible .global .align 8 .b8 big[{G3}];"))
+    tenant = sim.tenant("t", [1000], gpus=[0])
+    capped, proc = load_fatbins(sim.tenant_env(tenant), tmp_path, images)
+    bare, bare_proc = load_fatbins(sim.env(), tmp_path, images)
+    for name in images:
+        for how in LOADERS:
+            assert bare[f"{name}.{how}"] == "CUDA_SUCCESS,3072", (name, how)
+            assert capped[f"{name}.{how}"] == "CUDA_ERROR_OUT_OF_MEMORY,0", (name, how)
+    assert proc.stderr == bare_proc.stderr == ""
+
+
+def test_fatbin_globals_are_charged_at_load_and_given_back_at_unload(
+    sim_factory: Callable[..., Sim], cuda_tools: Path, tmp_path: Path
+) -> None:
+    """A fatbin with a 48 MiB `.global` and a 16-byte `.const` array fits a 1000 MiB cap:
+    loaded every way, in every container form, the driver's sizes of both are in the tenant's
+    used memory (the vGPU's free memory drops by them) and come back at unload."""
+    sim = sim_factory(memory_mib=8 * 1024)
+    decls = (
+        f".visible .global .align 8 .b8 big[{48 << 20}];\n.visible .const .align 4 .u32 small[4] = {{1, 2}};"
+    )
+    images = fatbin_forms(cuda_tools, tmp_path, ptx_with(decls))
+    tenant = sim.tenant("t", [1000], gpus=[0])
+    body = f"""
+        images = {images!r}
+        for name, image in images.items():
+            for how, load in loaders.items():
+                before = free_bytes()
+                err, unload = load(image)
+                taken = before - free_bytes()
+                unload()
+                print("%s.%s=%s,%d,%d" % (name, how, err.name, taken, before - free_bytes()))
+        err, lib = d.cuLibraryLoadData(images["default"], [], [], 0, [], [], 0)
+        print("big=%d" % d.cuLibraryGetGlobal(lib, b"big")[2])
+        print("small=%d" % d.cuLibraryGetGlobal(lib, b"small")[2])
+        """
+    values, proc = run(
+        sim.tenant_env(tenant), f"work = {str(tmp_path)!r}\n{FATBIN_LOADERS}\n" + textwrap.dedent(body)
+    )
+    for name in images:
+        for how in LOADERS:
+            assert values[f"{name}.{how}"] == f"CUDA_SUCCESS,{(48 << 20) + 16},0", (name, how)
+    assert values["big"] == str(48 << 20)
+    assert values["small"] == "16"
+    assert proc.stderr == ""
+
+
+def test_a_fatbin_that_lies_about_its_layout_is_refused_and_changes_nothing(
+    sim_factory: Callable[..., Sim], cuda_tools: Path, tmp_path: Path
+) -> None:
+    """Containers around a 3 GiB global whose own numbers do not hold: an entry header running
+    past the fat size, a payload past the end, bytes after the last entry, a decompressed size
+    stated larger or smaller than the data, compressed garbage (zstd, LZ4), PTX text going on
+    past a NUL, a wrapper of an unknown version.  The shim refuses each with
+    CUDA_ERROR_INVALID_IMAGE before the driver sees it (a scan that gave up and let it load
+    would leave what a driver reads its own way uncharged), as the bare simulated GPU does;
+    nothing is charged.  The first decompression refusal says why on stderr, once."""
+    sim = sim_factory(memory_mib=8 * 1024)
+    text = ptx_with(f".visible .global .align 8 .b8 big[{G3}];")
+    plain = fatbinary(cuda_tools, tmp_path, text, compress="none")
+    ((zh, zp),) = entries(fatbinary(cuda_tools, tmp_path, text, elf=False))
+    ((ph, pp),) = entries(fatbinary(cuda_tools, tmp_path, text, elf=False, compress="none"))
+    ((lh, lp),) = entries(lz4_ptx(fatbinary(cuda_tools, tmp_path, text, elf=False, compress="none")))
+
+    def patched(image: bytes, fmt: str, off: int, value: int) -> bytes:
+        out = bytearray(image)
+        struct.pack_into(fmt, out, off, value)
+        return bytes(out)
+
+    def zstd_stating(size: int) -> bytes:
+        return container([(bytearray(patched(bytes(zh), "<Q", 56, size)), zp)])
+
+    stated = struct.unpack_from("<Q", zh, 56)[0]
+    text_end = pp.rstrip(b"\0") + b"\0"
+    images = {
+        "entry_header_past_the_fat_size": patched(plain, "<I", 16 + 4, len(plain)),
+        "payload_past_the_end": patched(plain, "<Q", 16 + 8, len(plain)),
+        "bytes_after_the_last_entry": patched(plain + bytes(8), "<Q", 8, len(plain) - 16 + 8),
+        "decompressed_size_larger": zstd_stating(stated + 8),
+        "decompressed_size_smaller": zstd_stating(stated - 8),
+        "zstd_garbage": container([(bytearray(zh), bytes(range(256))[: len(zp)])]),
+        "lz4_garbage": container([(bytearray(lh), b"\xff" * len(lp))]),
+        "ptx_past_a_nul": container([(bytearray(ph), text_end + b"xx" + bytes(-(len(text_end) + 2) % 8))]),
+    }
+    tenant = sim.tenant("t", [1000], gpus=[0])
+    hows = ("lib_data", "mod_data")
+    capped, proc = load_fatbins(sim.tenant_env(tenant), tmp_path, images, hows)
+    bare, bare_proc = load_fatbins(sim.env(), tmp_path, images, hows)
+    for name in images:
+        for how in hows:
+            assert capped[f"{name}.{how}"] == "CUDA_ERROR_INVALID_IMAGE,0", (name, how)
+            assert bare[f"{name}.{how}"] == "CUDA_ERROR_INVALID_IMAGE,0", (name, how)
+    assert proc.stderr == (
+        "sharegpu: a zstd-compressed fatbin entry does not decompress to its stated size: "
+        "the load is refused (CUDA_ERROR_INVALID_IMAGE)\n"
+    )
+    assert bare_proc.stderr == ""
+    body = f"""
+        before = d.cuMemGetInfo()[1]
+        err = d.cuModuleLoadData(wrapper({plain!r}, 7))[0]
+        print("wrapper_v7=%s,%d" % (err.name, before - d.cuMemGetInfo()[1]))
+        """
+    for env, values in ((sim.tenant_env(tenant), capped), (sim.env(), bare)):
+        values.update(run(env, f"work = {str(tmp_path)!r}\n{FATBIN_LOADERS}\n" + textwrap.dedent(body))[0])
+    assert capped["wrapper_v7"] == bare["wrapper_v7"] == "CUDA_ERROR_INVALID_IMAGE,0"
+
+
+def test_a_fatbin_the_shim_cannot_read_is_refused_with_a_reason(
+    sim_factory: Callable[..., Sim], cuda_tools: Path, tmp_path: Path
+) -> None:
+    """What the shim cannot read, a driver might still load with its globals: refused with
+    CUDA_ERROR_NOT_SUPPORTED and one line on stderr, never loaded uncharged.  A zstd entry
+    when the libzstd.so.1 found (here: one beside the shim, tried first, that lacks the
+    functions) cannot decompress it (the model, beside such a library, refuses it too); a PTX
+    entry with a preprocessor line (also refused by the model).  An entry of a kind nobody
+    knows that holds no ELF is skipped with one line (NVIDIA's own libraries carry such kinds;
+    refusing them would fail their loads), and the entries beside it are still read: here the
+    ELF's 3 GiB global is refused."""
+    sim = sim_factory(memory_mib=8 * 1024)
+    text = ptx_with(f".visible .global .align 8 .b8 big[{G3}];")
+    zstd = fatbinary(cuda_tools, tmp_path, text, elf=False)
+    (eh, ep), (ph, pp) = entries(fatbinary(cuda_tools, tmp_path, text, compress="none"))
+    struct.pack_into("<H", ph, 0, 0x40)  # the PTX entry, of a kind nobody knows
+    unknown_kind = container([(eh, ep), (ph, pp)])
+    pre = fatbinary(cuda_tools, tmp_path, ptx_with(f"#define G .global\nG .b8 big[{G3}];"), elf=False)
+    shim_dir = tmp_path / "shim"
+    shim_dir.mkdir()
+    shutil.copy(native.shim_path(), shim_dir / "libsharegpu.so")
+    (tmp_path / "empty.c").write_text("int sharegpu_not_zstd;\n")
+    gcc(shim_dir, "libzstd.so.1", "-shared", "-fPIC", str(tmp_path / "empty.c"))
+    tenant = sim.tenant("t", [1000], gpus=[0])
+    hows = ("lib_data", "mod_data")
+    env = sim.tenant_env(tenant)
+    env["LD_PRELOAD"] = str(shim_dir / "libsharegpu.so")
+    no_zstd, no_zstd_proc = load_fatbins(env, tmp_path, {"zstd": zstd}, hows)
+    capped, proc = load_fatbins(
+        sim.tenant_env(tenant), tmp_path, {"unknown_kind": unknown_kind, "preprocessor": pre}, hows
+    )
+    bare, bare_proc = load_fatbins(sim.env(), tmp_path, {"preprocessor": pre}, hows)
+    sim_dir = tmp_path / "simgpu"  # the model beside the same library: it cannot read it either
+    shutil.copytree(native.simgpu_dir(), sim_dir, symlinks=True)
+    shutil.copy(shim_dir / "libzstd.so.1", sim_dir / "libzstd.so.1")
+    bare_no_zstd, _ = load_fatbins(sim.env(LD_LIBRARY_PATH=str(sim_dir)), tmp_path, {"zstd": zstd}, hows)
+    for how in hows:
+        assert no_zstd[f"zstd.{how}"] == bare_no_zstd[f"zstd.{how}"] == "CUDA_ERROR_NOT_SUPPORTED,0"
+        assert capped[f"unknown_kind.{how}"] == "CUDA_ERROR_OUT_OF_MEMORY,0"
+        assert capped[f"preprocessor.{how}"] == bare[f"preprocessor.{how}"] == "CUDA_ERROR_NOT_SUPPORTED,0"
+    assert no_zstd_proc.stderr == (
+        "sharegpu: libzstd.so.1 cannot be opened, so a zstd-compressed fatbin entry cannot be read "
+        "for its globals: the load is refused (CUDA_ERROR_NOT_SUPPORTED); install it, or put it "
+        "beside libsharegpu.so\n"
+    )
+    assert proc.stderr == (
+        "sharegpu: a fatbin entry of kind 64 (not PTX, not an ELF) is not read for its globals: what "
+        "a driver places from it is counted by the agent's reconciler, not admitted here\n"
+    )
+    assert bare_proc.stderr == ""
+
+
+def test_the_model_places_the_globals_of_the_entry_a_driver_would_load(
+    sim_factory: Callable[..., Sim], cuda_tools: Path, tmp_path: Path
+) -> None:
+    """The simulated driver loads one entry of a fatbin, as a driver does: an sm_90 ELF before
+    the PTX (its 16-byte `big`, not the PTX's 3 GiB one), the PTX when the only ELF is sm_80
+    (SASS runs within its major version only), none when all there is is sm_100
+    (CUDA_ERROR_NO_BINARY_FOR_GPU); an LTO IR entry (nvJitLink's input) is never loaded and
+    the shim does not read it.  Under the shim the charge is the driver's size of the loaded
+    entry's globals, whatever the other entries declare."""
+    sim = sim_factory(memory_mib=8 * 1024)
+    big = ptx_with(f".visible .global .align 8 .b8 big[{G3}];")
+    small = ptx_with(".visible .global .align 8 .b8 big[16];")
+    sm80 = big.replace(b"sm_90", b"sm_80")
+    sm100 = big.replace(b"sm_90", b"sm_100").replace(b".version 8.0", b".version 8.8")
+    small_elf = entries(fatbinary(cuda_tools, tmp_path, small))[0]
+    big_ptx = entries(fatbinary(cuda_tools, tmp_path, big))[1]
+    sm80_elf = entries(fatbinary(cuda_tools, tmp_path, sm80))[0]
+    sm100_elf = entries(fatbinary(cuda_tools, tmp_path, sm100))[0]
+    lto = (bytearray(big_ptx[0]), b"\x5a" * len(big_ptx[1]))
+    struct.pack_into("<H", lto[0], 0, 8)  # LTO IR: CUDA 13 stores it encrypted, unreadable here
+    images = {
+        "elf_before_ptx": container([small_elf, big_ptx]),
+        "ptx_past_an_sm80_elf": container([sm80_elf, big_ptx]),
+        "only_sm100": container([sm100_elf]),
+        "lto_ir_beside_ptx": container([lto, big_ptx]),
+    }
+    tenant = sim.tenant("t", [1000], gpus=[0])
+    body = f"""
+        for name, image in {images!r}.items():
+            before = free_bytes()
+            err, mod = d.cuModuleLoadData(image)
+            print("%s=%s,%d" % (name, err.name, before - free_bytes()))
+            if err == d.CUresult.CUDA_SUCCESS:
+                d.cuModuleUnload(mod)
+        """
+    capped, proc = run(sim.tenant_env(tenant), body)
+    bare, bare_proc = run(sim.env(), body)
+    assert bare["elf_before_ptx"] == capped["elf_before_ptx"] == "CUDA_SUCCESS,16"
+    assert bare["ptx_past_an_sm80_elf"] == f"CUDA_SUCCESS,{G3}"
+    assert capped["ptx_past_an_sm80_elf"] == "CUDA_ERROR_OUT_OF_MEMORY,0"
+    assert bare["only_sm100"] == capped["only_sm100"] == "CUDA_ERROR_NO_BINARY_FOR_GPU,0"
+    assert bare["lto_ir_beside_ptx"] == f"CUDA_SUCCESS,{G3}"
+    assert capped["lto_ir_beside_ptx"] == "CUDA_ERROR_OUT_OF_MEMORY,0"
+    assert proc.stderr == bare_proc.stderr == ""
+
+
+def test_the_fatbin_reader_stays_inside_any_container(cuda_tools: Path, tmp_path: Path) -> None:
+    """The shim's reader (native/shim/fatnames.c over sharegpu/fatbin.h) under AddressSanitizer
+    and UBSan, each container in a buffer of exactly its size: real containers (zstd, LZ4,
+    uncompressed) read in full, and 3000 of them with a header field or byte changed (sizes 0,
+    one off, past the end, huge; kinds; flags) are each read or refused without one access
+    outside the buffer."""
+    exe = gcc(
+        tmp_path,
+        "fatscan",
+        "-fsanitize=address,undefined",
+        "-fno-sanitize-recover=all",
+        "-g",
+        str(SHIM_DIR / "tests" / "fatscan.c"),
+        str(SHIM_DIR / "modnames.c"),
+        str(SHIM_DIR / "fatnames.c"),
+        "-ldl",
+    )
+    text = ptx_with(f".visible .global .align 8 .b8 big[{G3}];\n.visible .const .align 4 .u32 c[2];")
+    bases = list(fatbin_forms(cuda_tools, tmp_path, text).values())
+    rng = random.Random(34)
+    fields = [(4, "<I"), (8, "<Q"), (16, "<I"), (40, "<Q"), (56, "<Q"), (0, "<H")]
+    files = []
+    for i in range(3000):
+        image = bytearray(rng.choice(bases))
+        starts = [16]
+        while starts[-1] < len(image):
+            size, payload = struct.unpack_from("<4xIQ", image, starts[-1])
+            starts.append(starts[-1] + size + payload)
+        at = rng.choice(starts[:-1])
+        if rng.random() < 0.2:  # the container's own header, or any byte of an entry header
+            at, (off, fmt) = (
+                (0, rng.choice([(6, "<H"), (8, "<Q")]))
+                if rng.random() < 0.5
+                else (at, (rng.randrange(64), "<B"))
+            )
+        else:
+            off, fmt = rng.choice(fields)
+        width = struct.calcsize(fmt)
+        old = struct.unpack_from(fmt, image, at + off)[0]
+        value = rng.choice(
+            [0, 1, old - 1, old + 1, old + 8, len(image), (1 << (8 * width)) - 1, rng.getrandbits(8 * width)]
+        )
+        struct.pack_into(fmt, image, at + off, value % (1 << (8 * width)))
+        path = tmp_path / f"m{i}.fatbin"
+        path.write_bytes(bytes(image))
+        files.append(path)
+    for n, base in enumerate(bases):
+        (tmp_path / f"base{n}.fatbin").write_bytes(base)
+    proc = subprocess.run(
+        [str(exe), *(str(tmp_path / f"base{n}.fatbin") for n in range(len(bases))), *map(str, files)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stderr == ""
+    results = [line.split("=")[1].split(",") for line in proc.stdout.splitlines()]
+    assert len(results) == len(bases) + len(files)
+    for res, names in results[: len(bases)]:
+        assert res == "0"
+        assert int(names) >= 2  # big, c, and the entry's other identifiers
+    assert {res for res, _ in results[len(bases) :]} >= {"0", "200"}  # some read, some refused
 
 
 # ---------------------------------------------------------------------------------------------

@@ -217,8 +217,18 @@ SIM_HIDDEN CUresult cu_stream_wait(struct CUstream_st *s); /* until all its work
 
 /* ---- kernels (launch.c, module.c, library.c, graph.c) -------------------------------------- */
 SIM_HIDDEN CUresult cu_func_check(CUfunction f); /* a CUfunction, or a CUkernel cast to one */
-/* Parses an image into m (ctx NULL): CUDA_ERROR_INVALID_IMAGE for what is no PTX/cubin/fatbin. */
-SIM_HIDDEN CUresult cu_module_parse(struct CUmod_st *m, const void *image);
+/* Parses an image, of which at most limit bytes may be read, into m (ctx NULL):
+ * CUDA_ERROR_INVALID_IMAGE for what is no PTX/cubin/fatbin. */
+SIM_HIDDEN CUresult cu_module_parse(struct CUmod_st *m, const void *image, uint64_t limit);
+/* The limit of a caller's image in memory (its headers are trusted up to it); a file's is its
+ * length, always less. */
+#define CU_IMAGE_IN_MEMORY (1ull << 30)
+/* fatbin.c: the entry a driver loads from a fatbin container or wrapper, unpacked into *out
+ * (malloc'd, zero bytes after its *size), *elf set for an ELF cubin (else PTX text). */
+SIM_HIDDEN CUresult cu_fatbin_entry(const void *image, uint64_t limit, unsigned char **out,
+                                    uint64_t *size, int *elf);
+/* The whole of a file, NUL-terminated (PTX is text), its length in *length; NULL with *r set. */
+SIM_HIDDEN void *cu_read_file(const char *path, uint64_t *length, CUresult *r);
 /* ptx.c: the variables of a PTX text as a driver reads them (names malloc'd, laid out in order) */
 SIM_HIDDEN CUresult cu_ptx_vars(const char *text, struct cu_var **out, size_t *n, uint64_t *bytes);
 SIM_HIDDEN void cu_vars_free(struct cu_var *v, size_t n);

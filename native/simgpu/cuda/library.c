@@ -14,8 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-SIM_HIDDEN void *cu_read_file(const char *path, CUresult *r); /* module.c */
-
 static CUresult lib_check(CUlibrary lib)
 {
     CUresult r = cu_ready();
@@ -33,8 +31,9 @@ static CUresult kernel_check(CUkernel k)
                                                                          : CUDA_ERROR_INVALID_HANDLE;
 }
 
-static CUresult lib_load(CUlibrary *library, const void *code, unsigned numJit, CUjit_option *jit,
-                         void **jitValues, unsigned numLib, CUlibraryOption *opts, void **optValues)
+static CUresult lib_load(CUlibrary *library, const void *code, uint64_t limit, unsigned numJit,
+                         CUjit_option *jit, void **jitValues, unsigned numLib, CUlibraryOption *opts,
+                         void **optValues)
 {
     if (!library || !code || (numJit && (!jit || !jitValues)) || (numLib && (!opts || !optValues)))
         return CUDA_ERROR_INVALID_VALUE;
@@ -44,7 +43,7 @@ static CUresult lib_load(CUlibrary *library, const void *code, unsigned numJit, 
     struct CUlib_st *lib = calloc(1, sizeof(*lib));
     if (!lib)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    r = cu_module_parse(&lib->proto, code);
+    r = cu_module_parse(&lib->proto, code, limit);
     if (r) {
         free(lib);
         return r;
@@ -59,7 +58,7 @@ SIM_EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUji
                                       CUlibraryOption *libraryOptions, void **libraryOptionValues,
                                       unsigned int numLibraryOptions)
 {
-    return lib_load(library, code, numJitOptions, jitOptions, jitOptionsValues, numLibraryOptions,
+    return lib_load(library, code, CU_IMAGE_IN_MEMORY, numJitOptions, jitOptions, jitOptionsValues, numLibraryOptions,
                     libraryOptions, libraryOptionValues);
 }
 
@@ -71,10 +70,11 @@ SIM_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileNa
     if (!library)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult r;
-    void *code = cu_read_file(fileName, &r);
+    uint64_t length;
+    void *code = cu_read_file(fileName, &length, &r);
     if (!code)
         return r;
-    r = lib_load(library, code, numJitOptions, jitOptions, jitOptionsValues, numLibraryOptions,
+    r = lib_load(library, code, length, numJitOptions, jitOptions, jitOptionsValues, numLibraryOptions,
                  libraryOptions, libraryOptionValues);
     free(code);
     return r;

@@ -14,8 +14,6 @@
 #define JIT_INPUT_NVVM 5
 #define JIT_NUM_INPUT_TYPES 6
 
-SIM_HIDDEN void *cu_read_file(const char *path, CUresult *r); /* module.c */
-
 struct CUlinkState_st {
     uint32_t magic;
     int binary;  /* an input was not PTX */
@@ -82,7 +80,7 @@ SIM_EXPORT CUresult cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, con
     if (!state || state->magic != LINK_MAGIC)
         return CUDA_ERROR_INVALID_HANDLE;
     CUresult r;
-    void *data = cu_read_file(path, &r);
+    void *data = cu_read_file(path, NULL, &r);
     if (!data)
         return r;
     r = add(state, type, data, 0);

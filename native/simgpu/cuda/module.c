@@ -1,30 +1,30 @@
 /*
  * Modules.  Nothing is compiled or run: a module is the list of its kernel names and its
  * variables.  A PTX image (text) exposes exactly its `.entry` names and its `.global`/`.const`
- * variables (read as a driver reads them, ptx.c), which are device memory of the module: placed and charged to the process when the
- * module is loaded, given back when it is unloaded (or its context dies).  An ELF cubin's
- * variables are the object symbols of its global and constant sections (sharegpu/cubin.h); its
- * kernels cannot be listed without the toolkit, so it accepts any kernel name, as does a fatbin,
- * which has no variables here.
+ * variables (read as a driver reads them, ptx.c), which are device memory of the module:
+ * placed and charged to the process when the module is loaded, given back when it is unloaded
+ * (or its context dies).  An ELF cubin's variables are the object symbols of its global and
+ * constant sections (sharegpu/cubin.h); its kernels cannot be listed without the toolkit, so it
+ * accepts any kernel name.  A fatbin (or a fatbin wrapper) is the entry a driver would load
+ * from it (fatbin.c), read as that PTX text or ELF cubin.  A file is read no further than it
+ * goes; an image in memory as far as its headers say (up to 1 GiB), as a driver trusts them.
  */
 #include "cu.h"
 #include "sharegpu/cubin.h"
+#include "sharegpu/fatbin.h"
 
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define FATBIN_MAGIC 0xBA55ED50u
-#define FATBIN_WRAPPER_MAGIC 0x466243B1u
 #define MAX_IMAGE_FILE (1u << 30)
 
-static int is_binary(const unsigned char *p)
+static int is_fatbin(const unsigned char *p)
 {
     uint32_t m;
     memcpy(&m, p, sizeof(m));
-    return (p[0] == 0x7f && p[1] == 'E' && p[2] == 'L' && p[3] == 'F') || m == FATBIN_MAGIC ||
-           m == FATBIN_WRAPPER_MAGIC;
+    return m == SG_FATBIN_MAGIC || m == SG_FATBIN_WRAPPER_MAGIC;
 }
 
 static int ident_char(char c)
@@ -94,27 +94,25 @@ static void add_elf_var(const char *name, uint64_t size, void *arg)
     ev->off = v->offset + size;
 }
 
-CUresult cu_module_parse(struct CUmod_st *m, const void *image)
+static CUresult parse_elf(struct CUmod_st *m, const void *image, uint64_t limit)
 {
-    memset(m, 0, sizeof(*m));
-    if (sg_is_elf(image)) {
-        struct elf_vars ev = {0};
-        if (sg_cubin_vars(image, MAX_IMAGE_FILE, add_elf_var, &ev) != 0) {
-            cu_vars_free(ev.vars, ev.n);
-            return CUDA_ERROR_INVALID_IMAGE; /* a symbol table or an object it cannot read */
-        }
-        if (ev.oom) {
-            cu_vars_free(ev.vars, ev.n);
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        m->vars = ev.vars;
-        m->nvars = ev.n;
-        m->var_bytes = ev.off;
-        return CUDA_SUCCESS;
+    struct elf_vars ev = {0};
+    if (sg_cubin_vars(image, limit, add_elf_var, &ev) != 0) {
+        cu_vars_free(ev.vars, ev.n);
+        return CUDA_ERROR_INVALID_IMAGE; /* a symbol table or an object it cannot read */
     }
-    if (is_binary(image))
-        return CUDA_SUCCESS;
-    const char *text = image;
+    if (ev.oom) {
+        cu_vars_free(ev.vars, ev.n);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    m->vars = ev.vars;
+    m->nvars = ev.n;
+    m->var_bytes = ev.off;
+    return CUDA_SUCCESS;
+}
+
+static CUresult parse_ptx(struct CUmod_st *m, const char *text)
+{
     if (!strstr(text, ".version") && !strstr(text, ".entry") && !strstr(text, ".target"))
         return CUDA_ERROR_INVALID_IMAGE;
     m->ptx = 1;
@@ -126,6 +124,26 @@ CUresult cu_module_parse(struct CUmod_st *m, const void *image)
         free(m->entries);
         m->entries = NULL;
     }
+    return r;
+}
+
+CUresult cu_module_parse(struct CUmod_st *m, const void *image, uint64_t limit)
+{
+    memset(m, 0, sizeof(*m));
+    if (limit > MAX_IMAGE_FILE)
+        limit = MAX_IMAGE_FILE;
+    if (sg_is_elf(image))
+        return parse_elf(m, image, limit);
+    if (!is_fatbin(image))
+        return parse_ptx(m, image);
+    unsigned char *entry;
+    uint64_t size;
+    int elf;
+    CUresult r = cu_fatbin_entry(image, limit, &entry, &size, &elf);
+    if (r)
+        return r;
+    r = elf ? parse_elf(m, entry, size) : parse_ptx(m, (const char *)entry);
+    free(entry);
     return r;
 }
 
@@ -200,7 +218,7 @@ void cu_module_destroy(struct CUmod_st *m)
     free(m);
 }
 
-static CUresult load(CUmodule *module, const void *image)
+static CUresult load(CUmodule *module, const void *image, uint64_t limit)
 {
     if (!module || !image)
         return CUDA_ERROR_INVALID_VALUE;
@@ -209,7 +227,7 @@ static CUresult load(CUmodule *module, const void *image)
     if (r)
         return r;
     struct CUmod_st proto;
-    r = cu_module_parse(&proto, image);
+    r = cu_module_parse(&proto, image, limit);
     if (r)
         return r;
     r = cu_module_instance(&proto, c, module);
@@ -217,9 +235,7 @@ static CUresult load(CUmodule *module, const void *image)
     return r;
 }
 
-/* The whole of a file, NUL-terminated (PTX is text); NULL with *r set. */
-SIM_HIDDEN void *cu_read_file(const char *path, CUresult *r);
-void *cu_read_file(const char *path, CUresult *r)
+void *cu_read_file(const char *path, uint64_t *length, CUresult *r)
 {
     FILE *f = path ? fopen(path, "rb") : NULL;
     if (!f) {
@@ -258,13 +274,15 @@ void *cu_read_file(const char *path, CUresult *r)
         return NULL;
     }
     buf[n] = '\0';
+    if (length)
+        *length = n;
     *r = CUDA_SUCCESS;
     return buf;
 }
 
 SIM_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
 {
-    return load(module, image);
+    return load(module, image, CU_IMAGE_IN_MEMORY);
 }
 
 SIM_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
@@ -272,12 +290,13 @@ SIM_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsi
 {
     if (numOptions && (!options || !optionValues))
         return CUDA_ERROR_INVALID_VALUE;
-    return load(module, image); /* JIT options (log buffers, optimisation level) are ignored */
+    /* JIT options (log buffers, optimisation level) are ignored */
+    return load(module, image, CU_IMAGE_IN_MEMORY);
 }
 
 SIM_EXPORT CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
 {
-    return load(module, fatCubin);
+    return load(module, fatCubin, CU_IMAGE_IN_MEMORY);
 }
 
 SIM_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
@@ -285,10 +304,11 @@ SIM_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
     if (!module)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult r;
-    void *image = cu_read_file(fname, &r);
+    uint64_t length;
+    void *image = cu_read_file(fname, &length, &r);
     if (!image)
         return r;
-    r = load(module, image);
+    r = load(module, image, length);
     free(image);
     return r;
 }
