@@ -14,6 +14,7 @@ import pytest
 from nvidiautil import UUIDS, VERSION, FakeNode, fake_node
 from sharegpu.errors import DeviceError
 from sharegpu.runtime.cdi import nvidia
+from sharegpu.runtime.cdi.generate import CONTAINER_SHIM, codec_mounts
 
 
 @pytest.fixture
@@ -72,3 +73,25 @@ def test_the_cache_is_read_for_driver_libraries_of_x86_64_only() -> None:
         "libnvidia-ml.so.1": Path("/first/libnvidia-ml.so.1"),  # the loader's first
         "libnvidia-ptxjitcompiler.so.1": Path("/h/libnvidia-ptxjitcompiler.so.1"),
     }
+
+
+def test_the_shims_codecs_are_mounted_beside_it_when_the_node_has_them(tmp_path: Path) -> None:
+    """The node's libzstd/liblz4 (as the linker cache lists them, x86-64 only, resolved to the
+    file) go beside the shim inside, where it looks first for what decompresses fatbins."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "libzstd.so.1.5.4").write_bytes(b"\x7fELF")
+    (lib / "libzstd.so.1").symlink_to("libzstd.so.1.5.4")
+    cache = "\n".join(
+        [
+            "3 libs found in cache `/etc/ld.so.cache'",
+            f"\tlibzstd.so.1 (libc6,x86-64) => {lib}/libzstd.so.1",
+            f"\tliblz4.so.1 (libc6) => {lib}/liblz4.so.1",  # 32-bit: not the shim's
+            f"\tlibzstd.so (libc6,x86-64) => {lib}/libzstd.so",  # the development link
+        ]
+    )
+    mounts = codec_mounts(cache)
+    assert [(m.host_path, m.container_path) for m in mounts] == [
+        (str(lib / "libzstd.so.1.5.4"), str(Path(CONTAINER_SHIM).parent / "libzstd.so.1"))
+    ]
+    assert codec_mounts(f"\tlibzstd.so.1 (libc6,x86-64) => {lib}/gone.so.1") == []  # a stale entry

@@ -60,6 +60,7 @@ CONTAINER_TENANT_DIR = abi.CONTAINER_TENANT_DIR
 CONTAINER_SHIM = "/usr/lib/sharegpu/libsharegpu.so"
 CONTAINER_SIMGPU_DIR = "/usr/lib/sharegpu/simgpu"
 PRELOAD_FILE = "ld.so.preload"  # under <runtime>/cdi: what /etc/ld.so.preload shows inside
+SHIM_CODECS = ("libzstd.so.1", "liblz4.so.1")  # what fatbin entries are compressed with
 
 
 def _bind(host: Path | str, container: str, *, writable: bool = False) -> Mount:
@@ -119,6 +120,21 @@ def mps_edits(daemon: mps.Daemon, shm: mps.Shm) -> ContainerEdits:
     )
 
 
+def codec_mounts(cache_text: str | None = None) -> list[Mount]:
+    """The node's libraries the shim decompresses fatbin entries with (native/shim/fatnames.c),
+    beside the shim inside, where it looks first: an image without them (a distroless one, a
+    static program's) would otherwise have every compressed fatbin refused, and nvcc compresses
+    every program's PTX. Those the node lacks are left out (the image's own are used then)."""
+    text = nvidia.read_linker_cache() if cache_text is None else cache_text
+    beside = Path(CONTAINER_SHIM).parent
+    found = nvidia.cached_libraries(text, lambda name: name in SHIM_CODECS)
+    return [
+        _bind(path.resolve(), str(beside / soname))
+        for soname, path in found.items()
+        if path.resolve().is_file()
+    ]
+
+
 def common_edits(root: Path, driver: nvidia.Driver) -> ContainerEdits:
     edits = driver.edits
     daemon = mps.find(mps.pipe_dir())  # the daemon as this process's environment finds it
@@ -129,6 +145,7 @@ def common_edits(root: Path, driver: nvidia.Driver) -> ContainerEdits:
         mounts=[
             _bind(preload_shim(), CONTAINER_SHIM),
             _bind(preload_file(root), "/etc/ld.so.preload"),
+            *codec_mounts(),
             *(edits.mounts or []),
             *(extra.mounts or []),
         ],

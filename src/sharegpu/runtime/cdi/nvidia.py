@@ -117,19 +117,28 @@ class Driver:
         return [self.gpu_nodes[u] for u in dict.fromkeys(uuids) if u in self.gpu_nodes]
 
 
-def driver_libraries(cache_text: str) -> dict[str, Path]:
-    """{soname: the path the cache lists} for the driver's x86-64 libraries, first entry first."""
+def cached_libraries(cache_text: str, wanted: Callable[[str], bool]) -> dict[str, Path]:
+    """{soname: the path the cache lists} for the x86-64 libraries whose soname is `wanted`,
+    first entry first (the loader's order)."""
     found: dict[str, Path] = {}
     for line in cache_text.splitlines():
         entry = _CACHE_ENTRY.match(line)
         if entry is None:
             continue  # the header and footer lines
         flags = {f.strip() for f in entry["flags"].split(",")}
-        soname = _SONAME.match(entry["name"])
-        if "x86-64" not in flags or soname is None or soname["stem"] not in DRIVER_LIBRARIES:
-            continue
-        found.setdefault(entry["name"], Path(entry["path"]))
+        if "x86-64" in flags and wanted(entry["name"]):
+            found.setdefault(entry["name"], Path(entry["path"]))
     return found
+
+
+def driver_libraries(cache_text: str) -> dict[str, Path]:
+    """{soname: the path the cache lists} for the driver's x86-64 libraries, first entry first."""
+
+    def driver_soname(name: str) -> bool:
+        soname = _SONAME.match(name)
+        return soname is not None and soname["stem"] in DRIVER_LIBRARIES
+
+    return cached_libraries(cache_text, driver_soname)
 
 
 def _char_device(path: Path) -> bool:
