@@ -25,6 +25,12 @@ KUBE_VERSION="${KUBE_VERSION:-v1.37.2}"
 ETCD_VERSION="${ETCD_VERSION:-v3.7.3}"
 # The binaries built from k8s.io/kubernetes (cmd/<name>).
 KUBE_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+# containerd 2: the first line with CDI in its CRI plugin (on by default; Debian's 1.6 has none),
+# so a device plugin's CDI device names reach the container. v2.4.2 is the newest the proxy
+# serves; built without cgo and without the btrfs, devmapper and zfs snapshotters (overlayfs is
+# the one used). Its runc shim must be the same version, so it is built too.
+CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.4.2}"
+CONTAINERD_CMDS=(containerd ctr containerd-shim-runc-v2)
 
 CACHE_ROOT="${SHAREGPU_KUBE_CACHE:-$HOME/.cache/sharegpu/kube}"
 OUT="$CACHE_ROOT/$KUBE_VERSION"
@@ -39,7 +45,7 @@ export CGO_ENABLED=0       # the upstream release binaries are static too
 command -v go >/dev/null || [ ! -x /usr/local/go/bin/go ] || PATH="/usr/local/go/bin:$PATH"
 command -v go >/dev/null || { echo "build-kube: go is not installed (Kubernetes $KUBE_VERSION needs Go 1.26 or newer)" >&2; exit 1; }
 GOVER="$(go env GOVERSION)"
-mkdir -p "$BIN" "$WORK/kube" "$WORK/etcd"
+mkdir -p "$BIN" "$WORK/kube" "$WORK/etcd" "$WORK/containerd"
 
 t_all=$(date +%s)
 step() {  # step LABEL CMD...: run CMD, print its wall time
@@ -50,13 +56,18 @@ step() {  # step LABEL CMD...: run CMD, print its wall time
         "$([ "$rc" = 0 ] || echo "  FAILED (exit $rc)")"
     return "$rc"
 }
-stamp_of() { echo "kube=$KUBE_VERSION etcd=$ETCD_VERSION go=$GOVER cgo=$CGO_ENABLED"; }
-is_built() { [ -x "$BIN/$1" ] && [ "$(cat "$BIN/.$1.stamp" 2>/dev/null)" = "$(stamp_of)" ]; }
+stamp_of() {  # stamp_of NAME: the pins a binary was built with
+    case " ${CONTAINERD_CMDS[*]} " in
+        *" $1 "*) echo "containerd=$CONTAINERD_VERSION go=$GOVER cgo=$CGO_ENABLED" ;;
+        *) echo "kube=$KUBE_VERSION etcd=$ETCD_VERSION go=$GOVER cgo=$CGO_ENABLED" ;;
+    esac
+}
+is_built() { [ -x "$BIN/$1" ] && [ "$(cat "$BIN/.$1.stamp" 2>/dev/null)" = "$(stamp_of "$1")" ]; }
 
 todo=()
-for c in "${KUBE_CMDS[@]}" etcd; do is_built "$c" || todo+=("$c"); done
+for c in "${KUBE_CMDS[@]}" etcd "${CONTAINERD_CMDS[@]}"; do is_built "$c" || todo+=("$c"); done
 if [ "${#todo[@]}" = 0 ]; then
-    echo "build-kube: all binaries for $KUBE_VERSION (etcd $ETCD_VERSION, $GOVER) already in $BIN"
+    echo "build-kube: all binaries for $KUBE_VERSION (etcd $ETCD_VERSION, containerd $CONTAINERD_VERSION, $GOVER) already in $BIN"
     exit 0
 fi
 echo "build-kube: building ${todo[*]} into $BIN ($GOVER, -p $P)"
@@ -122,6 +133,26 @@ EOF
     (cd "$WORK/etcd" && nice -n "$NICE" go mod tidy)
 }
 
+gen_containerd_module() {
+    {
+        echo "module sharegpu.local/containerd-build"
+        echo
+        echo "go 1.26.0"
+        echo
+        echo "require github.com/containerd/containerd/v2 $CONTAINERD_VERSION"
+    } > "$WORK/containerd/go.mod"
+    {
+        echo "//go:build tools"
+        echo
+        echo "package tools"
+        echo
+        echo "import ("
+        for c in "${CONTAINERD_CMDS[@]}"; do echo "	_ \"github.com/containerd/containerd/v2/cmd/$c\""; done
+        echo ")"
+    } > "$WORK/containerd/tools.go"
+    (cd "$WORK/containerd" && nice -n "$NICE" go mod tidy)
+}
+
 # -X flags so that `--version` and the apiserver's /version report the release, as upstream's
 # hack/lib/version.sh does.
 minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
@@ -132,18 +163,19 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 # (Functions run by `step` are in an `||` list, where set -e does not apply: chain with &&.)
-build_one() {  # build_one NAME MODULE_DIR PACKAGE
-    (cd "$2" && nice -n "$NICE" go build -p "$P" -trimpath -ldflags "$LDFLAGS" -o "$BIN/$1.tmp" "$3") &&
-        mv "$BIN/$1.tmp" "$BIN/$1" &&
-        stamp_of > "$BIN/.$1.stamp"
+build_one() {  # build_one NAME MODULE_DIR PACKAGE [GO BUILD FLAGS...]
+    local name="$1" dir="$2" pkg="$3"; shift 3
+    (cd "$dir" && nice -n "$NICE" go build -p "$P" -trimpath -ldflags "$LDFLAGS" "$@" -o "$BIN/$name.tmp" "$pkg") &&
+        mv "$BIN/$name.tmp" "$BIN/$name" &&
+        stamp_of "$name" > "$BIN/.$name.stamp"
 }
 
 need_kube=0
-for c in "${todo[@]}"; do [ "$c" = etcd ] || need_kube=1; done
+for c in "${todo[@]}"; do case " ${KUBE_CMDS[*]} " in *" $c "*) need_kube=1 ;; esac; done
 if [ "$need_kube" = 1 ]; then
     step "module kubernetes (tidy)" gen_kube_module
     for c in "${todo[@]}"; do
-        [ "$c" = etcd ] && continue
+        case " ${KUBE_CMDS[*]} " in *" $c "*) ;; *) continue ;; esac
         step "compile $c" build_one "$c" "$WORK/kube" "k8s.io/kubernetes/cmd/$c"
     done
 fi
@@ -152,7 +184,18 @@ if is_built etcd; then :; else
     step "compile etcd" build_one etcd "$WORK/etcd" .
 fi
 
+need_containerd=0
+for c in "${CONTAINERD_CMDS[@]}"; do is_built "$c" || need_containerd=1; done
+if [ "$need_containerd" = 1 ]; then
+    step "module containerd (tidy)" gen_containerd_module
+    LDFLAGS="-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION"
+    for c in "${CONTAINERD_CMDS[@]}"; do
+        is_built "$c" || step "compile $c" build_one "$c" "$WORK/containerd" \
+            "github.com/containerd/containerd/v2/cmd/$c" -tags "no_btrfs no_devmapper no_zfs"
+    done
+fi
+
 echo "build-kube: done in $(( $(date +%s) - t_all ))s; binaries in $BIN:"
-for c in "${KUBE_CMDS[@]}" etcd; do
+for c in "${KUBE_CMDS[@]}" etcd "${CONTAINERD_CMDS[@]}"; do
     printf '  %-26s %s\n' "$c" "$(du -h "$BIN/$c" | cut -f1)"
 done

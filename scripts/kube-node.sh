@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A real single-node Kubernetes on this machine (issue 37, second increment): etcd, kube-apiserver,
 # kube-scheduler and kube-controller-manager on loopback with certificates and RBAC,
-# then Debian's containerd (1.6, CRI v1) and runc with a bridge CNI network, and a real kubelet
+# then containerd 2 (built by scripts/build-kube.sh, CDI on) and Debian's runc with a bridge CNI
+# network, and a real kubelet
 # registered as node "localhost". The sandbox (pause) image and a busybox test image are built here
 # from files (images/pause/pause.c compiled static; Debian's busybox-static) as OCI archives by
 # scripts/oci-image.py and imported with `ctr`: no registry. Then a pod runs to completion and its
@@ -14,7 +15,7 @@
 #                                          # fixture tests/e2e/kubenode.py runs it this way)
 #   KEEP=1 scripts/kube-node.sh            # keep the temp dir (logs, configs) for a look
 #
-# Needs root, the binaries of scripts/build-kube.sh, and the Debian packages containerd, runc,
+# Needs root, the binaries of scripts/build-kube.sh (containerd 2 among them), and the Debian packages runc,
 # containernetworking-plugins, busybox-static, gcc, openssl, curl, iproute2.
 #
 # Host settings it changes while it runs, and restores on exit: the kubelet refuses to start unless
@@ -40,11 +41,11 @@ RUNC="${KUBE_NODE_RUNC:-runc}"     # the runc binary containerd's shim runs (a w
 
 die() { echo "kube-node: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "needs root (containerd, runc, the kubelet)"
-for b in etcd kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl; do
+for b in etcd kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl containerd ctr containerd-shim-runc-v2; do
     [ -x "$BIN/$b" ] || die "$BIN/$b missing: run scripts/build-kube.sh (make kube)"
 done
-for c in containerd ctr runc gcc openssl curl ip python3; do
-    command -v "$c" >/dev/null || die "$c not found (apt-get install containerd runc gcc openssl curl iproute2)"
+for c in runc gcc openssl curl ip python3; do
+    command -v "$c" >/dev/null || die "$c not found (apt-get install runc gcc openssl curl iproute2)"
 done
 for p in bridge host-local loopback; do
     [ -x "$CNI_BIN/$p" ] || die "$CNI_BIN/$p missing (apt-get install containernetworking-plugins)"
@@ -102,7 +103,7 @@ stop() {  # stop PID: SIGTERM, then SIGKILL after 10 s
     kill -9 "$1" 2>/dev/null || true
     wait "$1" 2>/dev/null || true
 }
-CTR() { ctr --address "$D/containerd.sock" -n k8s.io "$@"; }
+CTR() { "$BIN/ctr" --address "$D/containerd.sock" -n k8s.io "$@"; }
 K() { "$BIN/kubectl" --kubeconfig "$D/kubeconfig" "$@"; }
 
 cleanup() {
@@ -295,36 +296,44 @@ cat > cni/10-kube-node.conflist <<EOF
   ]
 }
 EOF
+# Config version 3 (containerd 2.0's; 2.4 reads it). CDI is on by default in containerd 2; the
+# spec directory is this node's own (the device plugin writes its spec there).
+mkdir -p cdi
 cat > containerd.toml <<EOF
-version = 2
+version = 3
 root = "$D/containerd/root"
 state = "$D/containerd/state"
 [grpc]
   address = "$D/containerd.sock"
-[plugins."io.containerd.internal.v1.opt"]
-  path = "$D/containerd/opt"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "$PAUSE_IMAGE"
+[ttrpc]
+  address = "$D/containerd.sock.ttrpc"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "$PAUSE_IMAGE"
+[plugins.'io.containerd.cri.v1.runtime']
+  enable_cdi = true
+  cdi_spec_dirs = ["$D/cdi"]
   # This sandbox's root lacks CAP_SYS_RESOURCE, so no process may lower its oom_score_adj below
   # its parent's; runc failed the sandbox's -998 ("nsexec: failed to update
   # /proc/self/oom_score_adj: Permission denied"). This clamps every container's to containerd's.
   restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
         Root = "$D/runc"
         BinaryName = "$RUNC"
         SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "$CNI_BIN"
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["$CNI_BIN"]
     conf_dir = "$D/cni"
     max_conf_num = 1
 EOF
 t=$(ms)
-containerd --config containerd.toml > containerd.log 2>&1 &
+# Its runc shim is found on PATH: the one built with it, not a packaged one of another version.
+PATH="$BIN:$PATH" "$BIN/containerd" --config containerd.toml > containerd.log 2>&1 &
 PIDS+=($!)
 P_CONTAINERD_PID=$!
 wait_for containerd "$t" 30 "$P_CONTAINERD_PID" containerd.log CTR version
@@ -374,7 +383,7 @@ wait_for "serviceaccount default/default" "$t" 60 "${PIDS[-3]}" controller-manag
 echo "kube-node: node up $(( $(ms) - T0 )) ms after the script started"
 
 if [ "$HOLD" = 1 ]; then
-    echo "kube-node: READY dir=$D kubeconfig=$D/kubeconfig node=$NODE image=$TEST_IMAGE kubectl=$BIN/kubectl bin=$BIN audit=$D/audit.log"
+    echo "kube-node: READY dir=$D kubeconfig=$D/kubeconfig node=$NODE image=$TEST_IMAGE kubectl=$BIN/kubectl bin=$BIN audit=$D/audit.log cdi=$D/cdi"
     # Until stdin reaches its end (the fixture closes it, or dies), the kubelet exits, or a signal
     # comes. (A SIGTERM that arrived in a `read -t` loop here once made bash 5.2 crash in the
     # middle of the teardown: the trap now runs out of `wait`, the documented way.)

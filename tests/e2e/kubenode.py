@@ -3,8 +3,8 @@ started once, kept running while the tests use it, stopped (and torn down by the
 end. The script owns every process, mount and host setting; this only reads its READY line and
 closes its stdin to stop it.
 
-`make test` runs the tests that use it (they need root, the binaries of `make kube`, and
-Debian's containerd, runc, CNI plugins and busybox-static: a missing one fails the start).
+`make test` runs the tests that use it (they need root, the binaries of `make kube`, containerd 2
+among them, and Debian's runc, CNI plugins and busybox-static: a missing one fails the start).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ def _sysctls() -> dict[str, str]:
 
 @dataclass
 class KubeNode:
-    """The running node: its kubeconfig, kubectl, node name and test image, and the script's
+    """The running node: its kubeconfig, kubectl, node name, test image and CDI spec directory,
+    and the script's
     output so far (printed when a test fails)."""
 
     kubeconfig: Path
@@ -45,6 +46,7 @@ class KubeNode:
     node: str
     image: str
     dir: Path
+    cdi: Path  # containerd's CDI spec directory
     start_s: float
     output: list[str] = field(default_factory=list)
 
@@ -127,6 +129,7 @@ def running_kube_node() -> Iterator[KubeNode]:
             node=info["node"],
             image=info["image"],
             dir=Path(info["dir"]),
+            cdi=Path(info["cdi"]),
             start_s=time.monotonic() - t0,
             output=out.lines,
         )

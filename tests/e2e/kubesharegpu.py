@@ -1,9 +1,12 @@
 """sharegpu installed on the real node of `kubenode.py` (issue 37): `deploy/kubernetes` applied with
-kubectl, then its three components started as host processes under their ServiceAccounts' own
-tokens, so the API server's RBAC judges every request they make as it would in the cluster:
+kubectl, then its components started as host processes under their ServiceAccounts' own tokens,
+so the API server's RBAC judges every request they make as it would in the cluster:
 
-* the device plugin (the node DaemonSet's command) on a simulated GPU, registering with the real
-  kubelet at its fixed socket, /var/lib/kubelet/device-plugins/kubelet.sock;
+* the node DaemonSet's two containers on a simulated GPU: the agent, and the device plugin,
+  registering with the real kubelet at its fixed socket,
+  /var/lib/kubelet/device-plugins/kubelet.sock. Both keep the CDI spec in containerd's spec
+  directory, and the plugin answers with the CDI device name only (`--cdi-only`), so a
+  container gets its vGPU through containerd 2's CDI or not at all;
 * the extender (the extender Deployment's command);
 * a second kube-scheduler (the scheduler Deployment's binary, built by `make kube`) with
   `deploy/kubernetes/base/scheduler-config.yaml` as it is, but for two lines a host process
@@ -188,7 +191,13 @@ def import_probe_image(node: KubeNode, root: Path) -> None:
         check=True,
         capture_output=True,
     )
-    ctr = ["ctr", "--address", str(node.dir / "containerd.sock"), "-n", "k8s.io"]
+    ctr = [
+        str(node.kubectl_bin.parent / "ctr"),
+        "--address",
+        str(node.dir / "containerd.sock"),
+        "-n",
+        "k8s.io",
+    ]
     subprocess.run([*ctr, "images", "import", str(archive)], check=True, capture_output=True)
 
 
@@ -229,7 +238,8 @@ def sharegpu_on(node: KubeNode, root: Path) -> Iterator[Sharegpu]:
         )
         plugin_env.pop("KUBERNETES_SERVICE_HOST", None)
         agent = [sys.executable, "-m", "sharegpu.cli", "agent", "--runtime-dir", str(sim.runtime)]
-        agent += ["--state-dir", str(root / "agent-state"), "--metrics-port", "0", "--cdi-spec", "none"]
+        spec = str(node.cdi / "sharegpu.json")
+        agent += ["--state-dir", str(root / "agent-state"), "--metrics-port", "0", "--cdi-spec", spec]
         gpu.start("agent", agent, plugin_env)
         gpu.wait_for_agent()
         gpu.start(
@@ -241,7 +251,8 @@ def sharegpu_on(node: KubeNode, root: Path) -> Iterator[Sharegpu]:
                 "--node",
                 node.node,
                 "--cdi-spec",
-                str(root / "cdi" / "sharegpu.yaml"),
+                spec,
+                "--cdi-only",
                 "--publish-interval",
                 "1",
             ],

@@ -28,7 +28,7 @@ def test_node_is_ready_on_containerd(kube_node: KubeNode) -> None:
     node = json.loads(kube_node.kubectl("get", "node", kube_node.node, "-o", "json").stdout)
     ready = {c["type"]: c["status"] for c in node["status"]["conditions"]}["Ready"]
     assert ready == "True", node["status"]["conditions"]
-    assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://")
+    assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://2.")  # CDI
     assert node["status"]["nodeInfo"]["kubeletVersion"].startswith("v1.")
     print(f"kube node started in {kube_node.start_s:.1f} s")
 
