@@ -208,6 +208,16 @@ cert admin "/O=system:masters/CN=kube-node-admin"
 cert apiserver-kubelet-client "/O=kube-node:apiserver/CN=kube-apiserver-kubelet-client"
 cert kubelet "/O=system:nodes/CN=system:node:$NODE"
 cert kubelet-serving "/CN=$NODE" "IP:127.0.0.1,DNS:localhost"
+# The front proxy, as kubeadm makes it: a CA of its own and the apiserver's client cert for the
+# aggregation layer. The API server publishes the CA in kube-system's
+# extension-apiserver-authentication ConfigMap, where every component's secure port reads it
+# (without it each logs "missing content for CA bundle" every few seconds).
+openssl req -x509 -newkey rsa:2048 -nodes -keyout front-proxy-ca.key -out front-proxy-ca.crt -days 1 \
+    -subj "/CN=kube-node-front-proxy-ca" 2>/dev/null
+openssl req -newkey rsa:2048 -nodes -keyout front-proxy-client.key -out front-proxy-client.csr \
+    -subj "/CN=front-proxy-client" 2>/dev/null
+openssl x509 -req -in front-proxy-client.csr -CA front-proxy-ca.crt -CAkey front-proxy-ca.key \
+    -CAcreateserial -days 1 -out front-proxy-client.crt 2>/dev/null
 openssl genrsa -out sa.key 2048 2>/dev/null
 openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
 kubeconfig() {  # kubeconfig FILE USER_CERT_NAME
@@ -264,6 +274,10 @@ t=$(ms)
     --kubelet-client-certificate apiserver-kubelet-client.crt --kubelet-client-key apiserver-kubelet-client.key \
     --kubelet-certificate-authority ca.crt --kubelet-preferred-address-types Hostname \
     --endpoint-reconciler-type none --allow-privileged=true \
+    --requestheader-client-ca-file front-proxy-ca.crt --requestheader-allowed-names front-proxy-client \
+    --requestheader-username-headers X-Remote-User --requestheader-group-headers X-Remote-Group \
+    --requestheader-extra-headers-prefix X-Remote-Extra- \
+    --proxy-client-cert-file front-proxy-client.crt --proxy-client-key-file front-proxy-client.key \
     --audit-policy-file audit-policy.yaml --audit-log-path "$D/audit.log" > apiserver.log 2>&1 &
 PIDS+=($!)
 wait_for kube-apiserver "$t" 120 "${PIDS[-1]}" apiserver.log K get --raw /readyz
