@@ -1,0 +1,180 @@
+"""Pods through a real Kubernetes node, with sharegpu's extender and without (issue 37).
+
+    sudo .venv/bin/python bench/kube_node.py [--pods 16] [--rounds 3] [--json]
+
+The node is `scripts/kube-node.sh` (real API server, kube-scheduler, kubelet, containerd 2) with
+sharegpu set up as `tests/e2e/kubesharegpu.py` does for the end-to-end tests (deploy/kubernetes
+applied; the agent, device plugin, extender and sharegpu-scheduler under their ServiceAccounts;
+a simulated GPU of 8 GiB). Each round creates a batch of pods at once, of one kind at a time:
+
+* plain:   busybox pods, no vGPU, the cluster's default kube-scheduler;
+* plain-s: the same pods through `sharegpu-scheduler` (the same binary and profile, whose
+           extender is not called for pods without sharegpu resources): the second scheduler's
+           own cost;
+* vgpu:    pods of 1 vGPU, 256 MiB and 5% each (16 fit the card), through `sharegpu-scheduler`
+           and the extender (filter, prioritize, bind), allocated by the device plugin through
+           the agent and given their device by containerd's CDI.
+
+Printed per kind, over all rounds: pods per second from the batch's creation to its last pod
+bound (`spec.nodeName`), and per pod p50 / p99 of created -> bound and bound -> Running, as a
+watch of the API server sees them (client-side times, so the 1-second resolution of the
+objects' own timestamps does not blur them). All figures: this machine, simulated GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the node and sharegpu harness of the e2e tests
+
+from kubernetes import client, config, watch  # noqa: E402
+
+from e2e.kubenode import running_kube_node  # noqa: E402
+from e2e.kubesharegpu import PROBE_IMAGE, sharegpu_on  # noqa: E402
+
+NAMESPACE = "bench"
+KINDS = ("plain", "plain-s", "vgpu")
+
+
+def pod(name: str, kind: str) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": "main",
+        "image": PROBE_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": ["sleep", "600"],
+    }
+    spec: dict[str, Any] = {"terminationGracePeriodSeconds": 0, "containers": [container]}
+    if kind != "plain":
+        spec["schedulerName"] = "sharegpu-scheduler"
+    if kind == "vgpu":
+        limits = {"sharegpu.io/vgpu": "1", "sharegpu.io/vgpu-memory": "256", "sharegpu.io/vgpu-compute": "5"}
+        container["resources"] = {"limits": limits}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"bench": kind}},
+        "spec": spec,
+    }
+
+
+class Timeline:
+    """When each pod was first seen bound and Running, by a watch started before the batch."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.core = client.CoreV1Api(api)
+        self.bound: dict[str, float] = {}
+        self.running: dict[str, float] = {}
+        self.ready = threading.Event()
+        self.watch = watch.Watch()
+        self.thread = threading.Thread(target=self._follow, daemon=True)
+        self.thread.start()
+        self.ready.wait(10)
+
+    def _follow(self) -> None:
+        version = self.core.list_namespaced_pod(NAMESPACE).metadata.resource_version
+        self.ready.set()
+        for event in self.watch.stream(self.core.list_namespaced_pod, NAMESPACE, resource_version=version):
+            obj = event["object"]
+            name, now = obj.metadata.name, time.monotonic()
+            if obj.spec.node_name and name not in self.bound:
+                self.bound[name] = now
+            if obj.status.phase == "Running" and name not in self.running:
+                self.running[name] = now
+
+    def stop(self) -> None:
+        self.watch.stop()
+
+
+def batch(api: client.ApiClient, kind: str, count: int, round_no: int) -> dict[str, Any]:
+    core = client.CoreV1Api(api)
+    names = [f"{kind}-{round_no}-{i}" for i in range(count)]
+    timeline = Timeline(api)
+    created: dict[str, float] = {}
+    t0 = time.monotonic()
+    for name in names:
+        core.create_namespaced_pod(NAMESPACE, pod(name, kind))
+        created[name] = time.monotonic()
+    deadline = t0 + 180
+    while (len(timeline.running) < count) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    timeline.stop()
+    if len(timeline.running) < count:
+        raise SystemExit(f"{kind}: {len(timeline.running)} of {count} pods Running after 180 s")
+    last_bound = max(timeline.bound[n] for n in names)
+    result = {
+        "pods_per_s": count / (last_bound - t0),
+        "bind_ms": [1000 * (timeline.bound[n] - created[n]) for n in names],
+        "run_ms": [1000 * (timeline.running[n] - timeline.bound[n]) for n in names],
+    }
+    core.delete_collection_namespaced_pod(NAMESPACE, label_selector=f"bench={kind}", grace_period_seconds=0)
+    while core.list_namespaced_pod(NAMESPACE).items:
+        time.sleep(0.2)
+    return result
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--pods", type=int, default=16, help="pods per batch (a vGPU batch must fit the card: 16)"
+    )
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if not 1 <= args.pods <= 16:
+        ap.error("--pods must be 1 to 16 (16 vGPUs of 256 MiB and 5% fit the simulated card)")
+    root = Path(tempfile.mkdtemp(prefix="bench-kube-"))
+    with running_kube_node() as node, sharegpu_on(node, root):
+        api = config.new_client_from_config(str(node.kubeconfig))
+        client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})
+        results: dict[str, list[dict[str, Any]]] = {k: [] for k in KINDS}
+        for r in range(args.rounds):
+            for kind in KINDS:
+                results[kind].append(batch(api, kind, args.pods, r))
+        api.close()
+    summary = {}
+    for kind, runs in results.items():
+        bind = [x for run in runs for x in run["bind_ms"]]
+        run_ms = [x for run in runs for x in run["run_ms"]]
+        summary[kind] = {
+            "pods_per_s": statistics.median(run["pods_per_s"] for run in runs),
+            "bind_p50_ms": percentile(bind, 0.5),
+            "bind_p99_ms": percentile(bind, 0.99),
+            "run_p50_ms": percentile(run_ms, 0.5),
+            "run_p99_ms": percentile(run_ms, 0.99),
+        }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(
+        f"Pods through a real node, {args.pods} per batch, {args.rounds} rounds (simulated GPU, this machine)"
+    )
+    print(f"{'kind':8} {'pods/s':>8} {'created->bound p50/p99 ms':>27} {'bound->Running p50/p99 ms':>27}")
+    for kind, s in summary.items():
+        bind = f"{s['bind_p50_ms']:.0f} / {s['bind_p99_ms']:.0f}"
+        run = f"{s['run_p50_ms']:.0f} / {s['run_p99_ms']:.0f}"
+        print(f"{kind:8} {s['pods_per_s']:8.1f} {bind:>27} {run:>27}")
+    plain, vgpu = summary["plain-s"], summary["vgpu"]
+    ratio = vgpu["pods_per_s"] / plain["pods_per_s"]
+    slower = vgpu["run_p50_ms"] - plain["run_p50_ms"]
+    print(
+        f"vGPU against plain pods (same scheduler): {ratio:.2f}x pods/s, bound->Running p50 {slower:+.0f} ms"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
