@@ -61,6 +61,7 @@ class Sharegpu:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     commands: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
     extender_port: int = field(default_factory=free_port)
+    probe_tar: Path = Path()  # the probe image's OCI archive (import_probe_image)
 
     def extender_ready(self, port: int | None = None) -> bool:
         """The extender's readiness probe, as deploy/kubernetes sets it: the leader, synced."""
@@ -169,7 +170,7 @@ def scheduler_config(extender_port: int, kubeconfig: Path, path: Path) -> Path:
     return path
 
 
-def import_probe_image(node: KubeNode, root: Path) -> None:
+def import_probe_image(node: KubeNode, root: Path) -> Path:
     """An image with busybox, the CUDA probe and the C libraries they need (the driver and the
     shim come from the device plugin's answer), built from files and imported into the node's
     containerd: the pods' CUDA program."""
@@ -199,6 +200,7 @@ def import_probe_image(node: KubeNode, root: Path) -> None:
         "k8s.io",
     ]
     subprocess.run([*ctr, "images", "import", str(archive)], check=True, capture_output=True)
+    return archive
 
 
 def apply_manifests(node: KubeNode) -> list[str]:
@@ -218,12 +220,12 @@ def sharegpu_on(node: KubeNode, root: Path) -> Iterator[Sharegpu]:
     if not KUBELET_SOCKET.is_socket():
         pytest.fail(f"the kubelet's device-plugin socket {KUBELET_SOCKET} is not there")
     applied = apply_manifests(node)
-    import_probe_image(node, root)
+    probe_tar = import_probe_image(node, root)
     sim = Sim(root / "sim", gpus=1, memory_mib=8192)
     base = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
     base["PYTHONFAULTHANDLER"] = "1"  # a crash of a component leaves its traceback in its log
     logs = {name: root / f"{name}.log" for name in ("agent", "device-plugin", "extender", "scheduler")}
-    gpu = Sharegpu(node, sim, logs, applied)
+    gpu = Sharegpu(node, sim, logs, applied, probe_tar=probe_tar)
     extender_port, scheduler_port = gpu.extender_port, free_port()
     with ExitStack() as stack:
         for name in logs:

@@ -10,6 +10,8 @@ missing.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -283,3 +285,52 @@ def test_two_extender_replicas_elect_one_leader_through_the_lease_and_hand_over_
     back = wait_until(cluster.extender_ready, "the first replica leading again", cluster)
     assert lease_holder(cluster) == "extender-e2e"
     print(f"leader stopped: the other replica ready {took:.1f} s later; and back: {back:.1f} s")
+
+
+def test_containerd_s_own_client_runs_a_container_with_the_cdi_device(cluster: Sharegpu) -> None:
+    """containerd outside Kubernetes: `ctr run --device sharegpu.io/vgpu=NAME` (containerd 2's
+    client injects CDI devices itself, from /etc/cdi and /var/run/cdi) with a tenant made by
+    `sharegpu create` and the spec `sharegpu cdi generate` writes; the probe inside sees its
+    512 MiB and is refused past it."""
+    sim, node = cluster.sim, cluster.node
+    name = f"ctr-e2e-{os.getpid()}"
+    made = sim.cli("create", name, "--memory", "512MiB", "--gpu", "0")
+    assert made.returncode == 0, made.stderr
+    spec = Path("/var/run/cdi") / f"sharegpu-e2e-{os.getpid()}.json"  # where ctr looks
+    made_dir = not spec.parent.exists()
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    ctr = [
+        str(node.kubectl_bin.parent / "ctr"),
+        "--address",
+        str(node.dir / "containerd.sock"),
+        "-n",
+        "ctr-e2e",
+    ]
+    try:
+        generated = sim.cli("cdi", "generate", "--shape", "none", "--output", str(spec))
+        assert generated.returncode == 0, generated.stderr
+        imported = subprocess.run(
+            [*ctr, "images", "import", str(cluster.probe_tar)], check=False, capture_output=True, text=True
+        )
+        assert imported.returncode == 0, imported.stderr
+        device = f"sharegpu.io/vgpu={name}"
+        probe = ["sh", "-c", "sgprobe info; sgprobe alloc plain 400M 200M"]
+        run = subprocess.run(
+            [*ctr, "run", "--rm", "--device", device, PROBE_IMAGE, name, *probe],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        spec.unlink(missing_ok=True)
+        spec.with_name(f".{spec.name}.owner").unlink(missing_ok=True)  # cdi generate's claim on it
+        if made_dir:
+            spec.parent.rmdir()
+        subprocess.run([*ctr, "containers", "delete", name], capture_output=True, check=False)
+        sim.cli("delete", name, "--force")
+    assert run.returncode == 0, run.stderr
+    values, lines = parse_kv(run.stdout)
+    assert values["dev0.total"] == str(512 * MIB), run.stdout
+    assert [v for k, v in lines if k == "alloc"] == ["OK", "CUDA_ERROR_OUT_OF_MEMORY"], run.stdout
+    print(f"ctr run with the CDI device: total {values['dev0.total']}, free after 400M {values.get('free')}")
