@@ -382,13 +382,17 @@ evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available:
 authentication: {anonymous: {enabled: false}, webhook: {enabled: false}, x509: {clientCAFile: $D/ca.crt}}
 authorization: {mode: AlwaysAllow}
 EOF
+start_kubelet() {
+    "$BIN/kubelet" --config kubelet.yaml --kubeconfig kubelet.kubeconfig --root-dir "$D/kubelet" \
+        --cert-dir "$D/kubelet-pki" --hostname-override "$NODE" >> kubelet.log 2>&1 &
+    P_KUBELET_PID=$!
+}
 t=$(ms)
-"$BIN/kubelet" --config kubelet.yaml --kubeconfig kubelet.kubeconfig --root-dir "$D/kubelet" \
-    --cert-dir "$D/kubelet-pki" --hostname-override "$NODE" > kubelet.log 2>&1 &
-PIDS+=($!)
-P_KUBELET_PID=$!
+start_kubelet
+PIDS+=("$P_KUBELET_PID")
 wait_for "kubelet (node registered)" "$t" 60 "$P_KUBELET_PID" kubelet.log K get node "$NODE"
 node_ready() { [ "$(K get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
+kubelet_healthy() { curl -sf "http://127.0.0.1:$P_HZ/healthz" >/dev/null && node_ready; }
 wait_for "kubelet (node Ready)" "$t" 120 "$P_KUBELET_PID" kubelet.log node_ready
 K get node -o wide
 # The default service account, needed by any pod in "default" (the controller-manager makes it).
@@ -400,11 +404,24 @@ if [ "$HOLD" = 1 ]; then
     echo "kube-node: READY dir=$D kubeconfig=$D/kubeconfig node=$NODE image=$TEST_IMAGE kubectl=$BIN/kubectl bin=$BIN audit=$D/audit.log cdi=$D/cdi"
     # Until stdin reaches its end (the fixture closes it, or dies), the kubelet exits, or a signal
     # comes. (A SIGTERM that arrived in a `read -t` loop here once made bash 5.2 crash in the
-    # middle of the teardown: the trap now runs out of `wait`, the documented way.)
+    # middle of the teardown: the trap now runs out of `wait`, the documented way.) SIGUSR1
+    # restarts the kubelet under the running pods (tests/e2e/kubenode.py's restart_kubelet):
+    # stopped, started again with the same flags and state, then healthy and the node Ready.
     exec 3<&0              # (a background command's stdin is /dev/null unless redirected)
     cat <&3 >/dev/null &
     WAITER=$!
-    wait -n "$WAITER" "$P_KUBELET_PID" || true
+    RESTART=0
+    trap 'RESTART=1' USR1
+    while :; do
+        wait -n "$WAITER" "$P_KUBELET_PID" || true
+        [ "$RESTART" = 1 ] || break
+        RESTART=0
+        t=$(ms)
+        stop "$P_KUBELET_PID"
+        start_kubelet
+        wait_for "kubelet (restarted)" "$t" 120 "$P_KUBELET_PID" kubelet.log kubelet_healthy
+        echo "kube-node: KUBELET-RESTARTED"
+    done
     kill -0 "$P_KUBELET_PID" 2>/dev/null || die "the kubelet exited; see $D/kubelet.log"
     exit 0
 fi

@@ -49,6 +49,21 @@ class KubeNode:
     cdi: Path  # containerd's CDI spec directory
     start_s: float
     output: list[str] = field(default_factory=list)
+    script: subprocess.Popen[str] | None = None
+
+    def restart_kubelet(self, timeout: float = 150.0) -> float:
+        """Stop the kubelet and start it again with the same flags and state (the script does
+        it at SIGUSR1); the seconds until it is healthy and the node Ready again."""
+        assert self.script is not None
+        done = "kube-node: KUBELET-RESTARTED"
+        before = sum(1 for line in self.output if line.startswith(done))
+        t0 = time.monotonic()
+        self.script.send_signal(signal.SIGUSR1)
+        while sum(1 for line in self.output if line.startswith(done)) == before:
+            if time.monotonic() - t0 > timeout or self.script.poll() is not None:
+                pytest.fail("the kubelet did not come back:\n" + "\n".join(self.output[-20:]))
+            time.sleep(0.1)
+        return time.monotonic() - t0
 
     def kubectl(
         self, *args: str, check: bool = True, timeout: float = 60.0, stdin: str | None = None
@@ -132,6 +147,7 @@ def running_kube_node() -> Iterator[KubeNode]:
             cdi=Path(info["cdi"]),
             start_s=time.monotonic() - t0,
             output=out.lines,
+            script=proc,
         )
     finally:
         assert proc.stdin is not None

@@ -334,3 +334,32 @@ def test_containerd_s_own_client_runs_a_container_with_the_cdi_device(cluster: S
     assert values["dev0.total"] == str(512 * MIB), run.stdout
     assert [v for k, v in lines if k == "alloc"] == ["OK", "CUDA_ERROR_OUT_OF_MEMORY"], run.stdout
     print(f"ctr run with the CDI device: total {values['dev0.total']}, free after 400M {values.get('free')}")
+
+
+def test_a_kubelet_restart_keeps_the_running_vgpu_pod_and_the_device_plugin_registers_again(
+    cluster: Sharegpu,
+) -> None:
+    """The kubelet stopped and started again under a running vGPU pod: the pod keeps running
+    with its tenant, the device plugin registers again (the kubelet empties its plugin directory
+    at a start) so the node shows its vGPUs, and a new vGPU pod is admitted beside the first."""
+    sleep = "exec sleep 600"
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(vgpu_pod("kept", 2048, 20, sleep)))
+    kept = wait_phase(cluster, "kept", ("Running",))
+    tenant = tenant_of(cluster, kept)
+    limits = read_device_limits(tenant)
+    took = cluster.node.restart_kubelet()
+
+    def vgpus() -> int:
+        node = cluster.get("node", cluster.node.node)
+        return int(node["status"].get("allocatable", {}).get("sharegpu.io/vgpu", "0"))
+
+    registered = wait_until(lambda: vgpus() > 0, "the node's vGPUs back after the kubelet's restart", cluster)
+    again = cluster.get("pod", "-n", APP_NS, "kept")
+    assert again["status"]["phase"] == "Running"
+    assert again["status"]["containerStatuses"][0]["restartCount"] == 0
+    assert read_device_limits(tenant) == limits
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(vgpu_pod("beside", 2048, 20, sleep)))
+    beside = wait_phase(cluster, "beside", ("Running",))
+    assert tenant_of(cluster, beside) != tenant
+    print(f"kubelet restarted in {took:.1f} s; its vGPUs back {registered:.1f} s later")
+    cluster.kubectl("-n", APP_NS, "delete", "pod", "kept", "beside", "--wait", "--timeout", "60s")
