@@ -6,6 +6,7 @@
 # staging module with the matching v0.X.Y release, then `go build` of the cmd/ packages.
 #
 #   scripts/build-kube.sh            # build what is missing, print where the binaries are
+#   scripts/build-kube.sh --bin-dir  # only print the directory the binaries go to (tests use it)
 #   SHAREGPU_KUBE_CACHE=/some/dir scripts/build-kube.sh
 #
 # Later runs reuse the cache: a binary is skipped when it exists and its stamp file records the
@@ -31,10 +32,13 @@ KUBE_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl
 # the one used). Its runc shim must be the same version, so it is built too.
 CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.4.2}"
 CONTAINERD_CMDS=(containerd ctr containerd-shim-runc-v2)
+# Helm 4 (operators install with a chart: deploy/helm/sharegpu); the newest the proxy serves.
+HELM_VERSION="${HELM_VERSION:-v4.3.2}"
 
 CACHE_ROOT="${SHAREGPU_KUBE_CACHE:-$HOME/.cache/sharegpu/kube}"
 OUT="$CACHE_ROOT/$KUBE_VERSION"
 BIN="$OUT/bin"
+if [ "${1:-}" = --bin-dir ]; then echo "$BIN"; exit 0; fi
 WORK="$OUT/src"            # the generated helper modules (kept: cheap, and handy to inspect)
 P="${KUBE_BUILD_P:-1}"
 NICE="${KUBE_NICE:-19}"
@@ -57,17 +61,17 @@ step() {  # step LABEL CMD...: run CMD, print its wall time
     return "$rc"
 }
 stamp_of() {  # stamp_of NAME: the pins a binary was built with
-    case " ${CONTAINERD_CMDS[*]} " in
-        *" $1 "*) echo "containerd=$CONTAINERD_VERSION go=$GOVER cgo=$CGO_ENABLED" ;;
+    case " ${CONTAINERD_CMDS[*]} helm " in
+        *" $1 "*) echo "containerd=$CONTAINERD_VERSION helm=$HELM_VERSION go=$GOVER cgo=$CGO_ENABLED" ;;
         *) echo "kube=$KUBE_VERSION etcd=$ETCD_VERSION go=$GOVER cgo=$CGO_ENABLED" ;;
     esac
 }
 is_built() { [ -x "$BIN/$1" ] && [ "$(cat "$BIN/.$1.stamp" 2>/dev/null)" = "$(stamp_of "$1")" ]; }
 
 todo=()
-for c in "${KUBE_CMDS[@]}" etcd "${CONTAINERD_CMDS[@]}"; do is_built "$c" || todo+=("$c"); done
+for c in "${KUBE_CMDS[@]}" etcd "${CONTAINERD_CMDS[@]}" helm; do is_built "$c" || todo+=("$c"); done
 if [ "${#todo[@]}" = 0 ]; then
-    echo "build-kube: all binaries for $KUBE_VERSION (etcd $ETCD_VERSION, containerd $CONTAINERD_VERSION, $GOVER) already in $BIN"
+    echo "build-kube: all binaries for $KUBE_VERSION (etcd $ETCD_VERSION, containerd $CONTAINERD_VERSION, helm $HELM_VERSION, $GOVER) already in $BIN"
     exit 0
 fi
 echo "build-kube: building ${todo[*]} into $BIN ($GOVER, -p $P)"
@@ -195,7 +199,20 @@ if [ "$need_containerd" = 1 ]; then
     done
 fi
 
+gen_helm_module() {
+    printf 'module sharegpu.local/helm-build\n\ngo 1.26.0\n\nrequire helm.sh/helm/v4 %s\n' "$HELM_VERSION" \
+        > "$WORK/helm/go.mod"
+    printf '//go:build tools\n\npackage tools\n\nimport _ "helm.sh/helm/v4/cmd/helm"\n' > "$WORK/helm/tools.go"
+    (cd "$WORK/helm" && nice -n "$NICE" go mod tidy)
+}
+if ! is_built helm; then
+    mkdir -p "$WORK/helm"
+    step "module helm (tidy)" gen_helm_module
+    LDFLAGS="-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION"
+    step "compile helm" build_one helm "$WORK/helm" helm.sh/helm/v4/cmd/helm
+fi
+
 echo "build-kube: done in $(( $(date +%s) - t_all ))s; binaries in $BIN:"
-for c in "${KUBE_CMDS[@]}" etcd "${CONTAINERD_CMDS[@]}"; do
+for c in "${KUBE_CMDS[@]}" etcd "${CONTAINERD_CMDS[@]}" helm; do
     printf '  %-26s %s\n' "$c" "$(du -h "$BIN/$c" | cut -f1)"
 done
