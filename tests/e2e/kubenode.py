@@ -51,6 +51,17 @@ class KubeNode:
     output: list[str] = field(default_factory=list)
     script: subprocess.Popen[str] | None = None
 
+    def ctr(self, namespace: str) -> list[str]:
+        """containerd 2's own client, on this node's containerd, in `namespace` (k8s.io: the
+        kubelet's)."""
+        return [
+            str(self.kubectl_bin.parent / "ctr"),
+            "--address",
+            str(self.dir / "containerd.sock"),
+            "-n",
+            namespace,
+        ]
+
     def restart_kubelet(self, timeout: float = 150.0) -> float:
         """Stop the kubelet and start it again with the same flags and state (the script does
         it at SIGUSR1); the seconds until it is healthy and the node Ready again."""

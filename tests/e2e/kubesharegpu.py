@@ -192,14 +192,7 @@ def import_probe_image(node: KubeNode, root: Path) -> Path:
         check=True,
         capture_output=True,
     )
-    ctr = [
-        str(node.kubectl_bin.parent / "ctr"),
-        "--address",
-        str(node.dir / "containerd.sock"),
-        "-n",
-        "k8s.io",
-    ]
-    subprocess.run([*ctr, "images", "import", str(archive)], check=True, capture_output=True)
+    subprocess.run([*node.ctr("k8s.io"), "images", "import", str(archive)], check=True, capture_output=True)
     return archive
 
 

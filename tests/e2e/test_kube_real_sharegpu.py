@@ -299,13 +299,7 @@ def test_containerd_s_own_client_runs_a_container_with_the_cdi_device(cluster: S
     spec = Path("/var/run/cdi") / f"sharegpu-e2e-{os.getpid()}.json"  # where ctr looks
     made_dir = not spec.parent.exists()
     spec.parent.mkdir(parents=True, exist_ok=True)
-    ctr = [
-        str(node.kubectl_bin.parent / "ctr"),
-        "--address",
-        str(node.dir / "containerd.sock"),
-        "-n",
-        "ctr-e2e",
-    ]
+    ctr = node.ctr("ctr-e2e")
     try:
         generated = sim.cli("cdi", "generate", "--shape", "none", "--output", str(spec))
         assert generated.returncode == 0, generated.stderr
