@@ -80,12 +80,14 @@ gpu-wheels: setup
 	  print(" ".join(f"{n}=={m.version(n)}" for n in sys.argv[1:]))' $(GPU_WHEELS))
 	@ls .whl
 
-# The kubelet's device plugin API: regenerate the committed Python modules from api.proto
-# (grpcio-tools, pinned in the dev extra). PROTO_OUT=DIR writes elsewhere (the drift test).
+# The kubelet's device plugin, DRA and plugin registration APIs: regenerate the committed Python
+# modules from their .proto files (grpcio-tools, pinned in the dev extra). PROTO_OUT=DIR writes
+# elsewhere (the drift tests).
 PROTO_OUT ?= src
+PROTOS := sharegpu/kube/deviceplugin/api.proto sharegpu/kube/dra/dra.proto sharegpu/kube/dra/registration.proto
 proto:
 	$(BIN)/python -m grpc_tools.protoc -Isrc --python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) \
-	  --grpc_python_out=$(PROTO_OUT) sharegpu/kube/deviceplugin/api.proto
+	  --grpc_python_out=$(PROTO_OUT) $(PROTOS)
 
 # The real Kubernetes components and etcd (issue 37, in progress: docs/kubernetes.md), built once
 # from the Go module proxy into ${SHAREGPU_KUBE_CACHE:-~/.cache/sharegpu/kube}. Not part of `make test`.

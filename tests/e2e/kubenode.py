@@ -51,6 +51,11 @@ class KubeNode:
     output: list[str] = field(default_factory=list)
     script: subprocess.Popen[str] | None = None
 
+    @property
+    def kubelet_dir(self) -> Path:
+        """The kubelet's --root-dir (its plugins_registry and plugins are under it)."""
+        return self.dir / "kubelet"
+
     def ctr(self, namespace: str) -> list[str]:
         """containerd 2's own client, on this node's containerd, in `namespace` (k8s.io: the
         kubelet's)."""

@@ -47,6 +47,7 @@ SCHEDULER_CONFIG = DEPLOY / "base" / "scheduler-config.yaml"
 KUBELET_SOCKET = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
 START_TIMEOUT_S = 60.0
 PROBE_IMAGE = "sharegpu.local/probe:1"
+APP_NS = "default"  # where the tests' pods run
 
 
 @dataclass
@@ -63,6 +64,11 @@ class Sharegpu:
     extender_port: int = field(default_factory=free_port)
     probe_tar: Path = Path()  # the probe image's OCI archive (import_probe_image)
 
+    @property
+    def cdi_spec(self) -> str:
+        """The node's CDI spec, in containerd's spec directory."""
+        return str(self.node.cdi / "sharegpu.json")
+
     def extender_ready(self, port: int | None = None) -> bool:
         """The extender's readiness probe, as deploy/kubernetes sets it: the leader, synced."""
         try:
@@ -74,7 +80,7 @@ class Sharegpu:
     def start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
         """Run one component, appending to logs[name]."""
         self.commands[name] = (argv, env)
-        self.logs.setdefault(name, self.logs["extender"].with_name(f"{name}.log"))
+        self.logs.setdefault(name, next(iter(self.logs.values())).with_name(f"{name}.log"))
         with self.logs[name].open("ab") as out:
             self.procs[name] = subprocess.Popen(
                 argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -123,6 +129,23 @@ class Sharegpu:
             f"--- {name}:\n" + "\n".join(path.read_text().splitlines()[-lines:])
             for name, path in self.logs.items()
         )
+
+
+def wait_phase(gpu: Sharegpu, name: str, phases: tuple[str, ...], timeout: float = 90) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        pod: dict[str, Any] = gpu.get("pod", "-n", APP_NS, name)
+        if pod["status"].get("phase") in phases:
+            return pod
+        if time.monotonic() > deadline:
+            describe = gpu.kubectl("-n", APP_NS, "describe", "pod", name, check=False).stdout
+            pytest.fail(f"pod {name} not {'/'.join(phases)} after {timeout:.0f} s:\n{describe}\n{gpu.tail()}")
+        time.sleep(0.2)
+
+
+def failed_scheduling(gpu: Sharegpu, name: str) -> list[str]:
+    events = gpu.get("events", "-n", APP_NS, "--field-selector", f"involvedObject.name={name}")["items"]
+    return [e["message"] for e in events if e["reason"] == "FailedScheduling"]
 
 
 def audit_denials(audit_log: Path) -> list[str]:
@@ -196,16 +219,34 @@ def import_probe_image(node: KubeNode, root: Path) -> Path:
     return archive
 
 
-def apply_manifests(node: KubeNode) -> list[str]:
-    """`kubectl apply -k deploy/kubernetes`: the objects it created (every line), failing on any
+def apply_manifests(node: KubeNode, directory: Path = DEPLOY) -> list[str]:
+    """`kubectl apply -k <directory>`: the objects it created (every line), failing on any
     object the server refused."""
-    applied = node.kubectl("apply", "-k", str(DEPLOY), check=False, timeout=120)
+    applied = node.kubectl("apply", "-k", str(directory), check=False, timeout=120)
     assert applied.returncode == 0, (
-        f"the API server refused part of deploy/kubernetes:\n{applied.stderr}{applied.stdout}"
+        f"the API server refused part of {directory}:\n{applied.stderr}{applied.stdout}"
     )
     # Their pods need the project's image (not built here yet): none is left to start.
-    node.kubectl("-n", NAMESPACE, "scale", "deployment", "--all", "--replicas=0")
+    if any(line.startswith("deployment.apps/") for line in applied.stdout.splitlines()):
+        node.kubectl("-n", NAMESPACE, "scale", "deployment", "--all", "--replicas=0")
     return applied.stdout.splitlines()
+
+
+def _start_node_agent(gpu: Sharegpu, root: Path) -> dict[str, str]:
+    """The node DaemonSet's agent, with its ServiceAccount (its flags but for the simulated GPU's
+    paths and no metrics port), answering; the environment of the DaemonSet's containers."""
+    node, sim = gpu.node, gpu.sim
+    env = sim.env(
+        PYTHONFAULTHANDLER="1",
+        NODE_NAME=node.node,
+        KUBECONFIG=str(_token_kubeconfig(node, "sharegpu-node", root / "node.kubeconfig")),
+    )
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    agent = [sys.executable, "-m", "sharegpu.cli", "agent", "--runtime-dir", str(sim.runtime)]
+    agent += ["--state-dir", str(root / "agent-state"), "--metrics-port", "0", "--cdi-spec", gpu.cdi_spec]
+    gpu.start("agent", agent, env)
+    gpu.wait_for_agent()
+    return env
 
 
 @contextmanager
@@ -223,20 +264,9 @@ def sharegpu_on(node: KubeNode, root: Path) -> Iterator[Sharegpu]:
     with ExitStack() as stack:
         for name in logs:
             stack.callback(gpu.stop_if_started, name)
-        # The node DaemonSet's two containers, with its ServiceAccount: the agent (its flags but
-        # for the simulated GPU's paths and no metrics port), then the device plugin, whose
+        # The node DaemonSet's two containers: the agent, then the device plugin, whose
         # allocations go through the agent's tenant service.
-        plugin_env = sim.env(
-            PYTHONFAULTHANDLER="1",
-            NODE_NAME=node.node,
-            KUBECONFIG=str(_token_kubeconfig(node, "sharegpu-node", root / "node.kubeconfig")),
-        )
-        plugin_env.pop("KUBERNETES_SERVICE_HOST", None)
-        agent = [sys.executable, "-m", "sharegpu.cli", "agent", "--runtime-dir", str(sim.runtime)]
-        spec = str(node.cdi / "sharegpu.json")
-        agent += ["--state-dir", str(root / "agent-state"), "--metrics-port", "0", "--cdi-spec", spec]
-        gpu.start("agent", agent, plugin_env)
-        gpu.wait_for_agent()
+        plugin_env = _start_node_agent(gpu, root)
         gpu.start(
             "device-plugin",
             [
@@ -246,7 +276,7 @@ def sharegpu_on(node: KubeNode, root: Path) -> Iterator[Sharegpu]:
                 "--node",
                 node.node,
                 "--cdi-spec",
-                spec,
+                gpu.cdi_spec,
                 "--cdi-only",
                 "--publish-interval",
                 "1",
@@ -301,4 +331,55 @@ def sharegpu_on(node: KubeNode, root: Path) -> Iterator[Sharegpu]:
             time.sleep(0.2)
         else:
             pytest.fail(f"the node shows no sharegpu.io/vgpu after {START_TIMEOUT_S:.0f} s:\n{gpu.tail()}")
+        yield gpu
+
+
+def dra_plugin_command(node: KubeNode, root: Path, *extra: str) -> list[str]:
+    """The DRA DaemonSet's plugin container (deploy/kubernetes/dra/node.yaml), with the node's
+    kubelet and CDI directories and a state directory of its own."""
+    return [
+        sys.executable,
+        "-m",
+        "sharegpu.kube.dra",
+        "--node",
+        node.node,
+        "--kubelet-dir",
+        str(node.kubelet_dir),
+        "--state-dir",
+        str(root / "dra-state"),
+        "--cdi-spec",
+        str(node.cdi / "sharegpu.json"),
+        "--publish-interval",
+        "1",
+        *extra,
+    ]
+
+
+@contextmanager
+def dra_on(node: KubeNode, root: Path) -> Iterator[Sharegpu]:
+    """sharegpu in DRA mode (`deploy/kubernetes/dra`): the agent and the DRA plugin as host
+    processes under the node's ServiceAccount; the default scheduler places the claims. Ready
+    once the kubelet registered the plugin and the node's ResourceSlice is published."""
+    applied = apply_manifests(node, DEPLOY / "dra")
+    probe_tar = import_probe_image(node, root)
+    sim = Sim(root / "sim", gpus=1, memory_mib=8192)
+    logs = {name: root / f"{name}.log" for name in ("agent", "dra-plugin")}
+    gpu = Sharegpu(node, sim, logs, applied, probe_tar=probe_tar)
+    with ExitStack() as stack:
+        for name in logs:
+            stack.callback(gpu.stop_if_started, name)
+        env = _start_node_agent(gpu, root)
+        gpu.start("dra-plugin", dra_plugin_command(node, root), env)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            dead = [name for name, proc in gpu.procs.items() if proc.poll() is not None]
+            if dead:
+                pytest.fail(f"{', '.join(dead)} exited:\n{gpu.tail()}")
+            slices = gpu.get("resourceslices", "--field-selector", f"spec.nodeName={node.node}")["items"]
+            registered = "registered DRA driver" in logs["dra-plugin"].read_text()
+            if registered and any(s["spec"].get("devices") for s in slices):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"no DRA plugin registered and slice after {START_TIMEOUT_S:.0f} s:\n{gpu.tail()}")
         yield gpu

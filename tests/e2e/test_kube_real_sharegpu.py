@@ -21,14 +21,21 @@ import pytest
 
 from conftest import parse_kv
 from e2e.kubenode import running_kube_node
-from e2e.kubesharegpu import NAMESPACE, PROBE_IMAGE, Sharegpu, audit_denials, sharegpu_on
+from e2e.kubesharegpu import (
+    APP_NS,
+    NAMESPACE,
+    PROBE_IMAGE,
+    Sharegpu,
+    audit_denials,
+    failed_scheduling,
+    sharegpu_on,
+    wait_phase,
+)
 from metricsutil import free_port
 from sharegpu.kube.deviceplugin.allocate import tenant_name
 from sharegpu.regions import abi
 from sharegpu.spec import MIB
 from sharegpu.tenant import read_device_limits, tenant_path
-
-APP_NS = "default"
 
 
 @pytest.fixture(scope="module")
@@ -68,18 +75,6 @@ def vgpu_pod(name: str, memory_mib: int, compute: int, command: str, **annotatio
             ],
         },
     }
-
-
-def wait_phase(gpu: Sharegpu, name: str, phases: tuple[str, ...], timeout: float = 90) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        pod: dict[str, Any] = gpu.get("pod", "-n", APP_NS, name)
-        if pod["status"].get("phase") in phases:
-            return pod
-        if time.monotonic() > deadline:
-            describe = gpu.kubectl("-n", APP_NS, "describe", "pod", name, check=False).stdout
-            pytest.fail(f"pod {name} not {'/'.join(phases)} after {timeout:.0f} s:\n{describe}\n{gpu.tail()}")
-        time.sleep(0.2)
 
 
 def test_the_manifests_are_accepted_and_the_node_shows_its_vgpus(cluster: Sharegpu) -> None:
@@ -150,11 +145,6 @@ def test_a_vgpu_pod_is_placed_through_the_extender_and_started_with_its_tenant(c
     while path.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not path.exists(), f"the deleted pod's tenant {tenant} is still there:\n{cluster.tail()}"
-
-
-def failed_scheduling(gpu: Sharegpu, name: str) -> list[str]:
-    events = gpu.get("events", "-n", APP_NS, "--field-selector", f"involvedObject.name={name}")["items"]
-    return [e["message"] for e in events if e["reason"] == "FailedScheduling"]
 
 
 def test_an_online_and_an_offline_pod_share_the_gpu_and_a_third_waits_for_room(cluster: Sharegpu) -> None:
