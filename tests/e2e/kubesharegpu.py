@@ -362,7 +362,7 @@ def dra_on(node: KubeNode, root: Path) -> Iterator[Sharegpu]:
     once the kubelet registered the plugin and the node's ResourceSlice is published."""
     applied = apply_manifests(node, DEPLOY / "dra")
     probe_tar = import_probe_image(node, root)
-    sim = Sim(root / "sim", gpus=1, memory_mib=8192)
+    sim = Sim(root / "sim", gpus=2, memory_mib=8192)
     logs = {name: root / f"{name}.log" for name in ("agent", "dra-plugin")}
     gpu = Sharegpu(node, sim, logs, applied, probe_tar=probe_tar)
     with ExitStack() as stack:

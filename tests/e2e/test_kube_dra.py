@@ -49,12 +49,21 @@ def claim_template(
     capacity: dict[str, str],
     device_class: str = "vgpu.sharegpu.io",
     config: dict[str, Any] | None = None,
+    *,
+    gpus: int = 1,
+    selector: str | None = None,
 ) -> dict[str, Any]:
-    """A ResourceClaimTemplate for one share of a GPU, as docs/kubernetes.md writes one."""
+    """A ResourceClaimTemplate for a share of `gpus` GPUs (one request each, on distinct GPUs), as
+    docs/kubernetes.md writes one."""
     exactly: dict[str, Any] = {"deviceClassName": device_class}
     if capacity:
         exactly["capacity"] = {"requests": capacity}
-    spec: dict[str, Any] = {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    names = ["gpu"] if gpus == 1 else [f"gpu{i}" for i in range(gpus)]
+    spec: dict[str, Any] = {"devices": {"requests": [{"name": n, "exactly": exactly} for n in names]}}
+    if gpus > 1:
+        spec["devices"]["constraints"] = [{"requests": names, "distinctAttribute": "sharegpu.io/uuid"}]
     if config:
         spec["devices"]["config"] = [
             {
@@ -138,9 +147,9 @@ def wait_gone(path: Path, gpu: Sharegpu, timeout: float = 30) -> None:
 def test_the_node_publishes_one_shared_device_per_gpu(cluster: Sharegpu) -> None:
     slices = cluster.get("resourceslices", "--field-selector", f"spec.nodeName={cluster.node.node}")["items"]
     (published,) = slices
-    (device,) = published["spec"]["devices"]
     assert published["spec"]["driver"] == "sharegpu.io"
-    assert device["name"] == "gpu-0"
+    assert [d["name"] for d in published["spec"]["devices"]] == ["gpu-0", "gpu-1"]
+    device = published["spec"]["devices"][0]
     assert device["allowMultipleAllocations"] is True
     assert device["capacity"]["memory"]["value"] == "8Gi"
     assert device["capacity"]["compute"]["value"] == "100"
@@ -179,9 +188,10 @@ def test_a_claim_for_4gib_and_30_percent_runs_with_its_tenant_and_frees_it(clust
 
 
 def test_claims_beyond_the_gpu_leave_the_last_pending_until_one_goes(cluster: Sharegpu) -> None:
-    apply(cluster, claim_template("vgpu-3g", {"memory": "3Gi", "compute": "20"}))
+    # Two GPUs of 8 GiB: one 5 GiB claim fits on each, a third on neither.
+    apply(cluster, claim_template("vgpu-5g", {"memory": "5Gi", "compute": "20"}))
     for name in ("fit-a", "fit-b", "fit-c"):
-        apply(cluster, claim_pod(name, "vgpu-3g", "exec sleep 600"))
+        apply(cluster, claim_pod(name, "vgpu-5g", "exec sleep 600"))
     running = [wait_phase(cluster, name, ("Running",)) for name in ("fit-a", "fit-b")]
     deadline = time.monotonic() + 60
     while not (reasons := failed_scheduling(cluster, "fit-c")) and time.monotonic() < deadline:
@@ -259,3 +269,93 @@ def test_a_claim_for_more_than_any_gpu_is_unschedulable(cluster: Sharegpu) -> No
     assert claim_tenants(cluster) == []
     for name in ("huge", "over"):
         delete_pod(cluster, name)
+
+
+def slice_devices(gpu: Sharegpu) -> dict[str, dict[str, Any]]:
+    (published,) = gpu.get("resourceslices", "--field-selector", f"spec.nodeName={gpu.node.node}")["items"]
+    return {d["name"]: d for d in published["spec"]["devices"]}
+
+
+def tenant_uuids(gpu: Sharegpu, ref: ClaimRef) -> list[str]:
+    return sorted(limit.uuid for limit in read_device_limits(tenants_dir(gpu.sim.runtime) / tenant_name(ref)))
+
+
+def test_a_claim_for_two_gpus_is_one_tenant_with_its_share_of_each(cluster: Sharegpu) -> None:
+    apply(cluster, claim_template("vgpu-2x2g", {"memory": "2Gi", "compute": "20"}, gpus=2))
+    apply(cluster, claim_pod("both", "vgpu-2x2g", "sgprobe info && exec sleep 600"))
+    ref = pod_claim(cluster, wait_phase(cluster, "both", ("Running",)))
+    devices = slice_devices(cluster)
+    assert tenant_uuids(cluster, ref) == sorted(d["attributes"]["uuid"]["string"] for d in devices.values())
+    values, _ = parse_kv(logs_with(cluster, "both", "c0", "dev1.total"))
+    assert (values["count"], values["dev0.total"], values["dev1.total"]) == (
+        "2",
+        str(2048 * MIB),
+        str(2048 * MIB),
+    )
+    delete_pod(cluster, "both")
+    wait_gone(tenants_dir(cluster.sim.runtime) / tenant_name(ref), cluster)
+
+
+def test_a_cel_selector_on_the_published_attributes_chooses_the_gpu(cluster: Sharegpu) -> None:
+    devices = slice_devices(cluster)
+    model = devices["gpu-1"]["attributes"]["model"]["string"]
+    selector = (
+        f'device.attributes["sharegpu.io"].model == "{model}" && device.attributes["sharegpu.io"].index == 1'
+    )
+    apply(cluster, claim_template("vgpu-on-1", {"memory": "1Gi", "compute": "10"}, selector=selector))
+    apply(cluster, claim_pod("on-1", "vgpu-on-1", "exec sleep 600"))
+    ref = pod_claim(cluster, wait_phase(cluster, "on-1", ("Running",)))
+    assert tenant_uuids(cluster, ref) == [devices["gpu-1"]["attributes"]["uuid"]["string"]]
+    delete_pod(cluster, "on-1")
+
+
+def test_a_selector_on_an_unknown_attribute_leaves_the_pod_pending_with_the_reason(cluster: Sharegpu) -> None:
+    selector = 'device.attributes["sharegpu.io"].nosuch == "x"'
+    apply(cluster, claim_template("vgpu-nosuch", {"memory": "1Gi"}, selector=selector))
+    apply(cluster, claim_pod("nosuch", "vgpu-nosuch", "exec sleep 600"))
+    deadline = time.monotonic() + 60
+    while not (reasons := failed_scheduling(cluster, "nosuch")) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert reasons, f"no FailedScheduling event:\n{cluster.tail()}"
+    assert "nosuch" in reasons[-1], reasons
+    assert claim_tenants(cluster) == []
+    print(f"nosuch: {reasons[-1]}")
+    delete_pod(cluster, "nosuch")
+
+
+def running_claim_pod(gpu: Sharegpu, name: str, template: str) -> ClaimRef:
+    apply(gpu, claim_pod(name, template, "exec sleep 600"))
+    return pod_claim(gpu, wait_phase(gpu, name, ("Running",)))
+
+
+def test_the_plugin_killed_and_started_again_keeps_its_claims_once(cluster: Sharegpu) -> None:
+    apply(cluster, claim_template("vgpu-1g", {"memory": "1Gi", "compute": "10"}))
+    before = running_claim_pod(cluster, "before-crash", "vgpu-1g")
+    registrations = cluster.logs["dra-plugin"].read_text().count("registered DRA driver")
+    plugin = cluster.procs["dra-plugin"]
+    plugin.kill()  # no clean-up of its sockets: as a crash or an OOM kill leaves them
+    plugin.wait()
+    cluster.start("dra-plugin", *cluster.commands["dra-plugin"])
+    deadline = time.monotonic() + 60
+    while cluster.logs["dra-plugin"].read_text().count("registered DRA driver") == registrations:
+        assert time.monotonic() < deadline, f"the restarted plugin is not registered:\n{cluster.tail()}"
+        time.sleep(0.2)
+    assert claim_tenants(cluster) == [tenant_name(before)]
+    after = running_claim_pod(cluster, "after-crash", "vgpu-1g")
+    assert claim_tenants(cluster) == sorted([tenant_name(before), tenant_name(after)])
+    for name, ref in (("before-crash", before), ("after-crash", after)):
+        delete_pod(cluster, name)  # the restarted plugin unprepares both, from its checkpoint
+        wait_gone(tenants_dir(cluster.sim.runtime) / tenant_name(ref), cluster)
+
+
+def test_a_kubelet_restart_keeps_the_running_claims_and_prepares_new_ones(cluster: Sharegpu) -> None:
+    apply(cluster, claim_template("vgpu-1g", {"memory": "1Gi", "compute": "10"}))
+    before = running_claim_pod(cluster, "before-kubelet", "vgpu-1g")
+    took = cluster.node.restart_kubelet()
+    assert cluster.get("pod", "-n", APP_NS, "before-kubelet")["status"]["phase"] == "Running"
+    after = running_claim_pod(cluster, "after-kubelet", "vgpu-1g")
+    assert claim_tenants(cluster) == sorted([tenant_name(before), tenant_name(after)])
+    print(f"kubelet restarted in {took:.1f} s; the claims' tenants stayed")
+    for name, ref in (("before-kubelet", before), ("after-kubelet", after)):
+        delete_pod(cluster, name)
+        wait_gone(tenants_dir(cluster.sim.runtime) / tenant_name(ref), cluster)
