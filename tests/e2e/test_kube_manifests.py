@@ -28,6 +28,10 @@ from agentutil import Agent
 from conftest import Sim
 from sharegpu import native
 from sharegpu.kube.deviceplugin import registration
+from sharegpu.kube.dra import registration as dra_registration
+from sharegpu.kube.dra.__main__ import _parser as dra_parser
+from sharegpu.kube.dra.claims import CONFIG_API, CONFIG_KEYS, CONFIG_KIND
+from sharegpu.kube.dra.slices import DRIVER
 from sharegpu.kube.request import PRIORITY_CLASSES, RESOURCES
 
 REPO = Path(__file__).parents[2]
@@ -35,6 +39,7 @@ KUBERNETES = REPO / "deploy" / "kubernetes"
 BASE = KUBERNETES  # what `kubectl apply -k deploy/kubernetes` installs: base/
 MONITORING = KUBERNETES / "monitoring"
 KIND = KUBERNETES / "kind"
+DRA = KUBERNETES / "dra"
 EXAMPLES = KUBERNETES / "examples"
 DASHBOARD = REPO / "deploy" / "grafana" / "sharegpu.json"
 NAMESPACE = "sharegpu-system"
@@ -489,3 +494,77 @@ def test_the_agents_probe_passes_on_a_running_agent_and_fails_without_one(sim: S
         assert up.returncode == 0, up.stderr
     finally:
         agent.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# DRA mode (deploy/kubernetes/dra).
+
+
+def test_the_dra_overlay_is_the_node_and_the_device_classes_without_extender_or_scheduler() -> None:
+    base = {(o["kind"], o["metadata"]["name"]) for o in render(BASE)}
+    dra = {(o["kind"], o["metadata"]["name"]) for o in render(DRA)}
+    assert dra - base == {
+        ("DeviceClass", "vgpu.sharegpu.io"),
+        ("DeviceClass", "online.vgpu.sharegpu.io"),
+        ("ClusterRole", "sharegpu-dra"),
+        ("ClusterRoleBinding", "sharegpu-dra"),
+    }
+    gone = base - dra
+    assert gone
+    assert all(re.match(r"sharegpu-(extender|scheduler)", name) for _, name in gone), gone
+    assert ("DaemonSet", "sharegpu-node") in dra
+    assert sorted(name for name, _ in containers(render(DRA))) == [
+        "DaemonSet/sharegpu-node/agent",
+        "DaemonSet/sharegpu-node/dra-plugin",
+    ]
+
+
+@pytest.mark.parametrize("version", ["1.34", "1.37"])
+def test_the_dra_objects_are_valid_for_kubernetes(version: str) -> None:
+    for obj in render(DRA):
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} on Kubernetes {version}: {err.message}")
+
+
+def test_the_device_classes_select_the_driver_and_the_online_class_configures_it() -> None:
+    classes = {o["metadata"]["name"]: o["spec"] for o in render(DRA) if o["kind"] == "DeviceClass"}
+    for spec in classes.values():
+        assert spec["selectors"] == [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]
+    (config,) = classes["online.vgpu.sharegpu.io"]["config"]
+    params = config["opaque"]["parameters"]
+    assert config["opaque"]["driver"] == DRIVER
+    assert (params["apiVersion"], params["kind"], params["priority"]) == (CONFIG_API, CONFIG_KIND, "online")
+    assert set(params) - {"apiVersion", "kind"} <= set(CONFIG_KEYS)
+
+
+def test_the_dra_plugin_runs_with_the_kubelets_directories_and_its_flags() -> None:
+    (daemonset,) = [o for o in render(DRA) if o["kind"] == "DaemonSet"]
+    spec = pod_spec(daemonset)
+    (plugin,) = [c for c in spec["containers"] if c["name"] == "dra-plugin"]
+    assert plugin["command"] == ["python", "-m", "sharegpu.kube.dra"]
+    args = dra_parser().parse_args(plugin["args"])
+    assert args.kubelet_dir == dra_registration.DEFAULT_KUBELET_DIR
+    host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    mounts = {m["mountPath"]: host[m["name"]] for m in plugin["volumeMounts"]}
+    server = dra_registration.PluginServer(None, args.kubelet_dir)  # type: ignore[arg-type]
+    for socket in (server.dra_socket, server.registration_socket):
+        # Under a mount of the host's directory at the same path: the kubelet finds it there.
+        (mount,) = [m for m in mounts if socket.is_relative_to(m)]
+        assert mounts[mount] == mount, socket
+    assert mounts[str(args.state_dir)] == str(args.state_dir)
+    assert mounts[str(Path(args.cdi_spec).parent)] == "/var/run/cdi"
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert plugin[probe]["exec"]["command"] == ["test", "-S", str(server.dra_socket)]
+    assert "device-plugins" not in host
+
+
+def test_the_dra_plugin_may_publish_its_slice_and_read_claims() -> None:
+    granted, builtin = permissions(render(DRA), "sharegpu-node")
+    base, _ = permissions(render(BASE), "sharegpu-node")
+    assert builtin == set()
+    assert granted - base == {
+        *(("cluster", "resource.k8s.io", "resourceslices", verb) for verb in ("get", "create", "update")),
+        ("cluster", "resource.k8s.io", "resourceclaims", "get"),
+    }
