@@ -6,7 +6,8 @@
 
 `deploy/kubernetes` stays the one source of the objects: the chart is those objects, rendered by
 `kubectl kustomize`, with the few things an operator sets through values (the two images, the
-monitoring objects on or off). tests/e2e/test_helm.py checks that the chart is in step with the
+monitoring objects on or off, and the mode: `deviceplugin`, the base, or `dra`, the
+`deploy/kubernetes/dra` overlay). tests/e2e/test_helm.py checks that the chart is in step with the
 manifests and that `helm template` gives exactly the objects `kubectl kustomize` does.
 
 Standard library and PyYAML only.
@@ -59,6 +60,7 @@ def templated(text: str, scheduler_tag: str) -> str:
 
 def write(chart: Path) -> None:
     base = render(KUBERNETES)
+    dra = render(KUBERNETES / "dra")
     monitoring = render(KUBERNETES / "monitoring")
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     scheduler_tag = next(
@@ -94,6 +96,10 @@ def write(chart: Path) -> None:
         + f'image:\n  repository: {IMAGE}\n  tag: ""\n'
         + "# The second kube-scheduler: the cluster's minor version or one below it (the skew policy).\n"
         + f"schedulerImage:\n  repository: {SCHEDULER_IMAGE}\n  tag: {scheduler_tag}\n"
+        + "# deviceplugin: the device plugin, the scheduler extender and a second kube-scheduler\n"
+        + "# (any supported Kubernetes). dra: the DRA driver; the default scheduler places claims\n"
+        + "# (Kubernetes 1.34 or later, consumable capacity on: docs/kubernetes.md).\n"
+        + "mode: deviceplugin\n"
         + "# A ServiceMonitor and the Grafana dashboard (needs the Prometheus Operator's CRDs).\n"
         + "monitoring:\n  enabled: false\n"
     )
@@ -106,8 +112,21 @@ def write(chart: Path) -> None:
         "{{ .Values.schedulerImage.repository }}:{{ .Values.schedulerImage.tag }}\n"
         "{{- end -}}\n"
     )
-    body = yaml.safe_dump_all(base, sort_keys=False)
-    (chart / "templates" / "sharegpu.yaml").write_text(HEADER + templated(body, scheduler_tag))
+    by_mode = {
+        mode: templated(yaml.safe_dump_all(objs, sort_keys=False), scheduler_tag)
+        for mode, objs in (("deviceplugin", base), ("dra", dra))
+    }
+    (chart / "templates" / "sharegpu.yaml").write_text(
+        HEADER
+        + '{{- if not (has .Values.mode (list "deviceplugin" "dra")) }}\n'
+        + '{{- fail (printf "mode must be deviceplugin or dra, not %q" (toString .Values.mode)) }}\n'
+        + "{{- end }}\n"
+        + '{{- if eq .Values.mode "dra" }}\n'
+        + by_mode["dra"]
+        + "{{- else }}\n"
+        + by_mode["deviceplugin"]
+        + "{{- end }}\n"
+    )
     # The dashboard's JSON holds Grafana's own "{{...}}" legends: it is a file of the chart,
     # read as it is, never parsed as a template.
     ((name, json_text),) = dashboard["data"].items()

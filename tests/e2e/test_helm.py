@@ -76,6 +76,14 @@ def test_the_chart_renders_exactly_the_manifests_objects() -> None:
     assert objects(helm("template", "sharegpu", str(CHART)).stdout) == kustomize(KUBERNETES)
     with_monitoring = helm("template", "sharegpu", str(CHART), "--set", "monitoring.enabled=true").stdout
     assert objects(with_monitoring) == kustomize(KUBERNETES / "monitoring")
+    dra = helm("template", "sharegpu", str(CHART), "--set", "mode=dra").stdout
+    assert objects(dra) == kustomize(KUBERNETES / "dra")
+
+
+def test_an_unknown_mode_is_refused_with_the_known_ones() -> None:
+    out = helm("template", "sharegpu", str(CHART), "--set", "mode=mig", check=False)
+    assert out.returncode != 0
+    assert 'mode must be deviceplugin or dra, not "mig"' in out.stderr
 
 
 def test_the_values_set_the_images() -> None:
@@ -104,11 +112,14 @@ def node() -> Iterator[KubeNode]:
         yield running
 
 
-def test_helm_installs_and_uninstalls_the_chart_on_a_real_node(node: KubeNode) -> None:
+@pytest.mark.parametrize(("mode", "manifests"), [("deviceplugin", KUBERNETES), ("dra", KUBERNETES / "dra")])
+def test_helm_installs_and_uninstalls_the_chart_on_a_real_node(
+    node: KubeNode, mode: str, manifests: Path
+) -> None:
     kubeconfig = ["--kubeconfig", str(node.kubeconfig)]
-    installed = helm("install", "sharegpu", str(CHART), *kubeconfig, "--wait=false")
+    installed = helm("install", "sharegpu", str(CHART), *kubeconfig, "--set", f"mode={mode}", "--wait=false")
     assert "STATUS: deployed" in installed.stdout, installed.stdout
-    want = kustomize(KUBERNETES)
+    want = kustomize(manifests)
     for kind, name in want:
         namespace = want[kind, name]["metadata"].get("namespace")
         args = ["get", kind.lower(), name] + (["-n", namespace] if namespace else [])
@@ -118,9 +129,11 @@ def test_helm_installs_and_uninstalls_the_chart_on_a_real_node(node: KubeNode) -
     helm("uninstall", "sharegpu", *kubeconfig, "--wait")
     gone = node.kubectl("get", "namespace", "sharegpu-system", check=False)
     still = [] if gone.returncode != 0 else ["the sharegpu-system namespace"]
-    cluster_wide = [(k, n) for k, n in want if k in ("ClusterRole", "ClusterRoleBinding", "PriorityClass")]
+    cluster_wide = [
+        (k, n) for k, n in want if k in ("ClusterRole", "ClusterRoleBinding", "PriorityClass", "DeviceClass")
+    ]
     still += [
         f"{k}/{n}" for k, n in cluster_wide if node.kubectl("get", k.lower(), n, check=False).returncode == 0
     ]
     assert not still, f"left after helm uninstall: {still}"
-    print(f"helm installed and uninstalled {len(want)} objects")
+    print(f"helm installed and uninstalled {len(want)} objects ({mode})")
