@@ -1,4 +1,5 @@
-"""Pods through a real Kubernetes node, with sharegpu's extender and without (issue 37).
+"""Pods through a real Kubernetes node: plain, through sharegpu's extender, and with DRA claims
+(issues 37 and 38).
 
     sudo .venv/bin/python bench/kube_node.py [--pods 16] [--rounds 3] [--json]
 
@@ -13,7 +14,12 @@ a simulated GPU of 8 GiB). Each round creates a batch of pods at once, of one ki
            own cost;
 * vgpu:    pods of 1 vGPU, 256 MiB and 5% each (16 fit the card), through `sharegpu-scheduler`
            and the extender (filter, prioritize, bind), allocated by the device plugin through
-           the agent and given their device by containerd's CDI.
+           the agent and given their device by containerd's CDI;
+* dra:     pods of one DRA claim each (a ResourceClaimTemplate of 256 MiB and 5% of class
+           vgpu.sharegpu.io), placed by the default kube-scheduler from the node's ResourceSlice,
+           prepared by sharegpu's DRA plugin through the same agent, given their device by CDI.
+           The plugin runs beside the device plugin (tests/e2e/kubesharegpu.py,
+           start_dra_plugin), on the same card.
 
 Printed per kind, over all rounds: pods per second from the batch's creation to its last pod
 bound (`spec.nodeName`), and per pod p50 / p99 of created -> bound and bound -> Running, as a
@@ -24,6 +30,7 @@ objects' own timestamps does not blur them). All figures: this machine, simulate
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -36,13 +43,31 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the node and sharegpu harness of the e2e tests
 
+import urllib3  # noqa: E402
 from kubernetes import client, config, watch  # noqa: E402
 
 from e2e.kubenode import running_kube_node  # noqa: E402
-from e2e.kubesharegpu import PROBE_IMAGE, sharegpu_on  # noqa: E402
+from e2e.kubesharegpu import PROBE_IMAGE, sharegpu_on, start_dra_plugin  # noqa: E402
 
 NAMESPACE = "bench"
-KINDS = ("plain", "plain-s", "vgpu")
+KINDS = ("plain", "plain-s", "vgpu", "dra")
+CLAIM_TEMPLATE = "bench-vgpu"
+
+
+def claim_template() -> dict[str, Any]:
+    request = {
+        "name": "gpu",
+        "exactly": {
+            "deviceClassName": "vgpu.sharegpu.io",
+            "capacity": {"requests": {"memory": "256Mi", "compute": "5"}},
+        },
+    }
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": CLAIM_TEMPLATE, "namespace": NAMESPACE},
+        "spec": {"spec": {"devices": {"requests": [request]}}},
+    }
 
 
 def pod(name: str, kind: str) -> dict[str, Any]:
@@ -53,8 +78,11 @@ def pod(name: str, kind: str) -> dict[str, Any]:
         "command": ["sleep", "600"],
     }
     spec: dict[str, Any] = {"terminationGracePeriodSeconds": 0, "containers": [container]}
-    if kind != "plain":
+    if kind in ("plain-s", "vgpu"):
         spec["schedulerName"] = "sharegpu-scheduler"
+    if kind == "dra":
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": CLAIM_TEMPLATE}]
+        container["resources"] = {"claims": [{"name": "gpu"}]}
     if kind == "vgpu":
         limits = {"sharegpu.io/vgpu": "1", "sharegpu.io/vgpu-memory": "256", "sharegpu.io/vgpu-compute": "5"}
         container["resources"] = {"limits": limits}
@@ -80,6 +108,11 @@ class Timeline:
         self.ready.wait(10)
 
     def _follow(self) -> None:
+        # The node may stop under a watch that was not stopped: its end is no error.
+        with contextlib.suppress(urllib3.exceptions.HTTPError):
+            self._stream()
+
+    def _stream(self) -> None:
         version = self.core.list_namespaced_pod(NAMESPACE).metadata.resource_version
         self.ready.set()
         for event in self.watch.stream(self.core.list_namespaced_pod, NAMESPACE, resource_version=version):
@@ -116,7 +149,12 @@ def batch(api: client.ApiClient, kind: str, count: int, round_no: int) -> dict[s
         "run_ms": [1000 * (timeline.running[n] - timeline.bound[n]) for n in names],
     }
     core.delete_collection_namespaced_pod(NAMESPACE, label_selector=f"bench={kind}", grace_period_seconds=0)
-    while core.list_namespaced_pod(NAMESPACE).items:
+    claims = client.CustomObjectsApi(api)
+    # Gone, and their claims deallocated and deleted (the next batch needs the card's room).
+    while (
+        core.list_namespaced_pod(NAMESPACE).items
+        or claims.list_namespaced_custom_object("resource.k8s.io", "v1", NAMESPACE, "resourceclaims")["items"]
+    ):
         time.sleep(0.2)
     return result
 
@@ -137,9 +175,13 @@ def main() -> int:
     if not 1 <= args.pods <= 16:
         ap.error("--pods must be 1 to 16 (16 vGPUs of 256 MiB and 5% fit the simulated card)")
     root = Path(tempfile.mkdtemp(prefix="bench-kube-"))
-    with running_kube_node() as node, sharegpu_on(node, root):
+    with running_kube_node() as node, sharegpu_on(node, root) as gpu:
+        start_dra_plugin(gpu, root)
         api = config.new_client_from_config(str(node.kubeconfig))
         client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})
+        client.CustomObjectsApi(api).create_namespaced_custom_object(
+            "resource.k8s.io", "v1", NAMESPACE, "resourceclaimtemplates", claim_template()
+        )
         results: dict[str, list[dict[str, Any]]] = {k: [] for k in KINDS}
         for r in range(args.rounds):
             for kind in KINDS:
@@ -167,12 +209,15 @@ def main() -> int:
         bind = f"{s['bind_p50_ms']:.0f} / {s['bind_p99_ms']:.0f}"
         run = f"{s['run_p50_ms']:.0f} / {s['run_p99_ms']:.0f}"
         print(f"{kind:8} {s['pods_per_s']:8.1f} {bind:>27} {run:>27}")
-    plain, vgpu = summary["plain-s"], summary["vgpu"]
-    ratio = vgpu["pods_per_s"] / plain["pods_per_s"]
-    slower = vgpu["run_p50_ms"] - plain["run_p50_ms"]
-    print(
-        f"vGPU against plain pods (same scheduler): {ratio:.2f}x pods/s, bound->Running p50 {slower:+.0f} ms"
-    )
+    for kind, against, what in (
+        ("vgpu", "plain-s", "vGPU (extender) against plain pods, same scheduler"),
+        ("dra", "plain", "DRA claims against plain pods, default scheduler"),
+        ("dra", "vgpu", "DRA claims against vGPU pods through the extender"),
+    ):
+        a, b = summary[kind], summary[against]
+        ratio = a["pods_per_s"] / b["pods_per_s"]
+        slower = a["run_p50_ms"] - b["run_p50_ms"]
+        print(f"{what}: {ratio:.2f}x pods/s, bound->Running p50 {slower:+.0f} ms")
     return 0
 
 

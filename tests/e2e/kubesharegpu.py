@@ -63,6 +63,7 @@ class Sharegpu:
     commands: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
     extender_port: int = field(default_factory=free_port)
     probe_tar: Path = Path()  # the probe image's OCI archive (import_probe_image)
+    node_env: dict[str, str] = field(default_factory=dict)  # the node DaemonSet's containers'
 
     @property
     def cdi_spec(self) -> str:
@@ -246,6 +247,7 @@ def _start_node_agent(gpu: Sharegpu, root: Path) -> dict[str, str]:
     agent += ["--state-dir", str(root / "agent-state"), "--metrics-port", "0", "--cdi-spec", gpu.cdi_spec]
     gpu.start("agent", agent, env)
     gpu.wait_for_agent()
+    gpu.node_env = env
     return env
 
 
@@ -262,7 +264,7 @@ def sharegpu_on(node: KubeNode, root: Path) -> Iterator[Sharegpu]:
     gpu = Sharegpu(node, sim, logs, applied, probe_tar=probe_tar)
     extender_port, scheduler_port = gpu.extender_port, free_port()
     with ExitStack() as stack:
-        for name in logs:
+        for name in [*logs, "dra-plugin"]:
             stack.callback(gpu.stop_if_started, name)
         # The node DaemonSet's two containers: the agent, then the device plugin, whose
         # allocations go through the agent's tenant service.
@@ -355,31 +357,37 @@ def dra_plugin_command(node: KubeNode, root: Path, *extra: str) -> list[str]:
     ]
 
 
+def start_dra_plugin(gpu: Sharegpu, root: Path) -> None:
+    """`deploy/kubernetes/dra` applied and the DRA plugin started beside the agent; back once the
+    kubelet registered it and the node's ResourceSlice lists its GPUs."""
+    node = gpu.node
+    gpu.applied += apply_manifests(node, DEPLOY / "dra")
+    gpu.logs["dra-plugin"] = root / "dra-plugin.log"
+    gpu.start("dra-plugin", dra_plugin_command(node, root), gpu.node_env)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        dead = [name for name, proc in gpu.procs.items() if proc.poll() is not None]
+        if dead:
+            pytest.fail(f"{', '.join(dead)} exited:\n{gpu.tail()}")
+        slices = gpu.get("resourceslices", "--field-selector", f"spec.nodeName={node.node}")["items"]
+        registered = "registered DRA driver" in gpu.logs["dra-plugin"].read_text()
+        if registered and any(s["spec"].get("devices") for s in slices):
+            return
+        time.sleep(0.2)
+    pytest.fail(f"no DRA plugin registered and slice after {START_TIMEOUT_S:.0f} s:\n{gpu.tail()}")
+
+
 @contextmanager
 def dra_on(node: KubeNode, root: Path) -> Iterator[Sharegpu]:
     """sharegpu in DRA mode (`deploy/kubernetes/dra`): the agent and the DRA plugin as host
-    processes under the node's ServiceAccount; the default scheduler places the claims. Ready
-    once the kubelet registered the plugin and the node's ResourceSlice is published."""
-    applied = apply_manifests(node, DEPLOY / "dra")
+    processes under the node's ServiceAccount, on a simulated node of two 8 GiB GPUs; the
+    default scheduler places the claims."""
     probe_tar = import_probe_image(node, root)
     sim = Sim(root / "sim", gpus=2, memory_mib=8192)
-    logs = {name: root / f"{name}.log" for name in ("agent", "dra-plugin")}
-    gpu = Sharegpu(node, sim, logs, applied, probe_tar=probe_tar)
+    gpu = Sharegpu(node, sim, {"agent": root / "agent.log"}, [], probe_tar=probe_tar)
     with ExitStack() as stack:
-        for name in logs:
-            stack.callback(gpu.stop_if_started, name)
-        env = _start_node_agent(gpu, root)
-        gpu.start("dra-plugin", dra_plugin_command(node, root), env)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            dead = [name for name, proc in gpu.procs.items() if proc.poll() is not None]
-            if dead:
-                pytest.fail(f"{', '.join(dead)} exited:\n{gpu.tail()}")
-            slices = gpu.get("resourceslices", "--field-selector", f"spec.nodeName={node.node}")["items"]
-            registered = "registered DRA driver" in logs["dra-plugin"].read_text()
-            if registered and any(s["spec"].get("devices") for s in slices):
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail(f"no DRA plugin registered and slice after {START_TIMEOUT_S:.0f} s:\n{gpu.tail()}")
+        stack.callback(gpu.stop_if_started, "dra-plugin")
+        stack.callback(gpu.stop_if_started, "agent")
+        _start_node_agent(gpu, root)
+        start_dra_plugin(gpu, root)
         yield gpu
