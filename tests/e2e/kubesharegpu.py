@@ -358,10 +358,9 @@ def dra_plugin_command(node: KubeNode, root: Path, *extra: str) -> list[str]:
 
 
 def start_dra_plugin(gpu: Sharegpu, root: Path) -> None:
-    """`deploy/kubernetes/dra` applied and the DRA plugin started beside the agent; back once the
-    kubelet registered it and the node's ResourceSlice lists its GPUs."""
+    """The DRA plugin started beside the agent (`deploy/kubernetes/dra` applied: its classes and
+    permissions); back once the kubelet registered it and the node's ResourceSlice lists its GPUs."""
     node = gpu.node
-    gpu.applied += apply_manifests(node, DEPLOY / "dra")
     gpu.logs["dra-plugin"] = root / "dra-plugin.log"
     gpu.start("dra-plugin", dra_plugin_command(node, root), gpu.node_env)
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -382,9 +381,10 @@ def dra_on(node: KubeNode, root: Path) -> Iterator[Sharegpu]:
     """sharegpu in DRA mode (`deploy/kubernetes/dra`): the agent and the DRA plugin as host
     processes under the node's ServiceAccount, on a simulated node of two 8 GiB GPUs; the
     default scheduler places the claims."""
+    applied = apply_manifests(node, DEPLOY / "dra")
     probe_tar = import_probe_image(node, root)
     sim = Sim(root / "sim", gpus=2, memory_mib=8192)
-    gpu = Sharegpu(node, sim, {"agent": root / "agent.log"}, [], probe_tar=probe_tar)
+    gpu = Sharegpu(node, sim, {"agent": root / "agent.log"}, applied, probe_tar=probe_tar)
     with ExitStack() as stack:
         stack.callback(gpu.stop_if_started, "dra-plugin")
         stack.callback(gpu.stop_if_started, "agent")

@@ -359,3 +359,29 @@ def test_a_kubelet_restart_keeps_the_running_claims_and_prepares_new_ones(cluste
     for name, ref in (("before-kubelet", before), ("after-kubelet", after)):
         delete_pod(cluster, name)
         wait_gone(tenants_dir(cluster.sim.runtime) / tenant_name(ref), cluster)
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "examples" / "dra" / "claims.yaml"
+
+
+def test_the_documented_examples_are_accepted_and_run_with_the_tenants_they_describe(
+    cluster: Sharegpu,
+) -> None:
+    import yaml
+
+    objs = [o for o in yaml.safe_load_all(EXAMPLES.read_text()) if o]
+    templates = [o for o in objs if o["kind"] == "ResourceClaimTemplate"]
+    for template in templates:
+        apply(cluster, {**template, "metadata": {**template["metadata"], "namespace": APP_NS}})
+    want = {
+        "vgpu-4g-30": [(4096, 300, abi.PRIORITY_NORMAL)],
+        "vgpu-online-2g-20": [(2048, 200, abi.PRIORITY_ONLINE)],
+        "vgpu-offline-6g-50-cap": [(6144, 500, abi.PRIORITY_OFFLINE)],
+        "vgpu-2x-2g-20": [(2048, 200, abi.PRIORITY_NORMAL)] * 2,
+    }
+    for template, limits in want.items():
+        ref = running_claim_pod(cluster, f"example-{template}", template)
+        got = read_device_limits(tenants_dir(cluster.sim.runtime) / tenant_name(ref))
+        assert [(d.mem_cap_bytes // MIB, d.share_permille, d.priority) for d in got] == limits, template
+        delete_pod(cluster, f"example-{template}")
+        wait_gone(tenants_dir(cluster.sim.runtime) / tenant_name(ref), cluster)

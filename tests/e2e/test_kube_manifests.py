@@ -520,8 +520,12 @@ def test_the_dra_overlay_is_the_node_and_the_device_classes_without_extender_or_
 
 
 @pytest.mark.parametrize("version", ["1.34", "1.37"])
-def test_the_dra_objects_are_valid_for_kubernetes(version: str) -> None:
-    for obj in render(DRA):
+def test_the_dra_objects_and_examples_are_valid_for_kubernetes(version: str) -> None:
+    dra_examples = [
+        d for f in sorted((EXAMPLES / "dra").glob("*.yaml")) for d in yaml.safe_load_all(f.read_text())
+    ]
+    assert len(dra_examples) >= 6
+    for obj in [*render(DRA), *dra_examples]:
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as err:
