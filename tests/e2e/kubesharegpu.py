@@ -165,10 +165,20 @@ def audit_denials(audit_log: Path) -> list[str]:
     return denied
 
 
-def _token_kubeconfig(node: KubeNode, account: str, path: Path) -> Path:
+def _token_kubeconfig(
+    node: KubeNode, account: str, path: Path, bound_pod: dict[str, Any] | None = None
+) -> Path:
     """A kubeconfig that authenticates as ServiceAccount `account` with a token the API server
-    issues for it (what a pod of that account has mounted)."""
-    token = node.kubectl("-n", NAMESPACE, "create", "token", account, "--duration", "2h").stdout.strip()
+    issues for it (what a pod of that account has mounted); bound to `bound_pod`, it carries
+    that pod's node, as a DaemonSet pod's token does."""
+    bound = []
+    if bound_pod is not None:
+        meta = bound_pod["metadata"]
+        bound = ["--bound-object-kind", "Pod", "--bound-object-name", meta["name"]]
+        bound += ["--bound-object-uid", meta["uid"]]
+    token = node.kubectl(
+        "-n", NAMESPACE, "create", "token", account, "--duration", "2h", *bound
+    ).stdout.strip()
     admin = yaml.safe_load(node.kubeconfig.read_text())
     cluster = admin["clusters"][0]["cluster"]
     config = {
@@ -233,15 +243,47 @@ def apply_manifests(node: KubeNode, directory: Path = DEPLOY) -> list[str]:
     return applied.stdout.splitlines()
 
 
-def _start_node_agent(gpu: Sharegpu, root: Path) -> dict[str, str]:
+def node_identity_pod(node: KubeNode) -> dict[str, Any]:
+    """A pod of the node DaemonSet's ServiceAccount on this node, Running: a token bound to it
+    carries the node, as the DaemonSet pod's own does (the API server checks it for DRA status
+    writes, `associated-node:`). It stands for the DaemonSet's pod, whose image is not built."""
+    name = "sharegpu-node-identity"
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "serviceAccountName": "sharegpu-node",
+            "nodeName": node.node,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "identity",
+                    "image": PROBE_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["sleep", "86400"],
+                }
+            ],
+        },
+    }
+    node.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while (got := json.loads(node.kubectl("-n", NAMESPACE, "get", "pod", name, "-o", "json").stdout))[
+        "status"
+    ].get("phase") != "Running":
+        if time.monotonic() > deadline:
+            pytest.fail(f"the node identity pod is not Running: {got['status']}")
+        time.sleep(0.2)
+    return dict(got)
+
+
+def _start_node_agent(gpu: Sharegpu, root: Path, bound_pod: dict[str, Any] | None = None) -> dict[str, str]:
     """The node DaemonSet's agent, with its ServiceAccount (its flags but for the simulated GPU's
     paths and no metrics port), answering; the environment of the DaemonSet's containers."""
     node, sim = gpu.node, gpu.sim
-    env = sim.env(
-        PYTHONFAULTHANDLER="1",
-        NODE_NAME=node.node,
-        KUBECONFIG=str(_token_kubeconfig(node, "sharegpu-node", root / "node.kubeconfig")),
-    )
+    kubeconfig = _token_kubeconfig(node, "sharegpu-node", root / "node.kubeconfig", bound_pod)
+    env = sim.env(PYTHONFAULTHANDLER="1", NODE_NAME=node.node, KUBECONFIG=str(kubeconfig))
     env.pop("KUBERNETES_SERVICE_HOST", None)
     agent = [sys.executable, "-m", "sharegpu.cli", "agent", "--runtime-dir", str(sim.runtime)]
     agent += ["--state-dir", str(root / "agent-state"), "--metrics-port", "0", "--cdi-spec", gpu.cdi_spec]
@@ -388,6 +430,6 @@ def dra_on(node: KubeNode, root: Path) -> Iterator[Sharegpu]:
     with ExitStack() as stack:
         stack.callback(gpu.stop_if_started, "dra-plugin")
         stack.callback(gpu.stop_if_started, "agent")
-        _start_node_agent(gpu, root)
+        _start_node_agent(gpu, root, node_identity_pod(node))
         start_dra_plugin(gpu, root)
         yield gpu

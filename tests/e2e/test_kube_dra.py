@@ -178,6 +178,18 @@ def test_a_claim_for_4gib_and_30_percent_runs_with_its_tenant_and_frees_it(clust
     )
     labels = read_meta(tenant)["labels"]
     assert labels == {"namespace": APP_NS, "claim": ref.name, "claim_uid": ref.uid, "pod": "dra-4g"}
+    # What the tenant got, on the claim (written from the node the claim is prepared on).
+    (status,) = cluster.get("resourceclaim", "-n", APP_NS, ref.name)["status"]["devices"]
+    assert (status["driver"], status["pool"]) == ("sharegpu.io", cluster.node.node)
+    assert slice_devices(cluster)[status["device"]]["attributes"]["uuid"]["string"] == limit.uuid
+    assert status["data"] == {
+        "tenant": tenant.name,
+        "memoryMiB": 4096,
+        "computePercent": 30,
+        "policy": "share",
+        "priority": "normal",
+    }
+    assert [(c["type"], c["status"]) for c in status["conditions"]] == [("Ready", "True")]
     values, lines = parse_kv(logs_with(cluster, "dra-4g", "c0", "alloc="))
     assert values.get("dev0.total") == str(4096 * MIB)  # its share, not the 8 GiB card
     assert [v for k, v in lines if k == "alloc"] == ["OK", "CUDA_ERROR_OUT_OF_MEMORY"]

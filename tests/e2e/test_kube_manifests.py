@@ -571,4 +571,13 @@ def test_the_dra_plugin_may_publish_its_slice_and_read_claims() -> None:
     assert granted - base == {
         *(("cluster", "resource.k8s.io", "resourceslices", verb) for verb in ("get", "create", "update")),
         ("cluster", "resource.k8s.io", "resourceclaims", "get"),
+        *(
+            ("cluster", "resource.k8s.io", "resourceclaims/status", verb)
+            for verb in ("get", "patch", "update")
+        ),
+        # status.devices of its own driver only, from its own node (the API server checks it).
+        *(
+            ("cluster", "resource.k8s.io", "resourceclaims/driver", verb, DRIVER)
+            for verb in ("associated-node:patch", "associated-node:update")
+        ),
     }

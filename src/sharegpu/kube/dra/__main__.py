@@ -22,6 +22,7 @@ from sharegpu.kube.dra.prepare import Preparer
 from sharegpu.kube.dra.publisher import CHECK_S, SlicePublisher
 from sharegpu.kube.dra.registration import DEFAULT_KUBELET_DIR, PluginServer
 from sharegpu.kube.dra.service import DraService
+from sharegpu.kube.dra.status import ClaimStatus
 from sharegpu.runtime.cdi.generate import DEFAULT_SPEC_DIR, SPEC_FILE
 from sharegpu.tenant import runtime_dir
 
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             read_claim=read_claim,
             read_pod=read_pod,
             cdi_spec=None if args.cdi_spec == "none" else Path(args.cdi_spec),
+            status=ClaimStatus(api),
         )
         preparer.recover()
         publisher = SlicePublisher(args.node, api, check_s=args.publish_interval)

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sharegpu.devices import Gpu, list_gpus
 from sharegpu.doors import tenant_service
@@ -37,6 +37,14 @@ log = logging.getLogger(__name__)
 
 ReadClaim = Callable[[ClaimRef], Mapping[str, Any]]
 ReadPod = Callable[[str, str], Mapping[str, Any]]
+
+
+class StatusReport(Protocol):
+    """Where a claim's tenant is reported (status.py: the claim's status.devices)."""
+
+    def prepared(self, plan: ClaimPlan) -> None: ...
+
+    def unprepared(self, ref: ClaimRef) -> None: ...
 
 
 def pod_user(pod: Mapping[str, Any]) -> int | None:
@@ -62,6 +70,7 @@ class Preparer:
     read_pod: ReadPod | None = None
     cdi_spec: Path | None = None
     list_gpus: Callable[[], list[Gpu]] = list_gpus
+    status: StatusReport | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def recover(self) -> list[str]:
@@ -115,6 +124,8 @@ class Preparer:
                     self._remove_tenant(plan.tenant, ref.uid)
                 self.checkpoint.drop(ref.uid)
                 raise
+            if self.status is not None:
+                self.status.prepared(plan)
             log.info(
                 "prepared claim %s: tenant %s, %d MiB and %d%% on %s",
                 ref.key,
@@ -133,6 +144,8 @@ class Preparer:
                 self._rewrite_spec()
                 log.info("unprepared claim %s: tenant %s removed", ref.key, tenant)
             self.checkpoint.drop(ref.uid)
+            if self.status is not None and entry is not None:
+                self.status.unprepared(ref)
 
     def _make_tenant(self, plan: ClaimPlan, gpus: list[Gpu]) -> bool:
         """Make the claim's tenant; False when it is there already, made for this very claim
