@@ -397,3 +397,47 @@ def test_the_documented_examples_are_accepted_and_run_with_the_tenants_they_desc
         assert [(d.mem_cap_bytes // MIB, d.share_permille, d.priority) for d in got] == limits, template
         delete_pod(cluster, f"example-{template}")
         wait_gone(tenants_dir(cluster.sim.runtime) / tenant_name(ref), cluster)
+
+
+def test_a_claim_whose_tenant_the_agent_refuses_fails_with_its_reason_and_leaves_nothing(
+    cluster: Sharegpu,
+) -> None:
+    """The slice counts only claims: a tenant made on the node outside Kubernetes (`sharegpu
+    create`) is not in it, so the scheduler may place a claim the agent's admission refuses. The
+    pod shows the agent's reason and stays Pending; nothing is left prepared, and the claim runs
+    once the room is there."""
+    import subprocess
+    import sys
+
+    sharegpu = [sys.executable, "-m", "sharegpu.cli"]
+    env = cluster.node_env
+    subprocess.run(
+        [*sharegpu, "create", "outside", "--memory", "7GiB", "--gpu", "0"],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    selector = 'device.attributes["sharegpu.io"].index == 0'
+    apply(cluster, claim_template("vgpu-4g-on-0", {"memory": "4Gi", "compute": "10"}, selector=selector))
+    apply(cluster, claim_pod("refused", "vgpu-4g-on-0", "exec sleep 600"))
+    deadline = time.monotonic() + 60
+    messages: list[str] = []
+    while not any("would total" in m for m in messages):
+        assert time.monotonic() < deadline, f"no event with the agent's reason: {messages}\n{cluster.tail()}"
+        events = cluster.get("events", "-n", APP_NS, "--field-selector", "involvedObject.name=refused")[
+            "items"
+        ]
+        messages = [e["message"] for e in events if e["type"] == "Warning"]
+        time.sleep(0.3)
+    assert cluster.get("pod", "-n", APP_NS, "refused")["status"]["phase"] == "Pending"
+    assert claim_tenants(cluster) == []
+    checkpoint = json.loads(
+        (cluster.logs["dra-plugin"].parent / "dra-state" / "dra-checkpoint.json").read_text()
+    )
+    assert checkpoint["claims"] == {}
+    print(f"refused: {next(m for m in messages if 'would total' in m)}")
+    subprocess.run([*sharegpu, "delete", "outside"], env=env, check=True, capture_output=True)
+    # The kubelet retries with a growing back-off (up to about a minute here).
+    ref = pod_claim(cluster, wait_phase(cluster, "refused", ("Running",), timeout=180))
+    assert claim_tenants(cluster) == [tenant_name(ref)]
+    delete_pod(cluster, "refused")
