@@ -111,9 +111,20 @@ def apply(gpu: Sharegpu, *objects: dict[str, Any]) -> None:
 
 
 def pod_claim(gpu: Sharegpu, pod: dict[str, Any]) -> ClaimRef:
-    (status,) = pod["status"]["resourceClaimStatuses"]
+    """The pod's one claim: of its spec, or the one the scheduler made for its extended resources."""
+    mapped = pod["status"].get("extendedResourceClaimStatus")
+    (status,) = [mapped] if mapped else pod["status"]["resourceClaimStatuses"]
     claim = gpu.get("resourceclaim", "-n", APP_NS, status["resourceClaimName"])
     return ClaimRef(APP_NS, claim["metadata"]["name"], claim["metadata"]["uid"])
+
+
+def totals_by_uuid(probe: dict[str, str]) -> dict[str, int]:
+    """What `sgprobe info` printed: each GPU's total memory, by UUID."""
+    return {probe[f"dev{i}.uuid"]: int(probe[f"dev{i}.total"]) for i in range(int(probe["count"]))}
+
+
+def gpu_uuids(gpu: Sharegpu) -> list[str]:
+    return [d["attributes"]["uuid"]["string"] for d in slice_devices(gpu).values()]
 
 
 def claim_tenants(gpu: Sharegpu) -> list[str]:
@@ -191,7 +202,10 @@ def test_a_claim_for_4gib_and_30_percent_runs_with_its_tenant_and_frees_it(clust
     }
     assert [(c["type"], c["status"]) for c in status["conditions"]] == [("Ready", "True")]
     values, lines = parse_kv(logs_with(cluster, "dra-4g", "c0", "alloc="))
-    assert values.get("dev0.total") == str(4096 * MIB)  # its share, not the 8 GiB card
+    assert totals_by_uuid(values) == {
+        uuid: (4096 * MIB if uuid == limit.uuid else 0)  # its share; a GPU it was not given shows none
+        for uuid in gpu_uuids(cluster)
+    }
     assert [v for k, v in lines if k == "alloc"] == ["OK", "CUDA_ERROR_OUT_OF_MEMORY"]
     print(f"DRA claim pod created -> Running in {took:.1f} s; inside: total {values['dev0.total']}")
     delete_pod(cluster, "dra-4g")
@@ -441,3 +455,26 @@ def test_a_claim_whose_tenant_the_agent_refuses_fails_with_its_reason_and_leaves
     ref = pod_claim(cluster, wait_phase(cluster, "refused", ("Running",), timeout=180))
     assert claim_tenants(cluster) == [tenant_name(ref)]
     delete_pod(cluster, "refused")
+
+
+def test_a_device_plugin_style_pod_is_served_a_whole_gpu_through_extended_resource_mapping(
+    cluster: Sharegpu,
+) -> None:
+    """`sharegpu.io/vgpu: 1` in a pod's limits, with no claim and the default scheduler: the
+    class's extendedResourceName makes the scheduler write a claim of it, prepared like any
+    other. It names no capacity, so it has the whole GPU."""
+    pod = claim_pod("mapped", "unused", "sgprobe info && exec sleep 600")
+    del pod["spec"]["resourceClaims"]
+    container = pod["spec"]["containers"][0]
+    container["resources"] = {"limits": {"sharegpu.io/vgpu": 1}}
+    apply(cluster, pod)
+    running = wait_phase(cluster, "mapped", ("Running",))
+    ref = pod_claim(cluster, running)
+    (limit,) = read_device_limits(tenants_dir(cluster.sim.runtime) / tenant_name(ref))
+    assert (limit.mem_cap_bytes, limit.share_permille) == (8192 * MIB, 1000)
+    values, _ = parse_kv(logs_with(cluster, "mapped", "c0", "dev1.total"))
+    assert totals_by_uuid(values) == {
+        uuid: (8192 * MIB if uuid == limit.uuid else 0) for uuid in gpu_uuids(cluster)
+    }
+    delete_pod(cluster, "mapped")
+    wait_gone(tenants_dir(cluster.sim.runtime) / tenant_name(ref), cluster)

@@ -15,7 +15,7 @@ from types import FrameType
 from typing import Any
 
 from sharegpu.errors import SharegpuError
-from sharegpu.kube.apiclient import api_client
+from sharegpu.kube.apiclient import api_client, failure
 from sharegpu.kube.dra.checkpoint import FILE, Checkpoint
 from sharegpu.kube.dra.claims import ClaimRef
 from sharegpu.kube.dra.prepare import Preparer
@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             read_pod=read_pod,
             cdi_spec=None if args.cdi_spec == "none" else Path(args.cdi_spec),
             status=ClaimStatus(api),
+            explain=lambda err: failure(err, api),
         )
         preparer.recover()
         publisher = SlicePublisher(args.node, api, check_s=args.publish_interval)

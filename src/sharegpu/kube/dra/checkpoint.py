@@ -45,13 +45,13 @@ class Checkpoint:
 
     def _load(self) -> dict[str, Entry]:
         try:
-            text = self.path.read_text()
+            raw = self.path.read_bytes()
         except FileNotFoundError:
             return {}
         except OSError as err:
             raise ConfigError(f"cannot read the DRA checkpoint {self.path}: {err.strerror}") from err
         try:
-            data = json.loads(text)
+            data = json.loads(raw)  # (bytes that are not UTF-8: a ValueError too)
             if data.get("version") != VERSION:
                 raise ValueError(f"version {data.get('version')!r}, this plugin writes {VERSION}")
             return {uid: Entry(**entry) for uid, entry in data["claims"].items()}
@@ -84,3 +84,8 @@ class Checkpoint:
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, self.path)
+        directory = os.open(self.path.parent, os.O_RDONLY)
+        try:  # the rename itself survives a power loss
+            os.fsync(directory)
+        finally:
+            os.close(directory)

@@ -33,6 +33,7 @@ from sharegpu.spec import MIB, ComputeSpec, tenant_id_from
 CONFIG_API = "sharegpu.io/v1alpha1"
 CONFIG_KIND = "VgpuConfig"
 CONFIG_KEYS = ("priority", "policy", "ceiling")
+CONFIG_POLICIES = ("share", "cap", "burst")  # not native: a claim's compute is always enforced
 
 
 class ClaimError(SharegpuError):
@@ -109,7 +110,7 @@ def _consumed(result: Mapping[str, Any], memory_total: int, ref: ClaimRef) -> tu
         raise ClaimError(f"claim {ref.key}: consumes {', '.join(unknown)}, which {DRIVER} does not offer")
     memory = _quantity(consumed[MEMORY], "memory", ref) if MEMORY in consumed else Decimal(memory_total)
     compute = _quantity(consumed[COMPUTE], "compute", ref) if COMPUTE in consumed else Decimal(100)
-    if memory <= 0 or memory % MIB or memory > memory_total:
+    if memory <= 0 or memory > memory_total or memory % MIB:  # (a huge value's % fails)
         raise ClaimError(
             f"claim {ref.key}: memory {consumed.get(MEMORY)} on device {result.get('device')} must be whole "
             f"MiB from 1 MiB to the GPU's {memory_total // MIB} MiB"
@@ -124,12 +125,14 @@ def _consumed(result: Mapping[str, Any], memory_total: int, ref: ClaimRef) -> tu
 
 def _settings(allocation: Mapping[str, Any], requests: set[str], ref: ClaimRef) -> dict[str, str]:
     """The opaque configuration for this driver that applies to the claim's requests: the
-    class's first, the claim's over it."""
+    class's first, the claim's over it. A result of a `firstAvailable` subrequest names it
+    `<request>/<subrequest>`; a configuration for the main request applies to it too."""
+    wanted = requests | {r.split("/", 1)[0] for r in requests}
     entries = [
         c
         for c in allocation.get("devices", {}).get("config") or []
         if (c.get("opaque") or {}).get("driver") == DRIVER
-        and (not c.get("requests") or requests & set(c["requests"]))
+        and (not c.get("requests") or wanted & set(c["requests"]))
     ]
     entries.sort(key=lambda c: c.get("source") != "FromClass")  # stable: the class's first
     settings: dict[str, str] = {}
@@ -197,11 +200,20 @@ def plan_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str, memory_of: Ma
         )
     _check_shape(devices, ref)
     settings = _settings(allocation, {d.request for d in devices}, ref)
+    policy = settings.get("policy", "share").strip().lower()
+    if policy not in CONFIG_POLICIES:
+        raise ClaimError(
+            f"claim {ref.key}: policy {settings['policy']!r} is not one a claim may have "
+            f"({', '.join(CONFIG_POLICIES)})"
+        )
+    ceiling = settings.get("ceiling", "").strip().removesuffix("%")
+    if ceiling and policy != "burst":
+        raise ClaimError(f"claim {ref.key}: ceiling applies to policy burst only (this is {policy})")
     try:
         spec = ComputeSpec.parse(
             compute=f"{devices[0].compute_pct}%",
-            policy=settings.get("policy"),
-            ceiling=f"{settings['ceiling']}%" if "ceiling" in settings else None,
+            policy=policy,
+            ceiling=f"{ceiling}%" if ceiling else None,
             priority=settings.get("priority"),
         )
     except SharegpuError as err:

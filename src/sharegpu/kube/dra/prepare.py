@@ -48,14 +48,15 @@ class StatusReport(Protocol):
 
 
 def pod_user(pod: Mapping[str, Any]) -> int | None:
-    """The uid the pod's containers run as: the pod's `runAsUser`, else the one all its containers
-    that set one agree on; None when unknown (the image's user). The tenant's files are given to
-    it, so a pod that runs as non-root can use its vGPU."""
+    """The uid the pod's containers run as: each container's `runAsUser`, else the pod's, when
+    they all agree; None when they differ or none is known (the image's user). The tenant's files
+    are given to it, so a pod that runs as non-root can use its vGPU."""
     spec = pod.get("spec") or {}
-    uid = (spec.get("securityContext") or {}).get("runAsUser")
-    if isinstance(uid, int) and uid >= 0:
-        return uid
-    uids = {(c.get("securityContext") or {}).get("runAsUser") for c in spec.get("containers") or []}
+    pod_uid = (spec.get("securityContext") or {}).get("runAsUser")
+    uids = {
+        own if own is not None else pod_uid
+        for own in ((c.get("securityContext") or {}).get("runAsUser") for c in spec.get("containers") or [])
+    } or {pod_uid}
     uids.discard(None)
     only = uids.pop() if len(uids) == 1 else None
     return only if isinstance(only, int) and only >= 0 else None
@@ -71,6 +72,7 @@ class Preparer:
     cdi_spec: Path | None = None
     list_gpus: Callable[[], list[Gpu]] = list_gpus
     status: StatusReport | None = None
+    explain: Callable[[BaseException], str] = str  # an error of read_claim, in one line
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def recover(self) -> list[str]:
@@ -107,7 +109,10 @@ class Preparer:
             try:
                 made = self._make_tenant(plan, gpus)
                 if self.cdi_spec is not None:
-                    write_node_spec(self.root, self.cdi_spec, gpus=gpus)
+                    try:
+                        write_node_spec(self.root, self.cdi_spec, gpus=gpus)
+                    except SharegpuError as err:
+                        raise ClaimError(f"claim {ref.key}: cannot write the CDI spec: {err}") from err
                 devices = [
                     {
                         "request_names": [d.request],
