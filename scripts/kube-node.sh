@@ -111,6 +111,9 @@ cleanup() {
     t0=$(ms)
     set +e
     trap - INT TERM
+    # The reader of our output may be gone (a test runner killed): an echo to its pipe must not
+    # kill the teardown with SIGPIPE, and leave the node's processes and mounts behind.
+    trap '' PIPE
     echo "kube-node: tearing down (exit status $rc)"
     [ -z "$WAITER" ] || kill "$WAITER" 2>/dev/null
     # Pods first, while the kubelet and containerd still run: the kubelet stops their containers,

@@ -399,12 +399,12 @@ def dra_plugin_command(node: KubeNode, root: Path, *extra: str) -> list[str]:
     ]
 
 
-def start_dra_plugin(gpu: Sharegpu, root: Path) -> None:
+def start_dra_plugin(gpu: Sharegpu, root: Path, **env: str) -> None:
     """The DRA plugin started beside the agent (`deploy/kubernetes/dra` applied: its classes and
     permissions); back once the kubelet registered it and the node's ResourceSlice lists its GPUs."""
     node = gpu.node
     gpu.logs["dra-plugin"] = root / "dra-plugin.log"
-    gpu.start("dra-plugin", dra_plugin_command(node, root), gpu.node_env)
+    gpu.start("dra-plugin", dra_plugin_command(node, root), {**gpu.node_env, **env})
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         dead = [name for name, proc in gpu.procs.items() if proc.poll() is not None]
@@ -431,5 +431,7 @@ def dra_on(node: KubeNode, root: Path) -> Iterator[Sharegpu]:
         stack.callback(gpu.stop_if_started, "dra-plugin")
         stack.callback(gpu.stop_if_started, "agent")
         _start_node_agent(gpu, root, node_identity_pod(node))
-        start_dra_plugin(gpu, root)
+        # The plugin's NVML reads GPU faults from this file at every listing (none while it is
+        # missing): a test makes a GPU fall off the bus under the running plugin.
+        start_dra_plugin(gpu, root, SIMGPU_NVML_FAULTS=f"@{root / 'nvml-faults'}")
         yield gpu

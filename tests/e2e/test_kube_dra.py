@@ -478,3 +478,100 @@ def test_a_device_plugin_style_pod_is_served_a_whole_gpu_through_extended_resour
     }
     delete_pod(cluster, "mapped")
     wait_gone(tenants_dir(cluster.sim.runtime) / tenant_name(ref), cluster)
+
+
+def test_the_slice_follows_a_gpu_that_falls_off_the_bus_and_comes_back(cluster: Sharegpu) -> None:
+    faults = cluster.logs["dra-plugin"].parent / "nvml-faults"
+
+    def published() -> tuple[list[str], int]:
+        (s,) = cluster.get("resourceslices", "--field-selector", f"spec.nodeName={cluster.node.node}")[
+            "items"
+        ]
+        return [d["name"] for d in s["spec"]["devices"]], s["spec"]["pool"]["generation"]
+
+    def wait_for(devices: list[str]) -> int:
+        deadline = time.monotonic() + 30
+        while (got := published())[0] != devices:
+            assert time.monotonic() < deadline, f"the slice lists {got[0]}, not {devices}:\n{cluster.tail()}"
+            time.sleep(0.2)
+        return got[1]
+
+    before = wait_for(["gpu-0", "gpu-1"])
+    faults.write_text("1:lost\n")
+    try:
+        lost = wait_for(["gpu-0"])
+    finally:
+        faults.unlink()
+    back = wait_for(["gpu-0", "gpu-1"])
+    assert before < lost < back  # each change raises the pool's generation
+
+
+def restart_plugin(gpu: Sharegpu, *extra: str) -> None:
+    """The DRA plugin stopped and started with its command and `extra`; back once registered."""
+    registrations = gpu.logs["dra-plugin"].read_text().count("registered DRA driver")
+    assert gpu.stop("dra-plugin") == 0
+    argv, env = gpu.commands["dra-plugin"]
+    base = argv[: argv.index("--publish-interval") + 2]  # the command without an earlier `extra`
+    gpu.start("dra-plugin", [*base, *extra], env)
+    deadline = time.monotonic() + 60
+    while gpu.logs["dra-plugin"].read_text().count("registered DRA driver") == registrations:
+        assert time.monotonic() < deadline, f"the restarted plugin is not registered:\n{gpu.tail()}"
+        time.sleep(0.2)
+
+
+def node_slice_names(gpu: Sharegpu) -> list[str]:
+    items = gpu.get("resourceslices", "--field-selector", f"spec.nodeName={gpu.node.node}")["items"]
+    return sorted(s["metadata"]["name"] for s in items)
+
+
+def test_in_partition_mode_claims_get_parts_and_the_counters_keep_a_gpu_from_oversubscription(
+    cluster: Sharegpu,
+) -> None:
+    node = cluster.node.node
+    restart_plugin(cluster, "--partitions", "1,2")
+    deadline = time.monotonic() + 30
+    while node_slice_names(cluster) != [f"{node}-sharegpu.io", f"{node}-sharegpu.io-counters"]:
+        assert time.monotonic() < deadline, (
+            f"no partition slices: {node_slice_names(cluster)}\n{cluster.tail()}"
+        )
+        time.sleep(0.2)
+    try:
+        on_0 = 'device.attributes["sharegpu.io"].index == 0'
+        half = on_0 + ' && device.attributes["sharegpu.io"].parts == 2'
+        whole = on_0 + ' && device.attributes["sharegpu.io"].parts == 1'
+        apply(
+            cluster,
+            claim_template("half-of-0", {}, selector=half),
+            claim_template("all-of-0", {}, selector=whole),
+        )
+        refs = [running_claim_pod(cluster, name, "half-of-0") for name in ("half-a", "half-b")]
+        for ref in refs:
+            (limit,) = read_device_limits(tenants_dir(cluster.sim.runtime) / tenant_name(ref))
+            assert (limit.mem_cap_bytes, limit.share_permille) == (4096 * MIB, 500)
+        # GPU 0's counters are spent: neither a third half nor the whole GPU fits.
+        apply(
+            cluster,
+            claim_pod("half-c", "half-of-0", "exec sleep 600"),
+            claim_pod("whole", "all-of-0", "exec sleep 600"),
+        )
+        for name in ("half-c", "whole"):
+            deadline = time.monotonic() + 60
+            while not (reasons := failed_scheduling(cluster, name)) and time.monotonic() < deadline:
+                time.sleep(0.3)
+            assert reasons, f"{name} has no FailedScheduling event:\n{cluster.tail()}"
+        assert len(claim_tenants(cluster)) == 2
+        delete_pod(cluster, "half-a")
+        wait_phase(cluster, "half-c", ("Running",))  # the freed half, not the whole
+        assert cluster.get("pod", "-n", APP_NS, "whole")["status"]["phase"] == "Pending"
+        print(f"partition mode: two halves of GPU 0 run, the whole waits: {reasons[-1]}")
+    finally:
+        for name in ("half-a", "half-b", "half-c", "whole"):
+            cluster.kubectl(
+                "-n", APP_NS, "delete", "pod", name, "--ignore-not-found", "--wait", "--timeout", "60s"
+            )
+        restart_plugin(cluster)  # shared mode again: the counters slice goes
+        deadline = time.monotonic() + 30
+        while node_slice_names(cluster) != [f"{node}-sharegpu.io"]:
+            assert time.monotonic() < deadline, f"still {node_slice_names(cluster)}\n{cluster.tail()}"
+            time.sleep(0.2)
+    assert claim_tenants(cluster) == []

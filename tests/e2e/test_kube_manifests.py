@@ -569,7 +569,10 @@ def test_the_dra_plugin_may_publish_its_slice_and_read_claims() -> None:
     base, _ = permissions(render(BASE), "sharegpu-node")
     assert builtin == set()
     assert granted - base == {
-        *(("cluster", "resource.k8s.io", "resourceslices", verb) for verb in ("get", "create", "update")),
+        *(
+            ("cluster", "resource.k8s.io", "resourceslices", verb)
+            for verb in ("list", "create", "update", "delete")
+        ),
         ("cluster", "resource.k8s.io", "resourceclaims", "get"),
         *(
             ("cluster", "resource.k8s.io", "resourceclaims/status", verb)

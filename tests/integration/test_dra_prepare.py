@@ -408,7 +408,7 @@ def test_a_claim_the_tenant_service_refuses_leaves_no_tenant_and_no_record(sim: 
     )
     assert "error" not in made, made
     for out, claim_key, fragment in (
-        (big, "default/serve-gpu", "to the GPU's 1024 MiB"),
+        (big, "default/serve-gpu", "to the device's 1024 MiB"),
         (full, "team-b/train", "would total 1.25GiB of the card's 1GiB"),
     ):
         kind, message = out["error"]

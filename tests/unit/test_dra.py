@@ -18,7 +18,7 @@ from sharegpu.errors import ConfigError, SharegpuError
 from sharegpu.kube.dra.checkpoint import PREPARED, PREPARING, VERSION, Checkpoint, Entry
 from sharegpu.kube.dra.claims import AllocatedDevice, ClaimError, ClaimPlan, ClaimRef, plan_claim
 from sharegpu.kube.dra.prepare import pod_user
-from sharegpu.kube.dra.slices import DRIVER, devices_of, resource_slice
+from sharegpu.kube.dra.slices import DRIVER, check_partitions, devices_of, node_slices, parts, resource_slice
 from sharegpu.spec import GIB, MIB, ComputeSpec, validate_tenant_id
 
 SERIALISE = client.ApiClient().sanitize_for_serialization
@@ -26,13 +26,15 @@ SERIALISE = client.ApiClient().sanitize_for_serialization
 NODE = "node-a"
 UID = "0f3c2a9e-1111-2222-3333-444455556666"
 REF = ClaimRef("default", "serve-gpu", UID)
-MEMORY_OF = {"gpu-0": 80 * GIB, "gpu-1": 80 * GIB}
 SHARE_0 = "5e0f9a7c-aaaa-bbbb-cccc-000000000000"
 SHARE_1 = "5e0f9a7c-aaaa-bbbb-cccc-111111111111"
 
 
 def gpu(index: int, memory: int = 80 * GIB) -> Gpu:
     return Gpu(index, f"GPU-{index:08d}-0000-0000-0000-000000000000", "NVIDIA H100", memory, 0, 0)
+
+
+NODE_DEVICES = {p.name: p for p in parts([gpu(0), gpu(1)])}  # the shared mode's: two 80 GiB GPUs
 
 
 # -- the ResourceSlice ---------------------------------------------------------------------------
@@ -77,6 +79,7 @@ def test_a_gpu_is_one_shareable_device_whose_memory_is_counted_in_whole_mebibyte
         "index": {"int": 0},
         "driverVersion": {"string": "550.54.15"},
         "sharegpuVersion": {"version": sharegpu.__version__},
+        "parts": {"int": 1},
     }
 
 
@@ -191,7 +194,7 @@ def claim(
 
 
 def plan(body: dict[str, Any]) -> ClaimPlan:
-    return plan_claim(body, REF, NODE, MEMORY_OF)
+    return plan_claim(body, REF, NODE, NODE_DEVICES)
 
 
 def refused(body: dict[str, Any], *fragments: str) -> str:
@@ -214,6 +217,7 @@ def test_an_allocated_claim_is_one_tenant_with_the_share_the_scheduler_gave_it()
             request="gpu",
             pool=NODE,
             device="gpu-0",
+            gpu_index=0,
             share_id=SHARE_0,
             memory_bytes=4 * GIB,
             compute_pct=30,
@@ -289,7 +293,7 @@ def test_a_long_claim_name_with_dots_still_makes_a_valid_tenant_name() -> None:
     ref = ClaimRef("default", name, UID)
     body = claim()
     body["metadata"]["name"] = name
-    got = plan_claim(body, ref, NODE, MEMORY_OF)
+    got = plan_claim(body, ref, NODE, NODE_DEVICES)
     assert len(got.tenant) <= 63
     assert got.tenant.startswith("claim-0f3c2a9e-serve.gpu.xxx")
     assert validate_tenant_id(got.tenant) == got.tenant
@@ -348,7 +352,9 @@ def test_a_consumed_capacity_this_driver_does_not_offer_is_refused() -> None:
 
 def test_the_same_gpu_twice_in_one_claim_is_refused() -> None:
     refused(
-        claim(result(request="a"), result(request="b", share=SHARE_1)), "gpu-0 more than once", "one share"
+        claim(result(request="a"), result(request="b", share=SHARE_1)),
+        "has gpu-0, more than one share of one GPU",
+        "distinctAttribute: sharegpu.io/uuid",
     )
 
 
@@ -616,3 +622,89 @@ def test_policy_native_is_refused_a_claims_compute_is_always_enforced() -> None:
 def test_a_ceiling_without_burst_is_refused_in_the_claims_words() -> None:
     with pytest.raises(ClaimError, match=r"ceiling applies to policy burst only \(this is cap\)"):
         plan(claim(configs=(config("FromClaim", policy="cap", ceiling="50"),)))
+
+
+# -- the partition mode ----------------------------------------------------------------------------
+
+
+def test_in_partition_mode_each_gpu_is_offered_whole_and_in_parts_that_consume_its_counters() -> None:
+    slices = node_slices(
+        NODE,
+        "node-uid-1",
+        [gpu(1), gpu(0, memory=80 * GIB + 3 * MIB)],
+        "580.1",
+        generation=4,
+        partitions=(1, 2),
+    )
+    devices_slice, counters_slice = slices
+    assert [s["metadata"]["name"] for s in slices] == [f"{NODE}-sharegpu.io", f"{NODE}-sharegpu.io-counters"]
+    for s in slices:
+        assert s["spec"]["pool"] == {"name": NODE, "generation": 4, "resourceSliceCount": 2}
+        assert s["spec"]["nodeName"] == NODE
+    assert "devices" not in counters_slice["spec"]
+    assert "sharedCounters" not in devices_slice["spec"]
+    assert counters_slice["spec"]["sharedCounters"] == [
+        {"name": "gpu-0", "counters": {"memory": {"value": "81923Mi"}, "compute": {"value": "100"}}},
+        {"name": "gpu-1", "counters": {"memory": {"value": "81920Mi"}, "compute": {"value": "100"}}},
+    ]
+    by_name = {d["name"]: d for d in devices_slice["spec"]["devices"]}
+    assert list(by_name) == [
+        "gpu-0",
+        "gpu-0-part0-of2",
+        "gpu-0-part1-of2",
+        "gpu-1",
+        "gpu-1-part0-of2",
+        "gpu-1-part1-of2",
+    ]
+    half = by_name["gpu-0-part1-of2"]
+    assert "allowMultipleAllocations" not in half  # a part is one claim's
+    assert half["capacity"] == {"memory": {"value": "40961Mi"}, "compute": {"value": "50"}}
+    assert half["consumesCounters"] == [{"counterSet": "gpu-0", "counters": half["capacity"]}]
+    assert half["attributes"]["parts"] == {"int": 2}
+    assert by_name["gpu-1"]["attributes"]["parts"] == {"int": 1}
+    assert by_name["gpu-1"]["capacity"]["compute"] == {"value": "100"}
+
+
+def test_partitions_beyond_a_slices_limits_are_spread_over_more_slices() -> None:
+    gpus = [gpu(i) for i in range(9)]
+    slices = node_slices(NODE, "u", gpus, "580.1", generation=1, partitions=(1, 2, 4, 8))
+    devices = [s["spec"]["devices"] for s in slices if "devices" in s["spec"]]
+    counters = [s["spec"]["sharedCounters"] for s in slices if "sharedCounters" in s["spec"]]
+    assert [len(d) for d in devices] == [64, 64, 7]  # 9 GPUs x 15 devices; 64 a slice at most
+    assert [len(c) for c in counters] == [8, 1]  # 8 counter sets a slice at most
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {5}
+    assert len({s["metadata"]["name"] for s in slices}) == 5
+
+
+@pytest.mark.parametrize("partitions", [(0,), (17,), (2, 2)])
+def test_partitions_the_slices_cannot_carry_are_refused(partitions: tuple[int, ...]) -> None:
+    with pytest.raises(SharegpuError, match="each a different number of parts from 1 to 16"):
+        check_partitions(partitions)
+
+
+PARTITIONED = {p.name: p for p in parts([gpu(0), gpu(1)], (1, 4))}
+
+
+def test_a_claim_of_a_partition_is_its_whole_size() -> None:
+    got = plan_claim(
+        claim(result("gpu-1-part2-of4", memory=None, compute=None, share=None)), REF, NODE, PARTITIONED
+    )
+    (device,) = got.devices
+    assert (device.gpu_index, device.memory_bytes, device.compute_pct) == (1, 20 * GIB, 25)
+    assert got.compute.share_permille == 250
+
+
+def test_two_parts_of_one_gpu_in_one_claim_are_refused() -> None:
+    body = claim(
+        result("gpu-0-part0-of4", memory=None, compute=None, share=None, request="a"),
+        result("gpu-0-part1-of4", memory=None, compute=None, share=None, request="b"),
+    )
+    with pytest.raises(ClaimError, match="more than one share of one GPU"):
+        plan_claim(body, REF, NODE, PARTITIONED)
+
+
+def test_more_compute_than_the_partition_has_is_refused() -> None:
+    with pytest.raises(ClaimError, match="must be a whole percent from 1 to 25"):
+        plan_claim(
+            claim(result("gpu-0-part0-of4", memory=None, compute="50", share=None)), REF, NODE, PARTITIONED
+        )

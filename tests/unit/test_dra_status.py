@@ -17,6 +17,7 @@ def plan(*devices: tuple[str, str | None]) -> ClaimPlan:
                 request="gpu",
                 pool="node-1",
                 device=name,
+                gpu_index=int(name.removeprefix("gpu-")),
                 share_id=share,
                 memory_bytes=4096 * MIB,
                 compute_pct=30,

@@ -22,6 +22,7 @@ from sharegpu.kube.dra.prepare import Preparer
 from sharegpu.kube.dra.publisher import CHECK_S, SlicePublisher
 from sharegpu.kube.dra.registration import DEFAULT_KUBELET_DIR, PluginServer
 from sharegpu.kube.dra.service import DraService
+from sharegpu.kube.dra.slices import check_partitions
 from sharegpu.kube.dra.status import ClaimStatus
 from sharegpu.runtime.cdi.generate import DEFAULT_SPEC_DIR, SPEC_FILE
 from sharegpu.tenant import runtime_dir
@@ -49,6 +50,12 @@ def _parser() -> argparse.ArgumentParser:
         help="the CDI spec rewritten at each prepare, or 'none'",
     )
     p.add_argument(
+        "--partitions",
+        default="",
+        help="publish each GPU whole and in these numbers of equal parts (e.g. 1,2,4), for clusters "
+        "without consumable capacity; default: each GPU one shared device",
+    )
+    p.add_argument(
         "--publish-interval", type=float, default=CHECK_S, help="seconds between ResourceSlice checks"
     )
     p.add_argument("--check-interval", type=float, default=1.0, help="seconds between plugin socket checks")
@@ -66,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
             )
         if args.publish_interval <= 0 or args.check_interval <= 0:
             raise SharegpuError("--publish-interval and --check-interval must be above 0")
+        try:
+            partitions = check_partitions([int(k) for k in args.partitions.split(",") if k.strip()])
+        except ValueError as err:
+            raise SharegpuError(f"--partitions {args.partitions}: a list of numbers, like 1,2,4") from err
         from kubernetes.client import CoreV1Api, CustomObjectsApi
 
         api = api_client()
@@ -86,11 +97,12 @@ def main(argv: list[str] | None = None) -> int:
             read_claim=read_claim,
             read_pod=read_pod,
             cdi_spec=None if args.cdi_spec == "none" else Path(args.cdi_spec),
+            partitions=partitions,
             status=ClaimStatus(api),
             explain=lambda err: failure(err, api),
         )
         preparer.recover()
-        publisher = SlicePublisher(args.node, api, check_s=args.publish_interval)
+        publisher = SlicePublisher(args.node, api, partitions=partitions, check_s=args.publish_interval)
         server = PluginServer(DraService(preparer), args.kubelet_dir, check_s=args.check_interval)
     except (SharegpuError, ValueError) as err:
         print(f"sharegpu: error: {err}", file=sys.stderr)

@@ -27,7 +27,7 @@ from decimal import Decimal
 from typing import Any
 
 from sharegpu.errors import SharegpuError
-from sharegpu.kube.dra.slices import COMPUTE, DRIVER, MEMORY
+from sharegpu.kube.dra.slices import COMPUTE, DRIVER, MEMORY, Part
 from sharegpu.spec import MIB, ComputeSpec, tenant_id_from
 
 CONFIG_API = "sharegpu.io/v1alpha1"
@@ -60,6 +60,7 @@ class AllocatedDevice:
     request: str
     pool: str
     device: str
+    gpu_index: int
     share_id: str | None
     memory_bytes: int
     compute_pct: int
@@ -102,23 +103,25 @@ def _quantity(text: Any, what: str, ref: ClaimRef) -> Decimal:
         raise ClaimError(f"claim {ref.key}: its {what} {text!r} is not a quantity") from err
 
 
-def _consumed(result: Mapping[str, Any], memory_total: int, ref: ClaimRef) -> tuple[int, int]:
-    """(memory bytes, compute percent) the result consumes of its GPU."""
+def _consumed(result: Mapping[str, Any], part: Part, ref: ClaimRef) -> tuple[int, int]:
+    """(memory bytes, compute percent) the result consumes of its device: what the scheduler
+    wrote (shared mode), else the whole device (a GPU, or a partition)."""
+    memory_total, compute_total = part.memory_bytes, part.compute_pct
     consumed = result.get("consumedCapacity") or {}
     unknown = sorted(set(consumed) - {MEMORY, COMPUTE})
     if unknown:
         raise ClaimError(f"claim {ref.key}: consumes {', '.join(unknown)}, which {DRIVER} does not offer")
     memory = _quantity(consumed[MEMORY], "memory", ref) if MEMORY in consumed else Decimal(memory_total)
-    compute = _quantity(consumed[COMPUTE], "compute", ref) if COMPUTE in consumed else Decimal(100)
+    compute = _quantity(consumed[COMPUTE], "compute", ref) if COMPUTE in consumed else Decimal(compute_total)
     if memory <= 0 or memory > memory_total or memory % MIB:  # (a huge value's % fails)
         raise ClaimError(
             f"claim {ref.key}: memory {consumed.get(MEMORY)} on device {result.get('device')} must be whole "
-            f"MiB from 1 MiB to the GPU's {memory_total // MIB} MiB"
+            f"MiB from 1 MiB to the device's {memory_total // MIB} MiB"
         )
-    if compute != compute.to_integral_value() or not 1 <= compute <= 100:
+    if compute != compute.to_integral_value() or not 1 <= compute <= compute_total:
         raise ClaimError(
             f"claim {ref.key}: compute {consumed.get(COMPUTE)} on device {result.get('device')} must be "
-            "a whole percent from 1 to 100"
+            f"a whole percent from 1 to {compute_total}"
         )
     return int(memory), int(compute)
 
@@ -164,9 +167,11 @@ def _reserved_pod(claim: Mapping[str, Any]) -> str | None:
     return pods[0] if len(pods) == 1 and isinstance(pods[0], str) else None
 
 
-def plan_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str, memory_of: Mapping[str, int]) -> ClaimPlan:
+def plan_claim(
+    claim: Mapping[str, Any], ref: ClaimRef, node: str, devices_of_node: Mapping[str, Part]
+) -> ClaimPlan:
     """The tenant `claim` (the ResourceClaim read from the API server for `ref`) needs on `node`,
-    whose devices are `memory_of` (device name → the GPU's memory in bytes)."""
+    whose published devices are `devices_of_node` (by name)."""
     uid = (claim.get("metadata") or {}).get("uid")
     if uid != ref.uid:
         raise ClaimError(
@@ -182,17 +187,19 @@ def plan_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str, memory_of: Ma
     devices = []
     for result in results:
         name = result.get("device")
-        if result.get("pool") != node or name not in memory_of:
+        if result.get("pool") != node or name not in devices_of_node:
             raise ClaimError(
                 f"claim {ref.key}: device {result.get('pool')}/{name} is not one of node {node}'s "
-                f"({', '.join(sorted(memory_of)) or 'it has no GPU'})"
+                f"({', '.join(sorted(devices_of_node)) or 'it has no GPU'})"
             )
-        memory, compute = _consumed(result, memory_of[name], ref)
+        part = devices_of_node[name]
+        memory, compute = _consumed(result, part, ref)
         devices.append(
             AllocatedDevice(
                 request=str(result.get("request")),
                 pool=node,
                 device=name,
+                gpu_index=part.gpu.index,
                 share_id=result.get("shareID"),
                 memory_bytes=memory,
                 compute_pct=compute,
@@ -222,12 +229,13 @@ def plan_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str, memory_of: Ma
 
 
 def _check_shape(devices: Sequence[AllocatedDevice], ref: ClaimRef) -> None:
-    names = [d.device for d in devices]
-    twice = sorted({n for n in names if names.count(n) > 1})
+    gpus = [d.gpu_index for d in devices]
+    twice = sorted({d.device for d in devices if gpus.count(d.gpu_index) > 1})
     if twice:
         raise ClaimError(
-            f"claim {ref.key}: has {', '.join(twice)} more than once; a claim gets one share of each GPU "
-            "(ask for more memory or compute instead)"
+            f"claim {ref.key}: has {', '.join(twice)}, more than one share of one GPU; a claim gets one "
+            "share of each GPU (ask for more memory or compute instead, or a constraint "
+            "distinctAttribute: sharegpu.io/uuid)"
         )
     shapes = sorted({(d.memory_bytes // MIB, d.compute_pct) for d in devices})
     if len(shapes) > 1:

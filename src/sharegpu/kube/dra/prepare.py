@@ -27,7 +27,7 @@ from sharegpu.doors import tenant_service
 from sharegpu.errors import SharegpuError, TenantNotFound
 from sharegpu.kube.dra.checkpoint import PREPARED, PREPARING, Checkpoint, Entry
 from sharegpu.kube.dra.claims import ClaimError, ClaimPlan, ClaimRef, plan_claim, tenant_name
-from sharegpu.kube.dra.slices import device_name
+from sharegpu.kube.dra.slices import parts
 from sharegpu.runtime.cdi.generate import KIND, write_node_spec
 from sharegpu.service import TenantRequest
 from sharegpu.spec import MIB, GpuSelector
@@ -71,6 +71,7 @@ class Preparer:
     read_pod: ReadPod | None = None
     cdi_spec: Path | None = None
     list_gpus: Callable[[], list[Gpu]] = list_gpus
+    partitions: tuple[int, ...] = ()  # the slices' mode (slices.py): the devices' sizes
     status: StatusReport | None = None
     explain: Callable[[BaseException], str] = str  # an error of read_claim, in one line
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -98,12 +99,13 @@ class Preparer:
                     return entry.devices
                 log.warning("claim %s: its tenant %s is gone; preparing it again", ref.key, entry.tenant)
             gpus = self.list_gpus()
-            plan = plan_claim(
-                self.read_claim(ref),
-                ref,
-                self.node,
-                {device_name(g): g.memory_total // MIB * MIB for g in gpus},
-            )
+            try:
+                claim = self.read_claim(ref)
+            except Exception as err:  # the API server's answer, in one line
+                raise ClaimError(
+                    f"claim {ref.key}: cannot read it from the API server: {self.explain(err)}"
+                ) from err
+            plan = plan_claim(claim, ref, self.node, {p.name: p for p in parts(gpus, self.partitions)})
             self.checkpoint.put(ref.uid, Entry(ref.namespace, ref.name, plan.tenant, PREPARING))
             made = False
             try:
@@ -167,7 +169,6 @@ class Preparer:
                 )
             log.info("claim %s: its tenant %s is there already; answering with it", plan.ref.key, plan.tenant)
             return False
-        by_name = {device_name(g): g for g in gpus}
         owner = None
         if self.read_pod is not None and plan.pod is not None:
             try:
@@ -177,7 +178,7 @@ class Preparer:
         request = TenantRequest(
             plan.tenant,
             plan.memory_bytes,
-            [GpuSelector(index=by_name[d.device].index) for d in plan.devices],
+            [GpuSelector(index=d.gpu_index) for d in plan.devices],
             plan.compute,
             owner=owner,
             labels=plan.labels,
