@@ -105,6 +105,29 @@ def claim_pod(name: str, template: str, command: str, containers: int = 1) -> di
     }
 
 
+def unschedulable(gpu: Sharegpu, name: str, timeout: float = 60) -> list[str]:
+    """The scheduler's reasons for pod `name`, once it has given one."""
+    deadline = time.monotonic() + timeout
+    while not (reasons := failed_scheduling(gpu, name)):
+        assert time.monotonic() < deadline, f"pod {name} has no FailedScheduling event:\n{gpu.tail()}"
+        time.sleep(0.3)
+    return reasons
+
+
+def warning_with(gpu: Sharegpu, pod: str, fragment: str, timeout: float = 60) -> str:
+    """The first Warning event of `pod` that says `fragment` (the kubelet's, with the plugin's
+    reason), once there is one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        events = gpu.get("events", "-n", APP_NS, "--field-selector", f"involvedObject.name={pod}")["items"]
+        messages = [e["message"] for e in events if e["type"] == "Warning"]
+        found = [m for m in messages if fragment in m]
+        if found:
+            return found[0]
+        assert time.monotonic() < deadline, f"pod {pod}: no event says {fragment!r}: {messages}\n{gpu.tail()}"
+        time.sleep(0.3)
+
+
 def apply(gpu: Sharegpu, *objects: dict[str, Any]) -> None:
     for obj in objects:
         gpu.kubectl("apply", "-f", "-", stdin=json.dumps(obj))
@@ -219,10 +242,7 @@ def test_claims_beyond_the_gpu_leave_the_last_pending_until_one_goes(cluster: Sh
     for name in ("fit-a", "fit-b", "fit-c"):
         apply(cluster, claim_pod(name, "vgpu-5g", "exec sleep 600"))
     running = [wait_phase(cluster, name, ("Running",)) for name in ("fit-a", "fit-b")]
-    deadline = time.monotonic() + 60
-    while not (reasons := failed_scheduling(cluster, "fit-c")) and time.monotonic() < deadline:
-        time.sleep(0.3)
-    assert reasons, f"no FailedScheduling for the claim that does not fit:\n{cluster.tail()}"
+    reasons = unschedulable(cluster, "fit-c")
     assert cluster.get("pod", "-n", APP_NS, "fit-c")["status"]["phase"] == "Pending"
     assert len(claim_tenants(cluster)) == 2
     print(f"the third claim waits: {reasons[-1]}")
@@ -262,19 +282,10 @@ def test_a_bad_configuration_fails_the_pod_with_the_reason_and_prepares_nothing(
         cluster, claim_template("vgpu-bad", {"memory": "1Gi", "compute": "10"}, config={"priority": "urgent"})
     )
     apply(cluster, claim_pod("bad", "vgpu-bad", "exec sleep 600"))
-    deadline = time.monotonic() + 60
-    messages: list[str] = []
-    while time.monotonic() < deadline:
-        events = cluster.get("events", "-n", APP_NS, "--field-selector", "involvedObject.name=bad")["items"]
-        messages = [e["message"] for e in events if e["type"] == "Warning"]
-        if any("invalid priority 'urgent'" in m for m in messages):
-            break
-        time.sleep(0.3)
-    else:
-        pytest.fail(f"no event with the plugin's reason: {messages}\n{cluster.tail()}")
+    reason = warning_with(cluster, "bad", "invalid priority 'urgent'")
     assert cluster.get("pod", "-n", APP_NS, "bad")["status"]["phase"] == "Pending"
     assert claim_tenants(cluster) == []
-    print(f"the bad claim's pod: {next(m for m in messages if 'urgent' in m)}")
+    print(f"the bad claim's pod: {reason}")
     delete_pod(cluster, "bad")
 
 
@@ -287,11 +298,7 @@ def test_a_claim_for_more_than_any_gpu_is_unschedulable(cluster: Sharegpu) -> No
         claim_pod("over", "vgpu-over", "exec sleep 600"),
     )
     for name in ("huge", "over"):
-        deadline = time.monotonic() + 60
-        while not (reasons := failed_scheduling(cluster, name)) and time.monotonic() < deadline:
-            time.sleep(0.3)
-        assert reasons, f"pod {name} has no FailedScheduling event:\n{cluster.tail()}"
-        print(f"{name}: {reasons[-1]}")
+        print(f"{name}: {unschedulable(cluster, name)[-1]}")
     assert claim_tenants(cluster) == []
     for name in ("huge", "over"):
         delete_pod(cluster, name)
@@ -339,10 +346,7 @@ def test_a_selector_on_an_unknown_attribute_leaves_the_pod_pending_with_the_reas
     selector = 'device.attributes["sharegpu.io"].nosuch == "x"'
     apply(cluster, claim_template("vgpu-nosuch", {"memory": "1Gi"}, selector=selector))
     apply(cluster, claim_pod("nosuch", "vgpu-nosuch", "exec sleep 600"))
-    deadline = time.monotonic() + 60
-    while not (reasons := failed_scheduling(cluster, "nosuch")) and time.monotonic() < deadline:
-        time.sleep(0.3)
-    assert reasons, f"no FailedScheduling event:\n{cluster.tail()}"
+    reasons = unschedulable(cluster, "nosuch")
     assert "nosuch" in reasons[-1], reasons
     assert claim_tenants(cluster) == []
     print(f"nosuch: {reasons[-1]}")
@@ -434,22 +438,14 @@ def test_a_claim_whose_tenant_the_agent_refuses_fails_with_its_reason_and_leaves
     selector = 'device.attributes["sharegpu.io"].index == 0'
     apply(cluster, claim_template("vgpu-4g-on-0", {"memory": "4Gi", "compute": "10"}, selector=selector))
     apply(cluster, claim_pod("refused", "vgpu-4g-on-0", "exec sleep 600"))
-    deadline = time.monotonic() + 60
-    messages: list[str] = []
-    while not any("would total" in m for m in messages):
-        assert time.monotonic() < deadline, f"no event with the agent's reason: {messages}\n{cluster.tail()}"
-        events = cluster.get("events", "-n", APP_NS, "--field-selector", "involvedObject.name=refused")[
-            "items"
-        ]
-        messages = [e["message"] for e in events if e["type"] == "Warning"]
-        time.sleep(0.3)
+    reason = warning_with(cluster, "refused", "would total")
     assert cluster.get("pod", "-n", APP_NS, "refused")["status"]["phase"] == "Pending"
     assert claim_tenants(cluster) == []
     checkpoint = json.loads(
         (cluster.logs["dra-plugin"].parent / "dra-state" / "dra-checkpoint.json").read_text()
     )
     assert checkpoint["claims"] == {}
-    print(f"refused: {next(m for m in messages if 'would total' in m)}")
+    print(f"refused: {reason}")
     subprocess.run([*sharegpu, "delete", "outside"], env=env, check=True, capture_output=True)
     # The kubelet retries with a growing back-off (up to about a minute here).
     ref = pod_claim(cluster, wait_phase(cluster, "refused", ("Running",), timeout=180))
@@ -555,10 +551,7 @@ def test_in_partition_mode_claims_get_parts_and_the_counters_keep_a_gpu_from_ove
             claim_pod("whole", "all-of-0", "exec sleep 600"),
         )
         for name in ("half-c", "whole"):
-            deadline = time.monotonic() + 60
-            while not (reasons := failed_scheduling(cluster, name)) and time.monotonic() < deadline:
-                time.sleep(0.3)
-            assert reasons, f"{name} has no FailedScheduling event:\n{cluster.tail()}"
+            reasons = unschedulable(cluster, name)
         assert len(claim_tenants(cluster)) == 2
         delete_pod(cluster, "half-a")
         wait_phase(cluster, "half-c", ("Running",))  # the freed half, not the whole

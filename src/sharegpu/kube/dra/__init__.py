@@ -3,11 +3,12 @@ one device of the node's ResourceSlice that many claims share by consumable capa
 bytes, compute in percent), the default scheduler places the claims, and the kubelet plugin
 turns each prepared claim into a tenant of the one tenant service.
 
-- `slices`: the node's ResourceSlice, from its GPUs (pure);
-- `publisher`: keeps that slice current in the API server;
+- `slices`: the node's ResourceSlices, from its GPUs (pure): shared, or in partitions;
+- `publisher`: keeps those slices current in the API server;
 - `claims`: what an allocated ResourceClaim asks of this node (pure);
 - `checkpoint`: the prepared claims, on disk, so a restarted plugin neither loses nor doubles one;
 - `prepare`: prepare and unprepare, through the tenant service;
+- `status`: what a prepared claim's tenant got, on the claim (`status.devices`);
 - `service`, `registration`: the kubelet's gRPC APIs (the *.proto files here);
 - `__main__`: `python -m sharegpu.kube.dra`.
 """

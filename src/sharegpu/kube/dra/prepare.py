@@ -10,7 +10,8 @@ answered from the checkpoint again (the kubelet asks again after its own restart
 
 Unprepare removes the claim's tenant (forced: the kubelet calls it once no container of the
 claim runs, and a process left behind must not keep the memory) and its record; a claim this
-plugin does not know is already unprepared.
+plugin does not know is already unprepared. A prepared claim is reported on the claim itself
+(status.py: its `status.devices`), and the report removed at unprepare.
 """
 
 from __future__ import annotations
