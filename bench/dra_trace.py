@@ -60,6 +60,7 @@ NAMESPACE = "trace"
 LABEL = "sharegpu.io/bench-trace"
 UNKNOWN_GPU_MEMORY_MIB = 16384  # the trace's G2/G3 name no memory; its pods ask for none
 RESOURCE = ("resource.k8s.io", "v1")
+SETTLE_S = 5.0
 
 
 def gpu_objects(node: Node, i: int) -> list[Gpu]:
@@ -73,11 +74,13 @@ def gpu_objects(node: Node, i: int) -> list[Gpu]:
 class FakeNodes:
     """Node objects without kubelets, kept Ready by renewing their Leases as a kubelet does."""
 
-    def __init__(self, api: client.ApiClient, nodes: list[Node]) -> None:
+    def __init__(self, api: client.ApiClient, nodes: list[Node], prefix: str) -> None:
         self.core = client.CoreV1Api(api)
         self.coord = client.CoordinationV1Api(api)
         self.objects = client.CustomObjectsApi(api)
-        self.names = [f"trace-{i}" for i in range(len(nodes))]
+        # Names of this round's own: a scheduler that still holds a deleted node of an earlier
+        # round under the same name refuses pods it should place (seen: 30 points lost).
+        self.names = [f"{prefix}-{i}" for i in range(len(nodes))]
         self.stopping = threading.Event()
         for i, (name, node) in enumerate(zip(self.names, nodes, strict=True)):
             capacity = {"cpu": f"{node.cpu_milli}m", "memory": f"{node.memory_mib}Mi", "pods": "1000"}
@@ -121,6 +124,9 @@ class FakeNodes:
 
     def stop(self) -> None:
         self.stopping.set()
+        self.thread.join(10)
+        for name in self.names:
+            self.coord.delete_namespaced_lease(name, "kube-node-lease")
 
 
 def claim_body(name: str, pod: Request) -> dict[str, Any]:
@@ -200,7 +206,7 @@ def clear(api: client.ApiClient) -> None:
     for node in core.list_node(label_selector=LABEL).items:
         core.delete_node(node.metadata.name)
     objects.delete_collection_cluster_custom_object(*RESOURCE, "resourceslices")  # (the nodes' only)
-    while core.list_namespaced_pod(NAMESPACE).items:
+    while core.list_namespaced_pod(NAMESPACE).items or core.list_node(label_selector=LABEL).items:
         time.sleep(0.2)
 
 
@@ -227,7 +233,8 @@ def main() -> int:
             pods = screen_pods(enumerate(raw), nodes, LoadReport("screen"))
             capacity = sum(n.gpus for n in nodes) * 1000
             arrivals = sample(pods, capacity, 1.0, seed)
-            fake = FakeNodes(api, nodes)
+            fake = FakeNodes(api, nodes, f"s{seed}")
+            time.sleep(SETTLE_S)  # the scheduler's informers see the nodes and their slices
             try:
                 dra = place_with_dra(api, arrivals, seed)
             finally:
