@@ -11,12 +11,15 @@ missing.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from conftest import parse_kv
 from e2e.kubenode import running_kube_node
@@ -397,8 +400,6 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "exam
 def test_the_documented_examples_are_accepted_and_run_with_the_tenants_they_describe(
     cluster: Sharegpu,
 ) -> None:
-    import yaml
-
     objs = [o for o in yaml.safe_load_all(EXAMPLES.read_text()) if o]
     templates = [o for o in objs if o["kind"] == "ResourceClaimTemplate"]
     for template in templates:
@@ -424,9 +425,6 @@ def test_a_claim_whose_tenant_the_agent_refuses_fails_with_its_reason_and_leaves
     create`) is not in it, so the scheduler may place a claim the agent's admission refuses. The
     pod shows the agent's reason and stays Pending; nothing is left prepared, and the claim runs
     once the room is there."""
-    import subprocess
-    import sys
-
     sharegpu = [sys.executable, "-m", "sharegpu.cli"]
     env = cluster.node_env
     subprocess.run(

@@ -11,11 +11,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
-from types import FrameType
 
 from sharegpu.devices import list_gpus
 from sharegpu.errors import SharegpuError
@@ -29,6 +26,7 @@ from sharegpu.kube.deviceplugin.slots import SLOTS_PER_GPU, Inventory
 from sharegpu.kube.inventory import PUBLISH_INTERVAL_S, STALE_AFTER_S
 from sharegpu.kube.publisher import InventoryPublisher
 from sharegpu.kube.request import RESOURCE_VGPU
+from sharegpu.kube.serving import run_until_signalled
 from sharegpu.runtime.cdi.generate import DEFAULT_SPEC_DIR, SPEC_FILE
 from sharegpu.tenant import runtime_dir
 
@@ -114,23 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sharegpu: error: {err}", file=sys.stderr)
         return 2
 
-    def _stop(signum: int, frame: FrameType | None) -> None:
-        registrar.stop()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    # Daemon threads: a helper stuck on the API server does not hold up the plugin's exit.
-    threads = [threading.Thread(target=h.run, name=type(h).__name__, daemon=True) for h in helpers]
-    for thread in threads:
-        thread.start()
-    runner = threading.Thread(target=registrar.run, name="registrar")
-    runner.start()
-    while runner.is_alive():
-        runner.join(0.5)  # the main thread stays free for the signal handlers
-    for helper in helpers:
-        helper.stop()
-    for thread in threads:
-        thread.join(5)
+    run_until_signalled(registrar, helpers)
     return 0
 
 

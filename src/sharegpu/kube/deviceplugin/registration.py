@@ -12,7 +12,6 @@ every `check_s`.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from concurrent import futures
 from pathlib import Path
@@ -23,6 +22,7 @@ import grpc
 from sharegpu.kube.deviceplugin import api_pb2 as api
 from sharegpu.kube.deviceplugin import api_pb2_grpc as api_grpc
 from sharegpu.kube.deviceplugin.service import DevicePluginService
+from sharegpu.kube.serving import inode
 
 log = logging.getLogger(__name__)
 
@@ -31,13 +31,6 @@ DEFAULT_DIR = Path("/var/lib/kubelet/device-plugins")
 KUBELET_SOCKET = "kubelet.sock"
 ENDPOINT = "sharegpu.sock"
 REGISTER_TIMEOUT_S = 5.0
-
-
-def _inode(path: Path) -> int | None:
-    try:
-        return os.stat(path).st_ino
-    except OSError:
-        return None
 
 
 def register(kubelet_dir: Path, endpoint: str, resource: str, options: api.DevicePluginOptions) -> None:
@@ -81,7 +74,7 @@ class Registrar:
 
     def _session(self) -> None:
         """Serve and register until the kubelet restarts (or stop())."""
-        kubelet_inode = _inode(self.kubelet_dir / KUBELET_SOCKET)
+        kubelet_inode = inode(self.kubelet_dir / KUBELET_SOCKET)
         server = self._serve()
         try:
             register(self.kubelet_dir, self.endpoint, self.resource, self.service.options())
@@ -91,7 +84,7 @@ class Registrar:
                 if not self.socket.exists():
                     log.info("the kubelet removed %s: it restarted; registering again", self.socket)
                     return
-                if _inode(self.kubelet_dir / KUBELET_SOCKET) != kubelet_inode:
+                if inode(self.kubelet_dir / KUBELET_SOCKET) != kubelet_inode:
                     log.info("%s is a new socket: the kubelet restarted; registering again", KUBELET_SOCKET)
                     return
         except grpc.RpcError as err:

@@ -7,11 +7,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from sharegpu.errors import SharegpuError
@@ -24,6 +21,7 @@ from sharegpu.kube.dra.registration import DEFAULT_KUBELET_DIR, PluginServer
 from sharegpu.kube.dra.service import DraService
 from sharegpu.kube.dra.slices import check_partitions
 from sharegpu.kube.dra.status import ClaimStatus
+from sharegpu.kube.serving import run_until_signalled
 from sharegpu.runtime.cdi.generate import DEFAULT_SPEC_DIR, SPEC_FILE
 from sharegpu.tenant import runtime_dir
 
@@ -108,20 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sharegpu: error: {err}", file=sys.stderr)
         return 2
 
-    def _stop(signum: int, frame: FrameType | None) -> None:
-        server.stop()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    # A daemon thread: a publisher stuck on the API server does not hold up the exit.
-    publishing = threading.Thread(target=publisher.run, name="slice-publisher", daemon=True)
-    publishing.start()
-    serving = threading.Thread(target=server.run, name="dra-plugin")
-    serving.start()
-    while serving.is_alive():
-        serving.join(0.5)  # the main thread stays free for the signal handlers
-    publisher.stop()
-    publishing.join(5)
+    run_until_signalled(server, [publisher])
     return 0
 
 

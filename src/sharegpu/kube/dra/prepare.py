@@ -29,6 +29,7 @@ from sharegpu.errors import SharegpuError, TenantNotFound
 from sharegpu.kube.dra.checkpoint import PREPARED, PREPARING, Checkpoint, Entry
 from sharegpu.kube.dra.claims import ClaimError, ClaimPlan, ClaimRef, plan_claim, tenant_name
 from sharegpu.kube.dra.slices import parts
+from sharegpu.kube.request import run_as_user
 from sharegpu.runtime.cdi.generate import KIND, write_node_spec
 from sharegpu.service import TenantRequest
 from sharegpu.spec import MIB, GpuSelector
@@ -49,18 +50,12 @@ class StatusReport(Protocol):
 
 
 def pod_user(pod: Mapping[str, Any]) -> int | None:
-    """The uid the pod's containers run as: each container's `runAsUser`, else the pod's, when
-    they all agree; None when they differ or none is known (the image's user). The tenant's files
-    are given to it, so a pod that runs as non-root can use its vGPU."""
-    spec = pod.get("spec") or {}
-    pod_uid = (spec.get("securityContext") or {}).get("runAsUser")
-    uids = {
-        own if own is not None else pod_uid
-        for own in ((c.get("securityContext") or {}).get("runAsUser") for c in spec.get("containers") or [])
-    } or {pod_uid}
-    uids.discard(None)
-    only = uids.pop() if len(uids) == 1 else None
-    return only if isinstance(only, int) and only >= 0 else None
+    """The uid the pod's containers run as (each as `run_as_user` reads it: its own, else the
+    pod's) when they all agree; None when they differ or none is known (the image's user). The
+    tenant's files are given to it, so a pod that runs as non-root can use its vGPU."""
+    names = [c.get("name", "") for c in (pod.get("spec") or {}).get("containers") or []] or [""]
+    uids = {run_as_user(pod, name) for name in names} - {None}
+    return uids.pop() if len(uids) == 1 else None
 
 
 @dataclass

@@ -11,7 +11,6 @@ under the plugin (another copy of it, a cleanup) is found every `check_s` and se
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from concurrent import futures
 from pathlib import Path
@@ -24,19 +23,13 @@ from sharegpu.kube.dra import registration_pb2 as reg
 from sharegpu.kube.dra import registration_pb2_grpc as reg_grpc
 from sharegpu.kube.dra.service import DraService
 from sharegpu.kube.dra.slices import DRIVER
+from sharegpu.kube.serving import inode
 
 log = logging.getLogger(__name__)
 
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet")
 PLUGIN_TYPE = "DRAPlugin"
 SERVICE_VERSIONS = ("v1.DRAPlugin",)
-
-
-def _inode(path: Path) -> int | None:
-    try:
-        return os.stat(path).st_ino
-    except OSError:
-        return None
 
 
 class RegistrationService:
@@ -100,9 +93,9 @@ class PluginServer:
         """Serve until stop(), again whenever a socket is removed or replaced."""
         while not self.stopping.is_set():
             server = self._serve()
-            inodes = (_inode(self.dra_socket), _inode(self.registration_socket))
+            inodes = (inode(self.dra_socket), inode(self.registration_socket))
             while not self.stopping.wait(self.check_s):
-                if (_inode(self.dra_socket), _inode(self.registration_socket)) != inodes:
+                if (inode(self.dra_socket), inode(self.registration_socket)) != inodes:
                     log.warning("a plugin socket was removed or replaced: serving again")
                     break
             server.stop(grace=2).wait()
