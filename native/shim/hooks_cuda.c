@@ -58,6 +58,8 @@ static void undo_alloc(enum sg_kind kind, uint64_t key)
         SG_REAL(cuArrayDestroy)((CUarray)(uintptr_t)key);
     else if (kind == SG_KIND_MIPMAP && SG_REAL(cuMipmappedArrayDestroy))
         SG_REAL(cuMipmappedArrayDestroy)((CUmipmappedArray)(uintptr_t)key);
+    else if (kind == SG_KIND_IPC && SG_REAL(cuIpcCloseMemHandle))
+        SG_REAL(cuIpcCloseMemHandle)((CUdeviceptr)key);
 }
 
 /* After the real call: record the allocation, or give the reservation back. */
@@ -67,7 +69,7 @@ CUresult sg_alloc_end(CUresult res, enum sg_kind kind, uint64_t key, struct sg_c
         sg_unreserve(c);
         return res;
     }
-    if (kind != SG_KIND_PTR)
+    if (kind != SG_KIND_PTR && kind != SG_KIND_IPC)
         c->ctx = NULL; /* VMM handles outlive contexts; arrays stay charged until destroyed */
     struct sg_err e;
     sg_err_clear(&e);

@@ -1097,6 +1097,16 @@ bool sg_untrack(enum sg_kind kind, uint64_t key, struct sg_charge *out)
     return out->active;
 }
 
+bool sg_tracked(enum sg_kind kind, uint64_t key)
+{
+    if (__atomic_load_n(&tab_count, __ATOMIC_RELAXED) == 0)
+        return false;
+    map_lock_take();
+    bool held = find_locked(kind, key) != NULL;
+    map_lock_give();
+    return held;
+}
+
 void sg_retrack(enum sg_kind kind, uint64_t key, const struct sg_charge *c)
 {
     struct sg_err e;

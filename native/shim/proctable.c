@@ -80,6 +80,10 @@ static const struct proc_row rows[] = {
     {"cuMemImportFromShareableHandle", 10020, ANY, H(cuMemImportFromShareableHandle)},
     {"cuMemUnmap", 10020, ANY, H(cuMemUnmap)},
     {"cuMemRetainAllocationHandle", 11000, ANY, H(cuMemRetainAllocationHandle)},
+    {"cuIpcOpenMemHandle", 11000, ANY, H(cuIpcOpenMemHandle_v2)},
+    {"cuIpcOpenMemHandle", 4010, ANY, H(cuIpcOpenMemHandle)},
+    {"cuIpcCloseMemHandle", 4010, ANY, H(cuIpcCloseMemHandle)},
+    {"cuMemPoolImportPointer", 11020, ANY, H(cuMemPoolImportPointer)},
     {"cuArrayDestroy", 2000, ANY, H(cuArrayDestroy)},
     {"cuArray3DCreate", 3020, ANY, H(cuArray3DCreate_v2)},
     {"cuArray3DCreate", 2000, ANY, SG_PROC_NONE}, /* 32-bit descriptor: an allocation we cannot account */

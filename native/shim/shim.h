@@ -216,6 +216,7 @@ enum sg_kind {
     SG_KIND_MIPMAP = 4,
     SG_KIND_LIMIT = 5, /* a context limit's reservation (hooks_limits.c), credited with the context */
     SG_KIND_MODULE = 6, /* a loaded module's globals (hooks_module.c), credited with the context */
+    SG_KIND_IPC = 7,    /* an opened IPC handle (hooks_ipc.c), credited at close or with the context */
 };
 
 /* A reservation made by sg_reserve: which limits index and how many bytes. */
@@ -295,6 +296,8 @@ void sg_credit_context(CUcontext ctx);
 bool sg_untrack(enum sg_kind kind, uint64_t key, struct sg_charge *out);
 /* Put an entry back after the real free failed. */
 void sg_retrack(enum sg_kind kind, uint64_t key, const struct sg_charge *c);
+/* Whether the ledger holds a charge for (kind, key). */
+bool sg_tracked(enum sg_kind kind, uint64_t key);
 /* Credit the bytes of an entry whose real free succeeded. */
 void sg_credit(const struct sg_charge *c);
 

@@ -4,8 +4,9 @@ elsewhere; `make gpu-check` runs them on a GPU machine).
 The same claims the simulated-GPU tests make, on the driver users have: the vGPU's memory as the
 driver API and NVML show it inside a tenant, a refusal at the cap with the memory given back,
 the entry points resolved through dlopen/dlsym and cuGetProcAddress, kernels and graphs under a
-compute share (the probe's spin kernel really spins there), and a killed process's memory
-returned to the tenant.
+compute share (the probe's spin kernel really spins there), a killed process's memory
+returned to the tenant, and memory opened from another process's IPC handle charged to the
+importer.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import ipcpeer
 from conftest import parse_kv, real_gpu_env
 from sharegpu import native
 from sharegpu.arbiter import ensure_arbiter
@@ -133,3 +135,19 @@ def test_a_killed_process_gives_its_memory_back_to_the_tenant(gpu: RealGpu) -> N
     assert proc.returncode == -9
     got = gpu.probe("alloc", "plain", "1024M", env=env)
     assert got["alloc"] == "OK"
+
+
+def test_ipc_imports_are_charged_to_the_importer_on_the_driver(gpu: RealGpu, tmp_path: Path) -> None:
+    """The round trip of tests/integration/test_ipc.py on the real driver, under a 4 GiB cap (each
+    process's context takes about 518 MiB of it): allocate 1200 MiB, export it, open it in a
+    second process of the tenant, free it; the second open no longer fits."""
+    env = gpu.tenant("t", 4096)
+    binary = ipcpeer.build(tmp_path)
+    with ipcpeer.peer(binary, env) as exporter, ipcpeer.peer(binary, env) as importer:
+        opens = []
+        for _ in range(3):
+            p = exporter.alloc(1200)
+            opens.append(importer.rc("open", ipcpeer.handle_of(exporter, p)))
+            assert exporter.used() <= 4096 * MIB
+            assert exporter.rc("free", p) == 0
+        assert opens == [0, 2, 2], opens  # CUDA_ERROR_OUT_OF_MEMORY once 1200 are held

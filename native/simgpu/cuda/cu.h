@@ -143,6 +143,10 @@ struct CUmemPoolHandle_st {
     int phys;
     int is_default;
     int dead;                   /* destroyed while allocations were live: freed with the last */
+    unsigned handle_types;      /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: exportable (ipc.c) */
+    int share_fd;               /* exportable: its memfd + 1 once exported (its identity), else 0 */
+    uint64_t ino;               /* exported or imported: that memfd's inode */
+    int imported;               /* cuMemPoolImportFromShareableHandle: pointers only, no allocation */
     int reuse[3];               /* CU_MEMPOOL_ATTR_REUSE_* (1..3), kept and reported */
     uint64_t release_threshold; /* [pool_mu in pool.c, like the fields below] */
     uint64_t reserved, used;    /* bytes */
@@ -276,6 +280,25 @@ SIM_HIDDEN CUresult cu_mem_free(CUdeviceptr p); /* now: its charge, or its pool'
 SIM_HIDDEN CUresult cu_mem_place_graph(struct CUctx_st *ctx, int phys, size_t size, CUdeviceptr *out);
 SIM_HIDDEN void cu_mem_unplace_graph(CUdeviceptr p);
 SIM_HIDDEN CUresult cu_graph_mem_free(CUdeviceptr p); /* graph.c: a live graph allocation ends */
+/* IPC (ipc.c): an exported cuMemAlloc allocation is a memfd an importer maps. */
+struct cu_ipc_share {
+    int fd;          /* the exporter's descriptor of the memfd */
+    uint64_t ino;    /* the memfd's identity */
+    uint64_t off;    /* the allocation's offset in the memfd */
+    uint64_t len;    /* the memfd's length (whole pages) */
+    uint64_t size;   /* the allocation's placed size */
+    uint64_t charge; /* the bytes it is charged */
+    int phys;        /* its GPU */
+    int freeable;    /* a pool pointer: the import ends at cuMemFree(Async), each import its own */
+};
+/* 0: the allocation that starts at p, shared (its pages moved onto a memfd, data kept); a pool
+ * allocation only when its pool is exportable. */
+SIM_HIDDEN CUresult cu_mem_share(CUdeviceptr p, struct cu_ipc_share *out);
+/* Maps fd (a descriptor of sh's memfd) for ctx, charging sh->charge; a second open by the same
+ * context returns the same pointer and counts one more reference. */
+SIM_HIDDEN CUresult cu_mem_import(struct CUctx_st *ctx, int fd, const struct cu_ipc_share *sh,
+                                  CUdeviceptr *out);
+SIM_HIDDEN CUresult cu_mem_unimport(CUdeviceptr p); /* one reference of an import closed */
 /* Stream capture of stream-ordered allocation (graph.c). */
 SIM_HIDDEN CUresult cu_graph_capture_alloc(struct CUgraph_st *g, struct CUctx_st *ctx, int phys,
                                            size_t bytes, CUdeviceptr *out);

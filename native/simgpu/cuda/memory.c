@@ -20,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define REGION_BYTES (64ull << 30)
 #define MAX_REGIONS 256
@@ -35,6 +37,19 @@ struct alloc {
     struct CUmemPoolHandle_st *pool; /* a stream-ordered allocation's pool, else NULL */
     uint64_t pool_bytes;             /* its size as the pool counts it */
     int graph;                       /* the address range of a graph memory node (graph.c) */
+    /* IPC (ipc.c).  Exported: the pages under the allocation were moved onto a memfd of their
+     * own, which the importers open through /proc (share_fd is that descriptor + 1, 0: none). */
+    int share_fd;
+    uint64_t share_ino;
+    uintptr_t share_base; /* the page-aligned range the memfd covers */
+    size_t share_len;
+    /* Imported: a MAP_SHARED mapping of an exporter's memfd, [map_base, map_base+map_len), its
+     * own range of the arena; opened import_refs times by ctx (each needs its close). */
+    uint64_t import_ino;
+    int import_refs;
+    int import_freeable; /* a pool pointer import: cuMemFree(Async) ends it */
+    uintptr_t map_base;
+    size_t map_len;
 };
 
 static pthread_mutex_t mem_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -93,6 +108,24 @@ static void release_pages(uintptr_t base, size_t size)
         madvise((void *)a, b - a, MADV_DONTNEED);
 }
 
+/* Under mem_mu: adds a to the sorted array; -1 when host memory is exhausted. */
+static int insert_locked(const struct alloc *a)
+{
+    if (nallocs == capallocs) {
+        size_t cap = capallocs ? capallocs * 2 : 256;
+        struct alloc *n = realloc(allocs, cap * sizeof(*n));
+        if (!n)
+            return -1;
+        allocs = n;
+        capallocs = cap;
+    }
+    size_t i = find(a->base);
+    memmove(&allocs[i + 1], &allocs[i], (nallocs - i) * sizeof(*allocs));
+    allocs[i] = *a;
+    nallocs++;
+    return 0;
+}
+
 /* Places size bytes charged as `charge` on phys for ctx. */
 static CUresult place(struct CUctx_st *ctx, int phys, size_t size, uint64_t charge,
                       struct CUmemPoolHandle_st *pool, CUdeviceptr *out)
@@ -111,29 +144,15 @@ static CUresult place(struct CUctx_st *ctx, int phys, size_t size, uint64_t char
     pthread_mutex_lock(&mem_mu);
     if (arena_take(&va, rounded, align, &p) == 0 ||
         (grow(rounded + align) == 0 && arena_take(&va, rounded, align, &p) == 0)) {
-        if (nallocs == capallocs) {
-            size_t cap = capallocs ? capallocs * 2 : 256;
-            struct alloc *n = realloc(allocs, cap * sizeof(*n));
-            if (n) {
-                allocs = n;
-                capallocs = cap;
-            }
-        }
-        if (nallocs < capallocs) {
-            size_t i = find(p);
-            memmove(&allocs[i + 1], &allocs[i], (nallocs - i) * sizeof(*allocs));
-            allocs[i] = (struct alloc){.base = p,
-                                       .size = rounded,
-                                       .charged = pool ? 0 : charge,
-                                       .phys = phys,
-                                       .ctx = ctx,
-                                       .pool = pool,
-                                       .pool_bytes = pool ? size : 0};
-            nallocs++;
-            ok = 1;
-        } else {
+        ok = insert_locked(&(struct alloc){.base = p,
+                                           .size = rounded,
+                                           .charged = pool ? 0 : charge,
+                                           .phys = phys,
+                                           .ctx = ctx,
+                                           .pool = pool,
+                                           .pool_bytes = pool ? size : 0}) == 0;
+        if (!ok)
             arena_give(&va, p, rounded);
-        }
     }
     pthread_mutex_unlock(&mem_mu);
     if (!ok) {
@@ -151,12 +170,38 @@ static CUresult dev_alloc(struct CUctx_st *ctx, int phys, size_t size, uint64_t 
     return place(ctx, phys, size, charge, NULL, out);
 }
 
+/* Puts private anonymous pages back over [base, base+len) (page-aligned): a shared mapping's
+ * pages go with it. */
+static void unshare_pages(uintptr_t base, size_t len)
+{
+    mmap((void *)base, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+         -1, 0);
+}
+
+/* Under mem_mu, allocs[i] already removed: 1 when no live allocation touches [lo, hi). */
+static int range_alone(uintptr_t lo, uintptr_t hi)
+{
+    size_t j = find(hi);
+    return !(j > 0 && allocs[j - 1].base + allocs[j - 1].size > lo);
+}
+
 /* Under mem_mu: removes allocs[i], returns its pages and range; *a is what it was. */
 static void drop_locked(size_t i, struct alloc *a)
 {
     *a = allocs[i];
     memmove(&allocs[i], &allocs[i + 1], (nallocs - i - 1) * sizeof(*allocs));
     nallocs--;
+    if (a->import_refs) { /* its own range: the exporter's pages leave this process */
+        unshare_pages(a->map_base, a->map_len);
+        arena_give(&va, a->map_base, a->map_len);
+        return;
+    }
+    if (a->share_fd) {
+        close(a->share_fd - 1); /* importers keep the memfd alive through their mappings */
+        /* Pages shared with a live neighbour keep the memfd under them (their data is there). */
+        if (range_alone(a->share_base, a->share_base + a->share_len))
+            unshare_pages(a->share_base, a->share_len);
+    }
     release_pages(a->base, a->size);
     arena_give(&va, a->base, a->size);
 }
@@ -177,10 +222,11 @@ static CUresult dev_free(CUdeviceptr dptr)
     size_t i = find((uintptr_t)dptr);
     int found = i < nallocs && allocs[i].base == (uintptr_t)dptr;
     int graph = found && allocs[i].graph;
-    if (found && !graph)
+    int imported = found && allocs[i].import_refs && !allocs[i].import_freeable;
+    if (found && !graph && !imported)
         drop_locked(i, &a);
     pthread_mutex_unlock(&mem_mu);
-    if (!found)
+    if (!found || imported) /* an opened IPC handle is closed with cuIpcCloseMemHandle */
         return CUDA_ERROR_INVALID_VALUE;
     if (graph) /* the range stays the graph's: only its memory goes back to the graph pool */
         return cu_graph_mem_free(dptr);
@@ -281,6 +327,172 @@ int cu_mem_range_ok(uintptr_t p, size_t len)
     int ok = i > 0 && p + len <= allocs[i - 1].base + allocs[i - 1].size;
     pthread_mutex_unlock(&mem_mu);
     return ok ? 0 : cu_vmm_range_ok(p, len);
+}
+
+/* ---- IPC (ipc.c calls these) ------------------------------------------------------------ */
+
+#define PAGE ((uintptr_t)4096)
+
+/* Under mem_mu: 1 when a live shared allocation other than self covers part of [lo, hi). */
+static int share_overlaps(const struct alloc *self, uintptr_t lo, uintptr_t hi)
+{
+    for (size_t j = 0; j < nallocs; j++) {
+        const struct alloc *o = &allocs[j];
+        if (o != self && o->share_fd && o->share_base < hi && o->share_base + o->share_len > lo)
+            return 1;
+    }
+    return 0;
+}
+
+/* Copies the pages of [lo, lo+len) that hold data (resident ones) into fd at offset 0. */
+static int copy_resident(int fd, uintptr_t lo, size_t len)
+{
+    size_t n = len / PAGE;
+    unsigned char *vec = malloc(n);
+    if (!vec)
+        return -1;
+    int all = mincore((void *)lo, len, vec) < 0;
+    int rc = 0;
+    for (size_t k = 0; k < n && rc == 0;) {
+        if (!all && !(vec[k] & 1)) {
+            k++;
+            continue;
+        }
+        size_t run = 1;
+        while (k + run < n && (all || (vec[k + run] & 1)))
+            run++;
+        const char *src = (const char *)(lo + k * PAGE);
+        size_t left = run * PAGE;
+        off_t at = (off_t)(k * PAGE);
+        while (left > 0) {
+            ssize_t w = pwrite(fd, src, left, at);
+            if (w <= 0) {
+                rc = -1;
+                break;
+            }
+            src += w;
+            at += w;
+            left -= (size_t)w;
+        }
+        k += run;
+    }
+    free(vec);
+    return rc;
+}
+
+/* Under mem_mu: moves a's pages (whole pages around it) onto a memfd of their own, data kept. */
+static CUresult share_locked(struct alloc *a)
+{
+    uintptr_t lo = a->base & ~(PAGE - 1), hi = (a->base + a->size + PAGE - 1) & ~(PAGE - 1);
+    if (share_overlaps(a, lo, hi)) {
+        sim_log("cuIpcGetMemHandle: %#lx shares a page with another exported allocation: "
+                "CUDA_ERROR_NOT_SUPPORTED (allocate 4 KiB or more)", (unsigned long)a->base);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    int fd = memfd_create("simgpu-ipc", MFD_CLOEXEC);
+    struct stat sb;
+    if (fd < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (ftruncate(fd, (off_t)(hi - lo)) < 0 || copy_resident(fd, lo, hi - lo) < 0 ||
+        fstat(fd, &sb) < 0 ||
+        mmap((void *)lo, hi - lo, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) ==
+            MAP_FAILED) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    a->share_fd = fd + 1;
+    a->share_ino = (uint64_t)sb.st_ino;
+    a->share_base = lo;
+    a->share_len = hi - lo;
+    return CUDA_SUCCESS;
+}
+
+CUresult cu_mem_share(CUdeviceptr p, struct cu_ipc_share *out)
+{
+    pthread_mutex_lock(&mem_mu);
+    size_t i = find((uintptr_t)p);
+    struct alloc *a = i < nallocs && allocs[i].base == (uintptr_t)p ? &allocs[i] : NULL;
+    /* cuMemAlloc memory, or an exportable pool's: graph and imported memory are not shared. */
+    int pooled_ok = a && a->pool && (a->pool->handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    CUresult r = !a || (a->pool && !pooled_ok) || a->graph || a->import_refs ? CUDA_ERROR_INVALID_VALUE
+                 : a->share_fd                                               ? CUDA_SUCCESS
+                                                                             : share_locked(a);
+    if (r == CUDA_SUCCESS)
+        *out = (struct cu_ipc_share){.fd = a->share_fd - 1,
+                                     .ino = a->share_ino,
+                                     .off = a->base - a->share_base,
+                                     .len = a->share_len,
+                                     .size = a->size,
+                                     .charge = a->pool ? a->pool_bytes : a->charged,
+                                     .phys = a->phys};
+    pthread_mutex_unlock(&mem_mu);
+    return r;
+}
+
+CUresult cu_mem_import(struct CUctx_st *ctx, int fd, const struct cu_ipc_share *sh, CUdeviceptr *out)
+{
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&mem_mu);
+    for (size_t i = 0; i < nallocs && !sh->freeable; i++) {
+        if (allocs[i].import_refs && !allocs[i].import_freeable && allocs[i].import_ino == sh->ino &&
+            allocs[i].ctx == ctx) {
+            allocs[i].import_refs++; /* opened again by this context: the same pointer */
+            *out = (CUdeviceptr)allocs[i].base;
+            pthread_mutex_unlock(&mem_mu);
+            return CUDA_SUCCESS;
+        }
+    }
+    /* Charged to the importer too: the driver keeps the memory for it after the exporter's
+     * free (undefined behaviour to rely on, but no cheaper than that here). */
+    struct sim_err e = {0};
+    if (sim_charge(&e, cu_g.st, sh->phys, sh->charge) < 0) {
+        pthread_mutex_unlock(&mem_mu);
+        return cu_result(&e);
+    }
+    uintptr_t m = 0;
+    if (arena_take(&va, sh->len, CU_GRANULARITY, &m) != 0 &&
+        (grow(sh->len + CU_GRANULARITY) != 0 || arena_take(&va, sh->len, CU_GRANULARITY, &m) != 0))
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    else if (mmap((void *)m, sh->len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) ==
+             MAP_FAILED)
+        r = CUDA_ERROR_MAP_FAILED;
+    else if (insert_locked(&(struct alloc){.base = m + sh->off,
+                                          .size = sh->size,
+                                          .charged = sh->charge,
+                                          .phys = sh->phys,
+                                          .ctx = ctx,
+                                          .import_ino = sh->ino,
+                                          .import_refs = 1,
+                                          .import_freeable = sh->freeable,
+                                          .map_base = m,
+                                          .map_len = sh->len}) < 0)
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (r && m) {
+        unshare_pages(m, sh->len);
+        arena_give(&va, m, sh->len);
+    }
+    pthread_mutex_unlock(&mem_mu);
+    if (r)
+        sim_uncharge(cu_g.st, sh->phys, sh->charge);
+    else
+        *out = (CUdeviceptr)(m + sh->off);
+    return r;
+}
+
+CUresult cu_mem_unimport(CUdeviceptr p)
+{
+    struct alloc a = {0};
+    pthread_mutex_lock(&mem_mu);
+    size_t i = find((uintptr_t)p);
+    int found = i < nallocs && allocs[i].base == (uintptr_t)p && allocs[i].import_refs &&
+                !allocs[i].import_freeable;
+    int last = found && --allocs[i].import_refs == 0;
+    if (last)
+        drop_locked(i, &a);
+    pthread_mutex_unlock(&mem_mu);
+    if (last)
+        ended(&a);
+    return found ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult cu_mem_reserve(struct CUctx_st *ctx, size_t size, CUdeviceptr *out)

@@ -20,6 +20,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum {
     ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES = 1,
@@ -176,8 +177,8 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool poo
     CUresult r = cu_stream(h, &s);
     if (r)
         return r;
-    if (pool && pool_check(pool))
-        return CUDA_ERROR_INVALID_VALUE;
+    if (pool && (pool_check(pool) || pool->imported))
+        return CUDA_ERROR_INVALID_VALUE; /* an imported pool allocates nothing */
     if (!pool) { /* the stream's device's current pool */
         pool = cu_g.current[s->ctx->ordinal] ? cu_g.current[s->ctx->ordinal]
                                              : &cu_g.pool[s->ctx->ordinal];
@@ -309,7 +310,7 @@ SIM_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
     CUresult r = cu_ready_device(dev, NULL);
     if (r)
         return r;
-    if (pool_check(pool))
+    if (pool_check(pool) || pool->imported)
         return CUDA_ERROR_INVALID_VALUE;
     if (pool->ordinal != dev)
         return CUDA_ERROR_INVALID_DEVICE; /* a pool must be local to the device it serves */
@@ -336,6 +337,7 @@ SIM_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *pr
         return CUDA_ERROR_OUT_OF_MEMORY;
     p->ordinal = props->location.id;
     p->phys = phys;
+    p->handle_types = props->handleTypes;
     for (int k = 0; k < 3; k++)
         p->reuse[k] = 1;
     p->magic = POOL_MAGIC;
@@ -362,6 +364,10 @@ SIM_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
      * allocated (marked dead) for the allocations that still name it. */
     pool->dead = 1;
     trim_locked(pool, 0);
+    if (pool->share_fd) { /* its exported descriptors stay valid; no new pointer is exported */
+        close(pool->share_fd - 1);
+        pool->share_fd = 0;
+    }
     for (struct CUmemPoolHandle_st **pp = &created; *pp; pp = &(*pp)->next) {
         if (*pp == pool) {
             *pp = pool->next;
