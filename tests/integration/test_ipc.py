@@ -73,6 +73,8 @@ def test_simulated_ipc_refuses_what_the_driver_refuses(sim: Sim, peer_binary: Pa
         assert exporter.rc("open", handle) == INVALID_CONTEXT  # a process's own handle
         assert importer.rc("open", "00" * 64) == INVALID_HANDLE
         assert importer.rc("open", handle, 2) == INVALID_VALUE  # an unknown flag
+        forged = handle[:24] + "00000000" + handle[32:]  # the exporter's descriptor 0 instead
+        assert importer.rc("open", forged) == INVALID_HANDLE
         inner = f"{int(p, 16) + 512:x}"
         assert exporter.rc("handle", inner) == INVALID_VALUE  # not the base of an allocation
         assert exporter.rc("free", p) == SUCCESS

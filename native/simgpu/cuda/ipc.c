@@ -36,18 +36,19 @@
 #define IPC_MAGIC "SGIPC1"
 #define POOL_PTR_MAGIC "SGPOOL1"
 #define POOL_MEMFD "simgpu-pool"
+#define IPC_MEMFD "simgpu-ipc" /* memory.c names an exported allocation's memfd so */
 
-struct ipc_wire { /* the 64 bytes of a CUipcMemHandle or a CUmemPoolPtrExportData */
+/* The 64 bytes of a CUipcMemHandle or a CUmemPoolPtrExportData.  The importer trusts none of
+ * it for the charge: what it maps and pays for is the memfd's size, as the kernel reports it. */
+struct ipc_wire {
     char magic[8];
     int32_t pid;
     int32_t fd;
     uint64_t ino;
     uint64_t off;
-    uint64_t size;
-    uint64_t charge;
     uint64_t pool_ino; /* a pool pointer's: its pool's identity */
     int32_t phys;
-    int32_t pad;
+    char pad[20];
 };
 _Static_assert(sizeof(struct ipc_wire) == sizeof(CUipcMemHandle), "an IPC handle is 64 bytes");
 _Static_assert(sizeof(struct ipc_wire) == sizeof(CUmemPoolPtrExportData), "export data is 64 bytes");
@@ -65,8 +66,6 @@ static CUresult export_wire(CUdeviceptr ptr, const char *magic, uint64_t pool_in
                            .fd = sh.fd,
                            .ino = sh.ino,
                            .off = sh.off,
-                           .size = sh.size,
-                           .charge = sh.charge,
                            .pool_ino = pool_ino,
                            .phys = sh.phys};
     memcpy(w->magic, magic, strlen(magic) + 1);
@@ -81,7 +80,7 @@ static CUresult import_wire(const struct ipc_wire *w, const char *magic, int fre
     if (r)
         return r;
     if (memcmp(w->magic, magic, strlen(magic) + 1) != 0 || w->phys < 0 ||
-        w->phys >= (int32_t)cu_g.st->cfg.gpus || w->size == 0)
+        w->phys >= (int32_t)cu_g.st->cfg.gpus)
         return CUDA_ERROR_INVALID_HANDLE;
     if (w->pid == (int32_t)getpid())
         return CUDA_ERROR_INVALID_CONTEXT; /* a process does not open its own exports */
@@ -91,16 +90,23 @@ static CUresult import_wire(const struct ipc_wire *w, const char *magic, int fre
     struct stat sb;
     if (fd < 0)
         return CUDA_ERROR_INVALID_HANDLE; /* freed, or its exporter is gone */
-    if (fstat(fd, &sb) < 0 || (uint64_t)sb.st_ino != w->ino || w->off + w->size > (uint64_t)sb.st_size) {
+    char self[64], target[64];
+    snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(self, target, sizeof(target) - 1);
+    target[n > 0 ? n : 0] = 0;
+    /* Only an exported allocation's memfd, whole: never another file the caller can open. */
+    if (strncmp(target, "/memfd:" IPC_MEMFD " ", strlen("/memfd:" IPC_MEMFD " ")) != 0 ||
+        fstat(fd, &sb) < 0 || (uint64_t)sb.st_ino != w->ino || w->off >= (uint64_t)sb.st_size) {
         close(fd);
         return CUDA_ERROR_INVALID_HANDLE;
     }
+    uint64_t size = (uint64_t)sb.st_size - w->off;
     struct cu_ipc_share sh = {.fd = w->fd,
                               .ino = w->ino,
                               .off = w->off,
                               .len = (uint64_t)sb.st_size,
-                              .size = w->size,
-                              .charge = w->charge,
+                              .size = size,
+                              .charge = size,
                               .phys = w->phys,
                               .freeable = freeable};
     r = cu_mem_import(c, fd, &sh, out);
