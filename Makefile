@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 NATIVE_STAMP := src/sharegpu/_lib/.built
 CLIENTS_VENV := .venv-clients
 CLIENTS_STAMP := $(CLIENTS_VENV)/.installed
-NATIVE_SRC := $(shell find native -name '*.c' -o -name '*.h' -o -name '*.inc' -o -name '*.map' -o -name '*.def' -o -name Makefile)
+NATIVE_SRC := $(shell find native -name '*.c' -o -name '*.h' -o -name '*.inc' -o -name '*.map' -o -name '*.def' -o -name '*.in' -o -name Makefile)
 
 .PHONY: run test test-unit bench check native clients clean setup proto gpu-check gpu-wheels kube
 

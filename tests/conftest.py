@@ -171,12 +171,16 @@ class Sim:
     gpus: int = 2
     memory_mib: int = 1024
     extra_env: dict[str, str] = field(default_factory=dict)
+    uuid0: str | None = None  # GPU 0's UUID, when another API must name the same GPU
 
     def __post_init__(self) -> None:
         _require_native()
         self.root.mkdir(parents=True, exist_ok=True)
         self.config = self.root / "simgpu.json"
-        self.config.write_text(json.dumps({"gpus": self.gpus, "memory_mib": self.memory_mib}))
+        config: dict[str, object] = {"gpus": self.gpus, "memory_mib": self.memory_mib}
+        if self.uuid0:
+            config["uuid0"] = self.uuid0
+        self.config.write_text(json.dumps(config))
         self.state = self.root / "simgpu.state"
         self.runtime = self.root / "run"
         self._uuids: list[str] | None = None

@@ -637,6 +637,9 @@ static int room_locked(int idx, uint64_t bytes, const char *refused, struct sg_e
     return slot;
 }
 
+static int reserve_locked(CUdevice dev, const uint8_t *uuid, uint64_t bytes, struct sg_charge *c,
+                          struct sg_err *e);
+
 int sg_reserve(CUdevice dev, uint64_t bytes, struct sg_charge *c, struct sg_err *e)
 {
     c->active = false;
@@ -653,6 +656,30 @@ int sg_reserve(CUdevice dev, uint64_t bytes, struct sg_charge *c, struct sg_err 
         return 0;
     uint8_t uuid[16];
     bool have_uuid = sg_ordinal_uuid(dev, uuid) == 0;
+    return reserve_locked(dev, have_uuid ? uuid : NULL, bytes, c, e);
+}
+
+int sg_reserve_uuid(const uint8_t uuid[16], uint64_t bytes, struct sg_charge *c, struct sg_err *e)
+{
+    c->active = false;
+    c->idx = -1;
+    c->bytes = 0;
+    c->ctx = NULL;
+    if (!sg_configured())
+        return 0;
+    if (sg_mode() != SG_MODE_ACTIVE)
+        return config_error(e);
+    if (__builtin_expect(born_here && *born_here == 0, 0))
+        raw_clone_child();
+    return reserve_locked(-1, uuid, bytes, c, e);
+}
+
+/* The slow path of a reservation on the device of uuid (NULL: unknown, refused); dev is its
+ * CUDA ordinal for the fast path's cache, or -1. Takes and drops the usage lock. */
+static int reserve_locked(CUdevice dev, const uint8_t *uuid, uint64_t bytes, struct sg_charge *c,
+                          struct sg_err *e)
+{
+    bool have_uuid = uuid != NULL;
     int rc = usage_lock_within(e, ADMISSION_LOCK_WAIT_NS);
     if (rc == SG_E_BUSY) {
         sg_log_once(&busy_logged, "%s; allocation refused", e->msg);
@@ -668,7 +695,8 @@ int sg_reserve(CUdevice dev, uint64_t bytes, struct sg_charge *c, struct sg_err 
     int idx = have_uuid ? match_locked(uuid) : -1;
     if (idx < 0) {
         /* Not one of the tenant's GPUs: its cap is 0. */
-        rc = sg_fail(e, SG_E_OVERCAP, "device %d is not assigned to this tenant", (int)dev);
+        rc = dev >= 0 ? sg_fail(e, SG_E_OVERCAP, "device %d is not assigned to this tenant", (int)dev)
+                      : sg_fail(e, SG_E_OVERCAP, "the device is not assigned to this tenant");
         goto out;
     }
     int slot = room_locked(idx, bytes, "over the memory cap", e);

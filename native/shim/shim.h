@@ -217,6 +217,7 @@ enum sg_kind {
     SG_KIND_LIMIT = 5, /* a context limit's reservation (hooks_limits.c), credited with the context */
     SG_KIND_MODULE = 6, /* a loaded module's globals (hooks_module.c), credited with the context */
     SG_KIND_IPC = 7,    /* an opened IPC handle (hooks_ipc.c), credited at close or with the context */
+    SG_KIND_VK = 8,     /* a Vulkan device memory object (ledger_api.c), credited at its free or its device's end */
 };
 
 /* A reservation made by sg_reserve: which limits index and how many bytes. */
@@ -283,6 +284,8 @@ bool sg_vmm_release(CUmemGenericAllocationHandle handle, const struct sg_charge 
 /* Reserve bytes on device ordinal `dev` (or uuid when dev < 0 and uuid != NULL) against the
  * cap, atomically across the tenant's processes.  Inert: returns 0 with c->active = false. */
 int sg_reserve(CUdevice dev, uint64_t bytes, struct sg_charge *c, struct sg_err *e);
+/* The same by the device's 16-byte UUID, for callers that know no CUDA ordinal (ledger_api.c). */
+int sg_reserve_uuid(const uint8_t uuid[16], uint64_t bytes, struct sg_charge *c, struct sg_err *e);
 /* Give back a reservation whose real allocation failed. */
 void sg_unreserve(const struct sg_charge *c);
 /* Grow (checked against the cap) or shrink a reservation to new_bytes. */

@@ -23,6 +23,14 @@ def shim_path() -> Path:
     return _require(LIB_DIR / "libsharegpu.so")
 
 
+def vulkan_layer_share() -> Path | None:
+    """The data directory whose vulkan/implicit_layer.d holds the Vulkan layer's manifest (the
+    loader searches XDG_DATA_DIRS), or None when the layer was not built (no Vulkan headers)."""
+    share = LIB_DIR / "share"
+    manifest = share / "vulkan" / "implicit_layer.d" / "sharegpu_vk.json"
+    return share if manifest.exists() and (LIB_DIR / "libsharegpu_vk.so").exists() else None
+
+
 def agent_lib_path() -> Path:
     """The agent's region operations (libsgagent.so: reaping, overhead), built from the shim's
     own ledger and arbiter sources; never the shim itself."""

@@ -90,13 +90,24 @@ def wait_for_line(proc: subprocess.Popen[str], key: str, timeout: float = 60) ->
 # the library itself
 
 
-def test_exports_are_exactly_the_hooks_dlsym_dlvsym_and_dlopen() -> None:
+LEDGER_API = {
+    "sharegpu_ledger_api_version",
+    "sharegpu_ledger_state",
+    "sharegpu_ledger_device",
+    "sharegpu_ledger_charge",
+    "sharegpu_ledger_rekey",
+    "sharegpu_ledger_credit",
+    "sharegpu_ledger_credit_owner",
+}
+
+
+def test_exports_are_exactly_the_hooks_dlsym_dlvsym_dlopen_and_the_ledger_api() -> None:
     nm = subprocess.run(
         ["nm", "-D", "--defined-only", str(native.shim_path())], capture_output=True, text=True, check=True
     ).stdout
     exported = {line.split()[-1].split("@")[0] for line in nm.splitlines() if line.strip()}
     mapped = set(re.findall(r"^\s+(\w+);", (SHIM_DIR / "exports.map").read_text(), flags=re.M))
-    listed = set(hook_names()) | {"dlsym", "dlvsym", "dlopen"}
+    listed = set(hook_names()) | {"dlsym", "dlvsym", "dlopen"} | LEDGER_API  # ledger_api.c
     assert len(hook_names()) == len(set(hook_names())), "a hook is listed twice"
     assert exported == listed
     assert mapped == listed

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -93,13 +94,35 @@ static int parse_uint(struct parser *ps, const char *key, unsigned long long lo,
 
 enum {
     K_GPUS, K_MEM, K_NAME, K_SM, K_DRV, K_CUDA, K_SLICE, K_CTXMEM, K_PITCH, K_CTXSW, K_PREEMPT,
-    K_MPS, K_CCMAJOR, K_COUNT
+    K_MPS, K_CCMAJOR, K_UUID0, K_COUNT
 };
 static const char *const keys[K_COUNT] = {"gpus",           "memory_mib",   "name",
                                           "sm_count",       "driver_version", "cuda_version",
                                           "timeslice_us",   "context_overhead_mib",
                                           "pitch_alignment", "ctxsw_us",    "preempt_us",
-                                          "mps_block_us", "cc_major"};
+                                          "mps_block_us", "cc_major", "uuid0"};
+
+/* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" into 16 bytes. */
+static int parse_uuid(struct parser *ps, unsigned char out[16])
+{
+    char text[64];
+    if (parse_string(ps, text, sizeof(text), "\"uuid0\"") < 0)
+        return -1;
+    const char *p = text;
+    if (strncmp(p, "GPU-", 4) != 0 || strlen(p) != 40)
+        return sim_fail(ps->e, SIM_ECONFIG, "\"uuid0\" must be GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, not %s", text);
+    p += 4;
+    for (int i = 0; i < 16; i++) {
+        if (*p == '-')
+            p++;
+        unsigned v;
+        if (sscanf(p, "%2x", &v) != 1 || !p[0] || !p[1] || p[0] == '-' || p[1] == '-')
+            return sim_fail(ps->e, SIM_ECONFIG, "\"uuid0\": not hexadecimal: %s", text);
+        out[i] = (unsigned char)v;
+        p += 2;
+    }
+    return 0;
+}
 
 static int parse_value(struct parser *ps, int k, struct sim_config *c)
 {
@@ -158,6 +181,11 @@ static int parse_value(struct parser *ps, int k, struct sim_config *c)
             return -1;
         c->cc_major = (int32_t)v;
         return 0;
+    case K_UUID0:
+        if (parse_uuid(ps, c->uuid0) < 0)
+            return -1;
+        c->uuid0_set = 1;
+        return 0;
     case K_CTXMEM:
         /* Checked against memory_mib once the whole object is read (sim_config_parse). */
         if (parse_uint(ps, keys[k], 0, 16ull * 1024 * 1024, &v) < 0)
@@ -200,7 +228,7 @@ int sim_config_parse(struct sim_err *e, const char *text, struct sim_config *c)
                                 "unknown key \"%s\" (known: gpus, memory_mib, name, sm_count, "
                                 "driver_version, cuda_version, timeslice_us, "
                                 "context_overhead_mib, pitch_alignment, ctxsw_us, preempt_us, "
-                                "mps_block_us, cc_major)",
+                                "mps_block_us, cc_major, uuid0)",
                                 key);
             if (seen[k]++)
                 return sim_fail(e, SIM_ECONFIG, "duplicate key \"%s\"", key);

@@ -17,8 +17,12 @@ static uint64_t splitmix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
-void sim_uuid_bytes(unsigned idx, unsigned char out[16])
+void sim_uuid_bytes(const struct sim_config *c, unsigned idx, unsigned char out[16])
 {
+    if (idx == 0 && c->uuid0_set) {
+        memcpy(out, c->uuid0, 16);
+        return;
+    }
     for (unsigned half = 0; half < 2; half++) {
         uint64_t m = splitmix64((uint64_t)idx * 2u + half);
         for (unsigned i = 0; i < 8; i++)
@@ -26,10 +30,10 @@ void sim_uuid_bytes(unsigned idx, unsigned char out[16])
     }
 }
 
-void sim_uuid_string(unsigned idx, char out[SIM_UUID_STR_LEN])
+void sim_uuid_string(const struct sim_config *c, unsigned idx, char out[SIM_UUID_STR_LEN])
 {
     unsigned char b[16];
-    sim_uuid_bytes(idx, b);
+    sim_uuid_bytes(c, idx, b);
     snprintf(out, SIM_UUID_STR_LEN,
              "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
              b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],

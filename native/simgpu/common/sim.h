@@ -82,6 +82,10 @@ struct sim_config {
      * next block boundary, every N µs of its run.  (Was reserved0, always 0: older states read
      * as "no MPS".) */
     uint32_t mps_block_us;
+    /* GPU 0's UUID when uuid0_set (config "uuid0", state version 7): a node whose GPU another
+     * API also names (a Vulkan driver's deviceUUID in the layer's tests); else derived. */
+    uint32_t uuid0_set;
+    unsigned char uuid0[16];
 };
 
 #define SIM_TIMESLICE_US_DEFAULT 2000u
@@ -100,10 +104,10 @@ SIM_HIDDEN int sim_config_parse(struct sim_err *e, const char *text, struct sim_
 SIM_HIDDEN int sim_config_load(struct sim_err *e, struct sim_config *c);
 
 /* ---- identity ---------------------------------------------------------------------------- */
-SIM_HIDDEN void sim_uuid_bytes(unsigned idx, unsigned char out[16]);
+SIM_HIDDEN void sim_uuid_bytes(const struct sim_config *c, unsigned idx, unsigned char out[16]);
 /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (41 bytes with the NUL). */
 #define SIM_UUID_STR_LEN 41
-SIM_HIDDEN void sim_uuid_string(unsigned idx, char out[SIM_UUID_STR_LEN]);
+SIM_HIDDEN void sim_uuid_string(const struct sim_config *c, unsigned idx, char out[SIM_UUID_STR_LEN]);
 /* "00000000:1A:00.0" (17 bytes with the NUL). */
 #define SIM_PCI_STR_LEN 17
 SIM_HIDDEN void sim_pci_bus_id(unsigned idx, char out[SIM_PCI_STR_LEN]);
@@ -124,9 +128,9 @@ SIM_HIDDEN unsigned sim_pci_bus(unsigned idx);
  * EOWNERDEAD repair rebuilds what a dead holder may have left half-written (engine.c).
  */
 #define SIM_STATE_MAGIC 0x314d495355504753ULL /* "SGPUSIM1" little-endian */
-#define SIM_STATE_VERSION 6u /* 3: cfg.context_overhead_bytes; 4: slot.proc_dev, cfg.pitch_alignment;
+#define SIM_STATE_VERSION 7u /* 3: cfg.context_overhead_bytes; 4: slot.proc_dev, cfg.pitch_alignment;
                               * 5: slot.pidns, slot.host_pid; 6: context-switch costs
-                              * (cfg.ctxsw_us, cfg.preempt_us, gpu.switch_end) */
+                              * (cfg.ctxsw_us, cfg.preempt_us, gpu.switch_end); 7: cfg.uuid0 */
 #define SIM_MAX_SLOTS 512
 #define SIM_RING 16384 /* run segments kept per GPU (NVML history) */
 #define SIM_CHQ 4096   /* pending kernels per channel before a launch blocks */

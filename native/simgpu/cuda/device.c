@@ -45,7 +45,7 @@ static CUresult get_uuid(CUuuid *uuid, CUdevice dev)
     CUresult r = cu_ready_device(dev, &p);
     if (r)
         return r;
-    sim_uuid_bytes((unsigned)p, (unsigned char *)uuid->bytes);
+    sim_uuid_bytes(&cu_g.st->cfg, (unsigned)p, (unsigned char *)uuid->bytes);
     return CUDA_SUCCESS;
 }
 

@@ -34,7 +34,7 @@ CUresult cu_result(const struct sim_err *e)
 
 /* The real driver's rules: indices or GPU-UUID (prefixes), comma-separated; the first invalid
  * entry ends the list; an empty variable hides every device. */
-static int parse_visible(const char *env, unsigned count, int *vis)
+static int parse_visible(const struct sim_config *c, const char *env, unsigned count, int *vis)
 {
     int n = 0;
     const char *p = env;
@@ -61,7 +61,7 @@ static int parse_visible(const char *env, unsigned count, int *vis)
         } else if (strncmp(t, "GPU-", 4) == 0 && strlen(t) > 4) {
             for (unsigned g = 0; g < count; g++) {
                 char u[SIM_UUID_STR_LEN];
-                sim_uuid_string(g, u);
+                sim_uuid_string(c, g, u);
                 if (strncasecmp(u, t, strlen(t)) == 0) {
                     if (idx >= 0) {
                         idx = -1; /* ambiguous prefix */
@@ -143,7 +143,7 @@ static CUresult init_locked(void)
     int nvis = (int)st->cfg.gpus;
     const char *env = getenv("CUDA_VISIBLE_DEVICES");
     if (env)
-        nvis = parse_visible(env, st->cfg.gpus, vis);
+        nvis = parse_visible(&st->cfg, env, st->cfg.gpus, vis);
     else
         for (int i = 0; i < nvis; i++)
             vis[i] = i;

@@ -285,7 +285,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_
         return NVML_ERROR_UNINITIALIZED;
     for (unsigned g = 0; g < st->cfg.gpus; g++) {
         char u[SIM_UUID_STR_LEN];
-        sim_uuid_string(g, u);
+        sim_uuid_string(&st->cfg, g, u);
         if (strcmp(u, uuid) == 0) {
             if (fault_of(g) == NVML_ERROR_NO_PERMISSION)
                 return NVML_ERROR_NO_PERMISSION;
@@ -322,7 +322,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsi
     if (r)
         return r;
     char u[SIM_UUID_STR_LEN];
-    sim_uuid_string(g, u);
+    sim_uuid_string(&st->cfg, g, u);
     return copy_string(uuid, length, u);
 }
 

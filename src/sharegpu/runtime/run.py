@@ -27,7 +27,7 @@ from pathlib import Path
 from sharegpu.agent.upgrade import current_shim, stable_path
 from sharegpu.doors import tenant_service
 from sharegpu.errors import CommandNotFound, SpecError, TenantNotFound
-from sharegpu.native import shim_path
+from sharegpu.native import shim_path, vulkan_layer_share
 from sharegpu.regions import abi
 from sharegpu.service import TenantRequest
 from sharegpu.service.plan import device_limit
@@ -63,6 +63,13 @@ def tenant_environment(tenant_dir: Path, uuids: Sequence[str], restrict: bool) -
     if restrict:
         # Only the granted GPUs are visible to CUDA, as a container would mount only those.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
+    share = vulkan_layer_share()
+    if share is not None:
+        # The Vulkan layer: its manifest is found on XDG_DATA_DIRS (the loader's implicit-layer
+        # search path; default /usr/local/share:/usr/share) and enabled by SHAREGPU_VULKAN.
+        dirs = env.get("XDG_DATA_DIRS") or "/usr/local/share:/usr/share"
+        env["XDG_DATA_DIRS"] = ":".join(dict.fromkeys([str(share), *dirs.split(":")]))
+        env["SHAREGPU_VULKAN"] = "1"
     return env
 
 

@@ -1,0 +1,101 @@
+/*
+ * libsharegpu_vk.so: the tenant's vGPU for Vulkan programs, as an implicit layer.
+ *
+ * Written from the Vulkan specification and the loader's layer interface documentation
+ * (LoaderLayerInterface.md): the loader negotiates interface version 2 through
+ * vkNegotiateLoaderLayerInterfaceVersion, the only symbol this library exports, and calls down
+ * the chain through the next layer's vkGetInstanceProcAddr / vkGetDeviceProcAddr.
+ *
+ *   layer.c    negotiation, instance and device creation, the dispatch records, the proc-addr answers
+ *   devices.c  which physical devices are the tenant's (deviceUUID against its GPUs' UUIDs): the
+ *              others are not enumerated
+ *   memory.c   the heaps and budgets the vGPU shows, allocations charged to the tenant's ledger
+ *   ledger.c   the shim's ledger API (libsharegpu.so, ledger_api.c): one ledger per process,
+ *              whichever API it uses
+ */
+#ifndef SHAREGPU_VKLAYER_H
+#define SHAREGPU_VKLAYER_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <vulkan/vk_layer.h>
+#include <vulkan/vulkan.h>
+
+#define VL_EXPORT __attribute__((visibility("default")))
+#define VL_LAYER_NAME "VK_LAYER_SHAREGPU_vgpu"
+
+/* ---- dispatch records (layer.c) -------------------------------------------------------------
+ * Keyed by the loader's dispatch pointer, the first word of every dispatchable handle; a
+ * physical device shares its instance's. */
+struct vl_instance {
+    void *key;
+    VkInstance handle;
+    PFN_vkGetInstanceProcAddr gipa;
+    PFN_vkDestroyInstance DestroyInstance;
+    PFN_vkEnumeratePhysicalDevices EnumeratePhysicalDevices;
+    PFN_vkEnumeratePhysicalDeviceGroups EnumeratePhysicalDeviceGroups;
+    PFN_vkGetPhysicalDeviceProperties2 GetPhysicalDeviceProperties2;
+    PFN_vkGetPhysicalDeviceMemoryProperties GetPhysicalDeviceMemoryProperties;
+    PFN_vkGetPhysicalDeviceMemoryProperties2 GetPhysicalDeviceMemoryProperties2;
+    PFN_vkCreateDevice CreateDevice;
+};
+
+struct vl_device {
+    void *key;
+    VkDevice handle;
+    PFN_vkGetDeviceProcAddr gdpa;
+    PFN_vkDestroyDevice DestroyDevice;
+    PFN_vkAllocateMemory AllocateMemory;
+    PFN_vkFreeMemory FreeMemory;
+    bool metered;                       /* one of the tenant's GPUs, a tenant present */
+    uint8_t uuid[VK_UUID_SIZE];
+    uint32_t type_count;
+    bool type_local[VK_MAX_MEMORY_TYPES]; /* the type's heap is device-local: charged */
+};
+
+static inline void *vl_key(const void *dispatchable)
+{
+    return *(void *const *)dispatchable;
+}
+
+struct vl_instance *vl_instance_of(const void *dispatchable); /* an instance or physical device */
+struct vl_device *vl_device_of(VkDevice device);
+void vl_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- devices.c ------------------------------------------------------------------------------ */
+/* The device's UUID, asked of the next layer; false when it cannot tell. */
+bool vl_device_uuid(struct vl_instance *in, VkPhysicalDevice pd, uint8_t uuid[VK_UUID_SIZE]);
+/* Shown to the program: every device without a tenant, else only the tenant's GPUs. */
+bool vl_visible(struct vl_instance *in, VkPhysicalDevice pd);
+VKAPI_ATTR VkResult VKAPI_CALL vl_EnumeratePhysicalDevices(VkInstance instance, uint32_t *count,
+                                                           VkPhysicalDevice *devices);
+VKAPI_ATTR VkResult VKAPI_CALL vl_EnumeratePhysicalDeviceGroups(VkInstance instance, uint32_t *count,
+                                                                VkPhysicalDeviceGroupProperties *groups);
+
+/* ---- memory.c ------------------------------------------------------------------------------- */
+VKAPI_ATTR void VKAPI_CALL vl_GetPhysicalDeviceMemoryProperties(VkPhysicalDevice pd,
+                                                                VkPhysicalDeviceMemoryProperties *props);
+VKAPI_ATTR void VKAPI_CALL vl_GetPhysicalDeviceMemoryProperties2(VkPhysicalDevice pd,
+                                                                 VkPhysicalDeviceMemoryProperties2 *props);
+VKAPI_ATTR VkResult VKAPI_CALL vl_AllocateMemory(VkDevice device, const VkMemoryAllocateInfo *info,
+                                                 const VkAllocationCallbacks *alloc, VkDeviceMemory *memory);
+VKAPI_ATTR void VKAPI_CALL vl_FreeMemory(VkDevice device, VkDeviceMemory memory,
+                                         const VkAllocationCallbacks *alloc);
+/* Fills the device record's memory facts (which types are charged) at vkCreateDevice. */
+void vl_device_memory_setup(struct vl_instance *in, VkPhysicalDevice pd, struct vl_device *dev);
+
+/* ---- ledger.c: the shim's ledger API ------------------------------------------------------- */
+struct vl_ledger {
+    int (*state)(void);
+    int (*device)(const uint8_t uuid[16], uint64_t *cap, uint64_t *used);
+    int (*charge)(const uint8_t uuid[16], uint64_t bytes, uint64_t key, const void *owner);
+    int (*rekey)(uint64_t old_key, uint64_t new_key);
+    void (*credit)(uint64_t key);
+    void (*credit_owner)(const void *owner);
+};
+/* 0 with the ledger (ledger->state() says whether a tenant is present), or -1 when a tenant is
+ * configured but its ledger cannot be reached (the program must not run unmetered). */
+int vl_ledger(const struct vl_ledger **out);
+
+#endif

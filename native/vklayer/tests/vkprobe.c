@@ -1,0 +1,172 @@
+/*
+ * A plain Vulkan program for tests/integration/test_vulkan.py: it knows nothing of sharegpu.
+ *   vkprobe info [api]         the devices it sees (uuid, name) and their heaps
+ *   vkprobe fill <MiB> [leak]  (Vulkan 1.0) allocates <MiB> chunks of a device-local type until
+ *                              refused, frees one and allocates it again, then frees all (leak:
+ *                              all but the first, which goes with the device)
+ *   vkprobe groups             the device groups it sees
+ *   vkprobe mixed <CUDA MiB> <MiB>  cuMemAlloc of <CUDA MiB> on CUDA device 0 first (one process,
+ *                              both APIs), then fill <MiB>
+ * api: 10 (Vulkan 1.0, the default) or 13; groups uses 1.1.  Output: key=value lines.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vulkan/vulkan.h>
+
+#include "sharegpu/cuda_api.h"
+
+#define MIB (1024ull * 1024ull)
+#define MAX_CHUNKS 4096
+
+static VkInstance make_instance(uint32_t api)
+{
+    VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .pApplicationName = "vkprobe",
+                             .apiVersion = api};
+    VkInstanceCreateInfo info = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, .pApplicationInfo = &app};
+    VkInstance instance = VK_NULL_HANDLE;
+    VkResult r = vkCreateInstance(&info, NULL, &instance);
+    printf("instance=%d\n", (int)r);
+    return r == VK_SUCCESS ? instance : VK_NULL_HANDLE;
+}
+
+static void print_uuid(const char *key, const uint8_t *u)
+{
+    printf("%s=", key);
+    for (unsigned i = 0; i < VK_UUID_SIZE; i++)
+        printf("%02x%s", u[i], (i == 3 || i == 5 || i == 7 || i == 9) ? "-" : "");
+    printf("\n");
+}
+
+static uint32_t devices_of(VkInstance instance, VkPhysicalDevice *out, uint32_t cap)
+{
+    uint32_t n = 0;
+    VkResult r = vkEnumeratePhysicalDevices(instance, &n, NULL);
+    printf("enumerate=%d\ndevices=%u\n", (int)r, n);
+    if (n > cap)
+        n = cap;
+    r = vkEnumeratePhysicalDevices(instance, &n, out);
+    return r == VK_SUCCESS || r == VK_INCOMPLETE ? n : 0;
+}
+
+static void info(VkInstance instance, uint32_t api)
+{
+    VkPhysicalDevice pds[16];
+    uint32_t n = devices_of(instance, pds, 16);
+    for (uint32_t i = 0; i < n; i++) {
+        VkPhysicalDeviceProperties p;
+        vkGetPhysicalDeviceProperties(pds[i], &p);
+        printf("name=%s\n", p.deviceName);
+        if (api >= VK_API_VERSION_1_1) {
+            VkPhysicalDeviceIDProperties id = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES};
+            VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &id};
+            vkGetPhysicalDeviceProperties2(pds[i], &p2);
+            print_uuid("uuid", id.deviceUUID);
+            VkPhysicalDeviceMemoryProperties2 m2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_PROPERTIES_2};
+            vkGetPhysicalDeviceMemoryProperties2(pds[i], &m2);
+            for (uint32_t h = 0; h < m2.memoryProperties.memoryHeapCount; h++)
+                printf("heap2=%llu\n", (unsigned long long)m2.memoryProperties.memoryHeaps[h].size);
+        }
+        VkPhysicalDeviceMemoryProperties m;
+        vkGetPhysicalDeviceMemoryProperties(pds[i], &m);
+        for (uint32_t h = 0; h < m.memoryHeapCount; h++)
+            printf("heap=%llu local=%d\n", (unsigned long long)m.memoryHeaps[h].size,
+                   (m.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) ? 1 : 0);
+    }
+}
+
+static void groups(VkInstance instance)
+{
+    uint32_t n = 0;
+    VkResult r = vkEnumeratePhysicalDeviceGroups(instance, &n, NULL);
+    printf("groups=%u rc=%d\n", n, (int)r);
+    VkPhysicalDeviceGroupProperties g[8];
+    for (int i = 0; i < 8; i++)
+        g[i] = (VkPhysicalDeviceGroupProperties){.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_GROUP_PROPERTIES};
+    n = n > 8 ? 8 : n;
+    r = vkEnumeratePhysicalDeviceGroups(instance, &n, g);
+    for (uint32_t i = 0; i < n; i++)
+        printf("group=%u\n", g[i].physicalDeviceCount);
+}
+
+static int fill(VkInstance instance, uint64_t chunk, int leak)
+{
+    VkPhysicalDevice pd;
+    if (devices_of(instance, &pd, 1) < 1)
+        return 1;
+    VkPhysicalDeviceMemoryProperties m;
+    vkGetPhysicalDeviceMemoryProperties(pd, &m);
+    uint32_t type = UINT32_MAX;
+    for (uint32_t t = 0; t < m.memoryTypeCount && type == UINT32_MAX; t++)
+        if (m.memoryHeaps[m.memoryTypes[t].heapIndex].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)
+            type = t;
+    float prio = 1.0f;
+    VkDeviceQueueCreateInfo q = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO, .queueCount = 1,
+                                 .pQueuePriorities = &prio};
+    VkDeviceCreateInfo dinfo = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .queueCreateInfoCount = 1,
+                                .pQueueCreateInfos = &q};
+    VkDevice dev;
+    VkResult r = vkCreateDevice(pd, &dinfo, NULL, &dev);
+    printf("device=%d\n", (int)r);
+    if (r != VK_SUCCESS)
+        return 1;
+    static VkDeviceMemory chunks[MAX_CHUNKS];
+    int n = 0;
+    VkMemoryAllocateInfo a = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .allocationSize = chunk,
+                              .memoryTypeIndex = type};
+    for (; n < MAX_CHUNKS; n++) {
+        r = vkAllocateMemory(dev, &a, NULL, &chunks[n]);
+        if (r != VK_SUCCESS)
+            break;
+    }
+    printf("allocated=%d\nrefused=%d\n", n, (int)r);
+    if (n > 0) {
+        vkFreeMemory(dev, chunks[n - 1], NULL);
+        r = vkAllocateMemory(dev, &a, NULL, &chunks[n - 1]);
+        printf("again=%d\n", (int)r);
+        if (r != VK_SUCCESS)
+            n--;
+    }
+    for (int i = leak ? 1 : 0; i < n; i++)
+        vkFreeMemory(dev, chunks[i], NULL);
+    vkDestroyDevice(dev, NULL);
+    printf("done=1\n");
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        return 2;
+    const char *api_word = strcmp(argv[1], "info") == 0 && argc > 2 ? argv[2] : "10";
+    uint32_t api = strcmp(api_word, "13") == 0 ? VK_API_VERSION_1_3 : VK_API_VERSION_1_0;
+    VkInstance instance = make_instance(strcmp(argv[1], "groups") == 0 ? VK_API_VERSION_1_1 : api);
+    if (!instance)
+        return 1;
+    int rc = 0;
+    if (strcmp(argv[1], "info") == 0)
+        info(instance, api);
+    else if (strcmp(argv[1], "groups") == 0)
+        groups(instance);
+    else if (strcmp(argv[1], "mixed") == 0 && argc > 3) {
+        CUcontext ctx;
+        CUdeviceptr p = 0;
+        CUresult cr = cuInit(0);
+        if (!cr)
+            cr = cuDevicePrimaryCtxRetain(&ctx, 0);
+        if (!cr)
+            cr = cuCtxSetCurrent(ctx);
+        if (!cr)
+            cr = cuMemAlloc_v2(&p, (size_t)(strtoull(argv[2], NULL, 10) * MIB));
+        printf("cuda=%d\n", (int)cr);
+        rc = fill(instance, strtoull(argv[3], NULL, 10) * MIB, 0);
+        size_t free_b = 0, total = 0;
+        cuMemGetInfo_v2(&free_b, &total);
+        printf("cuda_used=%zu\n", total - free_b);
+    } else if (strcmp(argv[1], "fill") == 0 && argc > 2)
+        rc = fill(instance, strtoull(argv[2], NULL, 10) * MIB, argc > 3 && strcmp(argv[3], "leak") == 0);
+    else
+        rc = 2;
+    vkDestroyInstance(instance, NULL);
+    return rc;
+}

@@ -1,0 +1,169 @@
+"""The Vulkan layer (issue 39): unmodified Vulkan programs on Mesa's lavapipe (a Vulkan driver on
+the CPU) under a tenant, with the layer the way `sharegpu run` enables it.
+
+The simulated node's GPU 0 is given lavapipe's deviceUUID, as a real node's GPU has one UUID for
+CUDA, NVML and Vulkan, so a tenant of that GPU is a tenant of the lavapipe device:
+
+- the program sees the vGPU: one device-local heap the size of the cap (vkGetPhysicalDevice-
+  MemoryProperties and ...2, a 1.0 and a 1.3 instance), and only the tenant's GPUs;
+- allocations on a device-local heap are charged to the tenant's ledger and refused past the cap
+  with VK_ERROR_OUT_OF_DEVICE_MEMORY; a free gives the room back;
+- a process that uses CUDA and Vulkan has one ledger: what CUDA holds, Vulkan cannot have;
+- without a tenant the layer changes nothing; with a broken one, no instance is made;
+- vulkaninfo and the Khronos validation layer run under it.
+
+lavapipe, the Vulkan loader and tools come from Debian (mesa-vulkan-drivers, libvulkan-dev,
+vulkan-tools, vulkan-validationlayers; .ci/run installs them): without them these tests fail.
+"""
+
+from __future__ import annotations
+
+import glob
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cbuild import SHIM_DIR, gcc
+from conftest import Sim, parse_kv
+from sharegpu import native
+from sharegpu.spec import MIB
+
+VK_ERROR_OUT_OF_DEVICE_MEMORY = -2
+VK_ERROR_INITIALIZATION_FAILED = -3
+CAP_MIB = 256
+SOURCE = SHIM_DIR.parent / "vklayer" / "tests" / "vkprobe.c"
+
+
+def lavapipe_icd() -> str:
+    found = sorted(glob.glob("/usr/share/vulkan/icd.d/lvp_icd.*.json"))
+    assert found, "lavapipe is not installed (Debian: mesa-vulkan-drivers; .ci/run installs it)"
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def vkprobe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    assert native.vulkan_layer_share() is not None, (
+        "the Vulkan layer is not built: install the Vulkan headers (Debian: libvulkan-dev) and run make"
+    )
+    simgpu = str(native.LIB_DIR / "simgpu")
+    out = tmp_path_factory.mktemp("vk")
+    return gcc(out, "vkprobe", str(SOURCE), f"-L{simgpu}", "-l:libcuda.so.1", "-lvulkan")
+
+
+def vk_env(tmp: Path) -> dict[str, str]:
+    return {"VK_ICD_FILENAMES": lavapipe_icd(), "XDG_RUNTIME_DIR": str(tmp)}
+
+
+@pytest.fixture(scope="module")
+def lavapipe_uuid(vkprobe: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """lavapipe's deviceUUID as a GPU UUID, asked of the driver with no layer and no tenant."""
+    tmp = tmp_path_factory.mktemp("uuid")
+    env = vk_env(tmp) | {"LD_LIBRARY_PATH": str(native.LIB_DIR / "simgpu")}  # vkprobe links libcuda.so.1
+    proc = subprocess.run(
+        [str(vkprobe), "info", "13"], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
+    return "GPU-" + parse_kv(proc.stdout)[0]["uuid"]
+
+
+@pytest.fixture
+def node(sim_factory, lavapipe_uuid: str, tmp_path: Path) -> Sim:  # type: ignore[no-untyped-def]
+    sim: Sim = sim_factory(gpus=2, memory_mib=8 * 1024, uuid0=lavapipe_uuid)
+    sim.extra_env.update(vk_env(tmp_path))
+    return sim
+
+
+def run(
+    node: Sim, vkprobe: Path, *args: str, memory: str = f"{CAP_MIB}MiB", gpu: str = "0"
+) -> dict[str, list[str]]:
+    """vkprobe as `sharegpu run` starts it: every key's values, in order."""
+    proc = node.cli("run", "-m", memory, "--gpu", gpu, "--", str(vkprobe), *args, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    values: dict[str, list[str]] = {}
+    for key, value in parse_kv(proc.stdout)[1]:
+        for word in value.split():  # "heap=N local=1" lines carry two pairs
+            k, _, v = word.partition("=") if "=" in word else (key, "", word)
+            values.setdefault(k, []).append(v)
+    return values
+
+
+def test_the_tenant_sees_its_vgpu_heap_on_a_1_0_and_a_1_3_instance(node: Sim, vkprobe: Path) -> None:
+    old = run(node, vkprobe, "info", "10")
+    assert old["devices"] == ["1"]
+    assert old["heap"] == [str(CAP_MIB * MIB)]
+    new = run(node, vkprobe, "info", "13")
+    assert new["heap"] == new["heap2"] == [str(CAP_MIB * MIB)]
+
+
+def test_allocations_stop_at_the_cap_and_a_free_makes_room(node: Sim, vkprobe: Path) -> None:
+    got = run(node, vkprobe, "fill", "64")
+    assert got["device"] == ["0"]
+    assert got["allocated"] == [str(CAP_MIB // 64)]
+    assert got["refused"] == [str(VK_ERROR_OUT_OF_DEVICE_MEMORY)]
+    assert got["again"] == ["0"]
+    odd = run(node, vkprobe, "fill", "100")  # 2 fit, the third would pass 256
+    assert odd["allocated"] == ["2"]
+
+
+def test_cuda_and_vulkan_in_one_process_share_one_ledger(node: Sim, vkprobe: Path) -> None:
+    got = run(node, vkprobe, "mixed", "128", "64")
+    assert got["cuda"] == ["0"]
+    assert got["allocated"] == ["2"]  # 128 of CUDA + 2 x 64 of Vulkan fill the 256 MiB cap
+    assert got["refused"] == [str(VK_ERROR_OUT_OF_DEVICE_MEMORY)]
+
+
+def test_a_tenant_of_another_gpu_sees_no_vulkan_device(node: Sim, vkprobe: Path) -> None:
+    assert run(node, vkprobe, "info", "13", gpu="1")["devices"] == ["0"]
+    assert run(node, vkprobe, "groups", gpu="1")["groups"] == ["0"]
+    assert run(node, vkprobe, "groups", gpu="0")["group"] == ["1"]
+
+
+def test_without_a_tenant_the_layer_changes_nothing(node: Sim, vkprobe: Path, lavapipe_uuid: str) -> None:
+    share = native.vulkan_layer_share()
+    env = node.env(SHAREGPU_VULKAN="1", XDG_DATA_DIRS=f"{share}:/usr/share")
+    plain = subprocess.run(
+        [str(vkprobe), "info", "13"], env=node.env(), capture_output=True, text=True, check=True
+    )
+    layered = subprocess.run(
+        [str(vkprobe), "info", "13"], env=env, capture_output=True, text=True, check=True
+    )
+    assert layered.stdout == plain.stdout
+    assert int(parse_kv(plain.stdout)[0]["heap"].split()[0]) > CAP_MIB * MIB
+
+
+def test_a_broken_tenant_gets_no_instance(node: Sim, vkprobe: Path, tmp_path: Path) -> None:
+    share = native.vulkan_layer_share()
+    broken = tmp_path / "not-a-tenant"
+    broken.mkdir()
+    env = node.env(SHAREGPU_VULKAN="1", XDG_DATA_DIRS=f"{share}:/usr/share", SHAREGPU_TENANT=str(broken))
+    proc = subprocess.run([str(vkprobe), "info", "13"], env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 1
+    assert parse_kv(proc.stdout)[0]["instance"] == str(VK_ERROR_INITIALIZATION_FAILED)
+    assert "sharegpu-vk:" in proc.stderr
+    assert "broken" in proc.stderr
+
+
+def test_the_layer_loads_the_ledger_itself_when_the_shim_is_not_preloaded(node: Sim, vkprobe: Path) -> None:
+    tenant = node.tenant("vk", CAP_MIB, gpus=[0])
+    share = native.vulkan_layer_share()
+    env = node.env(SHAREGPU_VULKAN="1", XDG_DATA_DIRS=f"{share}:/usr/share", SHAREGPU_TENANT=str(tenant))
+    proc = subprocess.run([str(vkprobe), "fill", "64"], env=env, capture_output=True, text=True, check=True)
+    values = parse_kv(proc.stdout)[0]
+    assert values["allocated"] == str(CAP_MIB // 64)
+    assert values["refused"] == str(VK_ERROR_OUT_OF_DEVICE_MEMORY)
+
+
+def test_vulkaninfo_shows_the_vgpu(node: Sim) -> None:
+    proc = node.cli("run", "-m", f"{CAP_MIB}MiB", "--gpu", "0", "--", "vulkaninfo", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"size   = {CAP_MIB * MIB} (0x{CAP_MIB * MIB:x}) ({CAP_MIB}.00 MiB)" in proc.stdout
+
+
+def test_the_khronos_validation_layer_finds_nothing_to_say(node: Sim, vkprobe: Path) -> None:
+    env = node.env(VK_INSTANCE_LAYERS="VK_LAYER_KHRONOS_validation")
+    proc = node.cli(
+        "run", "-m", f"{CAP_MIB}MiB", "--gpu", "0", "--", str(vkprobe), "fill", "64", env=env, timeout=180
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "allocated=4" in proc.stdout
+    assert "Validation" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
