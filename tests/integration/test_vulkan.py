@@ -18,13 +18,12 @@ vulkan-tools, vulkan-validationlayers; .ci/run installs them): without them thes
 
 from __future__ import annotations
 
-import glob
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from cbuild import SHIM_DIR, gcc
+import vkutil
 from conftest import Sim, parse_kv
 from sharegpu import native
 from sharegpu.spec import MIB
@@ -32,44 +31,22 @@ from sharegpu.spec import MIB
 VK_ERROR_OUT_OF_DEVICE_MEMORY = -2
 VK_ERROR_INITIALIZATION_FAILED = -3
 CAP_MIB = 256
-SOURCE = SHIM_DIR.parent / "vklayer" / "tests" / "vkprobe.c"
-
-
-def lavapipe_icd() -> str:
-    found = sorted(glob.glob("/usr/share/vulkan/icd.d/lvp_icd.*.json"))
-    assert found, "lavapipe is not installed (Debian: mesa-vulkan-drivers; .ci/run installs it)"
-    return found[0]
 
 
 @pytest.fixture(scope="module")
 def vkprobe(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    assert native.vulkan_layer_share() is not None, (
-        "the Vulkan layer is not built: install the Vulkan headers (Debian: libvulkan-dev) and run make"
-    )
-    simgpu = str(native.LIB_DIR / "simgpu")
-    out = tmp_path_factory.mktemp("vk")
-    return gcc(out, "vkprobe", str(SOURCE), f"-L{simgpu}", "-l:libcuda.so.1", "-lvulkan")
-
-
-def vk_env(tmp: Path) -> dict[str, str]:
-    return {"VK_ICD_FILENAMES": lavapipe_icd(), "XDG_RUNTIME_DIR": str(tmp)}
+    return vkutil.build_vkprobe(tmp_path_factory.mktemp("vk"))
 
 
 @pytest.fixture(scope="module")
 def lavapipe_uuid(vkprobe: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """lavapipe's deviceUUID as a GPU UUID, asked of the driver with no layer and no tenant."""
-    tmp = tmp_path_factory.mktemp("uuid")
-    env = vk_env(tmp) | {"LD_LIBRARY_PATH": str(native.LIB_DIR / "simgpu")}  # vkprobe links libcuda.so.1
-    proc = subprocess.run(
-        [str(vkprobe), "info", "13"], env=env, capture_output=True, text=True, timeout=60, check=True
-    )
-    return "GPU-" + parse_kv(proc.stdout)[0]["uuid"]
+    return vkutil.lavapipe_uuid(vkprobe, tmp_path_factory.mktemp("uuid"))
 
 
 @pytest.fixture
 def node(sim_factory, lavapipe_uuid: str, tmp_path: Path) -> Sim:  # type: ignore[no-untyped-def]
     sim: Sim = sim_factory(gpus=2, memory_mib=8 * 1024, uuid0=lavapipe_uuid)
-    sim.extra_env.update(vk_env(tmp_path))
+    sim.extra_env.update(vkutil.vk_env(tmp_path))
     return sim
 
 

@@ -7,7 +7,9 @@ What a container that asks for a tenant's vGPU gets (docs/containers.md):
   mounted read-only over `/etc/ld.so.preload` that names it, so every process of the container
   loads it without LD_PRELOAD; `SHAREGPU_TENANT=/run/sharegpu/tenant`; and the driver: on the
   simulated GPU its two libraries (read-only, with LD_LIBRARY_PATH) and its state file; on a
-  real NVIDIA driver its control device nodes, libraries, tools and firmware (nvidia.py);
+  real NVIDIA driver its control device nodes, libraries, tools and firmware (nvidia.py); and,
+  when it was built, the Vulkan layer beside the shim with its manifest at
+  `/etc/vulkan/implicit_layer.d/sharegpu_vk.json` and `SHAREGPU_VULKAN=1` (docs/vulkan.md);
 - each tenant's device: on a real driver, /dev/nvidia<minor> of each of its GPUs; its limits
   read-only and its usage read-write at `/run/sharegpu/tenant/{limits,usage}`, and the arbiter
   directory of each of its GPUs at `/run/sharegpu/tenant/gpus/<uuid>` (read-write: the token
@@ -23,6 +25,7 @@ written atomically (a temporary file renamed over the old one), so a runtime nev
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -33,7 +36,7 @@ from pathlib import Path
 from sharegpu import mps, simgpu
 from sharegpu.devices import Gpu, driver_version, list_gpus, nvml_library
 from sharegpu.errors import CdiSpecError, ConfigError, SpecError, TenantNotFound
-from sharegpu.native import simgpu_dir
+from sharegpu.native import simgpu_dir, vulkan_layer_share
 from sharegpu.regions import abi
 from sharegpu.runtime.cdi import nvidia
 from sharegpu.runtime.cdi.binds import tenant_binds
@@ -59,6 +62,9 @@ SPEC_FILE = "sharegpu.json"
 CONTAINER_TENANT_DIR = abi.CONTAINER_TENANT_DIR
 CONTAINER_SHIM = "/usr/lib/sharegpu/libsharegpu.so"
 CONTAINER_SIMGPU_DIR = "/usr/lib/sharegpu/simgpu"
+CONTAINER_VK_LAYER = "/usr/lib/sharegpu/libsharegpu_vk.so"  # beside the shim, where it looks for it
+CONTAINER_VK_MANIFEST = "/etc/vulkan/implicit_layer.d/sharegpu_vk.json"  # a loader's search path
+VK_MANIFEST_FILE = "sharegpu_vk.json"  # under <runtime>/cdi: the manifest as the container sees it
 PRELOAD_FILE = "ld.so.preload"  # under <runtime>/cdi: what /etc/ld.so.preload shows inside
 SHIM_CODECS = ("libzstd.so.1", "liblz4.so.1")  # what fatbin entries are compressed with
 
@@ -69,15 +75,36 @@ def _bind(host: Path | str, container: str, *, writable: bool = False) -> Mount:
 
 def preload_file(root: Path) -> Path:
     """The host file mounted over /etc/ld.so.preload: one line, the shim's path inside."""
-    path = root / "cdi" / PRELOAD_FILE
-    want = CONTAINER_SHIM + "\n"
+    return _keep_file(root / "cdi" / PRELOAD_FILE, CONTAINER_SHIM + "\n")
+
+
+def _keep_file(path: Path, text: str) -> Path:
+    """path, holding text (written atomically, mode 0644, only when it differs)."""
     try:
-        if not path.is_file() or path.read_text() != want:
+        if not path.is_file() or path.read_text() != text:
             path.parent.mkdir(parents=True, exist_ok=True)
-            _write_atomically(path, want, mode=0o644)
+            _write_atomically(path, text, mode=0o644)
     except OSError as err:
         raise ConfigError(f"cannot write {path}: {err.strerror or err}") from err
     return path
+
+
+def vulkan_edits(root: Path) -> ContainerEdits:
+    """The Vulkan layer for every process of the container (enabled by SHAREGPU_VULKAN), when
+    it was built: the library beside the shim, and its manifest naming it by that path."""
+    share = vulkan_layer_share()
+    if share is None:
+        return ContainerEdits()
+    manifest = json.loads((share / "vulkan" / "implicit_layer.d" / VK_MANIFEST_FILE).read_text())
+    manifest["layer"]["library_path"] = CONTAINER_VK_LAYER
+    path = _keep_file(root / "cdi" / VK_MANIFEST_FILE, json.dumps(manifest, indent=4) + "\n")
+    return ContainerEdits(
+        env=["SHAREGPU_VULKAN=1"],
+        mounts=[
+            _bind(share.parent / "libsharegpu_vk.so", CONTAINER_VK_LAYER),
+            _bind(path, CONTAINER_VK_MANIFEST),
+        ],
+    )
 
 
 def simulated_driver_edits() -> ContainerEdits:
@@ -139,8 +166,14 @@ def common_edits(root: Path, driver: nvidia.Driver) -> ContainerEdits:
     edits = driver.edits
     daemon = mps.find(mps.pipe_dir())  # the daemon as this process's environment finds it
     extra = mps_edits(daemon, mps.shm_of(daemon))
+    vulkan = vulkan_edits(root)
     return ContainerEdits(
-        env=[f"{abi.TENANT_ENV}={CONTAINER_TENANT_DIR}", *(edits.env or []), *(extra.env or [])],
+        env=[
+            f"{abi.TENANT_ENV}={CONTAINER_TENANT_DIR}",
+            *(edits.env or []),
+            *(extra.env or []),
+            *(vulkan.env or []),
+        ],
         deviceNodes=edits.device_nodes or None,
         mounts=[
             _bind(preload_shim(), CONTAINER_SHIM),
@@ -148,6 +181,7 @@ def common_edits(root: Path, driver: nvidia.Driver) -> ContainerEdits:
             *codec_mounts(),
             *(edits.mounts or []),
             *(extra.mounts or []),
+            *(vulkan.mounts or []),
         ],
     )
 
