@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the three third-party CUDA clients into a venv of their own (not the project's .venv):
+# Installs the three third-party CUDA clients, and wgpu (a Vulkan client), into a venv of their own
+# (not the project's .venv):
 #   bash tests/clients/install.sh [VENV]        (default: .venv-clients at the repository root)
 # `make clients` runs it (and `make test` runs that). PYTHON picks the interpreter (python3).
 # Everything comes from PyPI wheels of the CUDA 13.0 line, except pycuda, which is built from its
@@ -36,6 +37,8 @@ pip=("$py" -m pip install --quiet --disable-pip-version-check --no-input --progr
 # 3. pycuda: nvcc 13.0 for SourceModule; cudaProfiler.h (not in the runtime wheel) for the build
 "${pip[@]}" "nvidia-cuda-nvcc==13.0.88" "nvidia-cuda-crt==13.0.88" "nvidia-cuda-profiler-api==13.0.85" \
     setuptools wheel
+# 4. wgpu (WebGPU over Vulkan, wgpu-native inside the wheel): a Vulkan client of the Vulkan layer
+"${pip[@]}" "wgpu==0.32.0"
 
 if "$py" -c "import importlib.metadata as m, sys; sys.exit(m.version('pycuda') != '$pycuda_version')" \
     2>/dev/null; then
@@ -64,7 +67,7 @@ EOF
 fi
 
 # Each client imports (pycuda's extension needs libcuda.so.1: the simulator's).
-LD_LIBRARY_PATH=$simlib "$py" -c 'import cuda.core, numba.cuda, pycuda.driver' \
+LD_LIBRARY_PATH=$simlib "$py" -c 'import cuda.core, numba.cuda, pycuda.driver, wgpu' \
     || die "a client does not import in $venv"
 "$py" -m pip list --disable-pip-version-check 2>/dev/null \
-    | grep -iE '^(cuda|numba|nvidia|pycuda|numpy|llvmlite)' || true
+    | grep -iE '^(cuda|numba|nvidia|pycuda|numpy|llvmlite|wgpu)' || true

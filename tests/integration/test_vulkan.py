@@ -10,7 +10,8 @@ CUDA, NVML and Vulkan, so a tenant of that GPU is a tenant of the lavapipe devic
   with VK_ERROR_OUT_OF_DEVICE_MEMORY; a free gives the room back;
 - a process that uses CUDA and Vulkan has one ledger: what CUDA holds, Vulkan cannot have;
 - without a tenant the layer changes nothing; with a broken one, no instance is made;
-- vulkaninfo and the Khronos validation layer run under it.
+- vulkaninfo, wgpu (WebGPU, from PyPI, in .venv-clients) and the Khronos validation layer run
+  under it.
 
 lavapipe, the Vulkan loader and tools come from Debian (mesa-vulkan-drivers, libvulkan-dev,
 vulkan-tools, vulkan-validationlayers; .ci/run installs them): without them these tests fail.
@@ -24,7 +25,7 @@ from pathlib import Path
 import pytest
 
 import vkutil
-from conftest import Sim, parse_kv
+from conftest import REPO, Sim, parse_kv
 from sharegpu import native
 from sharegpu.spec import MIB
 
@@ -144,3 +145,32 @@ def test_the_khronos_validation_layer_finds_nothing_to_say(node: Sim, vkprobe: P
     assert proc.returncode == 0, proc.stderr
     assert "allocated=4" in proc.stdout
     assert "Validation" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def wgpu_python() -> Path:
+    py = REPO / ".venv-clients" / "bin" / "python"
+    if not (REPO / ".venv-clients" / ".installed").exists() or not py.exists():
+        pytest.fail(".venv-clients is missing: run `make clients` (or `make test`, which runs it)")
+    return py
+
+
+def test_wgpu_is_refused_at_the_cap_and_unchanged_without_a_tenant(node: Sim, wgpu_python: Path) -> None:
+    script = str(REPO / "tests" / "clients" / "wgpu_buffers.py")
+    plain = subprocess.run(
+        [str(wgpu_python), script, "32"],
+        env=node.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert plain.returncode == 0, plain.stderr
+    alone = parse_kv(plain.stdout)[0]
+    assert alone["backend"] == "Vulkan"
+    assert alone["buffers"] == "40"  # 1280 MiB: lavapipe's heap is larger
+    assert alone["error"] == "none"
+    capped = run(node, wgpu_python, script, "32")
+    assert capped["backend"] == ["Vulkan"]
+    assert 0 < int(capped["buffers"][0]) * 32 <= CAP_MIB
+    assert capped["error"] == ["GPUValidationError:Not_enough_memory_left."], capped
