@@ -5,11 +5,14 @@
  *                              refused, frees one and allocates it again, then frees all (leak:
  *                              all but the first, which goes with the device)
  *   vkprobe groups             the device groups it sees
+ *   vkprobe bench <N>          N pairs of vkAllocateMemory + vkFreeMemory of 4 KiB (device-local), and
+ *                              N empty vkQueueSubmit: ns per pair, per submit (bench/vulkan.py)
  *   vkprobe mixed <CUDA MiB> <MiB>  cuMemAlloc of <CUDA MiB> on CUDA device 0 first (one process,
  *                              both APIs), then fill <MiB>
  * api: 10 (Vulkan 1.0, the default) or 13; groups uses 1.1.  Output: key=value lines.
  */
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 #include <vulkan/vulkan.h>
@@ -89,6 +92,37 @@ static void groups(VkInstance instance)
         printf("group=%u\n", g[i].physicalDeviceCount);
 }
 
+static double now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static int bench(VkPhysicalDevice pd, VkDevice dev, uint32_t type, long n)
+{
+    (void)pd;
+    VkQueue queue;
+    vkGetDeviceQueue(dev, 0, 0, &queue);
+    VkMemoryAllocateInfo a = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .allocationSize = 4096,
+                              .memoryTypeIndex = type};
+    double t0 = now_ns();
+    for (long i = 0; i < n; i++) {
+        VkDeviceMemory m;
+        if (vkAllocateMemory(dev, &a, NULL, &m) != VK_SUCCESS)
+            return 1;
+        vkFreeMemory(dev, m, NULL);
+    }
+    double t1 = now_ns();
+    for (long i = 0; i < n; i++)
+        if (vkQueueSubmit(queue, 0, NULL, VK_NULL_HANDLE) != VK_SUCCESS)
+            return 1;
+    double t2 = now_ns();
+    vkQueueWaitIdle(queue);
+    printf("alloc_free_ns=%.1f\nsubmit_ns=%.1f\n", (t1 - t0) / (double)n, (t2 - t1) / (double)n);
+    return 0;
+}
+
 static int fill(VkInstance instance, uint64_t chunk, int leak)
 {
     VkPhysicalDevice pd;
@@ -110,6 +144,11 @@ static int fill(VkInstance instance, uint64_t chunk, int leak)
     printf("device=%d\n", (int)r);
     if (r != VK_SUCCESS)
         return 1;
+    if (leak < 0) { /* bench: chunk is the count */
+        int brc = bench(pd, dev, type, (long)chunk);
+        vkDestroyDevice(dev, NULL);
+        return brc;
+    }
     static VkDeviceMemory chunks[MAX_CHUNKS];
     int n = 0;
     VkMemoryAllocateInfo a = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .allocationSize = chunk,
@@ -163,7 +202,9 @@ int main(int argc, char **argv)
         size_t free_b = 0, total = 0;
         cuMemGetInfo_v2(&free_b, &total);
         printf("cuda_used=%zu\n", total - free_b);
-    } else if (strcmp(argv[1], "fill") == 0 && argc > 2)
+    } else if (strcmp(argv[1], "bench") == 0 && argc > 2)
+        rc = fill(instance, strtoull(argv[2], NULL, 10), -1);
+    else if (strcmp(argv[1], "fill") == 0 && argc > 2)
         rc = fill(instance, strtoull(argv[2], NULL, 10) * MIB, argc > 3 && strcmp(argv[3], "leak") == 0);
     else
         rc = 2;
