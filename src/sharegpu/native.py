@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from sharegpu.errors import ConfigError
@@ -23,12 +24,34 @@ def shim_path() -> Path:
     return _require(LIB_DIR / "libsharegpu.so")
 
 
-def vulkan_layer_share() -> Path | None:
+VK_LAYER_NAME = "VK_LAYER_SHAREGPU_vgpu"
+
+
+def vulkan_layer_share(lib_dir: Path = LIB_DIR) -> Path | None:
     """The data directory whose vulkan/implicit_layer.d holds the Vulkan layer's manifest (the
-    loader searches XDG_DATA_DIRS), or None when the layer was not built (no Vulkan headers)."""
-    share = LIB_DIR / "share"
+    loader searches XDG_DATA_DIRS), or None when the layer was not built (no Vulkan headers).
+
+    A manifest the loader would skip (malformed, another layer's, naming a library that is not
+    there) is an error, not None: the loader says nothing to the program and its Vulkan memory
+    would go unmetered."""
+    share = lib_dir / "share"
     manifest = share / "vulkan" / "implicit_layer.d" / "sharegpu_vk.json"
-    return share if manifest.exists() and (LIB_DIR / "libsharegpu_vk.so").exists() else None
+    if not manifest.exists() and not (lib_dir / "libsharegpu_vk.so").exists():
+        return None
+    try:
+        layer = json.loads(manifest.read_text())["layer"]
+        library = (manifest.parent / layer["library_path"]).resolve()
+        if layer["name"] != VK_LAYER_NAME:
+            raise ValueError(f"it names the layer {layer['name']!r}, not {VK_LAYER_NAME}")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ConfigError(
+            f"the Vulkan layer's manifest {manifest} is unusable ({err}): rebuild with make"
+        ) from err
+    if not library.is_file():
+        raise ConfigError(
+            f"the Vulkan layer's manifest {manifest} names {library}, which is missing: rebuild with make"
+        )
+    return share
 
 
 def agent_lib_path() -> Path:

@@ -19,6 +19,7 @@ vulkan-tools, vulkan-validationlayers; .ci/run installs them): without them thes
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -174,3 +175,34 @@ def test_wgpu_is_refused_at_the_cap_and_unchanged_without_a_tenant(node: Sim, wg
     assert capped["backend"] == ["Vulkan"]
     assert 0 < int(capped["buffers"][0]) * 32 <= CAP_MIB
     assert capped["error"] == ["GPUValidationError:Not_enough_memory_left."], capped
+
+
+def test_memory_left_to_its_device_goes_back_with_it(node: Sim, vkprobe: Path) -> None:
+    got = run(node, vkprobe, "fill", "64", "leak")  # nothing freed, the device destroyed, a second filled
+    assert got["allocated"] == got["allocated2"] == [str(CAP_MIB // 64)]
+
+
+def test_an_allocation_with_a_pnext_chain_is_charged_and_passed_on(node: Sim, vkprobe: Path) -> None:
+    env = node.env(VK_INSTANCE_LAYERS="VK_LAYER_KHRONOS_validation")
+    proc = node.cli(
+        "run", "-m", f"{CAP_MIB}MiB", "--gpu", "0", "--", str(vkprobe), "fill", "64", "pnext", env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    values = parse_kv(proc.stdout)[0]
+    assert values["allocated"] == str(CAP_MIB // 64)
+    assert values["refused"] == str(VK_ERROR_OUT_OF_DEVICE_MEMORY)
+    assert "Validation" not in proc.stdout + proc.stderr
+
+
+def test_a_layer_found_twice_is_loaded_once(node: Sim, vkprobe: Path, tmp_path: Path) -> None:
+    share = native.vulkan_layer_share()
+    assert share is not None
+    copy = tmp_path / "copy"
+    manifest = json.loads((share / "vulkan" / "implicit_layer.d" / "sharegpu_vk.json").read_text())
+    manifest["layer"]["library_path"] = str(share.parent / "libsharegpu_vk.so")
+    (copy / "vulkan" / "implicit_layer.d").mkdir(parents=True)
+    (copy / "vulkan" / "implicit_layer.d" / "sharegpu_vk.json").write_text(json.dumps(manifest))
+    tenant = node.tenant("twice", CAP_MIB, gpus=[0])
+    env = node.tenant_env(tenant, SHAREGPU_VULKAN="1", XDG_DATA_DIRS=f"{share}:{copy}:/usr/share")
+    proc = subprocess.run([str(vkprobe), "fill", "64"], env=env, capture_output=True, text=True, check=True)
+    assert parse_kv(proc.stdout)[0]["allocated"] == str(CAP_MIB // 64)  # charged once each

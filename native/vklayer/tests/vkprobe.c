@@ -1,9 +1,12 @@
 /*
  * A plain Vulkan program for tests/integration/test_vulkan.py: it knows nothing of sharegpu.
  *   vkprobe info [api]         the devices it sees (uuid, name) and their heaps
- *   vkprobe fill <MiB> [leak]  (Vulkan 1.0) allocates <MiB> chunks of a device-local type until
- *                              refused, frees one and allocates it again, then frees all (leak:
- *                              all but the first, which goes with the device)
+ *   vkprobe fill <MiB> [how]   (Vulkan 1.0) allocates <MiB> chunks of a device-local type until
+ *                              refused, frees one and allocates it again, then frees all.  how:
+ *                              leak  frees none, destroys the device, then fills a second device
+ *                                    (allocated2=)
+ *                              pnext on a 1.3 instance, each allocation with a
+ *                                    VkMemoryAllocateFlagsInfo in its pNext chain
  *   vkprobe groups             the device groups it sees
  *   vkprobe bench <N>          N pairs of vkAllocateMemory + vkFreeMemory of 4 KiB (device-local), and
  *                              N empty vkQueueSubmit: ns per pair, per submit (bench/vulkan.py)
@@ -123,7 +126,9 @@ static int bench(VkPhysicalDevice pd, VkDevice dev, uint32_t type, long n)
     return 0;
 }
 
-static int fill(VkInstance instance, uint64_t chunk, int leak)
+enum fill_how { FILL_PLAIN, FILL_LEAK, FILL_PNEXT, FILL_BENCH };
+
+static int fill(VkInstance instance, uint64_t chunk, enum fill_how how)
 {
     VkPhysicalDevice pd;
     if (devices_of(instance, &pd, 1) < 1)
@@ -144,15 +149,16 @@ static int fill(VkInstance instance, uint64_t chunk, int leak)
     printf("device=%d\n", (int)r);
     if (r != VK_SUCCESS)
         return 1;
-    if (leak < 0) { /* bench: chunk is the count */
+    if (how == FILL_BENCH) { /* chunk is the count */
         int brc = bench(pd, dev, type, (long)chunk);
         vkDestroyDevice(dev, NULL);
         return brc;
     }
     static VkDeviceMemory chunks[MAX_CHUNKS];
     int n = 0;
+    VkMemoryAllocateFlagsInfo flags = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_FLAGS_INFO};
     VkMemoryAllocateInfo a = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .allocationSize = chunk,
-                              .memoryTypeIndex = type};
+                              .memoryTypeIndex = type, .pNext = how == FILL_PNEXT ? &flags : NULL};
     for (; n < MAX_CHUNKS; n++) {
         r = vkAllocateMemory(dev, &a, NULL, &chunks[n]);
         if (r != VK_SUCCESS)
@@ -166,9 +172,19 @@ static int fill(VkInstance instance, uint64_t chunk, int leak)
         if (r != VK_SUCCESS)
             n--;
     }
-    for (int i = leak ? 1 : 0; i < n; i++)
+    for (int i = 0; i < n && how != FILL_LEAK; i++)
         vkFreeMemory(dev, chunks[i], NULL);
-    vkDestroyDevice(dev, NULL);
+    vkDestroyDevice(dev, NULL); /* with FILL_LEAK, the memory goes with it */
+    if (how == FILL_LEAK) {
+        if (vkCreateDevice(pd, &dinfo, NULL, &dev) != VK_SUCCESS)
+            return 1;
+        for (n = 0; n < MAX_CHUNKS && vkAllocateMemory(dev, &a, NULL, &chunks[n]) == VK_SUCCESS; n++)
+            ;
+        printf("allocated2=%d\n", n);
+        for (int i = 0; i < n; i++)
+            vkFreeMemory(dev, chunks[i], NULL);
+        vkDestroyDevice(dev, NULL);
+    }
     printf("done=1\n");
     return 0;
 }
@@ -178,6 +194,11 @@ int main(int argc, char **argv)
     if (argc < 2)
         return 2;
     const char *api_word = strcmp(argv[1], "info") == 0 && argc > 2 ? argv[2] : "10";
+    enum fill_how how = FILL_PLAIN;
+    if (strcmp(argv[1], "fill") == 0 && argc > 3)
+        how = strcmp(argv[3], "leak") == 0 ? FILL_LEAK : strcmp(argv[3], "pnext") == 0 ? FILL_PNEXT : FILL_PLAIN;
+    if (how == FILL_PNEXT)
+        api_word = "13";
     uint32_t api = strcmp(api_word, "13") == 0 ? VK_API_VERSION_1_3 : VK_API_VERSION_1_0;
     VkInstance instance = make_instance(strcmp(argv[1], "groups") == 0 ? VK_API_VERSION_1_1 : api);
     if (!instance)
@@ -198,14 +219,14 @@ int main(int argc, char **argv)
         if (!cr)
             cr = cuMemAlloc_v2(&p, (size_t)(strtoull(argv[2], NULL, 10) * MIB));
         printf("cuda=%d\n", (int)cr);
-        rc = fill(instance, strtoull(argv[3], NULL, 10) * MIB, 0);
+        rc = fill(instance, strtoull(argv[3], NULL, 10) * MIB, FILL_PLAIN);
         size_t free_b = 0, total = 0;
         cuMemGetInfo_v2(&free_b, &total);
         printf("cuda_used=%zu\n", total - free_b);
     } else if (strcmp(argv[1], "bench") == 0 && argc > 2)
-        rc = fill(instance, strtoull(argv[2], NULL, 10), -1);
+        rc = fill(instance, strtoull(argv[2], NULL, 10), FILL_BENCH);
     else if (strcmp(argv[1], "fill") == 0 && argc > 2)
-        rc = fill(instance, strtoull(argv[2], NULL, 10) * MIB, argc > 3 && strcmp(argv[3], "leak") == 0);
+        rc = fill(instance, strtoull(argv[2], NULL, 10) * MIB, how);
     else
         rc = 2;
     vkDestroyInstance(instance, NULL);
