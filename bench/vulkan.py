@@ -4,8 +4,9 @@ Runs native/vklayer/tests/vkprobe.c (`bench N`) on Mesa's lavapipe, the Vulkan d
 CPU, under a tenant of lavapipe's device (its deviceUUID as the tenant's GPU):
   * N pairs of vkAllocateMemory + vkFreeMemory of 4 KiB on the device-local heap (ns per pair):
     the layer's device lookup and the charge, re-key and credit in the tenant's ledger;
-  * N empty vkQueueSubmit (ns per call): not intercepted yet (no compute arbitration of Vulkan
-    work), so the loader calls the driver's directly.
+  * N empty vkQueueSubmit (ns per call) with the GPU's token held (a tenant with a 100% share,
+    alone): the arbiter's fast path, and the empty submission of the layer's own fence behind
+    each one that lets the arbiter wait for the work (native/vklayer/submit.c).
 Each configuration runs ROUNDS times, interleaved (no layer, layer, no layer, ...), so drift of
 a loaded machine hits both alike; the table shows medians and the added cost.
 
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from sharegpu import native
+from sharegpu.arbiter import ensure_arbiter
 from sharegpu.runtime.run import device_limit
 from sharegpu.spec import MIB, ComputeSpec
 from sharegpu.tenant import create_tenant
@@ -64,8 +66,9 @@ def environments(work: Path, probe: Path) -> tuple[dict[str, str], dict[str, str
     plain |= {"VK_ICD_FILENAMES": icds[0], "XDG_RUNTIME_DIR": str(work)}
     plain["LD_LIBRARY_PATH"] = str(native.LIB_DIR / "simgpu")  # vkprobe links libcuda.so.1
     uuid = "GPU-" + parse_kv(run(probe, ["info", "13"], plain))["uuid"]
-    limit = device_limit(uuid, 40960 * MIB, ComputeSpec.parse(policy="native"))
+    limit = device_limit(uuid, 40960 * MIB, ComputeSpec.parse())  # arbitrated: a 100% share
     tenant = create_tenant("vkbench", [limit], root=work / "run")
+    ensure_arbiter(work / "run", uuid)
     layered = plain | {
         "LD_PRELOAD": str(native.shim_path()),
         "SHAREGPU_TENANT": str(tenant),

@@ -205,6 +205,23 @@ static int gpu_of_ordinal(CUdevice dev, struct sg_gpu **out, uint64_t *gen, stru
     return 0;
 }
 
+/* The tenant's GPU of this UUID: *out set, or NULL when it is not one of the tenant's. */
+static int gpu_of_uuid(const uint8_t uuid[16], struct sg_gpu **out, uint64_t *gen, struct sg_err *e)
+{
+    *out = NULL;
+    pthread_mutex_lock(&setup_mu);
+    int rc = limits_refresh_setup_locked(e);
+    for (uint32_t i = 0; rc == 0 && i < alim.device_count; i++) {
+        if (memcmp(alim.devices[i].uuid, uuid, 16) == 0) {
+            *out = &sg_gpus[i];
+            break;
+        }
+    }
+    *gen = alim.generation;
+    pthread_mutex_unlock(&setup_mu);
+    return rc;
+}
+
 /* ---- the region ---------------------------------------------------------------------------- */
 
 static void uuid_text(const uint8_t *b, char *out, size_t n)
@@ -547,6 +564,8 @@ static int register_work(struct sg_gpu *g, CUcontext ctx, CUstream s)
 static void hold_reset(struct sg_gpu *g)
 {
     g->nctx = 0;
+    g->next_ext = 0;
+    __atomic_fetch_add(&g->hold_seq, 1, __ATOMIC_RELEASE); /* the Vulkan layer registers anew */
     g->hold_streams = SG_HOLD_NONE;
     __atomic_store_n(&g->drained_at, 0, __ATOMIC_SEQ_CST);
     __atomic_store_n(&g->idle_ns, 0, __ATOMIC_RELAXED);
@@ -564,11 +583,13 @@ static void sync_context(CUcontext ctx)
     SG_REAL(cuCtxPopCurrent_v2)(&popped);
 }
 
-/* Wait for every context that launched during this hold to finish its work. */
+/* Wait for every context that launched during this hold, and the other API's work, to finish. */
 static void drain(struct sg_gpu *g)
 {
     for (int i = 0; i < g->nctx; i++)
         sync_context(g->ctxs[i]);
+    for (int i = 0; i < g->next_ext; i++)
+        g->ext[i].fn(g->ext[i].arg);
 }
 
 /* Our queued work ran `held` ns after we handed the token on: it is ours, so our tenant pays for
@@ -1048,6 +1069,41 @@ static void hold_back_if_due_locked(struct sg_gpu *g, uint64_t now)
         hold_back_locked(g, next + late);
 }
 
+/* Under g->mu: hold g's token for a launch now: acquire it, be held back before a predicted
+ * online request, hand it on at the quantum's end as the policies decide.  0 held; 1
+ * unarbitrated (the region broke on the way); < 0 an error. */
+static int hold_for_launch_locked(struct sg_gpu *g, struct sg_err *e)
+{
+    note_gap(g, sg_mono_ns());
+    int rc = ensure_client(g, e);
+    while (rc == 0) {
+        if (!sg_arb_holding(g)) {
+            __atomic_store_n(&g->token, 0, __ATOMIC_RELAXED);
+            rc = acquire(g, e);
+            continue;
+        }
+        uint64_t now = sg_mono_ns();
+        uint64_t by = __atomic_load_n(&g->launch_by, __ATOMIC_RELAXED);
+        if (by && now >= by) {
+            hold_back_if_due_locked(g, now);
+            continue; /* held back: ask again (granted after the request) */
+        }
+        bool over = now >= __atomic_load_n(&g->qend, __ATOMIC_RELAXED);
+        bool yield = __atomic_load_n(&g->a->clients[g->client].yield, __ATOMIC_RELAXED);
+        if (!over && !yield)
+            break;
+        enum sg_arb_decision d = sg_arb_decide(g, now, false);
+        if (d == SG_ARB_KEEP)
+            break;
+        sg_arb_release(g, d == SG_ARB_PREEMPT);
+    }
+    if (rc < 0 && g->a && sg_arb_region_broken(g->a)) {
+        forget_hold(g); /* the lock timed out on the way: this launch goes unarbitrated */
+        rc = 1;
+    }
+    return rc;
+}
+
 CUresult sg_arb_enter_slow(struct sg_gate *gt, CUstream s)
 {
     gt->g = NULL;
@@ -1088,33 +1144,7 @@ CUresult sg_arb_enter_slow(struct sg_gate *gt, CUstream s)
         sg_in_hook--;
         return CUDA_SUCCESS;
     }
-    note_gap(g, sg_mono_ns());
-    rc = ensure_client(g, &e);
-    while (rc == 0) {
-        if (!sg_arb_holding(g)) {
-            __atomic_store_n(&g->token, 0, __ATOMIC_RELAXED);
-            rc = acquire(g, &e);
-            continue;
-        }
-        uint64_t now = sg_mono_ns();
-        uint64_t by = __atomic_load_n(&g->launch_by, __ATOMIC_RELAXED);
-        if (by && now >= by) {
-            hold_back_if_due_locked(g, now);
-            continue; /* held back: ask again (granted after the request) */
-        }
-        bool over = now >= __atomic_load_n(&g->qend, __ATOMIC_RELAXED);
-        bool yield = __atomic_load_n(&g->a->clients[g->client].yield, __ATOMIC_RELAXED);
-        if (!over && !yield)
-            break;
-        enum sg_arb_decision d = sg_arb_decide(g, now, false);
-        if (d == SG_ARB_KEEP)
-            break;
-        sg_arb_release(g, d == SG_ARB_PREEMPT);
-    }
-    if (rc < 0 && g->a && sg_arb_region_broken(g->a)) {
-        forget_hold(g); /* the lock timed out on the way: this launch goes unarbitrated */
-        rc = 1;
-    }
+    rc = hold_for_launch_locked(g, &e);
     if (rc == 0) {
         if (g->nctx == 0)
             sg_bc_hold_start(g, ctx); /* before the hold's first launch, the stream idle */
@@ -1135,6 +1165,113 @@ CUresult sg_arb_enter_slow(struct sg_gate *gt, CUstream s)
     pthread_mutex_unlock(&g->mu);
     sg_in_hook--;
     return rc < 0 ? sg_cu_result(rc) : CUDA_SUCCESS;
+}
+
+/* ---- work of another API: the Vulkan layer (layer_api.c) -------------------------------------- */
+
+/* The fast path, as sg_arb_enter's: the token held, the quantum not over, no yield, and this
+ * drain registered in the current hold (*hold).  True with launching held. */
+static bool ext_fast(struct sg_gpu *g, uint64_t hold)
+{
+    if (__atomic_load_n(&g->hold_seq, __ATOMIC_ACQUIRE) != hold)
+        return false;
+    __atomic_fetch_add(&g->launching, 1, __ATOMIC_SEQ_CST);
+    uint64_t tok = __atomic_load_n(&g->token, __ATOMIC_RELAXED);
+    if (tok && !__atomic_load_n(&g->revoked, __ATOMIC_SEQ_CST) &&
+        __atomic_load_n(&g->hold_seq, __ATOMIC_ACQUIRE) == hold &&
+        __atomic_load_n(&g->a->token, __ATOMIC_ACQUIRE) == tok &&
+        !__atomic_load_n(&g->a->clients[g->client].yield, __ATOMIC_RELAXED)) {
+        uint64_t now = sg_fast_ns(&sg_arb_tls.clk);
+        uint64_t by = __atomic_load_n(&g->launch_by, __ATOMIC_RELAXED);
+        if (now < __atomic_load_n(&g->qend, __ATOMIC_RELAXED) && (!by || now < by)) {
+            __atomic_store_n(&g->last_launch, now, __ATOMIC_RELAXED);
+            if (__atomic_load_n(&g->drained_at, __ATOMIC_SEQ_CST))
+                sg_arb_idle_end(g, now);
+            return true;
+        }
+    }
+    __atomic_fetch_sub(&g->launching, 1, __ATOMIC_RELEASE);
+    return false;
+}
+
+/* Under g->mu, the token held: drain_fn(arg) is waited for at this hold's release. */
+static int register_ext_locked(struct sg_gpu *g, void (*drain_fn)(void *), void *arg, struct sg_err *e)
+{
+    for (int i = 0; i < g->next_ext; i++)
+        if (g->ext[i].fn == drain_fn && g->ext[i].arg == arg)
+            return 0;
+    if (g->next_ext == SG_MAX_EXT_DRAINS)
+        return sg_fail(e, SG_E_NOMEM, "more than %d Vulkan devices on one GPU in one process",
+                       SG_MAX_EXT_DRAINS);
+    g->ext[g->next_ext++] = (struct sg_ext_drain){drain_fn, arg};
+    return 0;
+}
+
+int sg_arb_ext_enter(const uint8_t uuid[16], void (*drain_fn)(void *), void *arg, uint64_t *hold,
+                     struct sg_gpu **cache, uint64_t *gen, struct sg_gpu **gate)
+{
+    *gate = NULL;
+    struct sg_gpu *g = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
+    if (g && __atomic_load_n(&g->state, __ATOMIC_ACQUIRE) == SG_GPU_NATIVE) {
+        if (__atomic_load_n(&sg_limits_map->generation, __ATOMIC_ACQUIRE) == __atomic_load_n(gen, __ATOMIC_RELAXED))
+            return 0;
+    } else if (g && ext_fast(g, __atomic_load_n(hold, __ATOMIC_RELAXED))) {
+        *gate = g;
+        return 0;
+    }
+    if (sg_mode() != SG_MODE_ACTIVE)
+        return -1;
+    sg_in_hook++;
+    struct sg_err e = {0};
+    uint64_t now_gen;
+    int rc = gpu_of_uuid(uuid, &g, &now_gen, &e);
+    if (rc < 0 || !g) {
+        sg_in_hook--;
+        return rc < 0 ? -1 : 0; /* not the tenant's GPU: the layer does not show it */
+    }
+    __atomic_store_n(cache, g, __ATOMIC_RELEASE);
+    pthread_mutex_lock(&g->mu);
+    if (__atomic_load_n(&g->state, __ATOMIC_ACQUIRE) == SG_GPU_NATIVE) {
+        if (g->a && g->client >= 0 && sg_arb_holding(g))
+            sg_arb_release(g, false); /* became native on a resize */
+        __atomic_store_n(gen, now_gen, __ATOMIC_RELAXED);
+        rc = 1;
+    } else if (g->a && sg_arb_region_broken(g->a) && !reattach(g)) {
+        forget_hold(g); /* unarbitrated until the region is replaced */
+        rc = 1;
+    } else {
+        rc = hold_for_launch_locked(g, &e);
+        if (rc == 0)
+            rc = register_ext_locked(g, drain_fn, arg, &e);
+    }
+    if (rc == 0) {
+        __atomic_store_n(hold, __atomic_load_n(&g->hold_seq, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+        __atomic_fetch_add(&g->launching, 1, __ATOMIC_SEQ_CST);
+        uint64_t now = sg_clock_anchor(&sg_arb_tls.clk);
+        __atomic_store_n(&g->last_launch, now, __ATOMIC_RELAXED);
+        if (__atomic_load_n(&g->drained_at, __ATOMIC_SEQ_CST))
+            sg_arb_idle_end(g, now);
+        *gate = g;
+    }
+    pthread_mutex_unlock(&g->mu);
+    sg_in_hook--;
+    if (rc < 0) {
+        static int said;
+        sg_log_once(&said, "Vulkan work refused: %s", e.msg);
+    }
+    return rc < 0 ? -1 : 0;
+}
+
+void sg_arb_ext_forget(struct sg_gpu *g, void (*drain_fn)(void *), void *arg)
+{
+    pthread_mutex_lock(&g->mu);
+    for (int i = 0; i < g->next_ext; i++) {
+        if (g->ext[i].fn == drain_fn && g->ext[i].arg == arg) {
+            g->ext[i] = g->ext[--g->next_ext];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g->mu);
 }
 
 /* Offline and online tenants active: synchronise every offline_inflight_max launches so that

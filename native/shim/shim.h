@@ -217,7 +217,7 @@ enum sg_kind {
     SG_KIND_LIMIT = 5, /* a context limit's reservation (hooks_limits.c), credited with the context */
     SG_KIND_MODULE = 6, /* a loaded module's globals (hooks_module.c), credited with the context */
     SG_KIND_IPC = 7,    /* an opened IPC handle (hooks_ipc.c), credited at close or with the context */
-    SG_KIND_VK = 8,     /* a Vulkan device memory object (ledger_api.c), credited at its free or its device's end */
+    SG_KIND_VK = 8,     /* a Vulkan device memory object (layer_api.c), credited at its free or its device's end */
 };
 
 /* A reservation made by sg_reserve: which limits index and how many bytes. */
@@ -284,7 +284,7 @@ bool sg_vmm_release(CUmemGenericAllocationHandle handle, const struct sg_charge 
 /* Reserve bytes on device ordinal `dev` (or uuid when dev < 0 and uuid != NULL) against the
  * cap, atomically across the tenant's processes.  Inert: returns 0 with c->active = false. */
 int sg_reserve(CUdevice dev, uint64_t bytes, struct sg_charge *c, struct sg_err *e);
-/* The same by the device's 16-byte UUID, for callers that know no CUDA ordinal (ledger_api.c). */
+/* The same by the device's 16-byte UUID, for callers that know no CUDA ordinal (layer_api.c). */
 int sg_reserve_uuid(const uint8_t uuid[16], uint64_t bytes, struct sg_charge *c, struct sg_err *e);
 /* Give back a reservation whose real allocation failed. */
 void sg_unreserve(const struct sg_charge *c);
@@ -357,6 +357,7 @@ int sg_usage_slot(void);
  * only the atomics at the top; everything else is guarded by `mu`, which serialises this
  * process's slow path, its releases and its watcher thread for the GPU. */
 enum sg_gpu_state { SG_GPU_UNSET = 0, SG_GPU_NATIVE = 1, SG_GPU_ARB = 2 };
+#define SG_MAX_EXT_DRAINS 16 /* Vulkan devices of one process on one GPU, drained at a release */
 /* The streams a hold launched to, which say what a sync covers: a context's sync covers them
  * all; the sync of SG_HOLD_ONE's stream covers it; an event on the legacy stream follows all
  * the work of the blocking streams (the legacy and per-thread default streams), SG_HOLD_DEFAULT. */
@@ -419,6 +420,14 @@ struct sg_gpu {
     int ctx_cap;         /* [mu] room in ctxs, grown as a hold reaches more contexts */
     CUcontext *ctxs;     /* [mu] */
     struct sg_burst_clock bc; /* [mu] */
+    /* Work of the process's other API (the Vulkan layer, layer_api.c) in this hold: each
+     * registered drain is waited for at release, as the contexts are. */
+    uint64_t hold_seq;   /* [atomic relaxed; written under mu] bumped at every hold's end */
+    int next_ext;        /* [mu] */
+    struct sg_ext_drain {
+        void (*fn)(void *);
+        void *arg;
+    } ext[SG_MAX_EXT_DRAINS]; /* [mu] */
 };
 extern struct sg_gpu sg_gpus[SG_MAX_DEVICES];
 
@@ -492,6 +501,13 @@ static inline bool sg_default_stream(CUstream s)
 }
 
 CUresult sg_arb_enter_slow(struct sg_gate *gt, CUstream s);
+/* Work of another API (the Vulkan layer) about to go to the GPU of uuid: the kernel launch's
+ * token, by way of the layer's slot (layer_api.h); drain waits for that work at release.  0 go
+ * on (slot->gate: the GPU held, or NULL: not arbitrated), < 0 refused. */
+int sg_arb_ext_enter(const uint8_t uuid[16], void (*drain_fn)(void *), void *arg, uint64_t *hold,
+                     struct sg_gpu **cache, uint64_t *gen, struct sg_gpu **gate);
+/* drain_fn(arg) is no longer waited for (its device object is going). */
+void sg_arb_ext_forget(struct sg_gpu *g, void (*drain_fn)(void *), void *arg);
 void sg_arb_offline_bound(struct sg_gpu *g, CUcontext ctx);
 void sg_arb_burst_end(void);
 

@@ -24,14 +24,14 @@ bool vl_device_uuid(struct vl_instance *in, VkPhysicalDevice pd, uint8_t uuid[VK
 
 bool vl_visible(struct vl_instance *in, VkPhysicalDevice pd)
 {
-    const struct vl_ledger *ledger;
-    if (vl_ledger(&ledger) < 0)
+    const struct vl_shim *shim;
+    if (vl_shim(&shim) < 0)
         return false;
-    if (ledger->state() == 0)
+    if (shim->state() == 0)
         return true;
     uint8_t uuid[VK_UUID_SIZE];
     uint64_t cap, used;
-    return vl_device_uuid(in, pd, uuid) && ledger->device(uuid, &cap, &used) == 1;
+    return vl_device_uuid(in, pd, uuid) && shim->device(uuid, &cap, &used) == 1;
 }
 
 /* The next layer's devices, all of them (malloc'd, *n of them). */

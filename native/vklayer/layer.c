@@ -103,10 +103,10 @@ static VKAPI_ATTR VkResult VKAPI_CALL vl_CreateInstance(const VkInstanceCreateIn
     PFN_vkCreateInstance create = (PFN_vkCreateInstance)next(VK_NULL_HANDLE, "vkCreateInstance");
     if (!create)
         return VK_ERROR_INITIALIZATION_FAILED;
-    const struct vl_ledger *ledger;
-    if (vl_ledger(&ledger) < 0)
+    const struct vl_shim *shim;
+    if (vl_shim(&shim) < 0)
         return VK_ERROR_INITIALIZATION_FAILED; /* a tenant, and no ledger: said on stderr */
-    if (ledger->state() < 0) {
+    if (shim->state() < 0) {
         /* As cuInit refuses under a broken configuration: never run unmetered. */
         vl_log("the tenant's sharegpu configuration (SHAREGPU_TENANT) is broken: no Vulkan instance");
         return VK_ERROR_INITIALIZATION_FAILED;
@@ -116,7 +116,7 @@ static VKAPI_ATTR VkResult VKAPI_CALL vl_CreateInstance(const VkInstanceCreateIn
     /* A 1.0 instance: ask for properties2 as well (deviceUUID), when it was not asked for. */
     uint32_t api = info->pApplicationInfo ? info->pApplicationInfo->apiVersion : VK_API_VERSION_1_0;
     const char *ext = VK_KHR_GET_PHYSICAL_DEVICE_PROPERTIES_2_EXTENSION_NAME;
-    bool add = ledger->state() != 0 && api < VK_API_VERSION_1_1 && !enabled(info, ext);
+    bool add = shim->state() != 0 && api < VK_API_VERSION_1_1 && !enabled(info, ext);
     VkInstanceCreateInfo ours = *info;
     const char **names = NULL;
     if (add) {
@@ -219,6 +219,14 @@ static VKAPI_ATTR VkResult VKAPI_CALL vl_CreateDevice(VkPhysicalDevice pd, const
         dev->DestroyDevice = GDPA(dev, vkDestroyDevice);
         dev->AllocateMemory = GDPA(dev, vkAllocateMemory);
         dev->FreeMemory = GDPA(dev, vkFreeMemory);
+        dev->QueueSubmit = GDPA(dev, vkQueueSubmit);
+        dev->QueueSubmit2 = GDPA(dev, vkQueueSubmit2);
+        if (!dev->QueueSubmit2)
+            dev->QueueSubmit2 = (PFN_vkQueueSubmit2)dev->gdpa(dev->handle, "vkQueueSubmit2KHR");
+        dev->QueuePresentKHR = GDPA(dev, vkQueuePresentKHR);
+        dev->QueueWaitIdle = GDPA(dev, vkQueueWaitIdle);
+        dev->QueueBindSparse = GDPA(dev, vkQueueBindSparse);
+        pthread_mutex_init(&dev->qmu, NULL);
         vl_device_memory_setup(in, pd, dev);
     }
     if (!dev || !keep((void **)devices, dev)) {
@@ -239,10 +247,11 @@ static VKAPI_ATTR void VKAPI_CALL vl_DestroyDevice(VkDevice device, const VkAllo
     struct vl_device *dev = lookup((void **)devices, vl_key(device), true);
     if (!dev)
         return;
+    vl_device_submit_end(dev); /* out of the arbiter before the device goes */
     dev->DestroyDevice(device, alloc);
-    const struct vl_ledger *ledger;
-    if (dev->metered && vl_ledger(&ledger) == 0)
-        ledger->credit_owner(dev); /* memory the program never freed went with the device */
+    const struct vl_shim *shim;
+    if (dev->metered && vl_shim(&shim) == 0)
+        shim->credit_owner(dev); /* memory the program never freed went with the device */
     free(dev);
 }
 
@@ -262,6 +271,12 @@ static const struct named device_fns[] = {
     F("vkDestroyDevice", vl_DestroyDevice),
     F("vkAllocateMemory", vl_AllocateMemory),
     F("vkFreeMemory", vl_FreeMemory),
+    F("vkQueueSubmit", vl_QueueSubmit),
+    F("vkQueueSubmit2", vl_QueueSubmit2),
+    F("vkQueueSubmit2KHR", vl_QueueSubmit2),
+    F("vkQueuePresentKHR", vl_QueuePresentKHR),
+    F("vkQueueWaitIdle", vl_QueueWaitIdle),
+    F("vkQueueBindSparse", vl_QueueBindSparse),
 };
 static const struct named instance_fns[] = {
     F("vkGetInstanceProcAddr", vl_GetInstanceProcAddr),
@@ -289,11 +304,12 @@ static VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL vl_GetDeviceProcAddr(VkDevice de
 {
     if (!name)
         return NULL;
-    PFN_vkVoidFunction fn = ours(device_fns, sizeof(device_fns) / sizeof(device_fns[0]), name);
-    if (fn)
-        return fn;
     struct vl_device *dev = vl_device_of(device);
-    return dev ? dev->gdpa(device, name) : NULL;
+    PFN_vkVoidFunction next = dev ? dev->gdpa(device, name) : NULL;
+    PFN_vkVoidFunction fn = ours(device_fns, sizeof(device_fns) / sizeof(device_fns[0]), name);
+    /* Ours only where the device has the function at all (vkQueueSubmit2 needs 1.3 or its
+     * extension, vkQueuePresentKHR a swapchain): never a function the program was not given. */
+    return fn && (next || !dev) ? fn : next;
 }
 
 static VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL vl_GetInstanceProcAddr(VkInstance instance, const char *name)

@@ -10,8 +10,9 @@
  *   devices.c  which physical devices are the tenant's (deviceUUID against its GPUs' UUIDs): the
  *              others are not enumerated
  *   memory.c   the heaps and budgets the vGPU shows, allocations charged to the tenant's ledger
- *   ledger.c   the shim's ledger API (libsharegpu.so, ledger_api.c): one ledger per process,
- *              whichever API it uses
+ *   submit.c   queue submissions through the GPU's arbiter, as kernel launches are
+ *   shimapi.c  the shim's layer API (libsharegpu.so, layer_api.c): one ledger and one arbiter
+ *              client per process, whichever API it uses
  */
 #ifndef SHAREGPU_VKLAYER_H
 #define SHAREGPU_VKLAYER_H
@@ -21,6 +22,8 @@
 #include <stdint.h>
 #include <vulkan/vk_layer.h>
 #include <vulkan/vulkan.h>
+
+#include "sharegpu/layer_api.h"
 
 #define VL_EXPORT __attribute__((visibility("default")))
 #define VL_LAYER_NAME "VK_LAYER_SHAREGPU_vgpu"
@@ -48,7 +51,16 @@ struct vl_device {
     PFN_vkDestroyDevice DestroyDevice;
     PFN_vkAllocateMemory AllocateMemory;
     PFN_vkFreeMemory FreeMemory;
+    PFN_vkQueueSubmit QueueSubmit;
+    PFN_vkQueueSubmit2 QueueSubmit2;    /* vkQueueSubmit2 or ...KHR; NULL: neither */
+    PFN_vkQueuePresentKHR QueuePresentKHR;
+    PFN_vkQueueWaitIdle QueueWaitIdle;
+    PFN_vkQueueBindSparse QueueBindSparse;
     bool metered;                       /* one of the tenant's GPUs, a tenant present */
+    struct sharegpu_arb_slot slot;      /* its place in the GPU's arbiter (submit.c) */
+    pthread_mutex_t qmu;                /* every queue call the layer sees, and the list below */
+    int nqueues;
+    VkQueue *queues;                    /* [qmu] queues submitted to in the GPU's current hold */
     uint8_t uuid[VK_UUID_SIZE];
     uint32_t type_count;
     bool type_local[VK_MAX_MEMORY_TYPES]; /* the type's heap is device-local: charged */
@@ -73,6 +85,18 @@ VKAPI_ATTR VkResult VKAPI_CALL vl_EnumeratePhysicalDevices(VkInstance instance, 
 VKAPI_ATTR VkResult VKAPI_CALL vl_EnumeratePhysicalDeviceGroups(VkInstance instance, uint32_t *count,
                                                                 VkPhysicalDeviceGroupProperties *groups);
 
+/* ---- submit.c ------------------------------------------------------------------------------- */
+VKAPI_ATTR VkResult VKAPI_CALL vl_QueueSubmit(VkQueue queue, uint32_t count, const VkSubmitInfo *submits,
+                                              VkFence fence);
+VKAPI_ATTR VkResult VKAPI_CALL vl_QueueSubmit2(VkQueue queue, uint32_t count, const VkSubmitInfo2 *submits,
+                                               VkFence fence);
+VKAPI_ATTR VkResult VKAPI_CALL vl_QueuePresentKHR(VkQueue queue, const VkPresentInfoKHR *info);
+VKAPI_ATTR VkResult VKAPI_CALL vl_QueueWaitIdle(VkQueue queue);
+VKAPI_ATTR VkResult VKAPI_CALL vl_QueueBindSparse(VkQueue queue, uint32_t count, const VkBindSparseInfo *binds,
+                                                  VkFence fence);
+/* The device is going: its place in the arbiter. */
+void vl_device_submit_end(struct vl_device *dev);
+
 /* ---- memory.c ------------------------------------------------------------------------------- */
 VKAPI_ATTR void VKAPI_CALL vl_GetPhysicalDeviceMemoryProperties(VkPhysicalDevice pd,
                                                                 VkPhysicalDeviceMemoryProperties *props);
@@ -85,17 +109,20 @@ VKAPI_ATTR void VKAPI_CALL vl_FreeMemory(VkDevice device, VkDeviceMemory memory,
 /* Fills the device record's memory facts (which types are charged) at vkCreateDevice. */
 void vl_device_memory_setup(struct vl_instance *in, VkPhysicalDevice pd, struct vl_device *dev);
 
-/* ---- ledger.c: the shim's ledger API ------------------------------------------------------- */
-struct vl_ledger {
-    int (*state)(void);
-    int (*device)(const uint8_t uuid[16], uint64_t *cap, uint64_t *used);
-    int (*charge)(const uint8_t uuid[16], uint64_t bytes, uint64_t key, const void *owner);
-    int (*rekey)(uint64_t old_key, uint64_t new_key);
-    void (*credit)(uint64_t key);
-    void (*credit_owner)(const void *owner);
+/* ---- shimapi.c: the shim's layer API (sharegpu/layer_api.h) ------------------------------- */
+struct vl_shim {
+    sharegpu_ledger_state_fn state;
+    sharegpu_ledger_device_fn device;
+    sharegpu_ledger_charge_fn charge;
+    sharegpu_ledger_rekey_fn rekey;
+    sharegpu_ledger_credit_fn credit;
+    sharegpu_ledger_credit_owner_fn credit_owner;
+    sharegpu_arb_enter_fn arb_enter;
+    sharegpu_arb_exit_fn arb_exit;
+    sharegpu_arb_forget_fn arb_forget;
 };
-/* 0 with the ledger (ledger->state() says whether a tenant is present), or -1 when a tenant is
- * configured but its ledger cannot be reached (the program must not run unmetered). */
-int vl_ledger(const struct vl_ledger **out);
+/* 0 with the shim's API (shim->state() says whether a tenant is present), or -1 when a tenant
+ * is configured but the shim cannot be reached (the program must not run unmetered). */
+int vl_shim(const struct vl_shim **out);
 
 #endif

@@ -27,10 +27,10 @@ static atomic_uint_fast64_t provisional_seq;
 /* The tenant's cap and use of the GPU of pd: true when it is one of the tenant's. */
 static bool vgpu_of(struct vl_instance *in, VkPhysicalDevice pd, uint64_t *cap, uint64_t *used)
 {
-    const struct vl_ledger *ledger;
+    const struct vl_shim *shim;
     uint8_t uuid[VK_UUID_SIZE];
-    return vl_ledger(&ledger) == 0 && ledger->state() == 1 && vl_device_uuid(in, pd, uuid) &&
-           ledger->device(uuid, cap, used) == 1;
+    return vl_shim(&shim) == 0 && shim->state() == 1 && vl_device_uuid(in, pd, uuid) &&
+           shim->device(uuid, cap, used) == 1;
 }
 
 static void clip_heaps(VkPhysicalDeviceMemoryProperties *p, uint64_t cap)
@@ -105,21 +105,21 @@ VKAPI_ATTR VkResult VKAPI_CALL vl_AllocateMemory(VkDevice device, const VkMemory
     struct vl_device *dev = vl_device_of(device);
     if (!dev)
         return VK_ERROR_INITIALIZATION_FAILED;
-    const struct vl_ledger *ledger;
+    const struct vl_shim *shim;
     bool charged = dev->metered && info && memory && info->memoryTypeIndex < dev->type_count &&
-                   dev->type_local[info->memoryTypeIndex] && vl_ledger(&ledger) == 0;
+                   dev->type_local[info->memoryTypeIndex] && vl_shim(&shim) == 0;
     if (!charged)
         return dev->AllocateMemory(device, info, alloc, memory); /* the driver judges the rest */
     uint64_t key = PROVISIONAL | atomic_fetch_add(&provisional_seq, 1);
-    int rc = ledger->charge(dev->uuid, info->allocationSize, key, dev);
+    int rc = shim->charge(dev->uuid, info->allocationSize, key, dev);
     if (rc != 0)
         return VK_ERROR_OUT_OF_DEVICE_MEMORY; /* over the cap, or the tenant's ledger is broken */
     VkResult r = dev->AllocateMemory(device, info, alloc, memory);
     if (r != VK_SUCCESS) {
-        ledger->credit(key);
+        shim->credit(key);
         return r;
     }
-    if (ledger->rekey(key, (uint64_t)(uintptr_t)*memory) != 0) { /* nothing stays charged: free it */
+    if (shim->rekey(key, (uint64_t)(uintptr_t)*memory) != 0) { /* nothing stays charged: free it */
         dev->FreeMemory(device, *memory, alloc);
         *memory = VK_NULL_HANDLE;
         return VK_ERROR_OUT_OF_DEVICE_MEMORY;
@@ -133,7 +133,7 @@ VKAPI_ATTR void VKAPI_CALL vl_FreeMemory(VkDevice device, VkDeviceMemory memory,
     if (!dev)
         return;
     dev->FreeMemory(device, memory, alloc);
-    const struct vl_ledger *ledger;
-    if (dev->metered && memory != VK_NULL_HANDLE && vl_ledger(&ledger) == 0)
-        ledger->credit((uint64_t)(uintptr_t)memory);
+    const struct vl_shim *shim;
+    if (dev->metered && memory != VK_NULL_HANDLE && vl_shim(&shim) == 0)
+        shim->credit((uint64_t)(uintptr_t)memory);
 }

@@ -91,13 +91,16 @@ def wait_for_line(proc: subprocess.Popen[str], key: str, timeout: float = 60) ->
 
 
 LEDGER_API = {
-    "sharegpu_ledger_api_version",
+    "sharegpu_layer_api_version",
     "sharegpu_ledger_state",
     "sharegpu_ledger_device",
     "sharegpu_ledger_charge",
     "sharegpu_ledger_rekey",
     "sharegpu_ledger_credit",
     "sharegpu_ledger_credit_owner",
+    "sharegpu_arb_enter",
+    "sharegpu_arb_exit",
+    "sharegpu_arb_forget",
 }
 
 
@@ -107,7 +110,7 @@ def test_exports_are_exactly_the_hooks_dlsym_dlvsym_dlopen_and_the_ledger_api() 
     ).stdout
     exported = {line.split()[-1].split("@")[0] for line in nm.splitlines() if line.strip()}
     mapped = set(re.findall(r"^\s+(\w+);", (SHIM_DIR / "exports.map").read_text(), flags=re.M))
-    listed = set(hook_names()) | {"dlsym", "dlvsym", "dlopen"} | LEDGER_API  # ledger_api.c
+    listed = set(hook_names()) | {"dlsym", "dlvsym", "dlopen"} | LEDGER_API  # layer_api.c
     assert len(hook_names()) == len(set(hook_names())), "a hook is listed twice"
     assert exported == listed
     assert mapped == listed

@@ -11,7 +11,9 @@ CUDA, NVML and Vulkan, so a tenant of that GPU is a tenant of the lavapipe devic
 - a process that uses CUDA and Vulkan has one ledger: what CUDA holds, Vulkan cannot have;
 - without a tenant the layer changes nothing; with a broken one, no instance is made;
 - vulkaninfo, wgpu (WebGPU, from PyPI, in .venv-clients) and the Khronos validation layer run
-  under it.
+  under it;
+- queue submissions go through the GPU's arbiter: two rendering tenants get their shares of the
+  work, an online one takes the card from an offline job.
 
 lavapipe, the Vulkan loader and tools come from Debian (mesa-vulkan-drivers, libvulkan-dev,
 vulkan-tools, vulkan-validationlayers; .ci/run installs them): without them these tests fail.
@@ -26,6 +28,7 @@ from pathlib import Path
 import pytest
 
 import vkutil
+from arbiterutil import compute_tenant, start_at
 from conftest import REPO, Sim, parse_kv
 from sharegpu import native
 from sharegpu.spec import MIB
@@ -206,3 +209,61 @@ def test_a_layer_found_twice_is_loaded_once(node: Sim, vkprobe: Path, tmp_path: 
     env = node.tenant_env(tenant, SHAREGPU_VULKAN="1", XDG_DATA_DIRS=f"{share}:{copy}:/usr/share")
     proc = subprocess.run([str(vkprobe), "fill", "64"], env=env, capture_output=True, text=True, check=True)
     assert parse_kv(proc.stdout)[0]["allocated"] == str(CAP_MIB // 64)  # charged once each
+
+
+# ---------------------------------------------------------------------------------------------
+# compute: queue submissions through the GPU's arbiter
+
+
+def work_together(
+    node: Sim, vkprobe: Path, tenants: list[Path | None], seconds: float = 4.0, **extra: str
+) -> list[int]:
+    """Each tenant (None: no sharegpu) runs vkprobe's `work` (32 MiB fills, each waited for) from
+    one common instant: how many each finished."""
+    share = native.vulkan_layer_share()
+    start = start_at(1.0)
+    procs = []
+    for tenant in tenants:
+        env = node.env(**extra)
+        if tenant is not None:
+            env = node.tenant_env(tenant, SHAREGPU_VULKAN="1", XDG_DATA_DIRS=f"{share}:/usr/share", **extra)
+        cmd = [str(vkprobe), "work", str(start), str(seconds), "32"]
+        procs.append(
+            subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
+    done = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=seconds + 60)
+        assert proc.returncode == 0, out + err
+        assert "Validation" not in out + err, out + err  # when the Khronos layer is on
+        done.append(int(parse_kv(out)[0]["done"]))
+    return done
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("shares", [(30, 70), (10, 90)], ids=["30-70", "10-90"])
+def test_two_rendering_tenants_get_their_shares_of_the_work(
+    node: Sim, vkprobe: Path, shares: tuple[int, int]
+) -> None:
+    a = compute_tenant(node, "render-a", "share", shares[0])
+    b = compute_tenant(node, "render-b", "share", shares[1])
+    done = work_together(node, vkprobe, [a, b])
+    split = done[0] / sum(done) * 100
+    assert abs(split - shares[0]) <= 2, (done, split)
+
+
+@pytest.mark.timing
+def test_an_online_renderer_takes_the_card_from_an_offline_job(node: Sim, vkprobe: Path) -> None:
+    online = compute_tenant(node, "render-online", "share", 50, priority="online")
+    offline = compute_tenant(node, "batch-offline", "share", 50, priority="offline")
+    done = work_together(node, vkprobe, [online, offline])
+    assert done[0] / sum(done) >= 0.98, done  # the offline job only gets what the service leaves
+
+
+def test_handovers_between_renderers_break_no_rule_of_the_api(node: Sim, vkprobe: Path) -> None:
+    """The Khronos validation layer (its thread-safety checks included) under two arbitrated
+    renderers: every handover drains a queue from whichever thread releases the token."""
+    a = compute_tenant(node, "valid-a", "share", 50)
+    b = compute_tenant(node, "valid-b", "share", 50)
+    done = work_together(node, vkprobe, [a, b], seconds=1.5, VK_INSTANCE_LAYERS="VK_LAYER_KHRONOS_validation")
+    assert min(done) > 0, done

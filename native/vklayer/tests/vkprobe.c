@@ -10,6 +10,9 @@
  *   vkprobe groups             the device groups it sees
  *   vkprobe bench <N>          N pairs of vkAllocateMemory + vkFreeMemory of 4 KiB (device-local), and
  *                              N empty vkQueueSubmit: ns per pair, per submit (bench/vulkan.py)
+ *   vkprobe work <start_ns> <seconds> <MiB>  from CLOCK_MONOTONIC start_ns, for seconds: submit a
+ *                              command buffer that fills a <MiB> buffer, wait for its fence, again
+ *                              (a renderer that waits for each frame): done= how many
  *   vkprobe mixed <CUDA MiB> <MiB>  cuMemAlloc of <CUDA MiB> on CUDA device 0 first (one process,
  *                              both APIs), then fill <MiB>
  * api: 10 (Vulkan 1.0, the default) or 13; groups uses 1.1.  Output: key=value lines.
@@ -24,6 +27,13 @@
 
 #define MIB (1024ull * 1024ull)
 #define MAX_CHUNKS 4096
+
+static double now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
 
 static VkInstance make_instance(uint32_t api)
 {
@@ -95,12 +105,6 @@ static void groups(VkInstance instance)
         printf("group=%u\n", g[i].physicalDeviceCount);
 }
 
-static double now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
 
 static int bench(VkPhysicalDevice pd, VkDevice dev, uint32_t type, long n)
 {
@@ -126,7 +130,79 @@ static int bench(VkPhysicalDevice pd, VkDevice dev, uint32_t type, long n)
     return 0;
 }
 
+
 enum fill_how { FILL_PLAIN, FILL_LEAK, FILL_PNEXT, FILL_BENCH };
+
+static int work(VkInstance instance, double start_ns, double seconds, uint64_t bytes)
+{
+    VkPhysicalDevice pd;
+    if (devices_of(instance, &pd, 1) < 1)
+        return 1;
+    VkPhysicalDeviceMemoryProperties m;
+    vkGetPhysicalDeviceMemoryProperties(pd, &m);
+    float prio = 1.0f;
+    VkDeviceQueueCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO, .queueCount = 1,
+                                  .pQueuePriorities = &prio};
+    VkDeviceCreateInfo dinfo = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .queueCreateInfoCount = 1,
+                                .pQueueCreateInfos = &qi};
+    VkDevice dev;
+    if (vkCreateDevice(pd, &dinfo, NULL, &dev) != VK_SUCCESS)
+        return 1;
+    VkQueue queue;
+    vkGetDeviceQueue(dev, 0, 0, &queue);
+    VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, .size = bytes,
+                             .usage = VK_BUFFER_USAGE_TRANSFER_DST_BIT};
+    VkBuffer buf;
+    if (vkCreateBuffer(dev, &bi, NULL, &buf) != VK_SUCCESS)
+        return 1;
+    VkMemoryRequirements req;
+    vkGetBufferMemoryRequirements(dev, buf, &req);
+    uint32_t type = UINT32_MAX;
+    for (uint32_t t = 0; t < m.memoryTypeCount && type == UINT32_MAX; t++)
+        if (req.memoryTypeBits & (1u << t))
+            type = t;
+    VkMemoryAllocateInfo a = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .allocationSize = req.size,
+                              .memoryTypeIndex = type};
+    VkDeviceMemory mem;
+    if (vkAllocateMemory(dev, &a, NULL, &mem) != VK_SUCCESS || vkBindBufferMemory(dev, buf, mem, 0) != VK_SUCCESS)
+        return 1;
+    VkCommandPoolCreateInfo pi = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+    VkCommandPool pool;
+    vkCreateCommandPool(dev, &pi, NULL, &pool);
+    VkCommandBufferAllocateInfo ci = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = pool,
+                                      .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 1};
+    VkCommandBuffer cb;
+    vkAllocateCommandBuffers(dev, &ci, &cb);
+    VkCommandBufferBeginInfo begin = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+    vkBeginCommandBuffer(cb, &begin);
+    vkCmdFillBuffer(cb, buf, 0, VK_WHOLE_SIZE, 0x5a5a5a5au);
+    vkEndCommandBuffer(cb);
+    VkFenceCreateInfo fi = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    VkFence fence;
+    vkCreateFence(dev, &fi, NULL, &fence);
+    VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &cb};
+    while (now_ns() < start_ns)
+        ;
+    long done = 0;
+    VkResult r = VK_SUCCESS;
+    double end = start_ns + seconds * 1e9;
+    while (now_ns() < end && r == VK_SUCCESS) {
+        r = vkQueueSubmit(queue, 1, &si, fence);
+        if (r == VK_SUCCESS)
+            r = vkWaitForFences(dev, 1, &fence, VK_TRUE, UINT64_MAX);
+        if (r == VK_SUCCESS) {
+            vkResetFences(dev, 1, &fence);
+            done++;
+        }
+    }
+    printf("done=%ld\nwork=%d\n", done, (int)r);
+    vkDestroyFence(dev, fence, NULL);
+    vkDestroyCommandPool(dev, pool, NULL);
+    vkDestroyBuffer(dev, buf, NULL);
+    vkFreeMemory(dev, mem, NULL);
+    vkDestroyDevice(dev, NULL);
+    return r == VK_SUCCESS ? 0 : 1;
+}
 
 static int fill(VkInstance instance, uint64_t chunk, enum fill_how how)
 {
@@ -223,7 +299,9 @@ int main(int argc, char **argv)
         size_t free_b = 0, total = 0;
         cuMemGetInfo_v2(&free_b, &total);
         printf("cuda_used=%zu\n", total - free_b);
-    } else if (strcmp(argv[1], "bench") == 0 && argc > 2)
+    } else if (strcmp(argv[1], "work") == 0 && argc > 4)
+        rc = work(instance, strtod(argv[2], NULL), strtod(argv[3], NULL), strtoull(argv[4], NULL, 10) * MIB);
+    else if (strcmp(argv[1], "bench") == 0 && argc > 2)
         rc = fill(instance, strtoull(argv[2], NULL, 10), FILL_BENCH);
     else if (strcmp(argv[1], "fill") == 0 && argc > 2)
         rc = fill(instance, strtoull(argv[2], NULL, 10) * MIB, how);

@@ -1,19 +1,19 @@
 /*
- * The ledger for the process's other API layer: the Vulkan layer (libsharegpu_vk.so, native/vklayer)
- * finds these with dlsym, so a process that uses both CUDA and Vulkan is one client of the tenant,
- * with one ledger slot.  Exported beside the hooks (exports.map); the version says what they
- * mean, and a layer that finds another refuses to run against it.
+ * The ledger and the arbiter for the process's other API layer: the Vulkan layer
+ * (libsharegpu_vk.so, native/vklayer) finds these with dlsym, so a process that uses both CUDA
+ * and Vulkan is one client of the tenant, with one ledger slot and one arbiter client.  Exported
+ * beside the hooks (exports.map); the declarations and the version are in
+ * sharegpu/layer_api.h, and a layer that finds another version refuses to run against it.
  *
  * Devices are named by their 16-byte UUID: a Vulkan physical device's deviceUUID is the GPU's
  * UUID (NVIDIA's driver gives the same bytes to CUDA, NVML and Vulkan).
  */
+#include "sharegpu/layer_api.h"
 #include "shim.h"
 
-#define LEDGER_API_VERSION 1
-
-SG_EXPORT int sharegpu_ledger_api_version(void)
+SG_EXPORT int sharegpu_layer_api_version(void)
 {
-    return LEDGER_API_VERSION;
+    return SHAREGPU_LAYER_API_VERSION;
 }
 
 /* 0: no tenant here (pass everything through); 1: a tenant's limits apply; -1: the tenant's
@@ -94,4 +94,37 @@ SG_EXPORT void sharegpu_ledger_credit_owner(const void *owner)
 {
     if (owner)
         sg_credit_context((CUcontext)(uintptr_t)owner);
+}
+
+/* Before Vulkan work goes to the GPU of uuid: the GPU's token, as for a kernel launch. */
+SG_EXPORT int sharegpu_arb_enter(const uint8_t uuid[16], sharegpu_drain_fn drain, void *arg,
+                                 struct sharegpu_arb_slot *slot, void **gate)
+{
+    if (!gate)
+        return -1;
+    *gate = NULL;
+    if (!uuid || !drain || !slot)
+        return -1;
+    if (!sg_configured())
+        return 0;
+    struct sg_gpu *g = NULL;
+    int rc = sg_arb_ext_enter(uuid, drain, arg, &slot->hold, (struct sg_gpu **)&slot->gpu, &slot->gen, &g);
+    *gate = g;
+    return rc;
+}
+
+/* After the submission: a release may proceed (and drain it). */
+SG_EXPORT void sharegpu_arb_exit(void *gate)
+{
+    struct sg_gpu *g = gate;
+    if (g)
+        __atomic_fetch_sub(&g->launching, 1, __ATOMIC_RELEASE);
+}
+
+/* The device object is going: the current hold no longer drains it. */
+SG_EXPORT void sharegpu_arb_forget(struct sharegpu_arb_slot *slot, sharegpu_drain_fn drain, void *arg)
+{
+    struct sg_gpu *g = slot ? __atomic_load_n((struct sg_gpu **)&slot->gpu, __ATOMIC_ACQUIRE) : NULL;
+    if (g)
+        sg_arb_ext_forget(g, drain, arg);
 }
