@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -216,10 +218,15 @@ def test_a_layer_found_twice_is_loaded_once(node: Sim, vkprobe: Path, tmp_path: 
 
 
 def work_together(
-    node: Sim, vkprobe: Path, tenants: list[Path | None], seconds: float = 4.0, **extra: str
+    node: Sim,
+    vkprobe: Path,
+    tenants: list[Path | None],
+    seconds: float = 4.0,
+    meanwhile: Callable[[], None] | None = None,
+    **extra: str,
 ) -> list[int]:
     """Each tenant (None: no sharegpu) runs vkprobe's `work` (32 MiB fills, each waited for) from
-    one common instant: how many each finished."""
+    one common instant: how many each finished.  meanwhile() runs while they work."""
     share = native.vulkan_layer_share()
     start = start_at(1.0)
     procs = []
@@ -231,6 +238,9 @@ def work_together(
         procs.append(
             subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         )
+    if meanwhile is not None:
+        time.sleep(1.0 + seconds / 2)
+        meanwhile()
     done = []
     for proc in procs:
         out, err = proc.communicate(timeout=seconds + 60)
@@ -267,3 +277,24 @@ def test_handovers_between_renderers_break_no_rule_of_the_api(node: Sim, vkprobe
     b = compute_tenant(node, "valid-b", "share", 50)
     done = work_together(node, vkprobe, [a, b], seconds=1.5, VK_INSTANCE_LAYERS="VK_LAYER_KHRONOS_validation")
     assert min(done) > 0, done
+
+
+@pytest.mark.timing
+def test_operators_see_vulkan_memory_and_time_with_the_cuda_figures(node: Sim, vkprobe: Path) -> None:
+    a = compute_tenant(node, "seen-a", "share", 30)
+    b = compute_tenant(node, "seen-b", "share", 70)
+    during: dict[str, dict[str, object]] = {}
+
+    def look() -> None:
+        for item in json.loads(node.cli("tenants", "-o", "json").stdout)["items"]:
+            during[item["id"]] = item["devices"][0]
+
+    done = work_together(node, vkprobe, [a, b], meanwhile=look)
+    assert (
+        during["seen-a"]["memory_used_bytes"] == during["seen-b"]["memory_used_bytes"] == 32 * MIB
+    )  # the buffers
+    after = {t["id"]: t["devices"][0] for t in json.loads(node.cli("tenants", "-o", "json").stdout)["items"]}
+    held = {name: float(after[name]["held_seconds"]) for name in ("seen-a", "seen-b")}
+    shown = held["seen-a"] / sum(held.values()) * 100
+    got = done[0] / sum(done) * 100
+    assert abs(shown - got) <= 3, (held, done)  # the GPU time shown is the work each got
