@@ -5,12 +5,15 @@ GPU UUID (tests/integration/test_vulkan.py, tests/e2e/test_containers_vulkan.py)
 from __future__ import annotations
 
 import glob
+import json
+import shutil
 import subprocess
 from pathlib import Path
 
 from cbuild import SHIM_DIR, gcc
 from conftest import parse_kv
 from sharegpu import native
+from sharegpu.runtime.rootfs import build_rootfs, host_libraries
 
 SOURCE = SHIM_DIR.parent / "vklayer" / "tests" / "vkprobe.c"
 
@@ -42,3 +45,22 @@ def lavapipe_uuid(vkprobe: Path, tmp: Path) -> str:
         [str(vkprobe), "info", "13"], env=env, capture_output=True, text=True, timeout=60, check=True
     )
     return "GPU-" + parse_kv(proc.stdout)[0]["uuid"]
+
+
+def build_vulkan_rootfs(dest: Path, work: Path) -> Path:
+    """dest/: the busybox root filesystem (sharegpu.runtime.rootfs) plus vkprobe, the Vulkan
+    loader, lavapipe and their libraries, and lavapipe's manifest: what a rendering image holds,
+    and no sharegpu file (the CDI device brings those)."""
+    build_rootfs(dest)
+    vkprobe = build_vkprobe(work)
+    shutil.copy(vkprobe, dest / "bin" / "vkprobe")
+    icd = lavapipe_icd()
+    driver = Path(json.loads(icd.read_text())["ICD"]["library_path"])
+    for lib in {*host_libraries(vkprobe, driver), driver}:
+        target = dest / lib.relative_to("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.exists():
+            shutil.copy(lib, target)
+    (dest / icd.parent.relative_to("/")).mkdir(parents=True, exist_ok=True)
+    shutil.copy(icd, dest / icd.relative_to("/"))
+    return dest

@@ -35,6 +35,7 @@ import httpx
 import pytest
 import yaml
 
+import vkutil
 from conftest import Sim
 from e2e.kubenode import ROOT, KubeNode
 from metricsutil import free_port
@@ -47,6 +48,7 @@ SCHEDULER_CONFIG = DEPLOY / "base" / "scheduler-config.yaml"
 KUBELET_SOCKET = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
 START_TIMEOUT_S = 60.0
 PROBE_IMAGE = "sharegpu.local/probe:1"
+VULKAN_IMAGE = "sharegpu.local/vkprobe:1"  # import_vulkan_image
 APP_NS = "default"  # where the tests' pods run
 
 
@@ -208,14 +210,25 @@ def import_probe_image(node: KubeNode, root: Path) -> Path:
     """An image with busybox, the CUDA probe and the C libraries they need (the driver and the
     shim come from the device plugin's answer), built from files and imported into the node's
     containerd: the pods' CUDA program."""
-    rootfs = build_rootfs(root / "probe-rootfs")
-    archive = root / "probe.tar"
+    return import_image(node, build_rootfs(root / "probe-rootfs"), PROBE_IMAGE, root / "probe.tar")
+
+
+def import_vulkan_image(node: KubeNode, root: Path) -> Path:
+    """A rendering image: a plain Vulkan program on Mesa's lavapipe (tests/vkutil.py), no sharegpu
+    file in it."""
+    (root / "vkprobe").mkdir(exist_ok=True)
+    rootfs = vkutil.build_vulkan_rootfs(root / "vulkan-rootfs", root / "vkprobe")
+    return import_image(node, rootfs, VULKAN_IMAGE, root / "vulkan.tar")
+
+
+def import_image(node: KubeNode, rootfs: Path, name: str, archive: Path) -> Path:
+    """rootfs as the image `name` (scripts/oci-image.py), imported into the node's containerd."""
     subprocess.run(
         [
             sys.executable,
             str(ROOT / "scripts" / "oci-image.py"),
             "--name",
-            PROBE_IMAGE,
+            name,
             "--rootfs",
             str(rootfs),
             "--out",
@@ -294,12 +307,14 @@ def _start_node_agent(gpu: Sharegpu, root: Path, bound_pod: dict[str, Any] | Non
 
 
 @contextmanager
-def sharegpu_on(node: KubeNode, root: Path) -> Iterator[Sharegpu]:
+def sharegpu_on(node: KubeNode, root: Path, uuid0: str | None = None) -> Iterator[Sharegpu]:
+    """sharegpu's components on the node, on a simulated GPU (whose UUID is uuid0 when given: a
+    Vulkan device's, tests/vkutil.py)."""
     if not KUBELET_SOCKET.is_socket():
         pytest.fail(f"the kubelet's device-plugin socket {KUBELET_SOCKET} is not there")
     applied = apply_manifests(node)
     probe_tar = import_probe_image(node, root)
-    sim = Sim(root / "sim", gpus=1, memory_mib=8192)
+    sim = Sim(root / "sim", gpus=1, memory_mib=8192, uuid0=uuid0)
     base = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
     base["PYTHONFAULTHANDLER"] = "1"  # a crash of a component leaves its traceback in its log
     logs = {name: root / f"{name}.log" for name in ("agent", "device-plugin", "extender", "scheduler")}

@@ -9,8 +9,6 @@ GPU 0 is the tenant of the Vulkan device.
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,6 @@ import pytest
 import vkutil
 from conftest import Sim, parse_kv
 from e2e.test_containers import generate, name, podman, rootfs, spec_file  # noqa: F401 (fixtures)
-from sharegpu.runtime.rootfs import host_libraries
 from sharegpu.spec import MIB
 
 CAP_MIB = 256
@@ -26,22 +23,10 @@ CAP_MIB = 256
 
 @pytest.fixture(scope="module")
 def vulkan_rootfs(rootfs: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
-    """The busybox root filesystem plus vkprobe, the Vulkan loader, lavapipe and their libraries,
-    and lavapipe's manifest: what a rendering image holds. No sharegpu file."""
-    dest = tmp_path_factory.mktemp("vkroot") / "rootfs"
-    shutil.copytree(rootfs, dest, symlinks=True)
-    vkprobe = vkutil.build_vkprobe(tmp_path_factory.mktemp("vkprobe"))
-    shutil.copy(vkprobe, dest / "bin" / "vkprobe")
-    icd = vkutil.lavapipe_icd()
-    driver = Path(json.loads(icd.read_text())["ICD"]["library_path"])
-    for lib in {*host_libraries(vkprobe, driver), driver}:
-        target = dest / lib.relative_to("/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if not target.exists():
-            shutil.copy(lib, target)
-    (dest / icd.parent.relative_to("/")).mkdir(parents=True, exist_ok=True)
-    shutil.copy(icd, dest / icd.relative_to("/"))
-    return dest
+    """What a rendering image holds (tests/vkutil.py); `rootfs` first, for its checks of Podman."""
+    return vkutil.build_vulkan_rootfs(
+        tmp_path_factory.mktemp("vkroot") / "rootfs", tmp_path_factory.mktemp("vk")
+    )
 
 
 @pytest.fixture

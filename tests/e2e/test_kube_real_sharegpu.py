@@ -19,15 +19,18 @@ from typing import Any
 
 import pytest
 
+import vkutil
 from conftest import parse_kv
 from e2e.kubenode import running_kube_node
 from e2e.kubesharegpu import (
     APP_NS,
     NAMESPACE,
     PROBE_IMAGE,
+    VULKAN_IMAGE,
     Sharegpu,
     audit_denials,
     failed_scheduling,
+    import_vulkan_image,
     sharegpu_on,
     wait_phase,
 )
@@ -41,14 +44,18 @@ from sharegpu.tenant import read_device_limits, tenant_path
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sharegpu]:
     root = Path(tmp_path_factory.mktemp("sharegpu-kube"))
-    with running_kube_node() as node, sharegpu_on(node, root) as gpu:
+    # The simulated GPU carries lavapipe's deviceUUID, so a pod's vGPU is its Vulkan device too.
+    uuid0 = vkutil.lavapipe_uuid(vkutil.build_vkprobe(tmp_path_factory.mktemp("vk")), root)
+    with running_kube_node() as node, sharegpu_on(node, root, uuid0=uuid0) as gpu:
         yield gpu
         # What every component asked of the API server, judged by the server's own RBAC.
         denied = audit_denials(node.dir / "audit.log")
         assert not denied, "the API server refused sharegpu's components:\n" + "\n".join(denied)
 
 
-def vgpu_pod(name: str, memory_mib: int, compute: int, command: str, **annotations: str) -> dict[str, Any]:
+def vgpu_pod(
+    name: str, memory_mib: int, compute: int, command: str, image: str = PROBE_IMAGE, **annotations: str
+) -> dict[str, Any]:
     """A pod that asks for a vGPU the way docs/kubernetes.md tells users to."""
     return {
         "apiVersion": "v1",
@@ -61,7 +68,7 @@ def vgpu_pod(name: str, memory_mib: int, compute: int, command: str, **annotatio
             "containers": [
                 {
                     "name": "main",
-                    "image": PROBE_IMAGE,
+                    "image": image,
                     "imagePullPolicy": "Never",
                     "command": ["sh", "-c", command],
                     "resources": {
@@ -347,3 +354,22 @@ def test_a_kubelet_restart_keeps_the_running_vgpu_pod_and_the_device_plugin_regi
     assert tenant_of(cluster, beside) != tenant
     print(f"kubelet restarted in {took:.1f} s; its vGPUs back {registered:.1f} s later")
     cluster.kubectl("-n", APP_NS, "delete", "pod", "kept", "beside", "--wait", "--timeout", "60s")
+
+
+def test_a_vulkan_pod_sees_its_vgpu_and_is_refused_past_its_cap(
+    cluster: Sharegpu, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A rendering pod (a plain Vulkan program on lavapipe, no sharegpu file in its image) gets the
+    Vulkan layer from its vGPU's CDI device like any other tenant."""
+    import_vulkan_image(cluster.node, tmp_path_factory.mktemp("vkimage"))
+    name = "vulkan-256m"
+    script = "export XDG_RUNTIME_DIR=/tmp; vkprobe info 13 && vkprobe fill 64"
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(vgpu_pod(name, 256, 30, script, image=VULKAN_IMAGE)))
+    done = wait_phase(cluster, name, ("Succeeded", "Failed"))
+    log = cluster.kubectl("-n", APP_NS, "logs", name).stdout
+    assert done["status"]["phase"] == "Succeeded", log
+    values = parse_kv(log)[0]
+    assert values["devices"] == "1", log
+    assert values["heap2"] == str(256 * MIB), log  # the vGPU's heap, not lavapipe's
+    assert (values["allocated"], values["refused"]) == ("4", "-2"), log  # VK_ERROR_OUT_OF_DEVICE_MEMORY
+    cluster.kubectl("-n", APP_NS, "delete", "pod", name, "--wait", "--timeout", "60s")
