@@ -1262,6 +1262,24 @@ int sg_arb_ext_enter(const uint8_t uuid[16], void (*drain_fn)(void *), void *arg
     return rc < 0 ? -1 : 0;
 }
 
+void sg_arb_ext_drained(struct sg_gpu *g, uint64_t begin, void (*drain_fn)(void *), void *arg)
+{
+    sg_in_hook++;
+    pthread_mutex_lock(&g->mu);
+    uint64_t last = __atomic_load_n(&g->last_launch, __ATOMIC_SEQ_CST);
+    bool alone = g->nctx == 0 && g->next_ext == 1 && g->ext[0].fn == drain_fn && g->ext[0].arg == arg;
+    if (g->a && sg_arb_holding(g) && alone && last < begin) {
+        uint64_t end = sg_mono_ns(); /* the wait's return: no GPU clock for Vulkan work yet */
+        __atomic_store_n(&g->idle_from, end, __ATOMIC_RELAXED);
+        __atomic_store_n(&g->drained_at, end, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&g->launching, __ATOMIC_SEQ_CST) ||
+            __atomic_load_n(&g->last_launch, __ATOMIC_SEQ_CST) >= begin)
+            __atomic_store_n(&g->drained_at, 0, __ATOMIC_SEQ_CST); /* a submission came meanwhile */
+    }
+    pthread_mutex_unlock(&g->mu);
+    sg_in_hook--;
+}
+
 void sg_arb_ext_forget(struct sg_gpu *g, void (*drain_fn)(void *), void *arg)
 {
     pthread_mutex_lock(&g->mu);

@@ -128,3 +128,26 @@ SG_EXPORT void sharegpu_arb_forget(struct sharegpu_arb_slot *slot, sharegpu_drai
     if (g)
         sg_arb_ext_forget(g, drain, arg);
 }
+
+/* The program waits for its Vulkan work: not idle meanwhile (the watcher's test). */
+SG_EXPORT void sharegpu_arb_wait_begin(struct sharegpu_arb_slot *slot, struct sharegpu_arb_wait *w)
+{
+    struct sg_gpu *g = slot ? __atomic_load_n((struct sg_gpu **)&slot->gpu, __ATOMIC_ACQUIRE) : NULL;
+    w->gpu = NULL;
+    w->begin = sg_mono_ns();
+    if (g && __atomic_load_n(&g->state, __ATOMIC_ACQUIRE) == SG_GPU_ARB) {
+        __atomic_fetch_add(&g->syncing, 1, __ATOMIC_RELAXED);
+        w->gpu = g;
+    }
+}
+
+SG_EXPORT void sharegpu_arb_wait_end(struct sharegpu_arb_wait *w, int covered, sharegpu_drain_fn drain, void *arg)
+{
+    struct sg_gpu *g = w ? w->gpu : NULL;
+    if (!g)
+        return;
+    __atomic_fetch_sub(&g->syncing, 1, __ATOMIC_RELAXED);
+    if (covered && __atomic_load_n(&g->token, __ATOMIC_RELAXED))
+        sg_arb_ext_drained(g, w->begin, drain, arg);
+    w->gpu = NULL;
+}

@@ -508,6 +508,10 @@ int sg_arb_ext_enter(const uint8_t uuid[16], void (*drain_fn)(void *), void *arg
                      struct sg_gpu **cache, uint64_t *gen, struct sg_gpu **gate);
 /* drain_fn(arg) is no longer waited for (its device object is going). */
 void sg_arb_ext_forget(struct sg_gpu *g, void (*drain_fn)(void *), void *arg);
+/* The program waited, from `begin`, for work of this drain and it is all done: when the hold has
+ * no other work (no context, no other drain), the time until its next submission is idle, not
+ * charged, as after a CUDA sync that drained the hold. */
+void sg_arb_ext_drained(struct sg_gpu *g, uint64_t begin, void (*drain_fn)(void *), void *arg);
 void sg_arb_offline_bound(struct sg_gpu *g, CUcontext ctx);
 void sg_arb_burst_end(void);
 

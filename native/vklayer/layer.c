@@ -225,6 +225,8 @@ static VKAPI_ATTR VkResult VKAPI_CALL vl_CreateDevice(VkPhysicalDevice pd, const
             dev->QueueSubmit2 = (PFN_vkQueueSubmit2)dev->gdpa(dev->handle, "vkQueueSubmit2KHR");
         dev->QueuePresentKHR = GDPA(dev, vkQueuePresentKHR);
         dev->QueueWaitIdle = GDPA(dev, vkQueueWaitIdle);
+        dev->DeviceWaitIdle = GDPA(dev, vkDeviceWaitIdle);
+        dev->WaitForFences = GDPA(dev, vkWaitForFences);
         dev->QueueBindSparse = GDPA(dev, vkQueueBindSparse);
         pthread_mutex_init(&dev->qmu, NULL);
         vl_device_memory_setup(in, pd, dev);
@@ -276,6 +278,8 @@ static const struct named device_fns[] = {
     F("vkQueueSubmit2KHR", vl_QueueSubmit2),
     F("vkQueuePresentKHR", vl_QueuePresentKHR),
     F("vkQueueWaitIdle", vl_QueueWaitIdle),
+    F("vkDeviceWaitIdle", vl_DeviceWaitIdle),
+    F("vkWaitForFences", vl_WaitForFences),
     F("vkQueueBindSparse", vl_QueueBindSparse),
 };
 static const struct named instance_fns[] = {

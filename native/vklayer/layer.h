@@ -55,12 +55,14 @@ struct vl_device {
     PFN_vkQueueSubmit2 QueueSubmit2;    /* vkQueueSubmit2 or ...KHR; NULL: neither */
     PFN_vkQueuePresentKHR QueuePresentKHR;
     PFN_vkQueueWaitIdle QueueWaitIdle;
+    PFN_vkDeviceWaitIdle DeviceWaitIdle;
+    PFN_vkWaitForFences WaitForFences;
     PFN_vkQueueBindSparse QueueBindSparse;
     bool metered;                       /* one of the tenant's GPUs, a tenant present */
     struct sharegpu_arb_slot slot;      /* its place in the GPU's arbiter (submit.c) */
     pthread_mutex_t qmu;                /* every queue call the layer sees, and the list below */
     int nqueues;
-    VkQueue *queues;                    /* [qmu] queues submitted to in the GPU's current hold */
+    struct vl_queue *queues;            /* [qmu] queues submitted to in the GPU's current hold */
     uint8_t uuid[VK_UUID_SIZE];
     uint32_t type_count;
     bool type_local[VK_MAX_MEMORY_TYPES]; /* the type's heap is device-local: charged */
@@ -92,6 +94,9 @@ VKAPI_ATTR VkResult VKAPI_CALL vl_QueueSubmit2(VkQueue queue, uint32_t count, co
                                                VkFence fence);
 VKAPI_ATTR VkResult VKAPI_CALL vl_QueuePresentKHR(VkQueue queue, const VkPresentInfoKHR *info);
 VKAPI_ATTR VkResult VKAPI_CALL vl_QueueWaitIdle(VkQueue queue);
+VKAPI_ATTR VkResult VKAPI_CALL vl_DeviceWaitIdle(VkDevice device);
+VKAPI_ATTR VkResult VKAPI_CALL vl_WaitForFences(VkDevice device, uint32_t count, const VkFence *fences,
+                                                VkBool32 all, uint64_t timeout);
 VKAPI_ATTR VkResult VKAPI_CALL vl_QueueBindSparse(VkQueue queue, uint32_t count, const VkBindSparseInfo *binds,
                                                   VkFence fence);
 /* The device is going: its place in the arbiter. */
@@ -120,6 +125,8 @@ struct vl_shim {
     sharegpu_arb_enter_fn arb_enter;
     sharegpu_arb_exit_fn arb_exit;
     sharegpu_arb_forget_fn arb_forget;
+    sharegpu_arb_wait_begin_fn wait_begin;
+    sharegpu_arb_wait_end_fn wait_end;
 };
 /* 0 with the shim's API (shim->state() says whether a tenant is present), or -1 when a tenant
  * is configured but the shim cannot be reached (the program must not run unmetered). */

@@ -71,7 +71,8 @@ static void load(void)
                FIND(charge, "sharegpu_ledger_charge") && FIND(rekey, "sharegpu_ledger_rekey") &&
                FIND(credit, "sharegpu_ledger_credit") && FIND(credit_owner, "sharegpu_ledger_credit_owner") &&
                FIND(arb_enter, "sharegpu_arb_enter") && FIND(arb_exit, "sharegpu_arb_exit") &&
-               FIND(arb_forget, "sharegpu_arb_forget");
+               FIND(arb_forget, "sharegpu_arb_forget") && FIND(wait_begin, "sharegpu_arb_wait_begin") &&
+               FIND(wait_end, "sharegpu_arb_wait_end");
     if (!all) {
         vl_log("libsharegpu.so lacks part of layer API %d: install them together", SHAREGPU_LAYER_API_VERSION);
         return;

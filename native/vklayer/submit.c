@@ -11,9 +11,12 @@
  * drain; the release waits for every submission between enter and exit first, so a drain and a
  * submission never wait for each other.  (A fence of the layer's own behind each submission
  * would avoid the lock, but lavapipe charges a queue-thread hand-off, about 1 µs, for each.)
- * Queue calls the layer does not see (debug labels) must not run concurrently with a drain.  A
- * hold's charge is the time it held the card, its Vulkan work's end included (no GPU
- * timestamps yet).
+ * Queue calls the layer does not see (debug labels) must not run concurrently with a drain.
+ *
+ * A hold is charged the time it held the card, less the idle time after a wait of the program's
+ * that covered all the hold's Vulkan work (a fence of each queue's latest submission, the queue
+ * or the device idle) until its next submission: the time its work ran, up to the wait's
+ * lateness, as the CUDA path leaves out the idle time after a sync.  (No GPU timestamps yet.)
  *
  * vkQueuePresentKHR takes the token too (its presentation work).
  */
@@ -22,19 +25,47 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Under qmu: queue is among those the drain waits for. */
-static void note_queue(struct vl_device *dev, VkQueue queue)
+struct vl_queue {
+    VkQueue queue;
+    VkFence last_fence; /* the program's fence of its latest submission there, or none */
+};
+
+/* Under qmu: queue is among those the drain waits for; fence, the program's, signals when its
+ * latest submission is done (VK_NULL_HANDLE: none). */
+static void note_queue(struct vl_device *dev, VkQueue queue, VkFence fence)
 {
-    for (int i = 0; i < dev->nqueues; i++)
-        if (dev->queues[i] == queue)
+    for (int i = 0; i < dev->nqueues; i++) {
+        if (dev->queues[i].queue == queue) {
+            dev->queues[i].last_fence = fence;
             return;
-    VkQueue *grown = realloc(dev->queues, (size_t)(dev->nqueues + 1) * sizeof(*grown));
+        }
+    }
+    struct vl_queue *grown = realloc(dev->queues, (size_t)(dev->nqueues + 1) * sizeof(*grown));
     if (!grown) {
         dev->QueueWaitIdle(queue); /* cannot remember it: its work is waited for now */
         return;
     }
     dev->queues = grown;
-    dev->queues[dev->nqueues++] = queue;
+    dev->queues[dev->nqueues++] = (struct vl_queue){queue, fence};
+}
+
+/* Under qmu: the hold's queues are only `queue` (VK_NULL_HANDLE: any), or every queue's latest
+ * submission signals one of fences: waiting for it covered all the hold's Vulkan work. */
+static bool covers(const struct vl_device *dev, VkQueue queue, uint32_t nfences, const VkFence *fences)
+{
+    for (int i = 0; i < dev->nqueues; i++) {
+        if (queue != VK_NULL_HANDLE) {
+            if (dev->queues[i].queue != queue)
+                return false;
+            continue;
+        }
+        bool found = false;
+        for (uint32_t j = 0; j < nfences && !found; j++)
+            found = dev->queues[i].last_fence != VK_NULL_HANDLE && fences[j] == dev->queues[i].last_fence;
+        if (!found)
+            return false;
+    }
+    return true;
 }
 
 /* The arbiter's drain: the work of every queue it submitted to is done.  Every host access to
@@ -45,7 +76,7 @@ static void drain(void *arg)
     struct vl_device *dev = arg;
     pthread_mutex_lock(&dev->qmu);
     for (int i = 0; i < dev->nqueues; i++)
-        dev->QueueWaitIdle(dev->queues[i]);
+        dev->QueueWaitIdle(dev->queues[i].queue);
     dev->nqueues = 0;
     pthread_mutex_unlock(&dev->qmu);
 }
@@ -78,7 +109,7 @@ VKAPI_ATTR VkResult VKAPI_CALL vl_QueueSubmit(VkQueue queue, uint32_t count, con
     pthread_mutex_lock(&dev->qmu);
     r = dev->QueueSubmit(queue, count, submits, fence);
     if (gate && r == VK_SUCCESS)
-        note_queue(dev, queue);
+        note_queue(dev, queue, fence);
     pthread_mutex_unlock(&dev->qmu);
     if (gate)
         shim->arb_exit(gate);
@@ -99,7 +130,7 @@ VKAPI_ATTR VkResult VKAPI_CALL vl_QueueSubmit2(VkQueue queue, uint32_t count, co
     pthread_mutex_lock(&dev->qmu);
     r = dev->QueueSubmit2(queue, count, submits, fence);
     if (gate && r == VK_SUCCESS)
-        note_queue(dev, queue);
+        note_queue(dev, queue, fence);
     pthread_mutex_unlock(&dev->qmu);
     if (gate)
         shim->arb_exit(gate);
@@ -124,15 +155,70 @@ VKAPI_ATTR VkResult VKAPI_CALL vl_QueuePresentKHR(VkQueue queue, const VkPresent
     return r;
 }
 
-/* The program's own waits and sparse binds: under qmu, as the drain's waits are. */
+/* The program's own waits: not idle while they last, and idle after one that covered all the
+ * hold's Vulkan work, until the next submission (the charge leaves that out). */
+static bool wait_begin(struct vl_device *dev, const struct vl_shim **shim, struct sharegpu_arb_wait *w)
+{
+    w->gpu = NULL;
+    if (!dev->metered || vl_shim(shim) < 0 || (*shim)->state() != 1)
+        return false;
+    (*shim)->wait_begin(&dev->slot, w);
+    return w->gpu != NULL;
+}
+
+/* Queue waits and sparse binds are queue accesses: under qmu, as the drain's waits are. */
 VKAPI_ATTR VkResult VKAPI_CALL vl_QueueWaitIdle(VkQueue queue)
 {
     struct vl_device *dev = vl_device_of((VkDevice)(void *)queue);
     if (!dev)
         return VK_ERROR_DEVICE_LOST;
+    const struct vl_shim *shim;
+    struct sharegpu_arb_wait w;
+    bool arbitrated = wait_begin(dev, &shim, &w);
     pthread_mutex_lock(&dev->qmu);
     VkResult r = dev->QueueWaitIdle(queue);
+    bool covered = r == VK_SUCCESS && covers(dev, queue, 0, NULL);
     pthread_mutex_unlock(&dev->qmu);
+    if (arbitrated)
+        shim->wait_end(&w, covered, drain, dev);
+    return r;
+}
+
+VKAPI_ATTR VkResult VKAPI_CALL vl_DeviceWaitIdle(VkDevice device)
+{
+    struct vl_device *dev = vl_device_of(device);
+    if (!dev)
+        return VK_ERROR_DEVICE_LOST;
+    const struct vl_shim *shim;
+    struct sharegpu_arb_wait w;
+    bool arbitrated = wait_begin(dev, &shim, &w);
+    pthread_mutex_lock(&dev->qmu); /* every queue of the device is accessed */
+    VkResult r = dev->DeviceWaitIdle(device);
+    pthread_mutex_unlock(&dev->qmu);
+    if (arbitrated)
+        shim->wait_end(&w, r == VK_SUCCESS, drain, dev);
+    return r;
+}
+
+VKAPI_ATTR VkResult VKAPI_CALL vl_WaitForFences(VkDevice device, uint32_t count, const VkFence *fences,
+                                                VkBool32 all, uint64_t timeout)
+{
+    struct vl_device *dev = vl_device_of(device);
+    if (!dev)
+        return VK_ERROR_DEVICE_LOST;
+    const struct vl_shim *shim;
+    struct sharegpu_arb_wait w;
+    bool arbitrated = wait_begin(dev, &shim, &w);
+    VkResult r = dev->WaitForFences(device, count, fences, all, timeout);
+    if (arbitrated) {
+        bool covered = false;
+        if (r == VK_SUCCESS && (all || count == 1)) {
+            pthread_mutex_lock(&dev->qmu);
+            covered = covers(dev, VK_NULL_HANDLE, count, fences);
+            pthread_mutex_unlock(&dev->qmu);
+        }
+        shim->wait_end(&w, covered, drain, dev);
+    }
     return r;
 }
 

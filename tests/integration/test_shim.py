@@ -101,6 +101,8 @@ LEDGER_API = {
     "sharegpu_arb_enter",
     "sharegpu_arb_exit",
     "sharegpu_arb_forget",
+    "sharegpu_arb_wait_begin",
+    "sharegpu_arb_wait_end",
 }
 
 

@@ -40,6 +40,16 @@ typedef void (*sharegpu_ledger_credit_owner_fn)(const void *owner);
 typedef int (*sharegpu_arb_enter_fn)(const uint8_t uuid[16], sharegpu_drain_fn drain, void *arg,
                                      struct sharegpu_arb_slot *slot, void **gate);
 typedef void (*sharegpu_arb_exit_fn)(void *gate);
+/* Around the program's own wait for its work (vkWaitForFences, vkQueueWaitIdle, vkDeviceWaitIdle):
+ * while it waits the holder is not idle; if the wait covered all the work submitted through the
+ * slot in the current hold (covered != 0), the time until its next submission is not charged. */
+struct sharegpu_arb_wait {
+    void *gpu;
+    uint64_t begin;
+};
+typedef void (*sharegpu_arb_wait_begin_fn)(struct sharegpu_arb_slot *slot, struct sharegpu_arb_wait *w);
+typedef void (*sharegpu_arb_wait_end_fn)(struct sharegpu_arb_wait *w, int covered, sharegpu_drain_fn drain,
+                                         void *arg);
 /* The device object is going: its drain is no longer called. */
 typedef void (*sharegpu_arb_forget_fn)(struct sharegpu_arb_slot *slot, sharegpu_drain_fn drain, void *arg);
 

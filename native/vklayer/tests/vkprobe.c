@@ -10,9 +10,10 @@
  *   vkprobe groups             the device groups it sees
  *   vkprobe bench <N>          N pairs of vkAllocateMemory + vkFreeMemory of 4 KiB (device-local), and
  *                              N empty vkQueueSubmit: ns per pair, per submit (bench/vulkan.py)
- *   vkprobe work <start_ns> <seconds> <MiB>  from CLOCK_MONOTONIC start_ns, for seconds: submit a
- *                              command buffer that fills a <MiB> buffer, wait for its fence, again
- *                              (a renderer that waits for each frame): done= how many
+ *   vkprobe work <start_ns> <seconds> <MiB> [gap_us]  from CLOCK_MONOTONIC start_ns, for seconds:
+ *                              submit a command buffer that fills a <MiB> buffer, wait for its
+ *                              fence, spend gap_us on the host, again (a renderer that waits for
+ *                              each frame): done= how many
  *   vkprobe mixed <CUDA MiB> <MiB>  cuMemAlloc of <CUDA MiB> on CUDA device 0 first (one process,
  *                              both APIs), then fill <MiB>
  * api: 10 (Vulkan 1.0, the default) or 13; groups uses 1.1.  Output: key=value lines.
@@ -133,7 +134,7 @@ static int bench(VkPhysicalDevice pd, VkDevice dev, uint32_t type, long n)
 
 enum fill_how { FILL_PLAIN, FILL_LEAK, FILL_PNEXT, FILL_BENCH };
 
-static int work(VkInstance instance, double start_ns, double seconds, uint64_t bytes)
+static int work(VkInstance instance, double start_ns, double seconds, uint64_t bytes, double gap_us)
 {
     VkPhysicalDevice pd;
     if (devices_of(instance, &pd, 1) < 1)
@@ -193,6 +194,8 @@ static int work(VkInstance instance, double start_ns, double seconds, uint64_t b
         if (r == VK_SUCCESS) {
             vkResetFences(dev, 1, &fence);
             done++;
+            for (double until = now_ns() + gap_us * 1e3; now_ns() < until;)
+                ; /* host work between frames */
         }
     }
     printf("done=%ld\nwork=%d\n", done, (int)r);
@@ -300,7 +303,8 @@ int main(int argc, char **argv)
         cuMemGetInfo_v2(&free_b, &total);
         printf("cuda_used=%zu\n", total - free_b);
     } else if (strcmp(argv[1], "work") == 0 && argc > 4)
-        rc = work(instance, strtod(argv[2], NULL), strtod(argv[3], NULL), strtoull(argv[4], NULL, 10) * MIB);
+        rc = work(instance, strtod(argv[2], NULL), strtod(argv[3], NULL), strtoull(argv[4], NULL, 10) * MIB,
+                  argc > 5 ? strtod(argv[5], NULL) : 0.0);
     else if (strcmp(argv[1], "bench") == 0 && argc > 2)
         rc = fill(instance, strtoull(argv[2], NULL, 10), FILL_BENCH);
     else if (strcmp(argv[1], "fill") == 0 && argc > 2)
