@@ -640,7 +640,8 @@ static int room_locked(int idx, uint64_t bytes, const char *refused, struct sg_e
 static int reserve_locked(CUdevice dev, const uint8_t *uuid, uint64_t bytes, struct sg_charge *c,
                           struct sg_err *e);
 
-int sg_reserve(CUdevice dev, uint64_t bytes, struct sg_charge *c, struct sg_err *e)
+/* What every reservation does first: nothing charged yet; 1 go on, 0 inert (done), < 0 broken. */
+static int reserve_start(struct sg_charge *c, struct sg_err *e)
 {
     c->active = false;
     c->idx = -1;
@@ -652,6 +653,14 @@ int sg_reserve(CUdevice dev, uint64_t bytes, struct sg_charge *c, struct sg_err 
         return config_error(e);
     if (__builtin_expect(born_here && *born_here == 0, 0))
         raw_clone_child();
+    return 1;
+}
+
+int sg_reserve(CUdevice dev, uint64_t bytes, struct sg_charge *c, struct sg_err *e)
+{
+    int go = reserve_start(c, e);
+    if (go <= 0)
+        return go;
     if (spend_spare(dev, bytes, c))
         return 0;
     uint8_t uuid[16];
@@ -661,17 +670,8 @@ int sg_reserve(CUdevice dev, uint64_t bytes, struct sg_charge *c, struct sg_err 
 
 int sg_reserve_uuid(const uint8_t uuid[16], uint64_t bytes, struct sg_charge *c, struct sg_err *e)
 {
-    c->active = false;
-    c->idx = -1;
-    c->bytes = 0;
-    c->ctx = NULL;
-    if (!sg_configured())
-        return 0;
-    if (sg_mode() != SG_MODE_ACTIVE)
-        return config_error(e);
-    if (__builtin_expect(born_here && *born_here == 0, 0))
-        raw_clone_child();
-    return reserve_locked(-1, uuid, bytes, c, e);
+    int go = reserve_start(c, e);
+    return go <= 0 ? go : reserve_locked(-1, uuid, bytes, c, e);
 }
 
 /* The slow path of a reservation on the device of uuid (NULL: unknown, refused); dev is its

@@ -95,25 +95,41 @@ static VkResult enter(struct vl_device *dev, const struct vl_shim **shim, void *
     return VK_ERROR_DEVICE_LOST;
 }
 
-VKAPI_ATTR VkResult VKAPI_CALL vl_QueueSubmit(VkQueue queue, uint32_t count, const VkSubmitInfo *submits,
-                                              VkFence fence)
+/* One submission, whichever entry point: the token, the call under the queue lock, the queue
+ * noted for the drain when arbitrated. */
+struct submission {
+    VkQueue queue;
+    uint32_t count;
+    const void *submits; /* VkSubmitInfo or VkSubmitInfo2 */
+    VkFence fence;
+    bool two;
+};
+
+static VkResult submit(struct vl_device *dev, const struct submission *s)
 {
-    struct vl_device *dev = vl_device_of((VkDevice)(void *)queue); /* a queue shares its device's key */
-    if (!dev)
-        return VK_ERROR_DEVICE_LOST;
     const struct vl_shim *shim;
     void *gate;
     VkResult r = enter(dev, &shim, &gate);
     if (r != VK_SUCCESS)
         return r;
     pthread_mutex_lock(&dev->qmu);
-    r = dev->QueueSubmit(queue, count, submits, fence);
+    r = s->two ? dev->QueueSubmit2(s->queue, s->count, s->submits, s->fence)
+               : dev->QueueSubmit(s->queue, s->count, s->submits, s->fence);
     if (gate && r == VK_SUCCESS)
-        note_queue(dev, queue, fence);
+        note_queue(dev, s->queue, s->fence);
     pthread_mutex_unlock(&dev->qmu);
     if (gate)
         shim->arb_exit(gate);
     return r;
+}
+
+VKAPI_ATTR VkResult VKAPI_CALL vl_QueueSubmit(VkQueue queue, uint32_t count, const VkSubmitInfo *submits,
+                                              VkFence fence)
+{
+    struct vl_device *dev = vl_device_of((VkDevice)(void *)queue); /* a queue shares its device's key */
+    if (!dev)
+        return VK_ERROR_DEVICE_LOST;
+    return submit(dev, &(struct submission){queue, count, submits, fence, false});
 }
 
 VKAPI_ATTR VkResult VKAPI_CALL vl_QueueSubmit2(VkQueue queue, uint32_t count, const VkSubmitInfo2 *submits,
@@ -122,19 +138,7 @@ VKAPI_ATTR VkResult VKAPI_CALL vl_QueueSubmit2(VkQueue queue, uint32_t count, co
     struct vl_device *dev = vl_device_of((VkDevice)(void *)queue);
     if (!dev || !dev->QueueSubmit2)
         return VK_ERROR_DEVICE_LOST;
-    const struct vl_shim *shim;
-    void *gate;
-    VkResult r = enter(dev, &shim, &gate);
-    if (r != VK_SUCCESS)
-        return r;
-    pthread_mutex_lock(&dev->qmu);
-    r = dev->QueueSubmit2(queue, count, submits, fence);
-    if (gate && r == VK_SUCCESS)
-        note_queue(dev, queue, fence);
-    pthread_mutex_unlock(&dev->qmu);
-    if (gate)
-        shim->arb_exit(gate);
-    return r;
+    return submit(dev, &(struct submission){queue, count, submits, fence, true});
 }
 
 VKAPI_ATTR VkResult VKAPI_CALL vl_QueuePresentKHR(VkQueue queue, const VkPresentInfoKHR *info)

@@ -114,6 +114,15 @@ static CUresult import_wire(const struct ipc_wire *w, const char *magic, int fre
     return r;
 }
 
+/* The pool of the allocation that starts at p, or NULL (not a pool allocation's base). */
+static struct CUmemPoolHandle_st *pool_of(CUdeviceptr p)
+{
+    struct CUmemPoolHandle_st *pool = NULL;
+    uint64_t bytes;
+    int phys;
+    return cu_mem_lookup(p, &pool, &bytes, &phys) ? pool : NULL;
+}
+
 /* ---- legacy IPC ------------------------------------------------------------------------------ */
 
 SIM_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
@@ -123,10 +132,7 @@ SIM_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
     CUresult r = cu_ready();
     if (r)
         return r;
-    struct CUmemPoolHandle_st *pool;
-    uint64_t bytes;
-    int phys;
-    if (cu_mem_lookup(dptr, &pool, &bytes, &phys) && pool)
+    if (pool_of(dptr))
         return CUDA_ERROR_INVALID_VALUE; /* pool memory is exported with cuMemPoolExportPointer */
     struct ipc_wire w;
     r = export_wire(dptr, IPC_MAGIC, 0, &w);
@@ -259,11 +265,10 @@ SIM_EXPORT CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData *shareData_out
     CUresult r = cu_ready();
     if (r)
         return r;
-    struct CUmemPoolHandle_st *pool;
-    uint64_t bytes;
-    int phys, fd;
+    struct CUmemPoolHandle_st *pool = pool_of(ptr);
+    int fd;
     uint64_t pool_ino;
-    if (!cu_mem_lookup(ptr, &pool, &bytes, &phys) || !pool)
+    if (!pool)
         return CUDA_ERROR_INVALID_VALUE; /* not a pool allocation's base */
     r = pool_identity(pool, &fd, &pool_ino);
     struct ipc_wire w;
