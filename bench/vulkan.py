@@ -1,20 +1,23 @@
-"""What the Vulkan layer costs per call, measured side by side with and without it.
+"""The Vulkan layer, measured side by side with and without it, on Mesa's lavapipe (the Vulkan
+driver on the CPU), each tenant a tenant of lavapipe's device (its deviceUUID as the GPU's).
 
-Runs native/vklayer/tests/vkprobe.c (`bench N`) on Mesa's lavapipe, the Vulkan driver on the
-CPU, under a tenant of lavapipe's device (its deviceUUID as the tenant's GPU):
-  * N pairs of vkAllocateMemory + vkFreeMemory of 4 KiB on the device-local heap (ns per pair):
-    the layer's device lookup and the charge, re-key and credit in the tenant's ledger;
-  * N empty vkQueueSubmit (ns per call) with the GPU's token held (a tenant with a 100% share,
-    alone): the arbiter's fast path, and the empty submission of the layer's own fence behind
-    each one that lets the arbiter wait for the work (native/vklayer/submit.c).
-Each configuration runs ROUNDS times, interleaved (no layer, layer, no layer, ...), so drift of
-a loaded machine hits both alike; the table shows medians and the added cost.
+    python bench/vulkan.py [--sections calls,renderers] [--rounds 7] [--calls 200000] [--runs 3] [--json]
 
-Goals (issue 39): the layer adds < 1 µs to an allocation and its free, < 200 ns to a submit.
-lavapipe is the driver here, so the figures are the layer's own path and lavapipe's, not a real
-GPU's.
+calls: what the layer costs per call (native/vklayer/tests/vkprobe.c `bench N`), each
+configuration ROUNDS times, interleaved (no layer, layer, ...), medians:
+  * N pairs of vkAllocateMemory + vkFreeMemory of 4 KiB on the device-local heap: the layer's
+    device lookup and the charge, re-key and credit in the tenant's ledger;
+  * N empty vkQueueSubmit with the GPU's token held (a tenant with a 100% share, alone): the
+    arbiter's fast path and the device's queue lock (native/vklayer/submit.c).
+  Goals (issue 39): < 1 µs added to an allocation and its free, < 200 ns to a submit.
 
-    python bench/vulkan.py [--rounds 7] [--calls 200000] [--json]
+renderers: what each renderer gets (vkprobe `work`: fill a 32 MiB buffer, wait for its fence,
+optionally spend host time, again; about 1.2 ms of work per frame), RUNS times each, with the
+same programs without sharegpu beside: shares 30/70 and 10/90 (the first one's part of the
+frames), online beside offline, a 50% cap over a renderer with 3 ms of host time per frame and a
+20% cap over a saturating one (their frames against the same program alone).  Without sharegpu
+two programs run at once on lavapipe's CPU threads, so the no-sharegpu split is the host's, not
+a GPU's.  Goal (issue 39): shares within 2 points.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,62 +44,87 @@ from sharegpu.tenant import create_tenant
 REPO = Path(__file__).resolve().parent.parent
 GOALS_NS = {"alloc+free 4 KiB": 1000.0, "submit (empty)": 200.0}
 KEYS = {"alloc+free 4 KiB": "alloc_free_ns", "submit (empty)": "submit_ns"}
+WORK_S = 4.0
 
 
 def parse_kv(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 
-def build_probe(out: Path) -> Path:
-    target = out / "vkprobe"
-    simgpu = native.LIB_DIR / "simgpu"
-    source = REPO / "native" / "vklayer" / "tests" / "vkprobe.c"
-    cmd = ["gcc", "-std=c11", "-D_GNU_SOURCE", f"-I{REPO / 'native' / 'include'}", "-O2", "-o", str(target)]
-    subprocess.run([*cmd, str(source), f"-L{simgpu}", "-l:libcuda.so.1", "-lvulkan"], check=True)
-    return target
+@dataclass
+class Lavapipe:
+    """A private runtime directory, vkprobe, and the environments of its programs."""
+
+    work: Path
+    probe: Path
+    plain: dict[str, str]
+    uuid: str
+    count: int = 0
+
+    @classmethod
+    def make(cls, work: Path) -> Lavapipe:
+        icds = sorted(glob.glob("/usr/share/vulkan/icd.d/lvp_icd.*.json"))
+        if not icds:
+            sys.exit("bench/vulkan.py: lavapipe is not installed (Debian: mesa-vulkan-drivers)")
+        if native.vulkan_layer_share() is None:
+            sys.exit("bench/vulkan.py: the Vulkan layer is not built (Debian: libvulkan-dev, then make)")
+        probe = work / "vkprobe"
+        source = REPO / "native" / "vklayer" / "tests" / "vkprobe.c"
+        cmd = [
+            "gcc",
+            "-std=c11",
+            "-D_GNU_SOURCE",
+            f"-I{REPO / 'native' / 'include'}",
+            "-O2",
+            "-o",
+            str(probe),
+        ]
+        simgpu = native.LIB_DIR / "simgpu"
+        subprocess.run([*cmd, str(source), f"-L{simgpu}", "-l:libcuda.so.1", "-lvulkan"], check=True)
+        plain = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "SHAREGPU_TENANT")}
+        plain |= {"VK_ICD_FILENAMES": icds[0], "XDG_RUNTIME_DIR": str(work)}
+        plain["LD_LIBRARY_PATH"] = str(simgpu)  # vkprobe links libcuda.so.1
+        lp = cls(work, probe, plain, "")
+        lp.uuid = "GPU-" + parse_kv(lp.run(["info", "13"], plain))["uuid"]
+        return lp
+
+    def run(self, args: list[str], env: dict[str, str]) -> str:
+        return subprocess.run(
+            [str(self.probe), *args], env=env, capture_output=True, text=True, check=True
+        ).stdout
+
+    def tenant_env(self, compute: ComputeSpec) -> dict[str, str]:
+        """A new tenant of lavapipe's device with these compute settings, as its programs run."""
+        self.count += 1
+        runtime = self.work / "run"
+        limit = device_limit(self.uuid, 40960 * MIB, compute)
+        tenant = create_tenant(f"vk{self.count}", [limit], root=runtime)
+        ensure_arbiter(runtime, self.uuid)
+        return self.plain | {
+            "LD_PRELOAD": str(native.shim_path()),
+            "SHAREGPU_TENANT": str(tenant),
+            "SHAREGPU_RUNTIME_DIR": str(runtime),
+            "SHAREGPU_NO_AGENT": "1",
+            "SHAREGPU_VULKAN": "1",
+            "XDG_DATA_DIRS": f"{native.vulkan_layer_share()}:/usr/share",
+        }
+
+    def frames(self, envs: list[dict[str, str]], gap_us: int = 0) -> list[int]:
+        """Each environment runs `work` from one common instant for WORK_S: frames each made."""
+        start = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + 1_000_000_000
+        args = [str(self.probe), "work", str(start), str(WORK_S), "32", str(gap_us)]
+        procs = [subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True) for env in envs]
+        return [int(parse_kv(p.communicate(timeout=WORK_S + 60)[0])["done"]) for p in procs]
 
 
-def environments(work: Path, probe: Path) -> tuple[dict[str, str], dict[str, str]]:
-    """(without the layer, with it under a tenant of lavapipe's device)."""
-    icds = sorted(glob.glob("/usr/share/vulkan/icd.d/lvp_icd.*.json"))
-    if not icds:
-        sys.exit("bench/vulkan.py: lavapipe is not installed (Debian: mesa-vulkan-drivers)")
-    share = native.vulkan_layer_share()
-    if share is None:
-        sys.exit("bench/vulkan.py: the Vulkan layer is not built (Debian: libvulkan-dev, then make)")
-    plain = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "SHAREGPU_TENANT")}
-    plain |= {"VK_ICD_FILENAMES": icds[0], "XDG_RUNTIME_DIR": str(work)}
-    plain["LD_LIBRARY_PATH"] = str(native.LIB_DIR / "simgpu")  # vkprobe links libcuda.so.1
-    uuid = "GPU-" + parse_kv(run(probe, ["info", "13"], plain))["uuid"]
-    limit = device_limit(uuid, 40960 * MIB, ComputeSpec.parse())  # arbitrated: a 100% share
-    tenant = create_tenant("vkbench", [limit], root=work / "run")
-    ensure_arbiter(work / "run", uuid)
-    layered = plain | {
-        "LD_PRELOAD": str(native.shim_path()),
-        "SHAREGPU_TENANT": str(tenant),
-        "SHAREGPU_RUNTIME_DIR": str(work / "run"),
-        "SHAREGPU_NO_AGENT": "1",
-        "SHAREGPU_VULKAN": "1",
-        "XDG_DATA_DIRS": f"{share}:/usr/share",
-    }
-    return plain, layered
-
-
-def run(probe: Path, args: list[str], env: dict[str, str]) -> str:
-    return subprocess.run([str(probe), *args], env=env, capture_output=True, text=True, check=True).stdout
-
-
-def measure(rounds: int, calls: int) -> list[dict[str, Any]]:
-    with tempfile.TemporaryDirectory(prefix="sharegpu-vkbench-") as tmp:
-        work = Path(tmp)
-        probe = build_probe(work)
-        plain, layered = environments(work, probe)
-        samples: dict[tuple[str, str], list[float]] = {}
-        for _ in range(rounds):
-            for label, env in (("without", plain), ("with", layered)):
-                got = parse_kv(run(probe, ["bench", str(calls)], env))
-                for call, key in KEYS.items():
-                    samples.setdefault((call, label), []).append(float(got[key]))
+def measure_calls(lp: Lavapipe, rounds: int, calls: int) -> list[dict[str, Any]]:
+    layered = lp.tenant_env(ComputeSpec.parse())  # arbitrated: a 100% share
+    samples: dict[tuple[str, str], list[float]] = {}
+    for _ in range(rounds):
+        for label, env in (("without", lp.plain), ("with", layered)):
+            got = parse_kv(lp.run(["bench", str(calls)], env))
+            for call, key in KEYS.items():
+                samples.setdefault((call, label), []).append(float(got[key]))
     rows = []
     for call, goal in GOALS_NS.items():
         without = statistics.median(samples[(call, "without")])
@@ -112,27 +142,102 @@ def measure(rounds: int, calls: int) -> list[dict[str, Any]]:
     return rows
 
 
+def measure_renderers(lp: Lavapipe, runs: int) -> list[dict[str, Any]]:
+    """Each case: (label, what is reported, the goal's bound in points or None)."""
+    rows: list[dict[str, Any]] = []
+    for share in (30, 10):
+        got, bare = [], []
+        for _ in range(runs):
+            a = lp.tenant_env(ComputeSpec.parse(f"{share}%", policy="share"))
+            b = lp.tenant_env(ComputeSpec.parse(f"{100 - share}%", policy="share"))
+            done = lp.frames([a, b])
+            got.append(done[0] / sum(done) * 100)
+            plain = lp.frames([lp.plain, lp.plain])
+            bare.append(plain[0] / sum(plain) * 100)
+        rows.append(
+            {
+                "case": f"shares {share}/{100 - share}: the {share}% one's part of the frames",
+                "with": got,
+                "without": bare,
+                "goal": f"within 2 points of {share}",
+                "met": all(abs(g - share) <= 2 for g in got),
+            }
+        )
+    got, bare = [], []
+    for _ in range(runs):
+        online = lp.tenant_env(ComputeSpec.parse("50%", policy="share", priority="online"))
+        offline = lp.tenant_env(ComputeSpec.parse("50%", policy="share", priority="offline"))
+        done = lp.frames([online, offline])
+        got.append(done[0] / sum(done) * 100)
+        plain = lp.frames([lp.plain, lp.plain])
+        bare.append(plain[0] / sum(plain) * 100)
+    rows.append(
+        {
+            "case": "online beside offline: the online one's part",
+            "with": got,
+            "without": bare,
+            "goal": "-",
+            "met": None,
+        }
+    )
+    for cap, gap, label in ((50, 3000, "50% cap, 3 ms host time per frame"), (20, 0, "20% cap, saturating")):
+        got = []
+        for _ in range(runs):
+            capped = lp.frames([lp.tenant_env(ComputeSpec.parse(f"{cap}%", policy="cap"))], gap)[0]
+            alone = lp.frames([lp.plain], gap)[0]
+            got.append(capped / alone * 100)
+        rows.append(
+            {
+                "case": f"{label}: frames against alone",
+                "with": got,
+                "without": [100.0] * runs,
+                "goal": "-",
+                "met": None,
+            }
+        )
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rounds", type=int, default=7, help="runs per configuration (median reported)")
-    parser.add_argument("--calls", type=int, default=200000, help="calls of each kind per run")
+    parser.add_argument("--sections", default="calls,renderers", help="calls, renderers (comma-separated)")
+    parser.add_argument(
+        "--rounds", type=int, default=7, help="calls: runs per configuration (median reported)"
+    )
+    parser.add_argument("--calls", type=int, default=200000, help="calls: calls of each kind per run")
+    parser.add_argument("--runs", type=int, default=3, help="renderers: runs of each case")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
-    rows = measure(args.rounds, args.calls)
+    sections = set(args.sections.split(","))
+    with tempfile.TemporaryDirectory(prefix="sharegpu-vkbench-") as tmp:
+        lp = Lavapipe.make(Path(tmp))
+        calls = measure_calls(lp, args.rounds, args.calls) if "calls" in sections else []
+        renderers = measure_renderers(lp, args.runs) if "renderers" in sections else []
     if args.json:
-        print(json.dumps({"driver": "lavapipe", "rounds": args.rounds, "rows": rows}, indent=2))
+        print(json.dumps({"driver": "lavapipe", "calls": calls, "renderers": renderers}, indent=2))
         return 0
-    print(f"Vulkan layer overhead per call — lavapipe (Mesa, CPU), median of {args.rounds} interleaved runs")
-    header = f"{'call':<18} {'no layer ns':>12} {'layer ns':>9} {'added ns':>9} {'goal':>7}  met"
-    print(header)
-    print("-" * len(header))
-    for r in rows:
+    if calls:
         print(
-            f"{r['call']:<18} {r['without_ns']:>12.1f} {r['with_ns']:>9.1f} {r['added_ns']:>9.1f} "
-            f"{'<' + str(int(r['goal_added_ns'])):>7}  {'yes' if r['meets_goal'] else 'NO'}"
+            f"Vulkan layer overhead per call — lavapipe (Mesa, CPU), median of {args.rounds} interleaved runs"
         )
+        header = f"{'call':<18} {'no layer ns':>12} {'layer ns':>9} {'added ns':>9} {'goal':>7}  met"
+        print(header)
+        print("-" * len(header))
+        for r in calls:
+            print(
+                f"{r['call']:<18} {r['without_ns']:>12.1f} {r['with_ns']:>9.1f} {r['added_ns']:>9.1f} "
+                f"{'<' + str(int(r['goal_added_ns'])):>7}  {'yes' if r['meets_goal'] else 'NO'}"
+            )
+    if renderers:
+        print(f"\nRenderers on lavapipe, {args.runs} runs of {WORK_S:.0f} s each, % (each run)")
+        for r in renderers:
+            met = "" if r["met"] is None else ("  met" if r["met"] else "  NOT MET")
+            print(
+                f"{r['case']}\n  sharegpu:    {' / '.join(f'{v:.1f}' for v in r['with'])}"
+                f"\n  no sharegpu: {' / '.join(f'{v:.1f}' for v in r['without'])}   goal: {r['goal']}{met}"
+            )
     return 0
 
 
