@@ -60,6 +60,7 @@ class Lavapipe:
     plain: dict[str, str]
     uuid: str
     count: int = 0
+    runtime: Path = Path()
 
     @classmethod
     def make(cls, work: Path) -> Lavapipe:
@@ -85,6 +86,7 @@ class Lavapipe:
         plain |= {"VK_ICD_FILENAMES": icds[0], "XDG_RUNTIME_DIR": str(work)}
         plain["LD_LIBRARY_PATH"] = str(simgpu)  # vkprobe links libcuda.so.1
         lp = cls(work, probe, plain, "")
+        lp.fresh()
         lp.uuid = "GPU-" + parse_kv(lp.run(["info", "13"], plain))["uuid"]
         return lp
 
@@ -93,10 +95,15 @@ class Lavapipe:
             [str(self.probe), *args], env=env, capture_output=True, text=True, check=True
         ).stdout
 
+    def fresh(self) -> None:
+        """A new runtime directory (a node with no tenant yet): each case's tenants start alone."""
+        self.count += 1
+        self.runtime = self.work / f"run{self.count}"
+
     def tenant_env(self, compute: ComputeSpec) -> dict[str, str]:
         """A new tenant of lavapipe's device with these compute settings, as its programs run."""
         self.count += 1
-        runtime = self.work / "run"
+        runtime = self.runtime
         limit = device_limit(self.uuid, 40960 * MIB, compute)
         tenant = create_tenant(f"vk{self.count}", [limit], root=runtime)
         ensure_arbiter(runtime, self.uuid)
@@ -148,6 +155,7 @@ def measure_renderers(lp: Lavapipe, runs: int) -> list[dict[str, Any]]:
     for share in (30, 10):
         got, bare = [], []
         for _ in range(runs):
+            lp.fresh()
             a = lp.tenant_env(ComputeSpec.parse(f"{share}%", policy="share"))
             b = lp.tenant_env(ComputeSpec.parse(f"{100 - share}%", policy="share"))
             done = lp.frames([a, b])
@@ -165,6 +173,7 @@ def measure_renderers(lp: Lavapipe, runs: int) -> list[dict[str, Any]]:
         )
     got, bare = [], []
     for _ in range(runs):
+        lp.fresh()
         online = lp.tenant_env(ComputeSpec.parse("50%", policy="share", priority="online"))
         offline = lp.tenant_env(ComputeSpec.parse("50%", policy="share", priority="offline"))
         done = lp.frames([online, offline])
@@ -183,6 +192,7 @@ def measure_renderers(lp: Lavapipe, runs: int) -> list[dict[str, Any]]:
     for cap, gap, label in ((50, 3000, "50% cap, 3 ms host time per frame"), (20, 0, "20% cap, saturating")):
         got = []
         for _ in range(runs):
+            lp.fresh()
             capped = lp.frames([lp.tenant_env(ComputeSpec.parse(f"{cap}%", policy="cap"))], gap)[0]
             alone = lp.frames([lp.plain], gap)[0]
             got.append(capped / alone * 100)
