@@ -291,6 +291,8 @@ static const struct named instance_fns[] = {
     F("vkEnumeratePhysicalDeviceGroupsKHR", vl_EnumeratePhysicalDeviceGroups),
     F("vkGetPhysicalDeviceMemoryProperties", vl_GetPhysicalDeviceMemoryProperties),
     F("vkGetPhysicalDeviceMemoryProperties2", vl_GetPhysicalDeviceMemoryProperties2),
+    F("vkGetPhysicalDeviceProperties2", vl_GetPhysicalDeviceProperties2),
+    F("vkGetPhysicalDeviceProperties2KHR", vl_GetPhysicalDeviceProperties2),
     F("vkGetPhysicalDeviceMemoryProperties2KHR", vl_GetPhysicalDeviceMemoryProperties2),
     F("vkCreateDevice", vl_CreateDevice),
 };

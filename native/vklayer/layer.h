@@ -105,6 +105,7 @@ void vl_device_submit_end(struct vl_device *dev);
 /* ---- memory.c ------------------------------------------------------------------------------- */
 VKAPI_ATTR void VKAPI_CALL vl_GetPhysicalDeviceMemoryProperties(VkPhysicalDevice pd,
                                                                 VkPhysicalDeviceMemoryProperties *props);
+VKAPI_ATTR void VKAPI_CALL vl_GetPhysicalDeviceProperties2(VkPhysicalDevice pd, VkPhysicalDeviceProperties2 *props);
 VKAPI_ATTR void VKAPI_CALL vl_GetPhysicalDeviceMemoryProperties2(VkPhysicalDevice pd,
                                                                  VkPhysicalDeviceMemoryProperties2 *props);
 VKAPI_ATTR VkResult VKAPI_CALL vl_AllocateMemory(VkDevice device, const VkMemoryAllocateInfo *info,

@@ -2,7 +2,8 @@
  * Memory: what the vGPU shows and what it charges.
  *
  *   - vkGetPhysicalDeviceMemoryProperties(2): every device-local heap of a tenant's GPU is at most
- *     the tenant's cap, so engines size their caches to the vGPU;
+ *     the tenant's cap, so engines size their caches to the vGPU; so is the largest allocation
+ *     (maxMemoryAllocationSize, vkGetPhysicalDeviceProperties2);
  *   - VK_EXT_memory_budget (VkPhysicalDeviceMemoryBudgetPropertiesEXT in properties2's chain):
  *     a device-local heap's budget is at most what this process uses of it plus what the tenant
  *     has left under its cap;
@@ -80,6 +81,28 @@ VKAPI_ATTR void VKAPI_CALL vl_GetPhysicalDeviceMemoryProperties2(VkPhysicalDevic
             if (b->heapBudget[h] > cap)
                 b->heapBudget[h] = cap;
         }
+    }
+}
+
+/* A single allocation is at most the cap too: engines size their largest buffer by it
+ * (maxMemoryAllocationSize, in Maintenance3 or Vulkan 1.1 properties). */
+VKAPI_ATTR void VKAPI_CALL vl_GetPhysicalDeviceProperties2(VkPhysicalDevice pd, VkPhysicalDeviceProperties2 *props)
+{
+    struct vl_instance *in = vl_instance_of(pd);
+    if (!in || !in->GetPhysicalDeviceProperties2)
+        return;
+    in->GetPhysicalDeviceProperties2(pd, props);
+    uint64_t cap, used;
+    if (!props || !vgpu_of(in, pd, &cap, &used))
+        return;
+    for (VkBaseOutStructure *s = props->pNext; s; s = s->pNext) {
+        VkDeviceSize *max = NULL;
+        if (s->sType == VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES)
+            max = &((VkPhysicalDeviceMaintenance3Properties *)s)->maxMemoryAllocationSize;
+        else if (s->sType == VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_PROPERTIES)
+            max = &((VkPhysicalDeviceVulkan11Properties *)s)->maxMemoryAllocationSize;
+        if (max && *max > cap)
+            *max = cap;
     }
 }
 

@@ -3,8 +3,8 @@ buffers of N MiB until the device refuses one (at most COUNT).
 
     python wgpu_buffers.py N [COUNT]
 
-Prints key=value lines: adapter, backend, buffers (how many were made), error (the first line of
-wgpu's error, or none).
+Prints key=value lines: adapter, backend, max_buffer_size (the device's limit), buffers (how many
+were made), error (the first line of wgpu's error, or none).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ def main() -> None:
     print(f"adapter={adapter.info['device'].replace(' ', '_')}")
     print(f"backend={adapter.info['backend_type']}")
     device = adapter.request_device_sync()
+    print(f"max_buffer_size={device.limits['max-buffer-size']}")
     buffers, error = [], "none"
     for _ in range(count):
         try:

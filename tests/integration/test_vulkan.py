@@ -178,6 +178,7 @@ def test_wgpu_is_refused_at_the_cap_and_unchanged_without_a_tenant(node: Sim, wg
     assert alone["error"] == "none"
     capped = run(node, wgpu_python, script, "32")
     assert capped["backend"] == ["Vulkan"]
+    assert int(capped["max_buffer_size"][0]) <= CAP_MIB * MIB < int(alone["max_buffer_size"])  # its limits
     assert 0 < int(capped["buffers"][0]) * 32 <= CAP_MIB
     assert capped["error"] == ["GPUValidationError:Not_enough_memory_left."], capped
 
