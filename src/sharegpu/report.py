@@ -131,20 +131,27 @@ def read_charges(root: Path) -> dict[ChargeKey, int]:
     quantum (what a holder idle since its last sync would be charged too much, at most that,
     until its next charge takes the idle time out). Without it a rate over one second would be
     off by up to a quantum at each end: two points of the card with the default 10 ms."""
-    found: dict[ChargeKey, int] = {}
+    statuses = []
     for path in iter_arbiters(root):
         with contextlib.suppress(ConfigError, SpecError):
-            status = read_arbiter(path)
-            now = time.monotonic_ns()
-            entries = {t.id: t for t in status.tenants if t.policy != "native"}
-            for t in entries.values():
-                found[(t.id, t.incarnation, status.uuid)] = t.gpu_time_ns
-            for c in status.clients:
-                if c.holding and c.tenant in entries and c.grant_ns:
-                    t = entries[c.tenant]
-                    found[(t.id, t.incarnation, status.uuid)] += min(
-                        max(now - c.grant_ns, 0), status.quantum_ns
-                    )
+            statuses.append(read_arbiter(path))
+    return charges_of(statuses, time.monotonic_ns())
+
+
+def charges_of(statuses: Iterable[ArbiterStatus], now_ns: int) -> dict[ChargeKey, int]:
+    """read_charges from arbiter regions already read, at `now_ns` (CLOCK_MONOTONIC, taken when
+    they were read): the agent's sweep reads each region once for all its loops."""
+    found: dict[ChargeKey, int] = {}
+    for status in statuses:
+        entries = {t.id: t for t in status.tenants if t.policy != "native"}
+        for t in entries.values():
+            found[(t.id, t.incarnation, status.uuid)] = t.gpu_time_ns
+        for c in status.clients:
+            if c.holding and c.tenant in entries and c.grant_ns:
+                t = entries[c.tenant]
+                found[(t.id, t.incarnation, status.uuid)] += min(
+                    max(now_ns - c.grant_ns, 0), status.quantum_ns
+                )
     return found
 
 

@@ -35,19 +35,16 @@ from typing import Literal
 
 from sharegpu import mps
 from sharegpu.agent.events import Event
-from sharegpu.agent.procs import ProcessTable, kill, live_slots, mib, process_table, tenant_pids
-from sharegpu.agent.reconcile import NvmlSource
+from sharegpu.agent.procs import ProcessTable, kill, live_slots, mib, tenant_pids
+from sharegpu.agent.snapshot import NodeSnapshot, NvmlSource
 from sharegpu.cgroup import Container, container_of
 from sharegpu.devices import GpuProcess, processes_by_gpu
-from sharegpu.errors import ConfigError, DeviceError
+from sharegpu.errors import DeviceError
 from sharegpu.regions import abi
 from sharegpu.spec import MIB
 from sharegpu.tenant import (
     UsageSnapshot,
-    iter_tenants,
-    read_limits,
     read_meta,
-    read_usage,
     shrunk_from,
     tenant_status,
 )
@@ -60,19 +57,12 @@ DEFAULT_TOLERANCE = 256 * MIB
 
 @dataclass
 class _Tenant:
-    """What the audit reads of a tenant every second: its limits and its usage region."""
+    """A tenant whose limits and usage region read cleanly (in the sweep's snapshot)."""
 
     id: str
     path: Path
     limits: abi.Limits
     usage: UsageSnapshot
-
-
-def _read_tenant(path: Path) -> _Tenant | None:
-    try:
-        return _Tenant(id=path.name, path=path, limits=read_limits(path), usage=read_usage(path))
-    except ConfigError:
-        return None  # being created or removed, or broken: the reaper and the API report it
 
 
 @dataclass
@@ -110,17 +100,23 @@ class Auditor:
         self._killed: set[tuple[int, int]] = set()  # (pid, start time) already signalled
         self._nvml_failed = False
 
-    def tick(self) -> list[Event]:
+    def tick(self, snapshot: NodeSnapshot | None = None) -> list[Event]:
+        """One pass over `snapshot` (the sweep's; read now when not given)."""
+        snap = snapshot or NodeSnapshot.take(self.root)
         try:
-            gpus = self.nvml()
+            gpus = snap.nvml(self.nvml)
         except DeviceError as err:
             if not self._nvml_failed:
                 log.warning("audit: %s", err)
             self._nvml_failed = True
             return []
         self._nvml_failed = False
-        table = process_table()
-        tenants = [t for t in map(_read_tenant, iter_tenants(self.root)) if t is not None]
+        table = snap.table
+        tenants = [
+            _Tenant(t.id, t.path, t.limits, t.usage)
+            for t in snap.tenants
+            if t.limits is not None and t.usage is not None  # else the reaper and the API report it
+        ]
         ledgers = {t.id: {s.pid for s in live_slots(t.usage, table)} for t in tenants}
         in_some_ledger = set().union(*ledgers.values())
         if all(p.pid in in_some_ledger for procs in gpus.values() for p in procs):

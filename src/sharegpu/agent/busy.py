@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sharegpu.agent.events import Event
+from sharegpu.agent.snapshot import NodeSnapshot
 from sharegpu.devices import BUSY_WINDOW_S
 from sharegpu.report import ChargeKey, GpuTime, busy_by_tenant, charge_rates, measure_busy, read_charges
 
@@ -124,9 +125,11 @@ class BusyMeter:
         self._checks: dict[ChargeKey, Crosscheck] = {}
         self._lock = threading.Lock()
 
-    def tick(self) -> list[Event]:
-        now = time.monotonic()
-        charged = read_charges(self.root)
+    def tick(self, snapshot: NodeSnapshot | None = None) -> list[Event]:
+        """One second's figures from `snapshot` (the sweep's; read now when not given)."""
+        snap = snapshot or NodeSnapshot.take(self.root)
+        now = snap.taken_ns / 1e9  # time.monotonic(), when the charges were read
+        charged = snap.charges()
         with self._lock:
             previous = self._readings[-1] if self._readings else None
             self._readings.append((now, charged))

@@ -7,8 +7,9 @@ temporary name with mode 0660, then renamed into place), the loops, the server.
 
 The loops: GPU discovery every few seconds (gpu.added / gpu.removed), the store sync every
 couple of seconds (tenants made by `sharegpu run` without the agent are adopted), and whatever
-`sharegpu.agent.loops.build_loops` returns (reaper, reconciler, audit, QoS), each tick in a
-worker thread every `interval_s`, an exception logged and the loop continued.
+`sharegpu.agent.loops.build_loops` returns (the sweep, which runs the reaper, reconciler, audit,
+QoS and GPU-time loops on one read of the node; the stall breaker), each tick in a worker thread
+every `interval_s`, an exception logged and the loop continued.
 
 SIGTERM or SIGINT stops it cleanly (event "agent.stopped"). Nothing a tenant needs depends on
 the agent: SIGKILL stops it just as well, and the next start recovers every tenant.
@@ -41,6 +42,7 @@ from sharegpu.agent.loops import build_loops
 from sharegpu.agent.notify import Notifier
 from sharegpu.agent.service import AgentService, LoopStats
 from sharegpu.agent.store import Store
+from sharegpu.agent.sweep import Sweep
 from sharegpu.agent.tuning import ArbiterTuner, ArbiterTuning
 from sharegpu.agent.upgrade import current_shim, ensure_installed
 from sharegpu.errors import AgentError
@@ -173,6 +175,17 @@ def _loops(settings: Settings, store: Store) -> list[Loop]:
     return built + list(settings.extra_loops)
 
 
+def _sweep_of(loops: list[Loop], root: Path) -> Sweep:
+    """The sweep among `loops` (the agent adds its GPU-time loop to it); a new one, added to
+    `loops`, when building the loops failed."""
+    for loop in loops:
+        if isinstance(loop, Sweep):
+            return loop
+    sweep = Sweep(root)
+    loops.append(sweep)
+    return sweep
+
+
 class Stop:
     """The agent's stop flag, with a sleep that ends early when it is set.
 
@@ -250,14 +263,23 @@ def _schedule(
     jobs.append(("gpus", settings.gpu_scan_interval_s, scan))
     jobs.append(("sync", settings.sync_interval_s, sync))
     for loop in loops:
-        stats = service.loops.setdefault(loop.name, LoopStats(interval_s=loop.interval_s, cpu_seconds=0.0))
+        if isinstance(loop, Sweep):
+            # Its loops' figures are its members' own (and the snapshot's): the sweep's entry
+            # counts its ticks, not a CPU figure that would count them twice.
+            service.loops.update(loop.stats)
+            stats = service.loops.setdefault(loop.name, LoopStats(interval_s=loop.interval_s))
+        else:
+            stats = service.loops.setdefault(
+                loop.name, LoopStats(interval_s=loop.interval_s, cpu_seconds=0.0)
+            )
 
         def timed(loop: Loop = loop, stats: LoopStats = stats) -> list[Event]:
             began = time.thread_time()  # this worker thread's CPU: the loop's own cost
             try:
                 return list(loop.tick())
             finally:
-                stats.cpu_seconds = (stats.cpu_seconds or 0.0) + time.thread_time() - began
+                if stats.cpu_seconds is not None:
+                    stats.cpu_seconds += time.thread_time() - began
 
         async def tick(timed: Callable[[], list[Event]] = timed) -> None:
             stored = await service.record(await asyncio.to_thread(timed))
@@ -277,9 +299,9 @@ def _schedule(
 
 
 def _start_metrics(
-    settings: Settings, service: AgentService, loops: list[Loop]
+    settings: Settings, service: AgentService, sweep: Sweep
 ) -> tuple[Any, Callable[[list[Event]], None] | None]:
-    """Serve metrics if asked (adds the online-wait sampler to `loops`): the server (or None)
+    """Serve metrics if asked (adds the online-wait sampler to `sweep`): the server (or None)
     and what counts the loops' events. A port that cannot be bound is logged, not fatal: the
     tenants need the agent, not its metrics (and Prometheus's `up` says the scrape failed)."""
     if not settings.metrics_port:
@@ -306,7 +328,7 @@ def _start_metrics(
     except AgentError as err:
         log.error("no metrics: %s", err)
         return None, None
-    loops.append(sampler)
+    sweep.add(sampler)
     log.info("metrics on http://%s:%d/metrics", settings.metrics_address, server.port)
     return server, counts.observe
 
@@ -417,10 +439,11 @@ async def _serve(settings: Settings, store: Store, sock_path: Path) -> int:
         loop.add_signal_handler(signum, on_signal, signum)
     stop = Stop()
     loops = _loops(settings, store)
+    sweep = _sweep_of(loops, root)
     service.meter = BusyMeter(root)  # GPU time per tenant, integrated from NVML
-    loops.append(service.meter)
+    sweep.add(service.meter)
     loops.append(service.tuner)  # its first tick: at once, below
-    metrics_server, on_events = _start_metrics(settings, service, loops)
+    metrics_server, on_events = _start_metrics(settings, service, sweep)
     tasks = _schedule(service, settings, loops, stop, on_events)
     gpus = service.known_gpus or []
     adopted = sum(1 for e in recovered if e.kind == "tenant.recovered" and e.data.get("adopted"))

@@ -39,10 +39,11 @@ from sharegpu import __version__
 from sharegpu.agent.events import Event
 from sharegpu.agent.models import TenantView, gpu_views
 from sharegpu.agent.service import LoopStats, views
+from sharegpu.agent.snapshot import NodeSnapshot
 from sharegpu.agent.store import TenantRow
-from sharegpu.arbiter import TUNABLES, Tunable, iter_arbiters, read_arbiter
+from sharegpu.arbiter import TUNABLES, Tunable
 from sharegpu.devices import Gpu
-from sharegpu.errors import AgentError, ConfigError, DeviceError
+from sharegpu.errors import AgentError, DeviceError
 from sharegpu.regions import abi
 from sharegpu.report import ChargeKey, GpuTime, read_arbiters
 
@@ -208,13 +209,11 @@ class OnlineWaitSampler:
         self._last: dict[tuple[str, str], tuple[int, int]] = {}  # (tenant, gpu) -> (wait_ns, grants)
         self._hist: dict[tuple[str, str], _Histogram] = {}
 
-    def tick(self) -> list[Event]:
+    def tick(self, snapshot: NodeSnapshot | None = None) -> list[Event]:
+        """One sample from `snapshot` (the sweep's; read now when not given)."""
+        snap = snapshot or NodeSnapshot.take(self.root)
         seen: dict[tuple[str, str], tuple[int, int]] = {}
-        for path in iter_arbiters(self.root):
-            try:
-                status = read_arbiter(path)
-            except ConfigError:
-                continue
+        for status in snap.statuses():
             for entry in status.tenants:
                 if entry.priority == "online":
                     seen[(entry.id, status.uuid)] = (entry.wait_ns, entry.grants)

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sharegpu.agent.events import Event
-from sharegpu.arbiter import iter_arbiters, read_arbiter, tune_arbiter
+from sharegpu.agent.snapshot import NodeSnapshot
+from sharegpu.arbiter import ArbiterStatus, tune_arbiter
 from sharegpu.errors import ConfigError, SpecError
 
 log = logging.getLogger(__name__)
@@ -67,11 +68,16 @@ class QosLoop:
         self._last: dict[tuple[str, str], _Sample] = {}  # (gpu, tenant) -> counters last tick
         self._said: dict[str, str] = {}  # gpu -> why it held at the last tick ("" after a change)
 
-    def tick(self) -> list[Event]:
+    def tick(self, snapshot: NodeSnapshot | None = None) -> list[Event]:
+        """One decision per GPU from `snapshot` (the sweep's; read now when not given)."""
+        snap = snapshot or NodeSnapshot.take(self.root)
         events = []
-        for path in iter_arbiters(self.root):
+        for read in snap.arbiters:
             try:
-                event = self._gpu(path)
+                if read.status is None:
+                    assert read.error is not None
+                    raise read.error
+                event = self._gpu(read.path, read.status)
             except (ConfigError, SpecError) as err:
                 log.warning("qos: %s", err)
                 continue
@@ -82,8 +88,7 @@ class QosLoop:
             self._said[str(event.gpu)] = why
         return events
 
-    def _gpu(self, path: Path) -> Event:
-        status = read_arbiter(path)
+    def _gpu(self, path: Path, status: ArbiterStatus) -> Event:
         uuid = status.uuid
         online = [t for t in status.tenants if t.priority == "online" and t.clients > 0]
         wait = grants = 0

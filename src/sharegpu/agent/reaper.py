@@ -19,15 +19,14 @@ from pathlib import Path
 
 from sharegpu.agent.events import Event
 from sharegpu.agent.procs import ProcessTable, alive_in, live_slots, mib, owner_gone, process_table
-from sharegpu.arbiter import iter_arbiters, read_arbiter, rebuild_arbiter
+from sharegpu.agent.snapshot import NodeSnapshot
+from sharegpu.arbiter import rebuild_arbiter
 from sharegpu.errors import ConfigError, SharegpuError
 from sharegpu.regions import abi, agentlib
 from sharegpu.tenant import (
     iter_tenants,
     node_lock,
-    read_limits,
     read_meta,
-    read_usage,
     remove_tenant,
     tenant_status,
 )
@@ -49,14 +48,15 @@ class Reaper:
         self._tenants_at = float("-inf")
         self._broken: set[str] = set()  # regions already reported unreadable
 
-    def tick(self) -> list[Event]:
-        table = process_table()  # who is alive, read from /proc once per tick
-        events = self._reap_usage(table)
-        events += self._reap_arbiters(table)
+    def tick(self, snapshot: NodeSnapshot | None = None) -> list[Event]:
+        """One pass over `snapshot` (the sweep's; read now when not given)."""
+        snap = snapshot or NodeSnapshot.take(self.root)
+        events = self._reap_usage(snap)
+        events += self._reap_arbiters(snap)
         now = time.monotonic()
         if events or now - self._tenants_at >= self.tenant_interval_s:
             self._tenants_at = now
-            events += self._reap_tenants(table)
+            events += self._reap_tenants(snap.table)
         return events
 
     def _warn_once(self, key: str, message: str) -> None:
@@ -64,15 +64,18 @@ class Reaper:
             self._broken.add(key)
             log.warning("%s", message)
 
-    def _reap_usage(self, table: ProcessTable) -> list[Event]:
+    def _reap_usage(self, snap: NodeSnapshot) -> list[Event]:
         events = []
-        for path in iter_tenants(self.root):
+        for tenant in snap.tenants:
+            path = tenant.path
             try:
                 # Reaping takes the tenant's lock: first look (without it) for a dead process.
-                usage = read_usage(path)
-                if len(live_slots(usage, table)) == len(usage.procs):
+                usage, lim = tenant.usage, tenant.limits
+                if usage is not None and len(live_slots(usage, snap.table)) == len(usage.procs):
                     continue
-                lim = read_limits(path)
+                if usage is None or lim is None:
+                    assert tenant.error is not None
+                    raise tenant.error
                 uuids = [abi.bytes_to_uuid(bytes(d.uuid)) for d in lim.devices[: lim.device_count]]
                 reap = agentlib.reap_usage(path)
             except ConfigError as err:
@@ -135,17 +138,19 @@ class Reaper:
             data={"damage": damage, "moved_to": str(moved)},
         )
 
-    def _reap_arbiters(self, table: ProcessTable) -> list[Event]:
+    def _reap_arbiters(self, snap: NodeSnapshot) -> list[Event]:
         events = []
-        for path in iter_arbiters(self.root):
-            uuid = path.parent.name
+        for read in snap.arbiters:
+            path, uuid, status = read.path, read.uuid, read.status
             try:
-                status = read_arbiter(path)
+                if status is None:
+                    assert read.error is not None
+                    raise read.error
                 if status.broken:  # a lock held past its deadline: the GPU runs unarbitrated
                     if (rebuilt := self._rebuild(path, uuid)) is not None:
                         events.append(rebuilt)
                     continue
-                if all(alive_in(table, c.pid, c.start_time) for c in status.clients):
+                if all(alive_in(snap.table, c.pid, c.start_time) for c in status.clients):
                     continue
                 reap = agentlib.reap_arbiter(path)
             except ConfigError as err:

@@ -29,20 +29,18 @@ figure is not written and the next pass measures again.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
 
 from sharegpu.agent.events import Event
-from sharegpu.agent.procs import SlotProc, live_slots, mib, process_table
+from sharegpu.agent.procs import SlotProc, live_slots, mib
+from sharegpu.agent.snapshot import NodeSnapshot, NvmlSource
 from sharegpu.devices import GpuProcess, processes_by_gpu
 from sharegpu.errors import ConfigError, DeviceError
 from sharegpu.regions import abi, agentlib
 from sharegpu.spec import MIB
-from sharegpu.tenant import UsageSnapshot, iter_tenants, read_limits, read_usage
+from sharegpu.tenant import UsageSnapshot, read_usage
 
 log = logging.getLogger(__name__)
-
-NvmlSource = Callable[[], dict[str, list[GpuProcess]]]
 
 DEFAULT_EVENT_THRESHOLD = 32 * MIB
 DEFAULT_MAX_PROCESS_OVERHEAD = 2048 * MIB
@@ -70,22 +68,17 @@ class Reconciler:
         self._reported: dict[tuple[str, str], int] = {}  # (tenant, uuid) -> last reported
         self._nvml_failed = False
 
-    def tick(self) -> list[Event]:
-        tenants = list(iter_tenants(self.root))
-        if not tenants:
+    def tick(self, snapshot: NodeSnapshot | None = None) -> list[Event]:
+        """One pass over `snapshot` (the sweep's; read now when not given)."""
+        snap = snapshot or NodeSnapshot.take(self.root)
+        if not snap.tenants:
             return []
-        table = process_table()  # liveness read once per pid for both passes
-        # Read before NVML: the ledger (a racing free never inflates the overhead) and the
-        # overhead, which is written only if no shim moved it meanwhile (swap_overhead).
-        pre: dict[Path, UsageSnapshot | None] = {}
-        for path in tenants:
-            try:
-                pre[path] = read_usage(path)
-            except ConfigError:
-                pre[path] = None
-        before = {path: live_slots(u, table) if (u := pre[path]) is not None else [] for path in tenants}
+        # The snapshot was read before NVML: the ledger (a racing free never inflates the
+        # overhead) and the overhead, which is written only if no shim moved it meanwhile
+        # (swap_overhead).
+        before = {t.path: live_slots(t.usage, snap.table) if t.usage else [] for t in snap.tenants}
         try:
-            gpus = self.nvml()
+            gpus = snap.nvml(self.nvml)
         except DeviceError as err:
             if not self._nvml_failed:
                 log.warning("reconcile: %s", err)
@@ -93,36 +86,32 @@ class Reconciler:
             return []
         self._nvml_failed = False
         events = []
-        for path in tenants:
-            try:
-                usage = read_usage(path)
-            except ConfigError:
+        for tenant in snap.tenants:
+            if tenant.limits is None:
                 continue  # being created or removed, or broken (the shim reports that)
-            events += self._tenant(
-                path, before[path], usage, live_slots(usage, table), gpus, pre=pre[path] or usage
-            )
-        names = {p.name for p in tenants}
+            try:
+                usage = read_usage(tenant.path)
+            except ConfigError:
+                continue
+            slots: dict[int, list[SlotProc]] = {}  # each live process's views, before and after
+            for slot in (*before[tenant.path], *live_slots(usage, snap.table)):
+                slots.setdefault(slot.pid, []).append(slot)
+            events += self._tenant(tenant.path, tenant.limits, slots, usage, gpus, pre=tenant.usage or usage)
+        names = {t.id for t in snap.tenants}
         self._reported = {k: v for k, v in self._reported.items() if k[0] in names}
         return events
 
     def _tenant(
         self,
         path: Path,
-        before: list[SlotProc],
+        limits: abi.Limits,
+        slots: dict[int, list[SlotProc]],
         usage: UsageSnapshot,
-        after: list[SlotProc],
         gpus: dict[str, list[GpuProcess]],
         *,
         pre: UsageSnapshot,
     ) -> list[Event]:
-        try:
-            limits = read_limits(path)
-        except ConfigError:
-            return []  # being created or removed, or broken (the shim reports that)
         events = []
-        slots: dict[int, list[SlotProc]] = {}
-        for s in (*before, *after):
-            slots.setdefault(s.pid, []).append(s)
         for i, dev in enumerate(limits.devices[: limits.device_count]):
             uuid = abi.bytes_to_uuid(bytes(dev.uuid))
             if uuid not in gpus:
