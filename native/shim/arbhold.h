@@ -12,6 +12,10 @@
 
 #pragma GCC visibility push(hidden)
 
+/* A process waiting (for the token, or for a client entry) looks again at least this often,
+ * checking that the holder is alive. */
+#define LIVENESS_POLL_NS 50000000ull
+
 enum sg_arb_decision {
     SG_ARB_KEEP,    /* keep the token (its quantum renewed if it was over) */
     SG_ARB_RELEASE, /* hand it on after our work drains */
@@ -28,6 +32,8 @@ enum sg_arb_decision sg_arb_decide(struct sg_gpu *g, uint64_t now, bool burst_en
 void sg_arb_release(struct sg_gpu *g, bool preempted);
 /* A grant to this process: the watcher, asleep with nothing held, looks again. */
 void sg_arb_kick_watcher(void);
+/* No hold in progress: its marks (quantum end, drains, idle time) cleared. */
+void sg_arb_hold_reset(struct sg_gpu *g);
 
 #pragma GCC visibility pop
 

@@ -577,6 +577,26 @@ void sg_arb_start_watcher(void);
  * drained the hold and the next launch): no system call, no lock, no allocation.  Measured by
  * tests/integration/test_arbiter.py (sanity bound) and bench/.
  */
+/* The fast path's test, shared by launches and the Vulkan layer's submissions (arbiter.c
+ * sg_arb_ext_enter), with g->launching already raised: the token `tok` is still ours, not
+ * revoked, no yield asked, the quantum not over and no hold-back due.  True: the launch clock
+ * stamped (and the idle gap after a drained sync ended). */
+static inline bool sg_arb_may_launch(struct sg_gpu *g, uint64_t tok, struct sg_clock_anchor *clk)
+{
+    if (!tok || __atomic_load_n(&g->revoked, __ATOMIC_SEQ_CST) ||
+        __atomic_load_n(&g->a->token, __ATOMIC_ACQUIRE) != tok ||
+        __atomic_load_n(&g->a->clients[g->client].yield, __ATOMIC_RELAXED))
+        return false;
+    uint64_t now = sg_fast_ns(clk);
+    uint64_t by = __atomic_load_n(&g->launch_by, __ATOMIC_RELAXED);
+    if (now >= __atomic_load_n(&g->qend, __ATOMIC_RELAXED) || (by && now >= by))
+        return false;
+    __atomic_store_n(&g->last_launch, now, __ATOMIC_RELAXED);
+    if (__builtin_expect(__atomic_load_n(&g->drained_at, __ATOMIC_SEQ_CST), 0))
+        sg_arb_idle_end(g, now); /* the first launch after a drained sync */
+    return true;
+}
+
 static inline CUresult sg_arb_enter(struct sg_gate *gt, CUstream s)
 {
     gt->g = NULL;
@@ -597,20 +617,10 @@ static inline CUresult sg_arb_enter(struct sg_gate *gt, CUstream s)
                 return CUDA_SUCCESS;
         } else {
             __atomic_fetch_add(&g->launching, 1, __ATOMIC_SEQ_CST);
-            uint64_t tok = t->token;
-            if (tok && !__atomic_load_n(&g->revoked, __ATOMIC_SEQ_CST) &&
-                __atomic_load_n(&g->a->token, __ATOMIC_ACQUIRE) == tok &&
-                !__atomic_load_n(&g->a->clients[g->client].yield, __ATOMIC_RELAXED)) {
-                uint64_t now = sg_fast_ns(&t->clk);
-                uint64_t by = __atomic_load_n(&g->launch_by, __ATOMIC_RELAXED);
-                if (now < __atomic_load_n(&g->qend, __ATOMIC_RELAXED) && (!by || now < by)) {
-                    __atomic_store_n(&g->last_launch, now, __ATOMIC_RELAXED);
-                    if (__builtin_expect(__atomic_load_n(&g->drained_at, __ATOMIC_SEQ_CST), 0))
-                        sg_arb_idle_end(g, now); /* the first launch after a drained sync */
-                    gt->g = g;
-                    gt->ctx = t->ctx;
-                    return CUDA_SUCCESS;
-                }
+            if (sg_arb_may_launch(g, t->token, &t->clk)) {
+                gt->g = g;
+                gt->ctx = t->ctx;
+                return CUDA_SUCCESS;
             }
             __atomic_fetch_sub(&g->launching, 1, __ATOMIC_RELEASE);
         }
