@@ -17,9 +17,17 @@
 
 #define MAX_RECORDS 64
 
+/* The layer's records by dispatch key.  A lookup (every submission, allocation and free) takes
+ * no lock and reads only the keys, never a record behind another key: a record removed and freed
+ * by another thread is never touched (using a device while destroying it is the application's
+ * error, Vulkan's external synchronisation).  Adding and removing take mu; a slot's record is
+ * published before its key. */
+struct table {
+    void *keys[MAX_RECORDS];
+    void *records[MAX_RECORDS]; /* each starts with its key */
+};
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static struct vl_instance *instances[MAX_RECORDS]; /* [mu] */
-static struct vl_device *devices[MAX_RECORDS];     /* [mu] */
+static struct table instances, devices;
 
 void vl_log(const char *fmt, ...)
 {
@@ -31,12 +39,13 @@ void vl_log(const char *fmt, ...)
     fprintf(stderr, "sharegpu-vk: %s\n", line);
 }
 
-static bool keep(void **table, void *record)
+static bool keep(struct table *t, void *record)
 {
     pthread_mutex_lock(&mu);
     for (int i = 0; i < MAX_RECORDS; i++) {
-        if (!table[i]) {
-            table[i] = record;
+        if (!t->records[i]) {
+            __atomic_store_n(&t->records[i], record, __ATOMIC_RELEASE);
+            __atomic_store_n(&t->keys[i], *(void **)record, __ATOMIC_RELEASE);
             pthread_mutex_unlock(&mu);
             return true;
         }
@@ -45,15 +54,23 @@ static bool keep(void **table, void *record)
     return false;
 }
 
-static void *lookup(void **table, void *key, bool remove)
+static void *find(struct table *t, void *key)
+{
+    for (int i = 0; i < MAX_RECORDS; i++)
+        if (__atomic_load_n(&t->keys[i], __ATOMIC_ACQUIRE) == key)
+            return __atomic_load_n(&t->records[i], __ATOMIC_ACQUIRE);
+    return NULL;
+}
+
+static void *take_out(struct table *t, void *key)
 {
     void *found = NULL;
     pthread_mutex_lock(&mu);
     for (int i = 0; i < MAX_RECORDS && !found; i++) {
-        if (table[i] && *(void **)table[i] == key) { /* every record starts with its key */
-            found = table[i];
-            if (remove)
-                table[i] = NULL;
+        if (t->records[i] && t->keys[i] == key) {
+            found = t->records[i];
+            __atomic_store_n(&t->keys[i], NULL, __ATOMIC_RELEASE);
+            __atomic_store_n(&t->records[i], NULL, __ATOMIC_RELEASE);
         }
     }
     pthread_mutex_unlock(&mu);
@@ -62,12 +79,12 @@ static void *lookup(void **table, void *key, bool remove)
 
 struct vl_instance *vl_instance_of(const void *dispatchable)
 {
-    return dispatchable ? lookup((void **)instances, vl_key(dispatchable), false) : NULL;
+    return dispatchable ? find(&instances, vl_key(dispatchable)) : NULL;
 }
 
 struct vl_device *vl_device_of(VkDevice device)
 {
-    return device ? lookup((void **)devices, vl_key(device), false) : NULL;
+    return device ? find(&devices, vl_key(device)) : NULL;
 }
 
 /* ---- instance --------------------------------------------------------------------------------- */
@@ -162,7 +179,7 @@ static VKAPI_ATTR VkResult VKAPI_CALL vl_CreateInstance(const VkInstanceCreateIn
     in->GetPhysicalDeviceMemoryProperties2 = (PFN_vkGetPhysicalDeviceMemoryProperties2)in->gipa(
         in->handle, v11 ? "vkGetPhysicalDeviceMemoryProperties2" : "vkGetPhysicalDeviceMemoryProperties2KHR");
     in->CreateDevice = GIPA(in, vkCreateDevice);
-    if (!keep((void **)instances, in)) {
+    if (!keep(&instances, in)) {
         vl_log("more than %d live Vulkan instances in one process", MAX_RECORDS);
         in->DestroyInstance(*instance, alloc);
         free(in);
@@ -175,7 +192,7 @@ static VKAPI_ATTR void VKAPI_CALL vl_DestroyInstance(VkInstance instance, const 
 {
     if (!instance)
         return;
-    struct vl_instance *in = lookup((void **)instances, vl_key(instance), true);
+    struct vl_instance *in = take_out(&instances, vl_key(instance));
     if (in && in->DestroyInstance)
         in->DestroyInstance(instance, alloc);
     free(in);
@@ -231,7 +248,7 @@ static VKAPI_ATTR VkResult VKAPI_CALL vl_CreateDevice(VkPhysicalDevice pd, const
         pthread_mutex_init(&dev->qmu, NULL);
         vl_device_memory_setup(in, pd, dev);
     }
-    if (!dev || !keep((void **)devices, dev)) {
+    if (!dev || !keep(&devices, dev)) {
         vl_log("cannot record a Vulkan device (%s)", dev ? "too many live devices" : "out of memory");
         PFN_vkDestroyDevice destroy = (PFN_vkDestroyDevice)next_gdpa(*device, "vkDestroyDevice");
         if (destroy)
@@ -246,7 +263,7 @@ static VKAPI_ATTR void VKAPI_CALL vl_DestroyDevice(VkDevice device, const VkAllo
 {
     if (!device)
         return;
-    struct vl_device *dev = lookup((void **)devices, vl_key(device), true);
+    struct vl_device *dev = take_out(&devices, vl_key(device));
     if (!dev)
         return;
     vl_device_submit_end(dev); /* out of the arbiter before the device goes */

@@ -96,13 +96,15 @@ static VkResult enter(struct vl_device *dev, const struct vl_shim **shim, void *
 }
 
 /* One submission, whichever entry point: the token, the call under the queue lock, the queue
- * noted for the drain when arbitrated. */
+ * noted for the drain when arbitrated (a presentation's work is waited for with the queue's). */
+enum submission_kind { SUBMIT, SUBMIT2, PRESENT };
+
 struct submission {
     VkQueue queue;
     uint32_t count;
-    const void *submits; /* VkSubmitInfo or VkSubmitInfo2 */
+    const void *submits; /* VkSubmitInfo, VkSubmitInfo2 or (PRESENT) VkPresentInfoKHR */
     VkFence fence;
-    bool two;
+    enum submission_kind kind;
 };
 
 static VkResult submit(struct vl_device *dev, const struct submission *s)
@@ -113,9 +115,18 @@ static VkResult submit(struct vl_device *dev, const struct submission *s)
     if (r != VK_SUCCESS)
         return r;
     pthread_mutex_lock(&dev->qmu);
-    r = s->two ? dev->QueueSubmit2(s->queue, s->count, s->submits, s->fence)
-               : dev->QueueSubmit(s->queue, s->count, s->submits, s->fence);
-    if (gate && r == VK_SUCCESS)
+    switch (s->kind) {
+    case SUBMIT:
+        r = dev->QueueSubmit(s->queue, s->count, s->submits, s->fence);
+        break;
+    case SUBMIT2:
+        r = dev->QueueSubmit2(s->queue, s->count, s->submits, s->fence);
+        break;
+    case PRESENT:
+        r = dev->QueuePresentKHR(s->queue, s->submits);
+        break;
+    }
+    if (gate && r == VK_SUCCESS && s->kind != PRESENT)
         note_queue(dev, s->queue, s->fence);
     pthread_mutex_unlock(&dev->qmu);
     if (gate)
@@ -129,7 +140,7 @@ VKAPI_ATTR VkResult VKAPI_CALL vl_QueueSubmit(VkQueue queue, uint32_t count, con
     struct vl_device *dev = vl_device_of((VkDevice)(void *)queue); /* a queue shares its device's key */
     if (!dev)
         return VK_ERROR_DEVICE_LOST;
-    return submit(dev, &(struct submission){queue, count, submits, fence, false});
+    return submit(dev, &(struct submission){queue, count, submits, fence, SUBMIT});
 }
 
 VKAPI_ATTR VkResult VKAPI_CALL vl_QueueSubmit2(VkQueue queue, uint32_t count, const VkSubmitInfo2 *submits,
@@ -138,7 +149,7 @@ VKAPI_ATTR VkResult VKAPI_CALL vl_QueueSubmit2(VkQueue queue, uint32_t count, co
     struct vl_device *dev = vl_device_of((VkDevice)(void *)queue);
     if (!dev || !dev->QueueSubmit2)
         return VK_ERROR_DEVICE_LOST;
-    return submit(dev, &(struct submission){queue, count, submits, fence, true});
+    return submit(dev, &(struct submission){queue, count, submits, fence, SUBMIT2});
 }
 
 VKAPI_ATTR VkResult VKAPI_CALL vl_QueuePresentKHR(VkQueue queue, const VkPresentInfoKHR *info)
@@ -146,17 +157,7 @@ VKAPI_ATTR VkResult VKAPI_CALL vl_QueuePresentKHR(VkQueue queue, const VkPresent
     struct vl_device *dev = vl_device_of((VkDevice)(void *)queue);
     if (!dev || !dev->QueuePresentKHR)
         return VK_ERROR_DEVICE_LOST;
-    const struct vl_shim *shim;
-    void *gate;
-    VkResult r = enter(dev, &shim, &gate);
-    if (r != VK_SUCCESS)
-        return r;
-    pthread_mutex_lock(&dev->qmu);
-    r = dev->QueuePresentKHR(queue, info);
-    pthread_mutex_unlock(&dev->qmu);
-    if (gate)
-        shim->arb_exit(gate);
-    return r;
+    return submit(dev, &(struct submission){queue, 0, info, VK_NULL_HANDLE, PRESENT});
 }
 
 /* The program's own waits: not idle while they last, and idle after one that covered all the
