@@ -11,13 +11,15 @@ configuration ROUNDS times, interleaved (no layer, layer, ...), medians:
     arbiter's fast path and the device's queue lock (native/vklayer/submit.c).
   Goals (issue 39): < 1 µs added to an allocation and its free, < 200 ns to a submit.
 
-renderers: what each renderer gets (vkprobe `work`: fill a 32 MiB buffer, wait for its fence,
-optionally spend host time, again; about 1.2 ms of work per frame), RUNS times each, with the
+renderers: what each renderer gets (vkprobe `work`: fill a 2 MiB buffer, wait for its fence,
+optionally spend host time, again; about 0.1 ms of work per frame), RUNS times each, with the
 same programs without sharegpu beside: shares 30/70 and 10/90 (the first one's part of the
-frames), online beside offline, a 50% cap over a renderer with 3 ms of host time per frame and a
-20% cap over a saturating one (their frames against the same program alone).  Without sharegpu
-two programs run at once on lavapipe's CPU threads, so the no-sharegpu split is the host's, not
-a GPU's.  Goal (issue 39): shares within 2 points.
+frames), online beside offline, and caps over renderers of 32 MiB frames (about 1.5 ms): 50%
+over one with 3 ms of host time per frame, 20% over a saturating one (their frames against the
+same program alone).  Each renderer runs on a CPU of its own: lavapipe's speed is the host's caches'
+and scheduler's (tests/integration/test_vulkan.py FRAME_MIB says what was measured), not the
+arbiter's.  Without sharegpu two programs run at once on lavapipe's CPU threads, so the
+no-sharegpu split is the host's, not a GPU's.  Goal (issue 39): shares within 2 points.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from sharegpu import native
-from sharegpu.arbiter import ensure_arbiter
+from sharegpu.arbiter import arbiter_path, ensure_arbiter, read_arbiter
 from sharegpu.runtime.run import device_limit
 from sharegpu.spec import MIB, ComputeSpec
 from sharegpu.tenant import create_tenant
@@ -45,6 +47,8 @@ REPO = Path(__file__).resolve().parent.parent
 GOALS_NS = {"alloc+free 4 KiB": 1000.0, "submit (empty)": 200.0}
 KEYS = {"alloc+free 4 KiB": "alloc_free_ns", "submit (empty)": "submit_ns"}
 WORK_S = 4.0
+FRAME_MIB = 2  # a renderer's frame: the fill it waits for (see the docstring)
+HOST_MIB = 32  # the frames of the capped renderers (with 3 ms of host time: a third on the device)
 
 
 def parse_kv(text: str) -> dict[str, str]:
@@ -90,6 +94,13 @@ class Lavapipe:
         lp.uuid = "GPU-" + parse_kv(lp.run(["info", "13"], plain))["uuid"]
         return lp
 
+    def held_seconds(self) -> list[float]:
+        """The GPU time the arbiter charged each tenant of this run, in the order they were made
+        (its region)."""
+        status = read_arbiter(arbiter_path(self.runtime, self.uuid))
+        by_id = {t.id: t.gpu_time_ns / 1e9 for t in status.tenants}
+        return [v for _, v in sorted(by_id.items(), key=lambda kv: int(kv[0].removeprefix("vk")))]
+
     def run(self, args: list[str], env: dict[str, str]) -> str:
         return subprocess.run(
             [str(self.probe), *args], env=env, capture_output=True, text=True, check=True
@@ -116,11 +127,18 @@ class Lavapipe:
             "XDG_DATA_DIRS": f"{native.vulkan_layer_share()}:/usr/share",
         }
 
-    def frames(self, envs: list[dict[str, str]], gap_us: int = 0) -> list[int]:
-        """Each environment runs `work` from one common instant for WORK_S: frames each made."""
+    def frames(self, envs: list[dict[str, str]], gap_us: int = 0, mib: int = FRAME_MIB) -> list[int]:
+        """Each environment runs `work` from one common instant for WORK_S, the i-th on CPU i
+        (FRAME_MIB): frames each made."""
         start = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + 1_000_000_000
-        args = [str(self.probe), "work", str(start), str(WORK_S), "32", str(gap_us)]
-        procs = [subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True) for env in envs]
+        args = [str(self.probe), "work", str(start), str(WORK_S), str(mib), str(gap_us)]
+        cpus = os.cpu_count() or 1
+        procs = [
+            subprocess.Popen(
+                ["taskset", "-c", str(i % cpus), *args], env=env, stdout=subprocess.PIPE, text=True
+            )
+            for i, env in enumerate(envs)
+        ]
         return [int(parse_kv(p.communicate(timeout=WORK_S + 60)[0])["done"]) for p in procs]
 
 
@@ -153,20 +171,24 @@ def measure_renderers(lp: Lavapipe, runs: int) -> list[dict[str, Any]]:
     """Each case: (label, what is reported, the goal's bound in points or None)."""
     rows: list[dict[str, Any]] = []
     for share in (30, 10):
-        got, bare = [], []
+        got, bare, held = [], [], []
         for _ in range(runs):
             lp.fresh()
             a = lp.tenant_env(ComputeSpec.parse(f"{share}%", policy="share"))
             b = lp.tenant_env(ComputeSpec.parse(f"{100 - share}%", policy="share"))
             done = lp.frames([a, b])
             got.append(done[0] / sum(done) * 100)
+            times = lp.held_seconds()
+            held.append(times[0] / sum(times) * 100)
             plain = lp.frames([lp.plain, lp.plain])
             bare.append(plain[0] / sum(plain) * 100)
         rows.append(
             {
-                "case": f"shares {share}/{100 - share}: the {share}% one's part of the frames",
+                "case": f"shares {share}/{100 - share}: the {share}% one's part of the frames (of the "
+                f"time held: {' / '.join(f'{h:.1f}' for h in held)})",
                 "with": got,
                 "without": bare,
+                "held": held,
                 "goal": f"within 2 points of {share}",
                 "met": all(abs(g - share) <= 2 for g in got),
             }
@@ -190,17 +212,20 @@ def measure_renderers(lp: Lavapipe, runs: int) -> list[dict[str, Any]]:
         }
     )
     for cap, gap, label in ((50, 3000, "50% cap, 3 ms host time per frame"), (20, 0, "20% cap, saturating")):
-        got = []
+        got, held = [], []
         for _ in range(runs):
             lp.fresh()
-            capped = lp.frames([lp.tenant_env(ComputeSpec.parse(f"{cap}%", policy="cap"))], gap)[0]
-            alone = lp.frames([lp.plain], gap)[0]
+            capped = lp.frames([lp.tenant_env(ComputeSpec.parse(f"{cap}%", policy="cap"))], gap, HOST_MIB)[0]
+            held.append(sum(lp.held_seconds()) / WORK_S * 100)
+            alone = lp.frames([lp.plain], gap, HOST_MIB)[0]
             got.append(capped / alone * 100)
         rows.append(
             {
-                "case": f"{label}: frames against alone",
+                "case": f"{label}: frames against alone (the time it held the device: "
+                f"{' / '.join(f'{h:.1f}' for h in held)}%)",
                 "with": got,
                 "without": [100.0] * runs,
+                "held": held,
                 "goal": "-",
                 "met": None,
             }

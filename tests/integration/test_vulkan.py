@@ -22,6 +22,7 @@ vulkan-tools, vulkan-validationlayers; .ci/run installs them): without them thes
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from collections.abc import Callable
@@ -38,6 +39,26 @@ from sharegpu.spec import MIB
 VK_ERROR_OUT_OF_DEVICE_MEMORY = -2
 VK_ERROR_INITIALIZATION_FAILED = -3
 CAP_MIB = 256
+# The frames of the renderers that share the card. Lavapipe fills a buffer with the CPU, so a
+# fill's speed is the host's caches' and scheduler's, not the arbiter's (a host of 2026-12-05,
+# 260 MiB of L3): a 32 MiB fill ran in 1.5 ms warm and in 4 ms after 10 ms away, so the tenant
+# with the shorter holds got 22-25% of the work for 30% of the time held; a 2 MiB fill (0.14 ms,
+# 0.17 after 10 ms away) ran 2.2 times as fast on one core as when the scheduler moved
+# lavapipe's threads between the two. So each renderer runs on a core of its own (work_together)
+# and fills 2 MiB: the work each gets is then the time it held the device.
+FRAME_MIB = 2
+# How far the work each renderer got may stand from the time it held lavapipe's device, judged
+# to 2 points: the CPU's speed still moves with its caches and the scheduler from run to run, and
+# the renderer with the shorter holds pays more of the restarts (bench/vulkan.py on that host,
+# 30/70 in six runs: 25.0-30.0% of the frames for 30.1-30.2% of the time held; 10/90: 8.5-9.4%
+# for 10.0%). Without sharegpu the split is about 50/50.
+WORK_POINTS = 6
+
+
+def held_seconds(node: Sim) -> dict[str, float]:
+    """Each tenant's GPU time as operators see it (`sharegpu tenants`, held_seconds)."""
+    items = json.loads(node.cli("tenants", "-o", "json").stdout)["items"]
+    return {t["id"]: float(t["devices"][0]["held_seconds"] or 0) for t in items}
 
 
 @pytest.fixture(scope="module")
@@ -226,10 +247,12 @@ def work_together(
     seconds: float = 4.0,
     meanwhile: Callable[[], None] | None = None,
     gap_us: int = 0,
+    mib: int = FRAME_MIB,
     **extra: str,
 ) -> list[int]:
-    """Each tenant (None: no sharegpu) runs vkprobe's `work` (32 MiB fills, each waited for) from
-    one common instant: how many each finished.  meanwhile() runs while they work."""
+    """Each tenant (None: no sharegpu) runs vkprobe's `work` (fills of `mib` MiB, each waited
+    for) from one common instant, the i-th on CPU i (FRAME_MIB): how many each finished.
+    meanwhile() runs while they work."""
     share = native.vulkan_layer_share()
     start = start_at(1.0)
     procs = []
@@ -237,7 +260,8 @@ def work_together(
         env = node.env(**extra)
         if tenant is not None:
             env = node.tenant_env(tenant, SHAREGPU_VULKAN="1", XDG_DATA_DIRS=f"{share}:/usr/share", **extra)
-        cmd = [str(vkprobe), "work", str(start), str(seconds), "32", str(gap_us)]
+        cpu = str(len(procs) % (os.cpu_count() or 1))
+        cmd = ["taskset", "-c", cpu, str(vkprobe), "work", str(start), str(seconds), str(mib), str(gap_us)]
         procs.append(
             subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         )
@@ -261,8 +285,11 @@ def test_two_rendering_tenants_get_their_shares_of_the_work(
     a = compute_tenant(node, "render-a", "share", shares[0])
     b = compute_tenant(node, "render-b", "share", shares[1])
     done = work_together(node, vkprobe, [a, b])
+    held = held_seconds(node)
+    held_split = held["render-a"] / (held["render-a"] + held["render-b"]) * 100
+    assert abs(held_split - shares[0]) <= 2, held  # the device's time: the arbiter's to split
     split = done[0] / sum(done) * 100
-    assert abs(split - shares[0]) <= 2, (done, split)
+    assert abs(split - shares[0]) <= WORK_POINTS, (done, split)  # the work: lavapipe's speed too
 
 
 @pytest.mark.timing
@@ -294,13 +321,15 @@ def test_operators_see_vulkan_memory_and_time_with_the_cuda_figures(node: Sim, v
 
     done = work_together(node, vkprobe, [a, b], meanwhile=look)
     assert (
-        during["seen-a"]["memory_used_bytes"] == during["seen-b"]["memory_used_bytes"] == 32 * MIB
+        during["seen-a"]["memory_used_bytes"] == during["seen-b"]["memory_used_bytes"] == FRAME_MIB * MIB
     )  # the buffers
-    after = {t["id"]: t["devices"][0] for t in json.loads(node.cli("tenants", "-o", "json").stdout)["items"]}
-    held = {name: float(after[name]["held_seconds"]) for name in ("seen-a", "seen-b")}
-    shown = held["seen-a"] / sum(held.values()) * 100
+    held = held_seconds(node)
+    shown = held["seen-a"] / (held["seen-a"] + held["seen-b"]) * 100
+    assert abs(shown - 30) <= 2, held  # the GPU time shown is the time each held the device
+    # and the work each got, as far as lavapipe's speed allows (the CLI run in the middle also
+    # takes a CPU from one renderer: 25.6% of the work for 30.0% of the time in one run of four).
     got = done[0] / sum(done) * 100
-    assert abs(shown - got) <= 3, (held, done)  # the GPU time shown is the work each got
+    assert abs(shown - got) <= WORK_POINTS, (held, done)
 
 
 @pytest.mark.timing
@@ -309,6 +338,6 @@ def test_a_cap_counts_the_time_the_work_ran_not_the_renderer_s_host_time(node: S
     30% of the time: under a 50% cap it keeps its pace (charged as the time held, the host time
     included, it was cut to about 59%)."""
     capped = compute_tenant(node, "render-capped", "cap", 50)
-    with_cap = work_together(node, vkprobe, [capped], gap_us=3000)[0]
-    alone = work_together(node, vkprobe, [None], gap_us=3000)[0]
+    with_cap = work_together(node, vkprobe, [capped], gap_us=3000, mib=32)[0]
+    alone = work_together(node, vkprobe, [None], gap_us=3000, mib=32)[0]
     assert with_cap >= 0.9 * alone, (with_cap, alone)
