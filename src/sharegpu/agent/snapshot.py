@@ -93,10 +93,6 @@ class NodeSnapshot:
         arbiters = [_read_arbiter(path) for path in iter_arbiters(root)]
         return cls(root, time.monotonic_ns(), tenants, arbiters, process_table())
 
-    def readable(self) -> list[TenantRead]:
-        """The tenants whose usage and limits both read."""
-        return [t for t in self.tenants if t.error is None]
-
     def statuses(self) -> list[ArbiterStatus]:
         """The arbiter regions that read cleanly."""
         return [a.status for a in self.arbiters if a.status is not None]
