@@ -39,12 +39,13 @@ from sharegpu.cgroup import unified_path
 from sharegpu.errors import ConfigError
 from sharegpu.regions import abi
 from sharegpu.regions.mapping import mapped
-from sharegpu.tenant import iter_tenants
+from sharegpu.tenant import gpus_dir, iter_tenants, tenants_dir
 
 log = logging.getLogger(__name__)
 
 FUTEX_TID_MASK = 0x3FFFFFFF  # the owner's thread id in a robust futex word (linux/futex.h)
 STALL_S = 2.0  # how long a stopped owner may hold a region lock
+REGIONS_REFRESH_S = 5.0  # the list of regions is made again at least this often
 
 
 @dataclass(frozen=True)
@@ -178,17 +179,37 @@ class StallBreaker:
         self.stall_s = stall_s
         self._suspects: dict[Path, Suspect] = {}
         self._token_stalls: dict[tuple[int, int], int] = {}  # an arbiter file's stall_reclaims seen
+        self._listed: tuple[int, ...] | None = None
+        self._found: list[tuple[Path, int, str | None, str | None]] = []
+
+    def _listing_key(self) -> tuple[int, ...]:
+        """What says the list of regions may have changed: the mtimes of the tenants' and the
+        GPUs' directories (a tenant or a GPU made or removed changes an entry there), and a
+        REGIONS_REFRESH_S bucket of time for what they do not show (an arbiter file made in a GPU
+        directory already there, two changes within the clock's tick)."""
+        stamps = []
+        for directory in (tenants_dir(self.root), gpus_dir(self.root)):
+            try:
+                stamps.append(os.stat(directory).st_mtime_ns)
+            except OSError:
+                stamps.append(0)
+        return (*stamps, int(time.monotonic() // REGIONS_REFRESH_S))
 
     def _regions(self) -> list[tuple[Path, int, str | None, str | None]]:
-        """(file, mutex offset, tenant, gpu) of every region with a lock."""
-        found: list[tuple[Path, int, str | None, str | None]] = [
-            (tenant / abi.USAGE_FILE, abi.Usage.lock.offset, tenant.name, None)
-            for tenant in iter_tenants(self.root)
-        ]
-        found += [
-            (path, abi.Arbiter.lock.offset, None, path.parent.name) for path in iter_arbiters(self.root)
-        ]
-        return found
+        """(file, mutex offset, tenant, gpu) of every region with a lock: listed again only when
+        the directories changed (two looks a second at 50 tenants spent a third of their time
+        listing them and making their paths)."""
+        key = self._listing_key()
+        if key != self._listed:
+            found: list[tuple[Path, int, str | None, str | None]] = [
+                (tenant / abi.USAGE_FILE, abi.Usage.lock.offset, tenant.name, None)
+                for tenant in iter_tenants(self.root)
+            ]
+            found += [
+                (path, abi.Arbiter.lock.offset, None, path.parent.name) for path in iter_arbiters(self.root)
+            ]
+            self._found, self._listed = found, key
+        return self._found
 
     def tick(self) -> list[Event]:
         events = []
@@ -231,7 +252,9 @@ class StallBreaker:
         second, which only the region's counter said (issue 36).  The first look at a region
         only learns its count."""
         events, seen = [], {}
-        for path in iter_arbiters(self.root):
+        for path, _, _, gpu in self._regions():
+            if gpu is None:
+                continue  # a tenant's usage region
             try:
                 st = path.stat()
                 count = counter(path, abi.Arbiter.stall_reclaims.offset)
@@ -242,7 +265,6 @@ class StallBreaker:
             before = self._token_stalls.get(key)
             if before is None or count <= before:
                 continue
-            gpu = path.parent.name
             message = (
                 f"GPU {gpu}: the token was taken back from a holder stopped past its quantum "
                 f"{count - before} time(s) (the card idled until then; {count} in all)"
