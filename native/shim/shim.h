@@ -386,6 +386,8 @@ struct sg_gpu {
     uint64_t grace_ns;   /* [atomic relaxed] that grace */
     uint64_t gap_ns;     /* [atomic relaxed] moving average of our idle time after a drained sync
                             (the GPU's end of our work to our next launch) */
+    uint32_t long_gaps;  /* [atomic relaxed] how many of those idle times in a row lasted the
+                            idle grace or longer (a service between its requests) */
     int syncing;         /* [atomic relaxed] threads inside a sync call: waiting for our own
                             work is not idleness */
     uint64_t drained_at; /* [atomic seq_cst] while we hold the token: when our work last ended,
