@@ -355,20 +355,33 @@ static uint64_t same_class_grace(const struct sg_gpu *g, uint64_t q)
     return grace < idle_grace(q) ? grace : idle_grace(q);
 }
 
+/* Two readings of our idle times after a drained sync (note_gap), one per kind of waiter the
+ * card may go to at once instead of after a grace.  Handing on within our class risks little
+ * (virtual time gives us our turn back), so the moving average will do: we usually idle longer
+ * than any grace.  Handing on to a lower class risks our next burst waiting behind an offline
+ * kernel, so every one of our last LONG_GAPS_AT_ONCE idle times must have lasted the grace: a
+ * request of several bursts with short host time between them never qualifies. */
+#define LONG_GAPS_AT_ONCE 4
+static bool usually_idles_long(const struct sg_gpu *g, uint64_t grace)
+{
+    return __atomic_load_n(&g->gap_ns, __ATOMIC_RELAXED) >= grace;
+}
+
+static bool always_idles_long(const struct sg_gpu *g)
+{
+    return __atomic_load_n(&g->long_gaps, __ATOMIC_RELAXED) >= LONG_GAPS_AT_ONCE;
+}
+
 /* Under the region lock, at a sync that drained our work with a lower class waiting: is our
  * request over, so that the card may go to the lower class now rather than after the idle
- * grace?  Yes when our last LONG_GAPS_AT_ONCE idle times after such a sync each lasted the
- * grace or longer (every request is one burst: the card would idle through the whole grace
- * for nothing, 0.5 ms a request, and a service of 170 requests a second beside an offline job
- * kept the card 80% busy) and the predicted next request is further than the grace away (the
- * hold-back keeps the card free for it).  A request of several bursts with short host time
- * between them (a gap under the grace among the last few), or requests that come at random
- * (no trusted prediction), keep the grace: a request's next burst must not wait behind an
- * offline kernel. */
-#define LONG_GAPS_AT_ONCE 4
+ * grace?  Yes when every request is one burst (always_idles_long: the card would idle through
+ * the whole grace for nothing, 0.5 ms a request, and a service of 170 requests a second beside
+ * an offline job kept the card 80% busy) and the predicted next request is further than the
+ * grace away (the hold-back keeps the card free for it).  Requests that come at random (no
+ * trusted prediction) keep the grace. */
 static bool between_requests_locked(struct sg_arbiter *a, const struct sg_gpu *g, uint64_t now)
 {
-    if (__atomic_load_n(&g->long_gaps, __ATOMIC_RELAXED) < LONG_GAPS_AT_ONCE)
+    if (!always_idles_long(g))
         return false;
     uint64_t late = 0, launch_by = 0;
     return sg_predict_next(a, now, idle_grace(sg_arb_quantum(a)), &late, &launch_by) == 0 &&
@@ -454,8 +467,8 @@ enum sg_arb_decision sg_arb_decide(struct sg_gpu *g, uint64_t now, bool burst_en
         d = SG_ARB_RELEASE; /* same class, further behind in virtual time */
     else if (best >= 0 && drained) {
         /* Same class, and we keep the card by virtual time, but none of our work is on it. */
-        if (__atomic_load_n(&g->gap_ns, __ATOMIC_RELAXED) >= idle_grace(sg_arb_quantum(a)))
-            d = SG_ARB_RELEASE; /* we usually idle longer than any grace: hand on now */
+        if (usually_idles_long(g, idle_grace(sg_arb_quantum(a))))
+            d = SG_ARB_RELEASE; /* hand on now rather than idle through a grace */
         else
             watch_burst_end_locked(a, g, c, now, same_class_grace(g, sg_arb_quantum(a)));
     }

@@ -175,6 +175,35 @@ def test_a_service_that_idles_between_requests_leaves_the_card_to_its_own_class(
 
 
 @pytest.mark.timing
+def test_an_online_service_of_one_burst_requests_hands_the_card_to_offline_at_once(sim: Sim) -> None:
+    """An online service whose every request is one burst and whose next request is predicted
+    hands the card to the offline job when its request drains, not after the idle grace
+    (quantum/20; docs/design/arbitration.md "Turns"). So a longer grace costs the offline job
+    nothing: with a 40 ms quantum the grace is 2 ms, which after each of the service's ~170
+    requests a second would leave the card idle a third of the time."""
+    service = compute_tenant(sim, "svc", "share", 50, priority="online")
+    job = compute_tenant(sim, "job", "share", 50, priority="offline")
+    path = arbiter_of(sim)
+
+    def run() -> tuple[float, float]:
+        at = start_at()
+        ps = spawn(sim, service, "syncloop", 2.5, 4, 200, 5000, at)
+        pj = spawn(sim, job, "saturate", 2.5, 500, "kernel", at)
+        return achieved(finish(ps)), achieved(finish(pj))
+
+    short = run()
+    tune_arbiter(path, quantum_ns=40_000_000)
+    long = run()
+    print(
+        f"service/job % of the card: grace 0.5 ms {short[0]:.1f}/{short[1]:.1f}, "
+        f"grace 2 ms {long[0]:.1f}/{long[1]:.1f}"
+    )
+    assert short[0] >= 10  # the service gets all it asks (~13.5%)
+    assert long[0] >= 10
+    assert long[1] >= short[1] - 4  # handed on at once: the grace's length is not paid
+
+
+@pytest.mark.timing
 def test_cap_alone_on_an_idle_card_stays_under_its_ceiling(sim: Sim) -> None:
     c = compute_tenant(sim, "c", "cap", 20)
     x = achieved(finish(spawn(sim, c, "saturate", 1.5, 500)))

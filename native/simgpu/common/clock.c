@@ -19,8 +19,10 @@ uint64_t sim_realtime_us(void)
     return (uint64_t)ts.tv_sec * 1000000ull + (uint64_t)ts.tv_nsec / 1000u;
 }
 
-/* The least a sleep ends ahead of its instant, the rest spun. */
-#define SPIN_NS 15000ull
+/* The least a sleep ends ahead of its instant, the rest spun, and the margin kept over the
+ * learned lateness (the lateness varies from one wake-up to the next). */
+#define MIN_LEAD_NS 15000ull
+#define LEAD_MARGIN_NS 5000ull
 /* What is learned of the timer's lateness counts at most this much: a stalled host must not
  * make every later wait spin for long. */
 #define LATE_MAX_NS 100000ull
@@ -45,10 +47,10 @@ void sim_sleep_until(uint64_t t_ns)
         uint64_t now = sim_now_ns();
         if (now >= t_ns)
             break;
-        uint64_t lead = __atomic_load_n(&late_ns, __ATOMIC_RELAXED) + SPIN_NS / 3;
-        if (lead < SPIN_NS)
-            lead = SPIN_NS;
-        if (t_ns - now <= lead + SPIN_NS)
+        uint64_t lead = __atomic_load_n(&late_ns, __ATOMIC_RELAXED) + LEAD_MARGIN_NS;
+        if (lead < MIN_LEAD_NS)
+            lead = MIN_LEAD_NS;
+        if (t_ns - now <= lead + MIN_LEAD_NS)
             continue; /* below the wake-up's own latency: spin */
         if (slack < 0) {
             slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
