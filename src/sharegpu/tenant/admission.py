@@ -21,19 +21,19 @@ def _guarantee(dev: DeviceLimit) -> int:
     return dev.share_permille if dev.policy in (abi.POLICY_CAP, abi.POLICY_BURST) else 0
 
 
-def _allocated_on(base: Path, uuid: str, exclude: str | None) -> tuple[int, int]:
-    """(permille promised to cap/burst tenants, bytes of memory caps) on `uuid`, all tenants
-    but `exclude`."""
-    guaranteed = memory = 0
+def _allocated(base: Path, exclude: str | None) -> dict[str, tuple[int, int]]:
+    """Per GPU: (permille promised to cap/burst tenants, bytes of memory caps), all tenants but
+    `exclude`. One read of each tenant's limits for every GPU a request asks about (it was one
+    per GPU: a tenant on all 8 GPUs read the node's limits 8 times per resize)."""
+    found: dict[str, tuple[int, int]] = {}
     for path in iter_tenants(base.parent):
         if path.name == exclude:
             continue
         with contextlib.suppress(ConfigError):
             for dev in read_device_limits(path):
-                if dev.uuid == uuid:
-                    guaranteed += _guarantee(dev)
-                    memory += dev.mem_cap_bytes
-    return guaranteed, memory
+                guaranteed, memory = found.get(dev.uuid, (0, 0))
+                found[dev.uuid] = (guaranteed + _guarantee(dev), memory + dev.mem_cap_bytes)
+    return found
 
 
 def admit(
@@ -47,13 +47,16 @@ def admit(
     """Refuse what could not be honoured next to the other tenants. On a resize (`before` given)
     only what grows is checked: shrinking is always allowed, even on an overcommitted card."""
     old = {d.uuid: d for d in before}
+    allocated: dict[str, tuple[int, int]] | None = None  # read when a device grows
     for dev in devices:
         prev = old.get(dev.uuid)
         grows_compute = _guarantee(dev) > (_guarantee(prev) if prev else 0)
         grows_memory = memory_totals is not None and dev.mem_cap_bytes > (prev.mem_cap_bytes if prev else 0)
         if not (grows_compute or grows_memory):
             continue
-        taken, memory = _allocated_on(base, dev.uuid, exclude)
+        if allocated is None:
+            allocated = _allocated(base, exclude)
+        taken, memory = allocated.get(dev.uuid, (0, 0))
         if grows_compute and taken + _guarantee(dev) > 1000:
             raise AdmissionError(
                 f"compute guarantees on {dev.uuid} would total {(taken + _guarantee(dev)) / 10:g}% "
