@@ -11,7 +11,7 @@ CLIENTS_VENV := .venv-clients
 CLIENTS_STAMP := $(CLIENTS_VENV)/.installed
 NATIVE_SRC := $(shell find native -name '*.c' -o -name '*.h' -o -name '*.inc' -o -name '*.map' -o -name '*.def' -o -name '*.in' -o -name Makefile)
 
-.PHONY: run test test-unit bench check native clients clean setup proto gpu-check gpu-wheels kube
+.PHONY: run test test-unit bench check native clients clean setup proto gpu-check gpu-wheels kube image
 
 setup: $(STAMP) $(NATIVE_STAMP)
 
@@ -93,6 +93,11 @@ proto:
 # from the Go module proxy into ${SHAREGPU_KUBE_CACHE:-~/.cache/sharegpu/kube}. Not part of `make test`.
 kube:
 	bash scripts/build-kube.sh
+
+# The project's image from Debian's packages and this tree, no registry (needs root and
+# debootstrap): an OCI archive for `ctr images import` or `podman load`.
+image: setup
+	bash scripts/build-image.sh
 
 clean:
 	rm -rf $(VENV) $(CLIENTS_VENV) build src/sharegpu/_lib .pytest_cache .mypy_cache .ruff_cache

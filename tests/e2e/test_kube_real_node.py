@@ -1,6 +1,7 @@
 """A pod on a real node (issue 37): the real API server, scheduler, controller manager, kubelet and
 containerd of `scripts/kube-node.sh`, through `tests/e2e/kubenode.py`. The pod's image is built
-here from files and imported into containerd (no registry), and so is the sandbox image.
+here from files and imported into containerd (no registry), and so is the sandbox image; the
+project's own image is built from Debian's packages (scripts/build-image.sh) and runs as a pod.
 
 Part of `make test`, which builds the binaries first (`make kube`); it needs root and Debian's
 containerd, runc, CNI plugins and busybox-static (`.ci/run` installs them), and fails, never
@@ -10,12 +11,14 @@ skips, when one is missing. The node runs for this module's tests only, not besi
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from e2e.kubenode import KubeNode, running_kube_node
+from e2e.kubenode import ROOT, KubeNode, running_kube_node
 
 
 @pytest.fixture(scope="module")
@@ -68,4 +71,64 @@ def test_pod_runs_to_completion_and_its_log_comes_back(kube_node: KubeNode) -> N
     assert scheduled == kube_node.node
     assert kube_node.kubectl("logs", name).stdout == f"e2e pod on {name}\n"
     print(f"pod created -> Succeeded in {took:.1f} s")
+    kube_node.kubectl("delete", "pod", name, "--wait", "--timeout", "60s")
+
+
+def build_project_image() -> tuple[str, Path]:
+    """The project's image (scripts/build-image.sh: Debian's packages and this tree's wheel, no
+    registry): its name and its OCI archive."""
+    built = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "build-image.sh")], capture_output=True, text=True, check=False
+    )
+    assert built.returncode == 0, f"build-image.sh exited {built.returncode}:\n{built.stdout}{built.stderr}"
+    last = built.stdout.strip().splitlines()[-1]  # build-image: NAME -> ARCHIVE (SIZE)
+    name, _, rest = last.removeprefix("build-image: ").partition(" -> ")
+    print(built.stdout.strip())
+    return name, Path(rest.rpartition(" (")[0])
+
+
+def test_the_project_image_runs_the_demo_as_a_pod(kube_node: KubeNode) -> None:
+    """The image every container of deploy/kubernetes runs, built here from Debian's packages and
+    imported into the node's containerd, runs under the kubelet: the commands the manifests start
+    import, and `sharegpu demo` (memory caps, the arbiter, online beside offline, on the
+    simulated GPU the image carries) passes inside the pod."""
+    image, archive = build_project_image()
+    kube_node_ctr = [*kube_node.ctr("k8s.io"), "images", "import", str(archive)]
+    subprocess.run(kube_node_ctr, check=True, capture_output=True, timeout=300)
+    name = "sharegpu-image"
+    script = (
+        "sharegpu version && "
+        "python3 -c 'import sharegpu.kube.extender, sharegpu.kube.deviceplugin, sharegpu.agent.daemon' && "
+        "echo commands-import && sharegpu demo"
+    )
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {"name": "c", "image": image, "imagePullPolicy": "Never", "command": ["sh", "-c", script]}
+            ],
+        },
+    }
+    t0 = time.monotonic()
+    kube_node.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+    phase = ""
+    while time.monotonic() < t0 + 300:
+        phase = kube_node.kubectl("get", "pod", name, "-o", "jsonpath={.status.phase}").stdout
+        if phase in ("Succeeded", "Failed"):
+            break
+        time.sleep(0.5)
+    logs = kube_node.kubectl("logs", name, check=False).stdout
+    describe = kube_node.kubectl("describe", "pod", name, check=False).stdout
+    assert phase == "Succeeded", (
+        f"phase {phase!r} after {time.monotonic() - t0:.0f} s:\n{describe}\n{logs[-3000:]}"
+    )
+    assert logs.startswith("sharegpu ")
+    assert "commands-import" in logs
+    assert "Results" in logs  # the demo's last table
+    assert "(all figures: simulated GPU)" in logs
+    print(f"{image}: demo pod Succeeded in {time.monotonic() - t0:.0f} s")
     kube_node.kubectl("delete", "pod", name, "--wait", "--timeout", "60s")
