@@ -36,8 +36,9 @@ def test_node_is_ready_on_containerd(kube_node: KubeNode) -> None:
     print(f"kube node started in {kube_node.start_s:.1f} s")
 
 
-def test_pod_runs_to_completion_and_its_log_comes_back(kube_node: KubeNode) -> None:
-    name = "hello-e2e"
+def run_pod(kube_node: KubeNode, name: str, image: str, script: str, timeout: float) -> tuple[str, float]:
+    """A pod of one container running `script` with `sh -c` to its end: the node it ran on and
+    how long from its creation to Succeeded (its phase, description and log when it did not)."""
     manifest = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -46,28 +47,30 @@ def test_pod_runs_to_completion_and_its_log_comes_back(kube_node: KubeNode) -> N
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 1,
             "containers": [
-                {
-                    "name": "c",
-                    "image": kube_node.image,
-                    "imagePullPolicy": "Never",
-                    "command": ["sh", "-c", 'echo "e2e pod on $(hostname)"'],
-                }
+                {"name": "c", "image": image, "imagePullPolicy": "Never", "command": ["sh", "-c", script]}
             ],
         },
     }
     t0 = time.monotonic()
     kube_node.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
-    deadline = t0 + 90
     scheduled = phase = ""
-    while time.monotonic() < deadline:
+    while time.monotonic() < t0 + timeout:
         got = kube_node.kubectl("get", "pod", name, "-o", "jsonpath={.status.phase}/{.spec.nodeName}").stdout
         phase, _, scheduled = got.partition("/")
         if phase in ("Succeeded", "Failed"):
             break
         time.sleep(0.2)
     took = time.monotonic() - t0
-    describe = kube_node.kubectl("describe", "pod", name, check=False).stdout
-    assert phase == "Succeeded", f"phase {phase!r} after {took:.1f} s:\n{describe}"
+    if phase != "Succeeded":
+        describe = kube_node.kubectl("describe", "pod", name, check=False).stdout
+        logs = kube_node.kubectl("logs", name, check=False).stdout
+        pytest.fail(f"pod {name}: phase {phase!r} after {took:.1f} s:\n{describe}\n{logs[-3000:]}")
+    return scheduled, took
+
+
+def test_pod_runs_to_completion_and_its_log_comes_back(kube_node: KubeNode) -> None:
+    name = "hello-e2e"
+    scheduled, took = run_pod(kube_node, name, kube_node.image, 'echo "e2e pod on $(hostname)"', 90)
     assert scheduled == kube_node.node
     assert kube_node.kubectl("logs", name).stdout == f"e2e pod on {name}\n"
     print(f"pod created -> Succeeded in {took:.1f} s")
@@ -101,34 +104,11 @@ def test_the_project_image_runs_the_demo_as_a_pod(kube_node: KubeNode) -> None:
         "python3 -c 'import sharegpu.kube.extender, sharegpu.kube.deviceplugin, sharegpu.agent.daemon' && "
         "echo commands-import && sharegpu demo"
     )
-    manifest = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {"name": "c", "image": image, "imagePullPolicy": "Never", "command": ["sh", "-c", script]}
-            ],
-        },
-    }
-    t0 = time.monotonic()
-    kube_node.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
-    phase = ""
-    while time.monotonic() < t0 + 300:
-        phase = kube_node.kubectl("get", "pod", name, "-o", "jsonpath={.status.phase}").stdout
-        if phase in ("Succeeded", "Failed"):
-            break
-        time.sleep(0.5)
-    logs = kube_node.kubectl("logs", name, check=False).stdout
-    describe = kube_node.kubectl("describe", "pod", name, check=False).stdout
-    assert phase == "Succeeded", (
-        f"phase {phase!r} after {time.monotonic() - t0:.0f} s:\n{describe}\n{logs[-3000:]}"
-    )
+    _, took = run_pod(kube_node, name, image, script, 300)
+    logs = kube_node.kubectl("logs", name).stdout
     assert logs.startswith("sharegpu ")
     assert "commands-import" in logs
     assert "Results" in logs  # the demo's last table
     assert "(all figures: simulated GPU)" in logs
-    print(f"{image}: demo pod Succeeded in {time.monotonic() - t0:.0f} s")
+    print(f"{image}: demo pod Succeeded in {took:.0f} s")
     kube_node.kubectl("delete", "pod", name, "--wait", "--timeout", "60s")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import mmap
 import os
 import tempfile
@@ -85,7 +86,10 @@ def publish_region(
         raise
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL:
+    # Once per process: find_library runs `ldconfig -p` (2 ms, and a fork of the agent) per call,
+    # and every tenant made used to call it twice.
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
