@@ -181,7 +181,12 @@ class AgentService:
 
     def _views(self, only: str | None = None) -> list[TenantView]:
         gpu_time = self.meter.snapshot() if self.meter else None
-        return views(self.root, self.store.tenants(), only, gpu_time)
+        if only is None:
+            rows = self.store.tenants()
+        else:  # one row, not every tenant's parsed for one (each create and resize answers with one)
+            row = self.store.tenant(only)
+            rows = {only: row} if row is not None else {}
+        return views(self.root, rows, only, gpu_time)
 
     def _view(self, tenant_id: str) -> TenantView:
         found = self._views(tenant_id)
