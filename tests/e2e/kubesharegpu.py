@@ -14,7 +14,10 @@ so the API server's RBAC judges every request they make as it would in the clust
   holding the ServiceAccount's token (a pod gets it mounted).
 
 The Deployments and the DaemonSet are applied and accepted, then scaled to none / left without a
-matching node: their pods need the project's image, which is not built here yet (issue 37).
+matching node: these tests stop, restart and read each component on its own, run the DRA plugin
+beside the device plugin on a simulated GPU of their own, and run two extenders on one host. The
+same components as pods of the project's image, deployed by the manifests, are
+`kubedeployed.py`'s (tests/e2e/test_kube_deployed.py).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import pytest
@@ -50,6 +53,14 @@ START_TIMEOUT_S = 60.0
 PROBE_IMAGE = "sharegpu.local/probe:1"
 VULKAN_IMAGE = "sharegpu.local/vkprobe:1"  # import_vulkan_image
 APP_NS = "default"  # where the tests' pods run
+
+
+class Cluster(Protocol):
+    """sharegpu on the node, however it runs (host processes here, pods in kubedeployed.py)."""
+
+    def kubectl(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]: ...
+    def get(self, *args: str) -> Any: ...
+    def tail(self, lines: int = 30) -> str: ...
 
 
 @dataclass
@@ -134,7 +145,38 @@ class Sharegpu:
         )
 
 
-def wait_phase(gpu: Sharegpu, name: str, phases: tuple[str, ...], timeout: float = 90) -> dict[str, Any]:
+def vgpu_pod(
+    name: str, memory_mib: int, compute: int, command: str, image: str = PROBE_IMAGE, **annotations: str
+) -> dict[str, Any]:
+    """A pod that asks for a vGPU the way docs/kubernetes.md tells users to."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": APP_NS, "annotations": annotations},
+        "spec": {
+            "schedulerName": "sharegpu-scheduler",
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": image,
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", command],
+                    "resources": {
+                        "limits": {
+                            "sharegpu.io/vgpu": 1,
+                            "sharegpu.io/vgpu-memory": memory_mib,
+                            "sharegpu.io/vgpu-compute": compute,
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def wait_phase(gpu: Cluster, name: str, phases: tuple[str, ...], timeout: float = 90) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
         pod: dict[str, Any] = gpu.get("pod", "-n", APP_NS, name)
@@ -146,7 +188,7 @@ def wait_phase(gpu: Sharegpu, name: str, phases: tuple[str, ...], timeout: float
         time.sleep(0.2)
 
 
-def failed_scheduling(gpu: Sharegpu, name: str) -> list[str]:
+def failed_scheduling(gpu: Cluster, name: str) -> list[str]:
     events = gpu.get("events", "-n", APP_NS, "--field-selector", f"involvedObject.name={name}")["items"]
     return [e["message"] for e in events if e["reason"] == "FailedScheduling"]
 
@@ -250,7 +292,7 @@ def apply_manifests(node: KubeNode, directory: Path = DEPLOY) -> list[str]:
     assert applied.returncode == 0, (
         f"the API server refused part of {directory}:\n{applied.stderr}{applied.stdout}"
     )
-    # Their pods need the project's image (not built here yet): none is left to start.
+    # The components run as host processes here (the module's docstring): no pod of them.
     if any(line.startswith("deployment.apps/") for line in applied.stdout.splitlines()):
         node.kubectl("-n", NAMESPACE, "scale", "deployment", "--all", "--replicas=0")
     return applied.stdout.splitlines()

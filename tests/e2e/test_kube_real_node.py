@@ -11,14 +11,13 @@ skips, when one is missing. The node runs for this module's tests only, not besi
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from e2e.kubenode import ROOT, KubeNode, running_kube_node
+from e2e.kubedeployed import build_project_image, import_archive
+from e2e.kubenode import KubeNode, running_kube_node
 
 
 @pytest.fixture(scope="module")
@@ -77,27 +76,13 @@ def test_pod_runs_to_completion_and_its_log_comes_back(kube_node: KubeNode) -> N
     kube_node.kubectl("delete", "pod", name, "--wait", "--timeout", "60s")
 
 
-def build_project_image() -> tuple[str, Path]:
-    """The project's image (scripts/build-image.sh: Debian's packages and this tree's wheel, no
-    registry): its name and its OCI archive."""
-    built = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "build-image.sh")], capture_output=True, text=True, check=False
-    )
-    assert built.returncode == 0, f"build-image.sh exited {built.returncode}:\n{built.stdout}{built.stderr}"
-    last = built.stdout.strip().splitlines()[-1]  # build-image: NAME -> ARCHIVE (SIZE)
-    name, _, rest = last.removeprefix("build-image: ").partition(" -> ")
-    print(built.stdout.strip())
-    return name, Path(rest.rpartition(" (")[0])
-
-
 def test_the_project_image_runs_the_demo_as_a_pod(kube_node: KubeNode) -> None:
     """The image every container of deploy/kubernetes runs, built here from Debian's packages and
     imported into the node's containerd, runs under the kubelet: the commands the manifests start
     import, and `sharegpu demo` (memory caps, the arbiter, online beside offline, on the
     simulated GPU the image carries) passes inside the pod."""
     image, archive = build_project_image()
-    kube_node_ctr = [*kube_node.ctr("k8s.io"), "images", "import", str(archive)]
-    subprocess.run(kube_node_ctr, check=True, capture_output=True, timeout=300)
+    import_archive(kube_node, archive)
     name = "sharegpu-image"
     script = (
         "sharegpu version && "

@@ -32,6 +32,7 @@ from e2e.kubesharegpu import (
     failed_scheduling,
     import_vulkan_image,
     sharegpu_on,
+    vgpu_pod,
     wait_phase,
 )
 from metricsutil import free_port
@@ -51,37 +52,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sharegpu]:
         # What every component asked of the API server, judged by the server's own RBAC.
         denied = audit_denials(node.dir / "audit.log")
         assert not denied, "the API server refused sharegpu's components:\n" + "\n".join(denied)
-
-
-def vgpu_pod(
-    name: str, memory_mib: int, compute: int, command: str, image: str = PROBE_IMAGE, **annotations: str
-) -> dict[str, Any]:
-    """A pod that asks for a vGPU the way docs/kubernetes.md tells users to."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": APP_NS, "annotations": annotations},
-        "spec": {
-            "schedulerName": "sharegpu-scheduler",
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": image,
-                    "imagePullPolicy": "Never",
-                    "command": ["sh", "-c", command],
-                    "resources": {
-                        "limits": {
-                            "sharegpu.io/vgpu": 1,
-                            "sharegpu.io/vgpu-memory": memory_mib,
-                            "sharegpu.io/vgpu-compute": compute,
-                        }
-                    },
-                }
-            ],
-        },
-    }
 
 
 def test_the_manifests_are_accepted_and_the_node_shows_its_vgpus(cluster: Sharegpu) -> None:

@@ -1,0 +1,249 @@
+"""sharegpu deployed on the real node of `kubenode.py` the way an operator deploys it (issue 37):
+the project's image built here from Debian's packages (scripts/build-image.sh) and imported into
+the node's containerd, the kube-scheduler's image made from the binary `make kube` built, and
+`deploy/kubernetes/kind` (the base on the simulated GPU) applied with `kubectl apply -k`. The
+DaemonSet's agent and device plugin, the extender and the second scheduler then run as pods of
+those images, under their ServiceAccounts, started and probed by the kubelet.
+
+The overlay this writes changes only what the test node lacks. The node has no kube-proxy and no
+cluster DNS (its API server and kubelet are on loopback, the pods' bridge has no route to the
+host), so the pods run on the host network and are told the API server's address
+(KUBERNETES_SERVICE_HOST/PORT, as clusters with Cilium's kube-proxy replacement do), the scheduler
+calls the extender at 127.0.0.1:8998, and one replica each of the extender and the scheduler runs
+(two on one node's host network would want the same port; two replicas' leader election is
+tested with host processes, test_kube_real_sharegpu.py). The CDI volume is the node containerd's
+spec directory. Everything else, the host paths /run/sharegpu and /var/lib/sharegpu included, is
+the manifests' own; the test fails rather than disturb a sharegpu already using them, and removes
+what it made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.kubenode import ROOT, KubeNode
+from e2e.kubesharegpu import DEPLOY, NAMESPACE, SCHEDULER_CONFIG, import_image, import_probe_image
+
+PROJECT_IMAGE = "ghcr.io/sharegpu/sharegpu"
+SCHEDULER_IMAGE = "registry.k8s.io/kube-scheduler"
+EXTENDER_PORT = 8998  # deploy/kubernetes/base/extender.yaml's --port
+# What the node DaemonSet of deploy/kubernetes/kind makes on the node (hostPath volumes; the
+# init container's copy of the simulated driver, at the path the image has the package).
+HOST_PATHS = (
+    Path("/run/sharegpu"),
+    Path("/var/lib/sharegpu"),
+    Path("/usr/local/lib/python3.11/site-packages/sharegpu"),
+)
+READY_TIMEOUT_S = 180.0
+
+
+def build_project_image() -> tuple[str, Path]:
+    """The project's image (scripts/build-image.sh: Debian's packages and this tree's wheel, no
+    registry): its name and its OCI archive."""
+    built = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "build-image.sh")], capture_output=True, text=True, check=False
+    )
+    assert built.returncode == 0, f"build-image.sh exited {built.returncode}:\n{built.stdout}{built.stderr}"
+    last = built.stdout.strip().splitlines()[-1]  # build-image: NAME -> ARCHIVE (SIZE)
+    name, _, rest = last.removeprefix("build-image: ").partition(" -> ")
+    print(built.stdout.strip())
+    return name, Path(rest.rpartition(" (")[0])
+
+
+def import_archive(node: KubeNode, archive: Path) -> None:
+    subprocess.run(
+        [*node.ctr("k8s.io"), "images", "import", str(archive)], check=True, capture_output=True, timeout=300
+    )
+
+
+def import_scheduler_image(node: KubeNode, root: Path) -> str:
+    """The kube-scheduler `make kube` built, as the image the scheduler Deployment names (the
+    node's own version: the skew policy's best case); its tag."""
+    binary = node.kubectl_bin.parent / "kube-scheduler"
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
+    tag = version.split()[-1]  # "Kubernetes v1.37.2"
+    rootfs = root / "scheduler-rootfs"
+    (rootfs / "usr/local/bin").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(binary, rootfs / "usr/local/bin" / "kube-scheduler")
+    # The Deployment names the command; the image needs no entrypoint.
+    import_image(node, rootfs, f"{SCHEDULER_IMAGE}:{tag}", root / "kube-scheduler.tar")
+    return tag
+
+
+def api_server(node: KubeNode) -> tuple[str, str]:
+    """The API server's host and port, from the node's kubeconfig."""
+    server = yaml.safe_load(node.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+    host, _, port = server.removeprefix("https://").partition(":")
+    return host, port
+
+
+def write_overlay(node: KubeNode, directory: Path, scheduler_tag: str) -> Path:
+    """The kustomize overlay of deploy/kubernetes/kind for this node (the module's docstring)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    host, port = api_server(node)
+    api = [
+        {"name": "KUBERNETES_SERVICE_HOST", "value": host},
+        {"name": "KUBERNETES_SERVICE_PORT", "value": port},
+    ]
+    on_host = {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}
+
+    def workload(kind: str, name: str, containers: list[str], **spec: Any) -> dict[str, Any]:
+        pod = dict(on_host, containers=[{"name": c, "env": api} for c in containers])
+        return {
+            "apiVersion": "apps/v1",
+            "kind": kind,
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": dict(spec, template={"spec": pod}),
+        }
+
+    node_ds = workload("DaemonSet", "sharegpu-node", ["agent", "device-plugin"])
+    node_ds["spec"]["template"]["spec"]["volumes"] = [
+        {"name": "cdi", "hostPath": {"path": str(node.cdi), "type": "Directory"}}
+    ]
+    patches = [
+        node_ds,
+        workload("Deployment", "sharegpu-extender", ["extender"], replicas=1),
+        workload("Deployment", "sharegpu-scheduler", ["scheduler"], replicas=1),
+    ]
+    (directory / "host-network.yaml").write_text(yaml.safe_dump_all(patches))
+    config = yaml.safe_load(SCHEDULER_CONFIG.read_text())
+    config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{EXTENDER_PORT}"
+    (directory / "scheduler-config.yaml").write_text(yaml.safe_dump(config))
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        # kustomize takes a base by a relative path only.
+        "resources": [os.path.relpath(DEPLOY / "kind", directory)],
+        "images": [{"name": SCHEDULER_IMAGE, "newTag": scheduler_tag}],
+        "configMapGenerator": [
+            {
+                "name": "sharegpu-scheduler-config",
+                "namespace": NAMESPACE,
+                "behavior": "replace",
+                "files": ["config.yaml=scheduler-config.yaml"],
+            }
+        ],
+        "patches": [{"path": "host-network.yaml"}],
+    }
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    return directory
+
+
+@dataclass
+class Deployed:
+    """sharegpu's pods on the node: what `kubectl apply -k` created and how long until every
+    pod was Ready."""
+
+    node: KubeNode
+    applied: list[str]
+    ready_s: float
+    image: str
+
+    def kubectl(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        return self.node.kubectl(*args, **kwargs)
+
+    def get(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def pods(self) -> list[dict[str, Any]]:
+        return list(self.get("pods", "-n", NAMESPACE)["items"])
+
+    def tail(self, lines: int = 30) -> str:
+        """Each sharegpu container's last log lines (what a failing test prints)."""
+        out = []
+        for pod in self.pods():
+            for container in pod["spec"]["containers"]:
+                name = f"{pod['metadata']['name']}/{container['name']}"
+                log = self.kubectl(
+                    "-n",
+                    NAMESPACE,
+                    "logs",
+                    pod["metadata"]["name"],
+                    "-c",
+                    container["name"],
+                    "--tail",
+                    str(lines),
+                    check=False,
+                )
+                out.append(f"--- {name}:\n{log.stdout}{log.stderr}")
+        return "\n".join(out)
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> float:
+        """Until the DaemonSet's pod and one of each Deployment's are Ready and the node offers
+        sharegpu.io/vgpu; the seconds it took."""
+        t0 = time.monotonic()
+        while True:
+            pods = self.pods()
+            components = {
+                p["metadata"]["labels"].get("app.kubernetes.io/component")
+                for p in pods
+                if _ready(p) and p["metadata"].get("deletionTimestamp") is None
+            }
+            allocatable = self.get("node", self.node.node)["status"].get("allocatable", {})
+            if {"node", "extender", "scheduler"} <= components and int(
+                allocatable.get("sharegpu.io/vgpu", "0")
+            ) > 0:
+                return time.monotonic() - t0
+            if time.monotonic() - t0 > timeout:
+                describe = self.kubectl("-n", NAMESPACE, "describe", "pods", check=False).stdout
+                pytest.fail(
+                    f"sharegpu's pods not Ready after {timeout:.0f} s:\n{describe[-6000:]}\n" + self.tail()
+                )
+            time.sleep(0.5)
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conditions = {c["type"]: c["status"] for c in pod.get("status", {}).get("conditions", [])}
+    return conditions.get("Ready") == "True"
+
+
+def _made_by_us(path: Path) -> Path | None:
+    """The topmost directory on the way to `path` that does not exist yet (what to remove
+    after), or None when `path` exists."""
+    if path.exists():
+        return None
+    while not path.parent.exists():
+        path = path.parent
+    return path
+
+
+@contextmanager
+def deployed_from_image(node: KubeNode, root: Path) -> Iterator[Deployed]:
+    """sharegpu from its image on `node`, on the simulated GPU of deploy/kubernetes/kind (two GPUs
+    of 16 GiB); the probe image imported for the tests' pods. Removed at the end: the objects,
+    then the host directories the DaemonSet made."""
+    busy = [str(p) for p in HOST_PATHS if p.exists()]
+    if busy:
+        pytest.fail(f"{', '.join(busy)} already there: sharegpu is installed on this machine")
+    made = [m for p in HOST_PATHS if (m := _made_by_us(p)) is not None]
+    image, archive = build_project_image()
+    import_archive(node, archive)
+    scheduler_tag = import_scheduler_image(node, root)
+    import_probe_image(node, root)
+    overlay = write_overlay(node, root / "overlay", scheduler_tag)
+    # The one line docs/kubernetes.md gives for a GPU node.
+    node.kubectl("label", "node", node.node, "sharegpu.io/gpu=true", "--overwrite")
+    try:
+        applied = node.kubectl("apply", "-k", str(overlay), check=False, timeout=120)
+        assert applied.returncode == 0, f"the API server refused part of the manifests:\n{applied.stderr}"
+        deployed = Deployed(node, applied.stdout.splitlines(), 0.0, image)
+        deployed.ready_s = deployed.wait_ready()
+        print(f"sharegpu's pods Ready {deployed.ready_s:.1f} s after kubectl apply")
+        yield deployed
+    finally:
+        node.kubectl("delete", "pods", "--all", "-n", "default", "--wait", "--timeout", "60s", check=False)
+        node.kubectl("delete", "-k", str(overlay), "--wait", "--timeout", "120s", check=False, timeout=180)
+        for path in made:
+            shutil.rmtree(path, ignore_errors=True)
