@@ -38,7 +38,10 @@ from e2e.kubesharegpu import DEPLOY, NAMESPACE, SCHEDULER_CONFIG, import_image, 
 
 PROJECT_IMAGE = "ghcr.io/sharegpu/sharegpu"
 SCHEDULER_IMAGE = "registry.k8s.io/kube-scheduler"
-EXTENDER_PORT = 8998  # deploy/kubernetes/base/extender.yaml's --port
+LOCAL_EXTENDER = "http://127.0.0.1:8998"  # deploy/kubernetes/base/extender.yaml's --port, on the host
+CHART = ROOT / "deploy" / "helm" / "sharegpu"
+POST_RENDERER = "sharegpu-test-node"
+INSTALLERS = ("kubectl", "helm")
 # What the node DaemonSet of deploy/kubernetes/kind makes on the node (hostPath volumes; the
 # init container's copy of the simulated driver, at the path the image has the package).
 HOST_PATHS = (
@@ -89,8 +92,9 @@ def api_server(node: KubeNode) -> tuple[str, str]:
     return host, port
 
 
-def write_overlay(node: KubeNode, directory: Path, scheduler_tag: str) -> Path:
-    """The kustomize overlay of deploy/kubernetes/kind for this node (the module's docstring)."""
+def write_overlay(node: KubeNode, directory: Path, scheduler_tag: str, *, rendered: bool = False) -> Path:
+    """The kustomize overlay of deploy/kubernetes/kind for this node (the module's docstring); with
+    `rendered`, of the chart's output (rendered.yaml) with kind's patches."""
     directory.mkdir(parents=True, exist_ok=True)
     host, port = api_server(node)
     api = [
@@ -118,8 +122,22 @@ def write_overlay(node: KubeNode, directory: Path, scheduler_tag: str) -> Path:
         workload("Deployment", "sharegpu-scheduler", ["scheduler"], replicas=1),
     ]
     (directory / "host-network.yaml").write_text(yaml.safe_dump_all(patches))
+    if rendered:
+        # Helm's output as the base, with deploy/kubernetes/kind's changes made to it here.
+        kind = yaml.safe_load((DEPLOY / "kind" / "kustomization.yaml").read_text())
+        for patch in kind["patches"]:
+            shutil.copy(DEPLOY / "kind" / patch["path"], directory)
+        kustomization = {
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            "resources": ["rendered.yaml"],  # the post-renderer writes it (helm_post_renderer)
+            "patches": [*kind["patches"], {"path": "host-network.yaml"}],
+            "replacements": kind["replacements"],
+        }
+        (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+        return directory
     config = yaml.safe_load(SCHEDULER_CONFIG.read_text())
-    config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{EXTENDER_PORT}"
+    config["extenders"][0]["urlPrefix"] = LOCAL_EXTENDER
     (directory / "scheduler-config.yaml").write_text(yaml.safe_dump(config))
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
@@ -139,6 +157,46 @@ def write_overlay(node: KubeNode, directory: Path, scheduler_tag: str) -> Path:
     }
     (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
     return directory
+
+
+def helm_post_renderer(node: KubeNode, root: Path, overlay: Path) -> dict[str, str]:
+    """A Helm 4 post-renderer plugin (postrenderer/v1, a subprocess) that runs the chart's output
+    through `overlay` (the operator's way to adapt a chart it does not own), installed in a
+    Helm home of its own under root; the environment that makes helm use that home."""
+    plugin = root / "helm-plugin"
+    plugin.mkdir()
+    (plugin / "plugin.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "type": "postrenderer/v1",
+                "name": POST_RENDERER,
+                "version": "0.1.0",
+                "runtime": "subprocess",
+                "runtimeConfig": {"platformCommand": [{"command": "${HELM_PLUGIN_DIR}/render.sh"}]},
+            }
+        )
+    )
+    extender_url = yaml.safe_load(SCHEDULER_CONFIG.read_text())["extenders"][0]["urlPrefix"]
+    script = plugin / "render.sh"
+    script.write_text(
+        "#!/bin/sh\nset -e\n"
+        f"sed 's|{extender_url}|{LOCAL_EXTENDER}|' > {overlay}/rendered.yaml\n"
+        f"exec {node.kubectl_bin} kustomize {overlay}\n"
+    )
+    script.chmod(0o755)
+    env = dict(
+        os.environ, **{f"HELM_{d}_HOME": str(root / f"helm-{d.lower()}") for d in ("CONFIG", "CACHE", "DATA")}
+    )
+    env.pop("HELM_PLUGINS", None)  # plugins are installed under HELM_DATA_HOME
+    subprocess.run(
+        [helm_bin(node), "plugin", "install", str(plugin)], env=env, check=True, capture_output=True
+    )
+    return env
+
+
+def helm_bin(node: KubeNode) -> Path:
+    return node.kubectl_bin.parent / "helm"
 
 
 @dataclass
@@ -220,10 +278,12 @@ def _made_by_us(path: Path) -> Path | None:
 
 
 @contextmanager
-def deployed_from_image(node: KubeNode, root: Path) -> Iterator[Deployed]:
+def deployed_from_image(node: KubeNode, root: Path, installer: str = "kubectl") -> Iterator[Deployed]:
     """sharegpu from its image on `node`, on the simulated GPU of deploy/kubernetes/kind (two GPUs
-    of 16 GiB); the probe image imported for the tests' pods. Removed at the end: the objects,
-    then the host directories the DaemonSet made."""
+    of 16 GiB), installed by `kubectl apply -k` or by `helm install` of deploy/helm/sharegpu; the
+    probe image imported for the tests' pods. Removed at the end: the objects, then the host
+    directories the DaemonSet made."""
+    assert installer in INSTALLERS, installer
     busy = [str(p) for p in HOST_PATHS if p.exists()]
     if busy:
         pytest.fail(f"{', '.join(busy)} already there: sharegpu is installed on this machine")
@@ -232,18 +292,33 @@ def deployed_from_image(node: KubeNode, root: Path) -> Iterator[Deployed]:
     import_archive(node, archive)
     scheduler_tag = import_scheduler_image(node, root)
     import_probe_image(node, root)
-    overlay = write_overlay(node, root / "overlay", scheduler_tag)
+    overlay = write_overlay(node, root / "overlay", scheduler_tag, rendered=installer == "helm")
+    kubeconfig = ["--kubeconfig", str(node.kubeconfig)]
+    helm_env = helm_post_renderer(node, root, overlay) if installer == "helm" else {}
     # The one line docs/kubernetes.md gives for a GPU node.
     node.kubectl("label", "node", node.node, "sharegpu.io/gpu=true", "--overwrite")
     try:
-        applied = node.kubectl("apply", "-k", str(overlay), check=False, timeout=120)
-        assert applied.returncode == 0, f"the API server refused part of the manifests:\n{applied.stderr}"
+        if installer == "helm":
+            args = [str(helm_bin(node)), "install", "sharegpu", str(CHART), *kubeconfig, "--wait=false"]
+            args += ["--set", f"schedulerImage.tag={scheduler_tag}", "--post-renderer", POST_RENDERER]
+            applied = subprocess.run(
+                args, check=False, env=helm_env, capture_output=True, text=True, timeout=180
+            )
+        else:
+            applied = node.kubectl("apply", "-k", str(overlay), check=False, timeout=120)
+        assert applied.returncode == 0, f"{installer}: the manifests were refused:\n{applied.stderr}"
         deployed = Deployed(node, applied.stdout.splitlines(), 0.0, image)
         deployed.ready_s = deployed.wait_ready()
-        print(f"sharegpu's pods Ready {deployed.ready_s:.1f} s after kubectl apply")
+        print(f"sharegpu's pods Ready {deployed.ready_s:.1f} s after {installer} installed them")
         yield deployed
     finally:
         node.kubectl("delete", "pods", "--all", "-n", "default", "--wait", "--timeout", "60s", check=False)
-        node.kubectl("delete", "-k", str(overlay), "--wait", "--timeout", "120s", check=False, timeout=180)
+        if installer == "helm":
+            uninstall = [str(helm_bin(node)), "uninstall", "sharegpu", *kubeconfig, "--wait"]
+            subprocess.run(uninstall, env=helm_env, capture_output=True, timeout=180, check=False)
+        else:
+            node.kubectl(
+                "delete", "-k", str(overlay), "--wait", "--timeout", "120s", check=False, timeout=180
+            )
         for path in made:
             shutil.rmtree(path, ignore_errors=True)

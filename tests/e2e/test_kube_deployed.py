@@ -1,8 +1,9 @@
 """sharegpu deployed from its own image by its manifests on the real node (issue 37): the node
 DaemonSet (agent and device plugin), the extender and the second kube-scheduler run as pods that
-the kubelet starts, probes and restarts, `tests/e2e/kubedeployed.py` sets it up. A vGPU pod goes
-through all of them; a rolling update of the DaemonSet, as an upgrade makes, keeps the running
-pod and its tenant.
+the kubelet starts, probes and restarts, installed once by `kubectl apply -k` and once by
+`helm install` of the chart, each on a fresh node (`tests/e2e/kubedeployed.py` sets it up). A vGPU
+pod goes through all of them; a rolling update of the DaemonSet, as an upgrade makes, keeps the
+running pod and its tenant.
 
 Part of `make test` (after `make kube`); needs root and debootstrap (the image); fails, never
 skips, when a component is missing.
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 
 from conftest import parse_kv
-from e2e.kubedeployed import PROJECT_IMAGE, SCHEDULER_IMAGE, Deployed, deployed_from_image
+from e2e.kubedeployed import INSTALLERS, PROJECT_IMAGE, SCHEDULER_IMAGE, Deployed, deployed_from_image
 from e2e.kubenode import running_kube_node
 from e2e.kubesharegpu import APP_NS, NAMESPACE, audit_denials, failed_scheduling, vgpu_pod, wait_phase
 from sharegpu.kube.deviceplugin.allocate import tenant_name
@@ -31,10 +32,11 @@ RUNTIME = Path("/run/sharegpu")  # the DaemonSet's hostPath
 SLEEP = "exec sleep 600"
 
 
-@pytest.fixture(scope="module")
-def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
-    root = Path(tmp_path_factory.mktemp("sharegpu-deployed"))
-    with running_kube_node() as node, deployed_from_image(node, root) as cluster:
+@pytest.fixture(scope="module", params=INSTALLERS)
+def deployed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
+    """A fresh node for each way of installing: `kubectl apply -k`, `helm install`."""
+    root = Path(tmp_path_factory.mktemp(f"sharegpu-{request.param}"))
+    with running_kube_node() as node, deployed_from_image(node, root, request.param) as cluster:
         yield cluster
         # What every component asked of the API server from its pod, judged by the server's RBAC.
         denied = audit_denials(node.dir / "audit.log")
@@ -71,7 +73,6 @@ def test_every_component_runs_from_the_project_image_and_the_node_shows_its_vgpu
         "-n", NAMESPACE, "get", "lease", "sharegpu-extender", "-o", "jsonpath={.spec.holderIdentity}"
     ).stdout
     assert holder == by_component["extender"]["metadata"]["name"]
-    print(f"sharegpu's pods Ready {deployed.ready_s:.1f} s after `kubectl apply -k`")
 
 
 def test_a_vgpu_pod_goes_through_the_deployed_scheduler_extender_device_plugin_and_agent(
