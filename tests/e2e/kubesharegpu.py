@@ -44,6 +44,7 @@ from e2e.kubenode import ROOT, KubeNode
 from metricsutil import free_port
 from sharegpu.agent.client import AgentClient
 from sharegpu.runtime.rootfs import build_rootfs
+from sharegpu.tenant import read_device_limits
 
 NAMESPACE = "sharegpu-system"
 DEPLOY = ROOT / "deploy" / "kubernetes"
@@ -174,6 +175,12 @@ def vgpu_pod(
             ],
         },
     }
+
+
+def tenant_limits(path: Path) -> tuple[int, int, int]:
+    """The memory cap (bytes), share (permille) and priority of a tenant of one vGPU."""
+    (limit,) = read_device_limits(path)
+    return limit.mem_cap_bytes, limit.share_permille, limit.priority
 
 
 def wait_phase(gpu: Cluster, name: str, phases: tuple[str, ...], timeout: float = 90) -> dict[str, Any]:

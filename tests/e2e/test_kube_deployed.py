@@ -22,7 +22,15 @@ import pytest
 from conftest import parse_kv
 from e2e.kubedeployed import INSTALLERS, PROJECT_IMAGE, SCHEDULER_IMAGE, Deployed, deployed_from_image
 from e2e.kubenode import running_kube_node
-from e2e.kubesharegpu import APP_NS, NAMESPACE, audit_denials, failed_scheduling, vgpu_pod, wait_phase
+from e2e.kubesharegpu import (
+    APP_NS,
+    NAMESPACE,
+    audit_denials,
+    failed_scheduling,
+    tenant_limits,
+    vgpu_pod,
+    wait_phase,
+)
 from sharegpu.kube.deviceplugin.allocate import tenant_name
 from sharegpu.regions import abi
 from sharegpu.spec import MIB
@@ -89,12 +97,7 @@ def test_a_vgpu_pod_goes_through_the_deployed_scheduler_extender_device_plugin_a
     ]
     assert "sharegpu.io/assignment" in running["metadata"]["annotations"], running["metadata"]
     tenant = tenant_of(running)
-    (limit,) = read_device_limits(tenant)
-    assert (limit.mem_cap_bytes, limit.share_permille, limit.priority) == (
-        4096 * MIB,
-        300,
-        abi.PRIORITY_NORMAL,
-    )
+    assert tenant_limits(tenant) == (4096 * MIB, 300, abi.PRIORITY_NORMAL)
     deadline = time.monotonic() + 30
     while "alloc=" not in (log := deployed.kubectl("-n", APP_NS, "logs", name).stdout):
         assert time.monotonic() < deadline, log

@@ -32,6 +32,7 @@ from e2e.kubesharegpu import (
     failed_scheduling,
     import_vulkan_image,
     sharegpu_on,
+    tenant_limits,
     vgpu_pod,
     wait_phase,
 )
@@ -97,12 +98,7 @@ def test_a_vgpu_pod_is_placed_through_the_extender_and_started_with_its_tenant(c
     # Allocated by the kubelet through the device plugin: the container's tenant, 4 GiB and 30%.
     tenant = tenant_name(running["metadata"]["uid"], "main")
     path = tenant_path(tenant, cluster.sim.runtime)
-    (limit,) = read_device_limits(path)
-    assert (limit.mem_cap_bytes, limit.share_permille, limit.priority) == (
-        4096 * MIB,
-        300,
-        abi.PRIORITY_NORMAL,
-    )
+    assert tenant_limits(path) == (4096 * MIB, 300, abi.PRIORITY_NORMAL)
     deadline = time.monotonic() + 30
     while (
         "alloc=" not in (log := cluster.kubectl("-n", APP_NS, "logs", name).stdout)
