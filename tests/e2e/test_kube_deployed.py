@@ -72,6 +72,13 @@ def test_every_component_runs_from_the_project_image_and_the_node_shows_its_vgpu
     # The init container copied the simulated driver onto the node; the agent wrote the tenants'
     # directory and its socket on the host path the manifests give.
     assert (RUNTIME / "agent.sock").is_socket()
+    # The CDI spec the agent wrote in its container names the node's files: each mount's host
+    # path is there, the shim's codecs among them as copies under the runtime directory.
+    spec = json.loads((deployed.node.cdi / "sharegpu.json").read_text())
+    edits = [spec["containerEdits"], *(d["containerEdits"] for d in spec["devices"])]
+    hosts = {m["hostPath"] for e in edits for m in e.get("mounts", [])}
+    assert [h for h in sorted(hosts) if not Path(h).exists()] == []
+    assert str(RUNTIME / "cdi" / "codecs" / "libzstd.so.1") in hosts
     node = deployed.get("node", deployed.node.node)
     # deploy/kubernetes/kind's simulated card: two GPUs of 16 GiB, 16 vGPU slots each.
     assert int(node["status"]["allocatable"]["sharegpu.io/vgpu"]) == 32

@@ -76,8 +76,9 @@ def test_the_cache_is_read_for_driver_libraries_of_x86_64_only() -> None:
 
 
 def test_the_shims_codecs_are_mounted_beside_it_when_the_node_has_them(tmp_path: Path) -> None:
-    """The node's libzstd/liblz4 (as the linker cache lists them, x86-64 only, resolved to the
-    file) go beside the shim inside, where it looks first for what decompresses fatbins."""
+    """The libzstd/liblz4 the linker cache lists (x86-64 only, resolved to the file) go beside
+    the shim inside, where it looks first for what decompresses fatbins, from a copy in the
+    runtime directory (the node's own path, wherever the agent runs)."""
     lib = tmp_path / "lib"
     lib.mkdir()
     (lib / "libzstd.so.1.5.4").write_bytes(b"\x7fELF")
@@ -90,8 +91,17 @@ def test_the_shims_codecs_are_mounted_beside_it_when_the_node_has_them(tmp_path:
             f"\tlibzstd.so (libc6,x86-64) => {lib}/libzstd.so",  # the development link
         ]
     )
-    mounts = codec_mounts(cache)
+    root = tmp_path / "runtime"
+    mounts = codec_mounts(root, cache)
+    copy = root / "cdi" / "codecs" / "libzstd.so.1"
     assert [(m.host_path, m.container_path) for m in mounts] == [
-        (str(lib / "libzstd.so.1.5.4"), str(Path(CONTAINER_SHIM).parent / "libzstd.so.1"))
+        (str(copy), str(Path(CONTAINER_SHIM).parent / "libzstd.so.1"))
     ]
-    assert codec_mounts(f"\tlibzstd.so.1 (libc6,x86-64) => {lib}/gone.so.1") == []  # a stale entry
+    assert copy.read_bytes() == b"\x7fELF"
+    first = copy.stat().st_ino
+    codec_mounts(root, cache)
+    assert copy.stat().st_ino == first  # the same library: not copied again
+    (lib / "libzstd.so.1.5.4").write_bytes(b"\x7fELF, a newer build")
+    codec_mounts(root, cache)
+    assert copy.read_bytes() == b"\x7fELF, a newer build"  # a new file; a mounted one is kept
+    assert codec_mounts(root, f"\tlibzstd.so.1 (libc6,x86-64) => {lib}/gone.so.1") == []  # a stale entry

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -147,19 +148,44 @@ def mps_edits(daemon: mps.Daemon, shm: mps.Shm) -> ContainerEdits:
     )
 
 
-def codec_mounts(cache_text: str | None = None) -> list[Mount]:
-    """The node's libraries the shim decompresses fatbin entries with (native/shim/fatnames.c),
-    beside the shim inside, where it looks first: an image without them (a distroless one, a
-    static program's) would otherwise have every compressed fatbin refused, and nvcc compresses
-    every program's PTX. Those the node lacks are left out (the image's own are used then)."""
+def codec_mounts(root: Path, cache_text: str | None = None) -> list[Mount]:
+    """The libraries the shim decompresses fatbin entries with (native/shim/fatnames.c), beside
+    the shim inside, where it looks first: an image without them (a distroless one, a static
+    program's) would otherwise have every compressed fatbin refused, and nvcc compresses every
+    program's PTX. Those this process's linker cache lists are copied under <root>/cdi/codecs and
+    mounted from there: the runtime directory is the node's at the same path, so the mount names
+    a file the node has whether the agent runs on the host or in its container (whose libraries
+    are not the node's: another distribution's libzstd has another file name). Those not found
+    are left out (the image's own are used then)."""
     text = nvidia.read_linker_cache() if cache_text is None else cache_text
     beside = Path(CONTAINER_SHIM).parent
     found = nvidia.cached_libraries(text, lambda name: name in SHIM_CODECS)
     return [
-        _bind(path.resolve(), str(beside / soname))
+        _bind(_keep_copy(path.resolve(), root / "cdi" / "codecs" / soname), str(beside / soname))
         for soname, path in found.items()
         if path.resolve().is_file()
     ]
+
+
+def _keep_copy(src: Path, dest: Path) -> Path:
+    """dest, a copy of src (made atomically, mode 0644, only when its size or time differs): a
+    container that mounted the earlier copy keeps it."""
+    try:
+        have, want = (dest.stat() if dest.exists() else None), src.stat()
+        if have is None or (have.st_size, have.st_mtime_ns) != (want.st_size, want.st_mtime_ns):
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
+            os.close(fd)
+            try:
+                shutil.copy2(src, tmp)
+                os.chmod(tmp, 0o644)
+                os.replace(tmp, dest)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+    except OSError as err:
+        raise ConfigError(f"cannot copy {src} to {dest}: {err.strerror or err}") from err
+    return dest
 
 
 def common_edits(root: Path, driver: nvidia.Driver) -> ContainerEdits:
@@ -178,7 +204,7 @@ def common_edits(root: Path, driver: nvidia.Driver) -> ContainerEdits:
         mounts=[
             _bind(preload_shim(), CONTAINER_SHIM),
             _bind(preload_file(root), "/etc/ld.so.preload"),
-            *codec_mounts(),
+            *codec_mounts(root),
             *(edits.mounts or []),
             *(extra.mounts or []),
             *(vulkan.mounts or []),
