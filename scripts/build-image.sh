@@ -80,12 +80,11 @@ rm -rf "$SITE/bin"
 # `python`, as python:3.11-slim has it: the manifests' commands and probes start `python -m ...`.
 ln -sf /usr/bin/python3 "$ROOTFS/usr/local/bin/python"
 # The image must start what the manifests run in it.
-chroot "$ROOTFS" python3 -c "import sharegpu.kube.extender, sharegpu.kube.deviceplugin, sharegpu.agent.daemon
+chroot "$ROOTFS" python -c "import sharegpu.kube.extender, sharegpu.kube.deviceplugin, sharegpu.agent.daemon
 import sharegpu, sys
 want = '/usr/local/lib/python3.11/site-packages/sharegpu/__init__.py'
 sys.exit(None if sharegpu.__file__ == want else f'sharegpu is at {sharegpu.__file__}, not {want}')"
 chroot "$ROOTFS" sharegpu --help >/dev/null
-chroot "$ROOTFS" python -c 'import sharegpu.kube.deviceplugin'
 step "package installed"
 
 "$PY" "$HERE/scripts/oci-image.py" --name "$NAME" --rootfs "$ROOTFS" --out "$ARCHIVE" \

@@ -34,7 +34,14 @@ import pytest
 import yaml
 
 from e2e.kubenode import ROOT, KubeNode
-from e2e.kubesharegpu import DEPLOY, NAMESPACE, SCHEDULER_CONFIG, import_image, import_probe_image
+from e2e.kubesharegpu import (
+    DEPLOY,
+    NAMESPACE,
+    SCHEDULER_CONFIG,
+    import_archive,
+    import_image,
+    import_probe_image,
+)
 
 PROJECT_IMAGE = "ghcr.io/sharegpu/sharegpu"
 SCHEDULER_IMAGE = "registry.k8s.io/kube-scheduler"
@@ -63,12 +70,6 @@ def build_project_image() -> tuple[str, Path]:
     name, _, rest = last.removeprefix("build-image: ").partition(" -> ")
     print(built.stdout.strip())
     return name, Path(rest.rpartition(" (")[0])
-
-
-def import_archive(node: KubeNode, archive: Path) -> None:
-    subprocess.run(
-        [*node.ctr("k8s.io"), "images", "import", str(archive)], check=True, capture_output=True, timeout=300
-    )
 
 
 def import_scheduler_image(node: KubeNode, root: Path) -> str:

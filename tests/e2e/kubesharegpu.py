@@ -288,8 +288,15 @@ def import_image(node: KubeNode, rootfs: Path, name: str, archive: Path) -> Path
         check=True,
         capture_output=True,
     )
-    subprocess.run([*node.ctr("k8s.io"), "images", "import", str(archive)], check=True, capture_output=True)
+    import_archive(node, archive)
     return archive
+
+
+def import_archive(node: KubeNode, archive: Path) -> None:
+    """An OCI archive imported into the node's containerd, in the namespace the kubelet uses."""
+    subprocess.run(
+        [*node.ctr("k8s.io"), "images", "import", str(archive)], check=True, capture_output=True, timeout=300
+    )
 
 
 def apply_manifests(node: KubeNode, directory: Path = DEPLOY) -> list[str]:

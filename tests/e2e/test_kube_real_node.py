@@ -16,8 +16,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from e2e.kubedeployed import build_project_image, import_archive
+from e2e.kubedeployed import build_project_image
 from e2e.kubenode import KubeNode, running_kube_node
+from e2e.kubesharegpu import import_archive
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -160,10 +159,11 @@ def codec_mounts(root: Path, cache_text: str | None = None) -> list[Mount]:
     text = nvidia.read_linker_cache() if cache_text is None else cache_text
     beside = Path(CONTAINER_SHIM).parent
     found = nvidia.cached_libraries(text, lambda name: name in SHIM_CODECS)
+    files = {soname: path.resolve() for soname, path in found.items()}
     return [
-        _bind(_keep_copy(path.resolve(), root / "cdi" / "codecs" / soname), str(beside / soname))
-        for soname, path in found.items()
-        if path.resolve().is_file()
+        _bind(_keep_copy(path, root / "cdi" / "codecs" / soname), str(beside / soname))
+        for soname, path in files.items()
+        if path.is_file()
     ]
 
 
@@ -174,15 +174,8 @@ def _keep_copy(src: Path, dest: Path) -> Path:
         have, want = (dest.stat() if dest.exists() else None), src.stat()
         if have is None or (have.st_size, have.st_mtime_ns) != (want.st_size, want.st_mtime_ns):
             dest.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
-            os.close(fd)
-            try:
-                shutil.copy2(src, tmp)
-                os.chmod(tmp, 0o644)
-                os.replace(tmp, dest)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            _write_atomically(dest, src.read_bytes(), mode=0o644)
+            os.utime(dest, ns=(want.st_atime_ns, want.st_mtime_ns))
     except OSError as err:
         raise ConfigError(f"cannot copy {src} to {dest}: {err.strerror or err}") from err
     return dest
@@ -318,11 +311,11 @@ def spec_target(output: Path | None) -> Path:
     return target if target.suffix == ".json" else target / SPEC_FILE
 
 
-def _write_atomically(path: Path, text: str, *, mode: int) -> None:
+def _write_atomically(path: Path, content: str | bytes, *, mode: int) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(content.encode() if isinstance(content, str) else content)
             f.flush()
             os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
