@@ -65,6 +65,30 @@ def test_a_pod_asking_for_a_vgpu_reads_as_its_containers_requests() -> None:
     assert got.models == {"NVIDIA H200", "NVIDIA A100-SXM4-80GB"}
 
 
+@pytest.mark.parametrize(
+    ("memory", "compute", "mib", "pct"),
+    [("8k", "30", 8000, 30), ("16k", "1e1", 16000, 10), ("1e3", "100", 1000, 100), ("2000m", "50", 2, 50)],
+)
+def test_quantities_read_in_the_canonical_forms_the_api_server_gives_back(
+    memory: str, compute: str, mib: int, pct: int
+) -> None:
+    """The API server keeps a user's `vgpu-memory: 8000` as "8k" (found against the real one:
+    the extender refused it as not a whole number)."""
+    got = pod_request(
+        pod(
+            {
+                "s": {
+                    "sharegpu.io/vgpu": "1",
+                    "sharegpu.io/vgpu-memory": memory,
+                    "sharegpu.io/vgpu-compute": compute,
+                }
+            }
+        )
+    )
+    assert got is not None
+    assert got.containers == (ContainerRequest(name="s", count=1, memory_mib=mib, compute_pct=pct),)
+
+
 def test_defaults_are_a_whole_gpu_at_normal_priority() -> None:
     got = pod_request(pod({"train": {"sharegpu.io/vgpu": "2"}}))
     assert got is not None
@@ -94,6 +118,11 @@ def test_sharegpus_priority_classes_set_the_priority() -> None:
             pod({"s": {"sharegpu.io/vgpu": "1", "sharegpu.io/vgpu-memory": "4Gi"}}),
             "must be a whole number of MiB (4096 for 4 GiB), not '4Gi'",
         ),
+        (
+            pod({"s": {"sharegpu.io/vgpu": "1", "sharegpu.io/vgpu-memory": "1500m"}}),
+            "must be a whole number of MiB (4096 for 4 GiB), not '1500m'",
+        ),
+        (pod({"s": {"sharegpu.io/vgpu": "1.5"}}), "sharegpu.io/vgpu must be a whole number, not '1.5'"),
         (pod({"s": {"sharegpu.io/vgpu": "0"}}), "sharegpu.io/vgpu must be 1 to 16, not 0"),
         (
             pod({"s": {"sharegpu.io/vgpu": "1", "sharegpu.io/vgpu-compute": "30"}}),

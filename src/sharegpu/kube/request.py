@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from kubernetes.utils import parse_quantity
 from pydantic import BaseModel, ValidationError
 
 from sharegpu.errors import SpecError
@@ -57,7 +58,7 @@ POLICIES = ("share", "cap", "burst")
 MAX_VGPUS = 16  # per container: no node has more GPUs
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 """Pod phases after which a pod's containers never run again: its GPUs are free."""
-_WHOLE = re.compile(r"^[0-9]+$")
+_BINARY_SUFFIX = re.compile(r"[KMGTPE]i$")
 
 
 class PodRequestError(SpecError):
@@ -108,12 +109,19 @@ class PodRequest:
 
 
 def _whole(value: object, what: str, problems: list[str], unit: str = "") -> int | None:
-    """An extended resource's quantity: a whole number (the API server allows no other)."""
+    """An extended resource's quantity: a whole number (the API server allows no other), in any
+    decimal form a quantity takes. The API server hands back the canonical one: 8000 as "8k",
+    16000 as "16k", 1e3 as "1e3". A binary suffix (4Gi) is refused: these numbers count MiB or
+    percent, and "4Gi" MiB is not 4 GiB."""
     text = str(value).strip()
-    if not _WHOLE.match(text):
+    try:
+        number = None if _BINARY_SUFFIX.search(text) else parse_quantity(text)
+    except ValueError:
+        number = None
+    if number is None or number != number.to_integral_value():
         problems.append(f"{what} must be a whole number{unit}, not {text!r}")
         return None
-    return int(text)
+    return int(number)
 
 
 def _container(spec: Mapping[str, Any], problems: list[str]) -> ContainerRequest | None:
