@@ -24,6 +24,7 @@ from conftest import parse_kv
 from e2e.kubenode import running_kube_node
 from e2e.kubesharegpu import (
     APP_NS,
+    DEPLOY,
     NAMESPACE,
     PROBE_IMAGE,
     VULKAN_IMAGE,
@@ -118,6 +119,27 @@ def test_a_vgpu_pod_is_placed_through_the_extender_and_started_with_its_tenant(c
     while path.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not path.exists(), f"the deleted pod's tenant {tenant} is still there:\n{cluster.tail()}"
+
+
+def test_with_the_dra_driver_s_classes_installed_a_vgpu_pod_is_still_placed_through_the_extender(
+    cluster: Sharegpu,
+) -> None:
+    """Both doors in one cluster (nodes moving from the device plugin to DRA): the DRA driver's
+    DeviceClasses must leave device-plugin pods alone. A class mapping `sharegpu.io/vgpu` had the
+    default DRA plugin judge the pod's vgpu-memory and -compute, which no node advertises, and
+    every such pod stayed Pending ("cannot fit resource")."""
+    classes = DEPLOY / "dra" / "deviceclasses.yaml"
+    cluster.kubectl("apply", "-f", str(classes))
+    name = "vgpu-beside-dra"
+    try:
+        cluster.kubectl("apply", "-f", "-", stdin=json.dumps(vgpu_pod(name, 1024, 10, "exec sleep 600")))
+        running = wait_phase(cluster, name, ("Running", "Failed"), timeout=60)
+        assert running["status"]["phase"] == "Running", running["status"]
+        path = tenant_path(tenant_name(running["metadata"]["uid"], "main"), cluster.sim.runtime)
+        assert tenant_limits(path) == (1024 * MIB, 100, abi.PRIORITY_NORMAL)
+    finally:
+        cluster.kubectl("-n", APP_NS, "delete", "pod", name, "--wait", "--timeout", "60s", check=False)
+        cluster.kubectl("delete", "-f", str(classes), check=False)
 
 
 def test_an_online_and_an_offline_pod_share_the_gpu_and_a_third_waits_for_room(cluster: Sharegpu) -> None:
