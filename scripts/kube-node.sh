@@ -13,6 +13,9 @@
 #   scripts/kube-node.sh --hold [BIN_DIR]  # start, print a READY line, keep running until stdin
 #                                          # closes or SIGTERM/SIGINT, then tear down (the e2e
 #                                          # fixture tests/e2e/kubenode.py runs it this way)
+#   scripts/kube-node.sh --hold --api-only # only etcd and kube-apiserver (certificates, RBAC, an
+#                                          # audit log of every request), for tests of sharegpu's
+#                                          # API clients against the real server (no node, no pods run)
 #   KEEP=1 scripts/kube-node.sh            # keep the temp dir (logs, configs) for a look
 #
 # Needs root, the binaries of scripts/build-kube.sh (containerd 2 among them), and the Debian packages runc,
@@ -27,8 +30,15 @@
 # rule is added (the pods need no route out).
 set -euo pipefail
 
-HOLD=0
-if [ "${1:-}" = --hold ]; then HOLD=1; shift; fi
+HOLD=0 API_ONLY=0
+while :; do
+    case "${1:-}" in
+        --hold) HOLD=1; shift ;;
+        --api-only) API_ONLY=1; shift ;;
+        *) break ;;
+    esac
+done
+[ "$API_ONLY" = 0 ] || [ "$HOLD" = 1 ] || { echo "kube-node: --api-only needs --hold" >&2; exit 2; }
 BIN="${1:-${SHAREGPU_KUBE_CACHE:-$HOME/.cache/sharegpu/kube}/${KUBE_VERSION:-v1.37.2}/bin}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CNI_BIN="${CNI_BIN:-/usr/lib/cni}"
@@ -41,17 +51,22 @@ RUNC="${KUBE_NODE_RUNC:-runc}"     # the runc binary containerd's shim runs (a w
 
 die() { echo "kube-node: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "needs root (containerd, runc, the kubelet)"
-for b in etcd kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl containerd ctr containerd-shim-runc-v2; do
+NEED_BINS=(etcd kube-apiserver kubectl) NEED_CMDS=(openssl curl python3)
+if [ "$API_ONLY" = 0 ]; then
+    NEED_BINS+=(kube-scheduler kube-controller-manager kubelet containerd ctr containerd-shim-runc-v2)
+    NEED_CMDS+=(runc gcc ip)
+fi
+for b in "${NEED_BINS[@]}"; do
     [ -x "$BIN/$b" ] || die "$BIN/$b missing: run scripts/build-kube.sh (make kube)"
 done
-for c in runc gcc openssl curl ip python3; do
+for c in "${NEED_CMDS[@]}"; do
     command -v "$c" >/dev/null || die "$c not found (apt-get install runc gcc openssl curl iproute2)"
 done
-for p in bridge host-local loopback; do
+[ "$API_ONLY" = 1 ] || for p in bridge host-local loopback; do
     [ -x "$CNI_BIN/$p" ] || die "$CNI_BIN/$p missing (apt-get install containernetworking-plugins)"
 done
-[ -x "$BUSYBOX" ] || die "$BUSYBOX missing (apt-get install busybox-static)"
-if readelf -l "$BUSYBOX" 2>/dev/null | grep -q 'program interpreter'; then
+[ "$API_ONLY" = 1 ] || [ -x "$BUSYBOX" ] || die "$BUSYBOX missing (apt-get install busybox-static)"
+if [ "$API_ONLY" = 0 ] && readelf -l "$BUSYBOX" 2>/dev/null | grep -q 'program interpreter'; then
     die "$BUSYBOX is dynamically linked: the image has no libc (apt-get install busybox-static)"
 fi
 
@@ -64,13 +79,15 @@ P_KUBELET_PID=""
 P_CONTAINERD_PID=""
 WAITER=""                  # --hold: the `cat` that ends when stdin does
 MADE=()                    # fixed host paths that this run made (removed again on exit)
-for p in /var/lib/kubelet/device-plugins /var/lib/kubelet /var/log/pods /run/containerd /run/netns; do
-    [ -e "$p" ] || MADE+=("$p")
-done
 CG_MADE=()                 # containerd's cgroup parent, /k8s.io, in each v1 hierarchy (or v2's)
-for h in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
-    [ -e "$h/cgroup.procs" ] && [ ! -e "${h}k8s.io" ] && CG_MADE+=("${h}k8s.io")
-done
+if [ "$API_ONLY" = 0 ]; then  # (an API server alone makes none of these: it leaves a node's alone)
+    for p in /var/lib/kubelet/device-plugins /var/lib/kubelet /var/log/pods /run/containerd /run/netns; do
+        [ -e "$p" ] || MADE+=("$p")
+    done
+    for h in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
+        [ -e "$h/cgroup.procs" ] && [ ! -e "${h}k8s.io" ] && CG_MADE+=("${h}k8s.io")
+    done
+fi
 NETNS_BEFORE=" $(ls /run/netns 2>/dev/null | tr '\n' ' ' || true) "
 SYSCTLS=(vm.overcommit_memory=1 kernel.panic=10 kernel.panic_on_oops=1)
 SYSCTL_OLD=()
@@ -189,6 +206,7 @@ cd "$D"
 
 # --- images, from files ----------------------------------------------------------------------------
 t=$(ms)
+[ "$API_ONLY" = 1 ] || {
 mkdir -p img/pause/{dev,proc,sys,etc} img/busybox/{bin,dev,proc,sys,etc,tmp}
 gcc -static -Os -s -Wall -Wextra -Werror -o img/pause/pause "$HERE/images/pause/pause.c"
 cp "$BUSYBOX" img/busybox/bin/busybox
@@ -196,6 +214,7 @@ for a in sh echo cat ls sleep true false env id hostname head; do ln -s busybox 
 python3 "$HERE/scripts/oci-image.py" --name "$PAUSE_IMAGE" --rootfs img/pause --out pause.tar --entrypoint /pause >/dev/null
 python3 "$HERE/scripts/oci-image.py" --name "$TEST_IMAGE" --rootfs img/busybox --out busybox.tar --cmd /bin/sh >/dev/null
 echo "kube-node: images built in $(( $(ms) - t )) ms (pause $(du -k pause.tar | cut -f1) KiB, busybox $(du -k busybox.tar | cut -f1) KiB)"
+}
 
 # --- certificates: a CA; the apiserver's serving cert; admin (system:masters); the apiserver's
 # client cert for kubelets; the kubelet's own (system:node:localhost in system:nodes); SA keys ---
@@ -257,14 +276,18 @@ wait_for etcd "$t" 30 "${PIDS[-1]}" etcd.log curl -sf "http://127.0.0.1:$P_ETCD/
 # --allow-privileged: the node DaemonSet of deploy/kubernetes runs privileged, as kubeadm clusters allow.
 # The audit log records every request of sharegpu's service accounts (the e2e tests read it: a
 # component denied something fails them); nothing else is logged.
+# With --api-only, the tests' own clients are the ones of interest: every request is logged.
+if [ "$API_ONLY" = 1 ]; then AUDITED="- level: Metadata"
+else AUDITED='- level: Metadata
+    userGroups: ["system:serviceaccounts:sharegpu-system"]
+  - level: None'
+fi
 cat > audit-policy.yaml <<EOF
 apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
 rules:
-  - level: Metadata
-    userGroups: ["system:serviceaccounts:sharegpu-system"]
-  - level: None
+  $AUDITED
 EOF
 t=$(ms)
 "$BIN/kube-apiserver" --etcd-servers "http://127.0.0.1:$P_ETCD" \
@@ -284,6 +307,17 @@ t=$(ms)
     --audit-policy-file audit-policy.yaml --audit-log-path "$D/audit.log" > apiserver.log 2>&1 &
 PIDS+=($!)
 wait_for kube-apiserver "$t" 120 "${PIDS[-1]}" apiserver.log K get --raw /readyz
+
+if [ "$API_ONLY" = 1 ]; then
+    echo "kube-node: API server up $(( $(ms) - T0 )) ms after the script started"
+    echo "kube-node: READY dir=$D kubeconfig=$D/kubeconfig kubectl=$BIN/kubectl bin=$BIN audit=$D/audit.log"
+    exec 3<&0              # (as --hold below: until stdin ends, or the API server exits)
+    cat <&3 >/dev/null &
+    WAITER=$!
+    wait -n "$WAITER" "${PIDS[-1]}" || true
+    kill -0 "${PIDS[-1]}" 2>/dev/null || die "the API server exited; see $D/apiserver.log"
+    exit 0
+fi
 
 t=$(ms)
 "$BIN/kube-scheduler" --kubeconfig kubeconfig --authentication-kubeconfig kubeconfig \

@@ -9,17 +9,21 @@ among them, and Debian's runc, CNI plugins and busybox-static: a missing one fai
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
 
 import pytest
+from kubernetes import client, config
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "kube-node.sh"
@@ -132,16 +136,29 @@ class _Output:
                 self.cond.wait(left)
 
 
+@dataclass
+class ApiServer:
+    """etcd and kube-apiserver alone (`kube-node.sh --hold --api-only`): certificates, RBAC and
+    an audit log of every request, for the tests of sharegpu's API clients. Nothing runs pods."""
+
+    kubeconfig: Path
+    kubectl_bin: Path
+    dir: Path
+    audit: Path  # one JSON object per request, written before the answer (the log's blocking mode)
+    start_s: float
+    output: list[str] = field(default_factory=list)
+
+
 @contextmanager
-def running_kube_node() -> Iterator[KubeNode]:
-    """The node, started (about 15-30 s), and torn down when the block ends; a session fixture
-    of the tests that use it wraps this."""
+def _held_script(*flags: str) -> Iterator[tuple[dict[str, str], _Output, subprocess.Popen[str], float]]:
+    """kube-node.sh run with --hold and `flags` until the block ends: its READY line's fields, its
+    output, the process and its start time; checked torn down (and the sysctls back) after."""
     if os.geteuid() != 0:
         pytest.fail("the kube node needs root (containerd, runc, the kubelet)")
     sysctls_before = _sysctls()
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        ["bash", str(SCRIPT), "--hold"],
+        ["bash", str(SCRIPT), "--hold", *flags],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -153,18 +170,7 @@ def running_kube_node() -> Iterator[KubeNode]:
         ready = out.wait_for("kube-node: READY ", START_TIMEOUT_S)
         if ready is None:
             pytest.fail("kube-node.sh did not become ready:\n" + "\n".join(out.lines[-40:]))
-        info = dict(kv.split("=", 1) for kv in ready.split()[2:])
-        yield KubeNode(
-            kubeconfig=Path(info["kubeconfig"]),
-            kubectl_bin=Path(info["kubectl"]),
-            node=info["node"],
-            image=info["image"],
-            dir=Path(info["dir"]),
-            cdi=Path(info["cdi"]),
-            start_s=time.monotonic() - t0,
-            output=out.lines,
-            script=proc,
-        )
+        yield dict(kv.split("=", 1) for kv in ready.split()[2:]), out, proc, t0
     finally:
         assert proc.stdin is not None
         proc.stdin.close()  # the script tears everything down when its stdin ends
@@ -181,3 +187,142 @@ def running_kube_node() -> Iterator[KubeNode]:
         assert torn, f"kube-node.sh did not say it tore down:\n{tail}"
         assert "torn down" in torn[-1], f"kube-node.sh left mounts behind:\n{tail}"
         assert _sysctls() == sysctls_before, f"kube-node.sh did not put the sysctls back:\n{tail}"
+
+
+@contextmanager
+def running_kube_node() -> Iterator[KubeNode]:
+    """The node, started (about 15-30 s), and torn down when the block ends; a session fixture
+    of the tests that use it wraps this."""
+    with _held_script() as (info, out, proc, t0):
+        yield KubeNode(
+            kubeconfig=Path(info["kubeconfig"]),
+            kubectl_bin=Path(info["kubectl"]),
+            node=info["node"],
+            image=info["image"],
+            dir=Path(info["dir"]),
+            cdi=Path(info["cdi"]),
+            start_s=time.monotonic() - t0,
+            output=out.lines,
+            script=proc,
+        )
+
+
+@contextmanager
+def running_api_server() -> Iterator[ApiServer]:
+    """etcd and the API server (about 5-10 s to start), stopped when the block ends."""
+    with _held_script("--api-only") as (info, out, _proc, t0):
+        yield ApiServer(
+            kubeconfig=Path(info["kubeconfig"]),
+            kubectl_bin=Path(info["kubectl"]),
+            dir=Path(info["dir"]),
+            audit=Path(info["audit"]),
+            start_s=time.monotonic() - t0,
+            output=out.lines,
+        )
+
+
+# The resources the API tests read and write: where each lives, and whether it is namespaced.
+RESOURCES = {
+    "nodes": ("/api/v1", False),
+    "pods": ("/api/v1", True),
+    "events": ("/api/v1", True),
+    "serviceaccounts": ("/api/v1", True),
+    "namespaces": ("/api/v1", False),
+    "leases": ("/apis/coordination.k8s.io/v1", True),
+}
+
+
+class ApiObjects:
+    """Plain reads and writes of objects on a real API server as JSON dicts, by the stand-in's
+    names (tests/apiserver_standin.py), so one test reads the same against either; and the
+    writes its audit log saw."""
+
+    def __init__(self, server: ApiServer) -> None:
+        self.server = server
+        self.client = config.new_client_from_config(str(server.kubeconfig))
+        self._audit_from = 0
+
+    def api_client(self) -> client.ApiClient:
+        return config.new_client_from_config(str(self.server.kubeconfig))
+
+    def kubeconfig(self, _path: Path | None = None) -> Path:
+        return self.server.kubeconfig
+
+    def _path(self, resource: str, namespace: str | None, name: str | None = None) -> str:
+        prefix, namespaced = RESOURCES[resource]
+        path = (
+            f"{prefix}/namespaces/{namespace}/{resource}"
+            if namespaced and namespace
+            else f"{prefix}/{resource}"
+        )
+        return f"{path}/{name}" if name else path
+
+    def request(self, method: str, path: str, body: Any = None, **query: Any) -> Any:
+        """The decoded answer; a refusal raised as the client's ApiException."""
+        url = self.client.configuration.host + path + (f"?{urlencode(query)}" if query else "")
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        answer = self.client.call_api(method, url, header_params=headers, body=body)
+        answer.read()
+        if answer.status >= 400:
+            raise client.ApiException(http_resp=answer)
+        return json.loads(answer.data)
+
+    def create(self, resource: str, obj: Any) -> Any:
+        namespace = obj["metadata"].get("namespace")
+        return self.request("POST", self._path(resource, namespace), obj)
+
+    def get(self, resource: str, namespace: str | None, name: str) -> Any:
+        try:
+            return self.request("GET", self._path(resource, namespace, name))
+        except client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def objects(self, resource: str) -> list[Any]:
+        return list(self.request("GET", self._path(resource, None))["items"])
+
+    def edit(
+        self,
+        resource: str,
+        namespace: str | None,
+        name: str,
+        change: Callable[[Any], None],
+        *,
+        status: bool = False,
+    ) -> Any:
+        """Another writer's change: read, changed by `change`, replaced (the stand-in's bump); with
+        status, of the object's status (its own subresource on a real server)."""
+        obj = self.get(resource, namespace, name)
+        change(obj)
+        path = self._path(resource, namespace, name) + ("/status" if status else "")
+        return self.request("PUT", path, obj)
+
+    def delete_all(self, resource: str, namespace: str | None = None) -> None:
+        """Every object of `resource` (in `namespace`) gone at once: pods without the grace a
+        kubelet would honour (no kubelet runs)."""
+        self.request("DELETE", self._path(resource, namespace), gracePeriodSeconds=0)
+
+    def mark(self) -> None:
+        """writes() from here on."""
+        self._audit_from = self.server.audit.stat().st_size
+
+    def requests(self) -> list[tuple[str, str]]:
+        """(HTTP method, path) of each request the API server answered since mark(), in order."""
+        methods = {"get": "GET", "list": "GET", "watch": "GET", "create": "POST", "update": "PUT"}
+        methods |= {"patch": "PATCH", "delete": "DELETE", "deletecollection": "DELETE"}
+        with self.server.audit.open("rb") as f:
+            f.seek(self._audit_from)
+            entries = [json.loads(line) for line in f.read().splitlines() if line.strip()]
+        return [
+            (methods[e["verb"]], e["requestURI"].split("?", 1)[0])
+            for e in entries
+            if e.get("stage") == "ResponseComplete"
+        ]
+
+    def writes(self) -> list[tuple[str, str]]:
+        """The requests() that wrote."""
+        return [(method, path) for method, path in self.requests() if method != "GET"]
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,6 +1,10 @@
-"""The extender against an API server: binding with the fence (bindings.py), its state rebuilt
-and followed (sync.py), leader election (leader.py) and the command, all through the real
-`kubernetes` client talking to the local API-server stand-in."""
+"""The extender against a real API server (etcd and kube-apiserver of `make kube`, started by
+`kube-node.sh --api-only`): binding with the fence (bindings.py), its state rebuilt and followed
+(sync.py), leader election (leader.py) and the command, through the `kubernetes` client.
+
+Two tests keep the API-server stand-in (tests/apiserver_standin.py), for what a real server does
+not do on demand: a watch resumed after its history is gone (410 Expired, which a real server
+gives only after an etcd compaction) and a Binding it refuses with a 500."""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import pytest
 from kubernetes import client
 
 from apiserver_standin import ApiServerStandIn
+from e2e.kubenode import ApiObjects, ApiServer, running_api_server
 from kubeobjects import SERIALISE, node, pod
 from sharegpu.kube.assignment import read_assignment
 from sharegpu.kube.bindings import ApiBinder, fence_name
@@ -30,6 +35,32 @@ from sharegpu.kube.leader import LeaderElector
 from sharegpu.kube.request import ANNOTATION_ASSIGNMENT
 
 NS = "sharegpu-system"
+# Either server: the real one for all but the two tests the module's docstring names.
+Api = ApiObjects | ApiServerStandIn
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ApiServer]:
+    with running_api_server() as started:
+        objects = ApiObjects(started)
+        for namespace in ("ml", NS):
+            objects.create("namespaces", {"metadata": {"name": namespace}})
+        # Pods in "ml" run as its default ServiceAccount, which the controller manager would make.
+        objects.create("serviceaccounts", {"metadata": {"name": "default", "namespace": "ml"}})
+        objects.close()
+        print(f"API server up in {started.start_s:.1f} s")
+        yield started
+
+
+@pytest.fixture
+def api(server: ApiServer) -> Iterator[ApiObjects]:
+    """The real API server, emptied of what the test made when it ends."""
+    objects = ApiObjects(server)
+    objects.mark()
+    yield objects
+    for resource, namespace in (("pods", "ml"), ("events", "ml"), ("leases", NS), ("nodes", None)):
+        objects.delete_all(resource, namespace)
+    objects.close()
 
 
 def wait_until(check: Callable[[], bool], timeout: float = 15.0, what: str = "") -> None:
@@ -43,7 +74,7 @@ def wait_until(check: Callable[[], bool], timeout: float = 15.0, what: str = "")
 class Replica:
     """One extender, as deployed: following the API server, binding through it."""
 
-    def __init__(self, api: ApiServerStandIn, identity: str = "a", watch_timeout_s: int = 300) -> None:
+    def __init__(self, api: Api, identity: str = "a", watch_timeout_s: int = 300) -> None:
         self.client = api.api_client()
         self.events = EventRecorder(self.client)
         self.extender = Extender(ApiBinder(self.client, NS, identity), clock=time.time, events=self.events)
@@ -76,7 +107,7 @@ class Replica:
 
 
 @pytest.fixture
-def replicas(api: ApiServerStandIn) -> Iterator[Callable[..., Replica]]:
+def replicas(api: Api) -> Iterator[Callable[..., Replica]]:
     made: list[Replica] = []
 
     def make(identity: str = "a", **kw: Any) -> Replica:
@@ -88,26 +119,26 @@ def replicas(api: ApiServerStandIn) -> Iterator[Callable[..., Replica]]:
         r.close()
 
 
-def add_node(api: ApiServerStandIn, name: str, gpus: int = 1) -> None:
+def add_node(api: Api, name: str, gpus: int = 1) -> None:
     api.create("nodes", SERIALISE(node(name, gpus, now=time.time())))
 
 
-def add_pod(api: ApiServerStandIn, name: str, **kw: Any) -> dict[str, Any]:
+def add_pod(api: Api, name: str, **kw: Any) -> dict[str, Any]:
     return api.create("pods", pod(name, **kw))
 
 
-def stored(api: ApiServerStandIn, name: str) -> dict[str, Any]:
+def stored(api: Api, name: str) -> dict[str, Any]:
     found = api.get("pods", "ml", name)
     assert found is not None
     return found
 
 
-def assignment_of(api: ApiServerStandIn, name: str) -> Any:
+def assignment_of(api: Api, name: str) -> Any:
     return read_assignment(stored(api, name)["metadata"].get("annotations"), f"ml/{name}")
 
 
 def test_bind_writes_the_assignment_and_the_binding_through_the_api_server(
-    api: ApiServerStandIn, replicas: Callable[..., Replica]
+    api: Api, replicas: Callable[..., Replica]
 ) -> None:
     add_node(api, "gpu-1", gpus=2)
     web = add_pod(api, "web", memory=4096, compute=30, priority="online")
@@ -125,14 +156,14 @@ def test_bind_writes_the_assignment_and_the_binding_through_the_api_server(
     assert fence is not None
     assert fence["spec"]["holderIdentity"] == "a"
     # The order of writes: the assignment before the fence, the fence before the binding.
-    writes = [(m, p) for m, p in api.requests if m in ("PATCH", "PUT", "POST")]
+    writes = [(m, p) for m, p in api.writes() if m in ("PATCH", "PUT", "POST")]
     kinds = [p.rsplit("/", 2)[-2] for _, p in writes]
     assert kinds.index("pods") < kinds.index("leases") < len(kinds) - 1
     assert writes[-1][1].endswith("/pods/web/binding")
 
 
 def test_a_pod_another_replica_binds_while_the_binder_lists_is_counted_once(
-    api: ApiServerStandIn, replicas: Callable[..., Replica]
+    api: Api, replicas: Callable[..., Replica]
 ) -> None:
     """The binder lists a node's pods in two queries (on their way, and bound). Another
     replica's Binding landing between them must not hide its pod: it is counted, once. (Listed
@@ -167,7 +198,7 @@ def test_a_pod_another_replica_binds_while_the_binder_lists_is_counted_once(
 
 
 def test_two_replicas_binding_at_once_never_oversubscribe_a_gpu(
-    api: ApiServerStandIn, replicas: Callable[..., Replica]
+    api: Api, replicas: Callable[..., Replica]
 ) -> None:
     """Two leaders at once (a partition, a paused process): each decides on its own state; the
     fence on the node orders their binds, and what the API server says is held decides."""
@@ -206,7 +237,7 @@ def test_two_replicas_binding_at_once_never_oversubscribe_a_gpu(
 
 
 def test_one_replica_binding_many_pods_at_once_on_one_node_binds_them_all(
-    api: ApiServerStandIn, replicas: Callable[..., Replica]
+    api: Api, replicas: Callable[..., Replica]
 ) -> None:
     """The kube-scheduler binds in parallel: 16 pods at once on one node. Their binds take turns
     in the replica (a lock per node); racing on the node's fence instead, most of them ran out of
@@ -232,7 +263,7 @@ def test_one_replica_binding_many_pods_at_once_on_one_node_binds_them_all(
 
 
 def test_a_restarted_extender_reads_what_is_bound_from_the_api_server(
-    api: ApiServerStandIn, replicas: Callable[..., Replica]
+    api: Api, replicas: Callable[..., Replica]
 ) -> None:
     add_node(api, "one", gpus=1)
     first = replicas("a")
@@ -245,7 +276,7 @@ def test_a_restarted_extender_reads_what_is_bound_from_the_api_server(
 
 
 def test_a_pod_edited_after_it_was_filtered_is_not_bound_on_what_it_no_longer_says(
-    api: ApiServerStandIn, replicas: Callable[..., Replica]
+    api: Api, replicas: Callable[..., Replica]
 ) -> None:
     add_node(api, "one", gpus=1)
     web = add_pod(api, "web", memory=4096, compute=30)
@@ -256,8 +287,9 @@ def test_a_pod_edited_after_it_was_filtered_is_not_bound_on_what_it_no_longer_sa
     def edit(obj: dict[str, Any]) -> None:
         obj["metadata"].setdefault("annotations", {})["sharegpu.io/priority"] = "offline"
 
-    api.bump("pods", "ml", "web", edit)
-    result = r.extender.bind({"PodName": "web", "PodNamespace": "ml", "PodUID": "uid-web", "Node": "one"})
+    api.edit("pods", "ml", "web", edit)
+    uid = web["metadata"]["uid"]
+    result = r.extender.bind({"PodName": "web", "PodNamespace": "ml", "PodUID": uid, "Node": "one"})
     assert "changed since it was filtered" in result["Error"]
     got = stored(api, "web")
     assert not got["spec"].get("nodeName")
@@ -266,15 +298,18 @@ def test_a_pod_edited_after_it_was_filtered_is_not_bound_on_what_it_no_longer_sa
     assert r.extender.state.allocated_milli == 0
 
 
-def test_deleted_and_finished_pods_free_their_gpus(
-    api: ApiServerStandIn, replicas: Callable[..., Replica]
-) -> None:
+def test_deleted_and_finished_pods_free_their_gpus(api: Api, replicas: Callable[..., Replica]) -> None:
     add_node(api, "one", gpus=1)
     r = replicas()
     assert r.schedule(add_pod(api, "a", memory=40000, compute=60), ["one"]) == ""
     assert "no room now" in r.schedule(add_pod(api, "b", memory=40000, compute=60), ["one"])
     core = client.CoreV1Api(r.client)
+    # Deleted, it terminates first: its containers still run (and hold the GPU's memory) until
+    # the kubelet stops them, so its GPU stays held; gone (no kubelet here: forced), it is free.
     core.delete_namespaced_pod("a", "ml")
+    wait_until(lambda: stored(api, "a")["metadata"].get("deletionTimestamp") is not None, what="terminating")
+    assert "no room now" in r.schedule(stored(api, "b"), ["one"])
+    core.delete_namespaced_pod("a", "ml", grace_period_seconds=0)
     wait_until(
         lambda: r.extender.state is not None and r.extender.state.allocated_milli == 0, what="the delete"
     )
@@ -286,9 +321,7 @@ def test_deleted_and_finished_pods_free_their_gpus(
     assert r.schedule(add_pod(api, "c", memory=40000, compute=60), ["one"]) == ""
 
 
-def test_a_watch_resumed_too_late_is_listed_again_and_nothing_is_missed(
-    replicas: Callable[..., Replica],
-) -> None:
+def test_a_watch_resumed_too_late_is_listed_again_and_nothing_is_missed() -> None:
     with ApiServerStandIn(history=5) as api:
         add_node(api, "one", gpus=1)
         r = Replica(api, "a", watch_timeout_s=1)
@@ -304,24 +337,26 @@ def test_a_watch_resumed_too_late_is_listed_again_and_nothing_is_missed(
             r.close()
 
 
-def test_a_binding_the_api_server_refuses_leaves_nothing_held(
-    api: ApiServerStandIn, replicas: Callable[..., Replica]
-) -> None:
-    add_node(api, "one", gpus=1)
-    r = replicas()
-    api.fail_next("POST", r"/binding$", status=500, reason="InternalError")
-    error = r.schedule(add_pod(api, "web", memory=4096, compute=30), ["one"])
-    assert "500" in error
-    got = stored(api, "web")
-    assert not got["spec"].get("nodeName")
-    assert ANNOTATION_ASSIGNMENT not in got["metadata"]["annotations"]
-    assert r.extender.state is not None
-    assert r.extender.state.allocated_milli == 0
-    assert r.schedule(got, ["one"]) == ""  # the scheduler's retry binds it
+def test_a_binding_the_api_server_refuses_leaves_nothing_held() -> None:
+    with ApiServerStandIn() as api:
+        add_node(api, "one", gpus=1)
+        r = Replica(api)
+        try:
+            api.fail_next("POST", r"/binding$", status=500, reason="InternalError")
+            error = r.schedule(add_pod(api, "web", memory=4096, compute=30), ["one"])
+            assert "500" in error
+            got = stored(api, "web")
+            assert not got["spec"].get("nodeName")
+            assert ANNOTATION_ASSIGNMENT not in got["metadata"]["annotations"]
+            assert r.extender.state is not None
+            assert r.extender.state.allocated_milli == 0
+            assert r.schedule(got, ["one"]) == ""  # the scheduler's retry binds it
+        finally:
+            r.close()
 
 
 def test_multi_container_pods_get_a_gpu_per_vgpu_through_the_api_server(
-    api: ApiServerStandIn, replicas: Callable[..., Replica]
+    api: Api, replicas: Callable[..., Replica]
 ) -> None:
     add_node(api, "four", gpus=4)
     r = replicas()
@@ -333,7 +368,7 @@ def test_multi_container_pods_get_a_gpu_per_vgpu_through_the_api_server(
 
 
 def test_an_assignment_edited_after_bind_changes_nothing_held(
-    api: ApiServerStandIn, replicas: Callable[..., Replica]
+    api: Api, replicas: Callable[..., Replica]
 ) -> None:
     add_node(api, "one", gpus=1)
     r = replicas()
@@ -342,7 +377,7 @@ def test_an_assignment_edited_after_bind_changes_nothing_held(
     def edit(obj: dict[str, Any]) -> None:
         obj["metadata"]["annotations"][ANNOTATION_ASSIGNMENT] = '{"version": 1, "node": "one"'  # cut short
 
-    api.bump("pods", "ml", "web", edit)
+    api.edit("pods", "ml", "web", edit)
     r.events.flush()
     wait_until(
         lambda: any(e["reason"] == "AssignmentEdited" for e in api.objects("events")), what="the event"
@@ -352,9 +387,7 @@ def test_an_assignment_edited_after_bind_changes_nothing_held(
     assert "no room now" in r.schedule(add_pod(api, "next", memory=30000, compute=40), ["one"])
 
 
-def test_an_unschedulable_pod_says_why_in_its_events(
-    api: ApiServerStandIn, replicas: Callable[..., Replica]
-) -> None:
+def test_an_unschedulable_pod_says_why_in_its_events(api: Api, replicas: Callable[..., Replica]) -> None:
     add_node(api, "one", gpus=1)
     api.create("nodes", SERIALISE(node("old", 1, now=time.time() - 600)))
     r = replicas()
@@ -368,7 +401,7 @@ def test_an_unschedulable_pod_says_why_in_its_events(
     assert len(api.objects("events")) == 2
     assert events["huge"]["reason"] == "VGPUUnschedulable"
     assert events["huge"]["type"] == "Warning"
-    assert events["huge"]["involvedObject"]["uid"] == "uid-huge"
+    assert events["huge"]["involvedObject"]["uid"] == huge["metadata"]["uid"]
     message = events["huge"]["message"]
     assert message.startswith("no node can take 1 x 30% GPU / 90000 MiB")
     assert "1 node(s): its GPUs cannot hold 1 vGPU(s) of 90000 MiB / 30% even when empty" in message
@@ -388,7 +421,7 @@ class Clock:
         return self.now
 
 
-def test_one_leader_takes_over_when_the_other_stops_renewing(api: ApiServerStandIn) -> None:
+def test_one_leader_takes_over_when_the_other_stops_renewing(api: Api) -> None:
     clock = Clock()
     api_client = api.api_client()
     led: list[str] = []
@@ -415,7 +448,7 @@ def test_one_leader_takes_over_when_the_other_stops_renewing(api: ApiServerStand
     api_client.close()
 
 
-def test_of_two_replicas_taking_over_at_once_one_wins(api: ApiServerStandIn, monkeypatch: Any) -> None:
+def test_of_two_replicas_taking_over_at_once_one_wins(api: Api, monkeypatch: Any) -> None:
     api_client = api.api_client()
     a = LeaderElector(api_client, NS, "ext", "a")
     assert a.try_once()
@@ -423,8 +456,13 @@ def test_of_two_replicas_taking_over_at_once_one_wins(api: ApiServerStandIn, mon
     b = LeaderElector(api_client, NS, "ext", "b")
     real = b._leases.replace_namespaced_lease
 
+    def written_between(lease: dict[str, Any]) -> None:
+        # Any write moves the Lease's resourceVersion (one that changes nothing does not); this
+        # one leaves it free, so b's next try may take it.
+        lease["metadata"].setdefault("annotations", {})["sharegpu.io/test-write"] = "1"
+
     def raced(name: str, namespace: str, body: Any) -> Any:
-        api.bump("leases", NS, "ext")  # another replica wrote between b's read and its write
+        api.edit("leases", NS, "ext", written_between)  # another replica wrote between b's read and its write
         return real(name, namespace, body)
 
     monkeypatch.setattr(b._leases, "replace_namespaced_lease", raced)
@@ -437,7 +475,7 @@ def test_of_two_replicas_taking_over_at_once_one_wins(api: ApiServerStandIn, mon
 # -- the command --------------------------------------------------------------------------
 
 
-def start(tmp_path: Path, api: ApiServerStandIn, identity: str) -> tuple[subprocess.Popen[bytes], str]:
+def start(tmp_path: Path, api: Api, identity: str) -> tuple[subprocess.Popen[bytes], str]:
     """The extender command as deployed; its log in a file (a pipe left unread would fill)."""
     config = api.kubeconfig(tmp_path / "kubeconfig")
     env = {**os.environ, "KUBECONFIG": str(config), "KUBERNETES_SERVICE_HOST": ""}
@@ -458,7 +496,7 @@ def start(tmp_path: Path, api: ApiServerStandIn, identity: str) -> tuple[subproc
     return proc, "http://" + started[0].split(" on ", 1)[1].split()[0]
 
 
-def test_the_command_leads_binds_and_hands_over(api: ApiServerStandIn, tmp_path: Path) -> None:
+def test_the_command_leads_binds_and_hands_over(api: Api, tmp_path: Path) -> None:
     add_node(api, "one", gpus=1)
     first, url1 = start(tmp_path, api, "first")
     procs = [first]
@@ -468,7 +506,7 @@ def test_the_command_leads_binds_and_hands_over(api: ApiServerStandIn, tmp_path:
             web = add_pod(api, "web", memory=4096, compute=30)
             assert h1.post("/filter", json={"Pod": web, "NodeNames": ["one"]}).json()["NodeNames"] == ["one"]
             h1.post("/prioritize", json={"Pod": web, "NodeNames": ["one"]})
-            args = {"PodName": "web", "PodNamespace": "ml", "PodUID": "uid-web", "Node": "one"}
+            args = {"PodName": "web", "PodNamespace": "ml", "PodUID": web["metadata"]["uid"], "Node": "one"}
             assert h1.post("/bind", json=args).json() == {"Error": ""}
             assert stored(api, "web")["spec"]["nodeName"] == "one"
             second, url2 = start(tmp_path, api, "second")
@@ -480,14 +518,16 @@ def test_the_command_leads_binds_and_hands_over(api: ApiServerStandIn, tmp_path:
                 assert ready.json()["why"] == "not the leader"
                 other = add_pod(api, "other", memory=4096, compute=30)
                 h2.post("/filter", json={"Pod": other, "NodeNames": ["one"]})
-                refused = h2.post("/bind", json={**args, "PodName": "other", "PodUID": "uid-other"}).json()
+                refused = h2.post(
+                    "/bind", json={**args, "PodName": "other", "PodUID": other["metadata"]["uid"]}
+                ).json()
                 assert "not the leader" in refused["Error"]
                 first.send_signal(signal.SIGKILL)  # no hand-over: the second waits out the Lease
                 wait_until(lambda: h2.get("/readyz").status_code == 200, timeout=20, what="the take-over")
                 h2.post("/filter", json={"Pod": other, "NodeNames": ["one"]})
-                assert h2.post("/bind", json={**args, "PodName": "other", "PodUID": "uid-other"}).json() == {
-                    "Error": ""
-                }
+                assert h2.post(
+                    "/bind", json={**args, "PodName": "other", "PodUID": other["metadata"]["uid"]}
+                ).json() == {"Error": ""}
                 # It knew what the first had bound: the GPU holds 60%, not 30.
                 big = add_pod(api, "big", memory=4096, compute=50)
                 kept = h2.post("/filter", json={"Pod": big, "NodeNames": ["one"]}).json()

@@ -1,12 +1,18 @@
 """The node component's jobs beside Allocate: publishing the node's GPUs on its Node object
 (kube/publisher.py) and removing the tenants of pods that are gone (deviceplugin/podwatch.py).
 
-Both talk to the API server through the real `kubernetes` client, here a stand-in for it
-(apiserver_standin.py). The publisher's GPUs come from a list the test edits (the simulated GPU
-cannot lose a GPU); the reaper's tenants are made by a real Allocate (the plugin's Allocator in a
-process of its own on the simulated GPU) and its loop runs in a thread. The last test runs the
-whole plugin command against the stand-in: it publishes the simulated GPU and reaps through it.
-Every wait is a poll with a deadline, not a sleep.
+Both talk to a real API server (etcd and kube-apiserver of `make kube`, started by
+`kube-node.sh --api-only`) through the real `kubernetes` client. The publisher's GPUs come from a
+list the test edits (the simulated GPU cannot lose a GPU); the reaper's tenants are made by a real
+Allocate (the plugin's Allocator in a process of its own on the simulated GPU) and its loop runs
+in a thread. The plugin command's tests run it whole: it publishes the simulated GPU and reaps
+through the API server. Every wait is a poll with a deadline, not a sleep.
+
+Three tests keep the API-server stand-in (tests/apiserver_standin.py), for failures a real server
+does not give on demand: an outage of node writes (500s), a failed watch and list (500s), and a
+watch resumed after the history it needs is gone (410 Expired, which a real server gives only
+after an etcd compaction). The plugin's kubelet side is the fake kubelet of tests/kubeletutil.py
+here (test_kube_deviceplugin.py says why); test_kube_real_sharegpu.py runs it under the real one.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from kubernetes import client
 
 from apiserver_standin import ApiServerStandIn
 from conftest import Sim, wait_for
+from e2e.kubenode import ApiObjects, ApiServer, running_api_server
 from kubeletutil import FakeKubelet
 from sharegpu.devices import Gpu
 from sharegpu.errors import DeviceError
@@ -53,17 +60,46 @@ NODE = "n1"
 GIB = 1 << 30
 
 
-@pytest.fixture
-def standin() -> Iterator[ApiServerStandIn]:
-    with ApiServerStandIn() as api:
-        api.create("nodes", {"metadata": {"name": NODE, "labels": {"zone": "a"}, "annotations": {"x": "y"}}})
-        yield api
+# Either server: the real one for all but the three tests the module's docstring names.
+Api = ApiObjects | ApiServerStandIn
+THE_NODE = {"metadata": {"name": NODE, "labels": {"zone": "a"}, "annotations": {"x": "y"}}}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ApiServer]:
+    with running_api_server() as started:
+        objects = ApiObjects(started)
+        objects.create("namespaces", {"metadata": {"name": "ml"}})
+        # Pods in "ml" run as its default ServiceAccount, which the controller manager would make.
+        objects.create("serviceaccounts", {"metadata": {"name": "default", "namespace": "ml"}})
+        objects.close()
+        yield started
 
 
 @pytest.fixture
-def core(standin: ApiServerStandIn) -> Iterator[client.CoreV1Api]:
-    with standin.api_client() as api:
-        yield client.CoreV1Api(api)
+def api(server: ApiServer) -> Iterator[ApiObjects]:
+    """The real API server with the node NODE (and no pod), emptied again when the test ends."""
+    objects = ApiObjects(server)
+    objects.create("nodes", THE_NODE)
+    objects.mark()
+    yield objects
+    objects.delete_all("pods", "ml")
+    objects.delete_all("nodes")
+    objects.close()
+
+
+@pytest.fixture
+def faulty() -> Iterator[ApiServerStandIn]:
+    """The stand-in, for the failures it makes on demand (fail_next, a short history)."""
+    with ApiServerStandIn() as standin:
+        standin.create("nodes", THE_NODE)
+        yield standin
+
+
+@pytest.fixture
+def core(api: ApiObjects) -> Iterator[client.CoreV1Api]:
+    with api.api_client() as api_client:
+        yield client.CoreV1Api(api_client)
 
 
 def start(loop: InventoryPublisher | PodReaper | FilePodReaper) -> threading.Thread:
@@ -108,15 +144,15 @@ def publisher(core: client.CoreV1Api, nvml: Nvml, **kwargs: Any) -> InventoryPub
     return InventoryPublisher(NODE, core, nvml.list_gpus, probe=nvml.probe, **kwargs)
 
 
-def published(standin: ApiServerStandIn) -> Inventory | None:
-    node = standin.get("nodes", None, NODE)
+def published(server: Api) -> Inventory | None:
+    node = server.get("nodes", None, NODE)
     assert node is not None
     return read_inventory(node)
 
 
-def published_with(standin: ApiServerStandIn, check: Callable[[Inventory], bool]) -> Callable[[], Any]:
+def published_with(server: Api, check: Callable[[Inventory], bool]) -> Callable[[], Any]:
     def poll() -> Inventory | None:
-        found = published(standin)
+        found = published(server)
         return found if found is not None and check(found) else None
 
     return poll
@@ -124,57 +160,57 @@ def published_with(standin: ApiServerStandIn, check: Callable[[Inventory], bool]
 
 @pytest.mark.timing
 def test_the_inventory_appears_on_the_node_and_is_refreshed_though_nothing_changes(
-    standin: ApiServerStandIn, core: client.CoreV1Api
+    api: ApiObjects, core: client.CoreV1Api
 ) -> None:
     nvml = Nvml(gpu(0), gpu(1))
     pub = publisher(core, nvml, interval_s=0.2, check_s=0.05)
     thread = start(pub)
     try:
-        first = wait_for(lambda: published(standin), "the inventory on the node")
+        first = wait_for(lambda: published(api), "the inventory on the node")
         assert [(g.index, g.uuid, g.model, g.memory_mib) for g in first.gpus] == [
             (0, gpu(0).uuid, "NVIDIA H100 80GB HBM3", 80 * 1024),
             (1, gpu(1).uuid, "NVIDIA H100 80GB HBM3", 80 * 1024),
         ]
         assert abs(first.published_at - time.time()) < STALE_AFTER_S
-        meta = standin.get("nodes", None, NODE)["metadata"]  # type: ignore[index]
+        meta = api.get("nodes", None, NODE)["metadata"]  # type: ignore[index]
         assert meta["annotations"]["x"] == "y"  # a merge patch: the others are left as they are
         assert meta["labels"] == {"zone": "a", LABEL_GPU_MODEL: "NVIDIA-H100-80GB-HBM3", LABEL_GPU_COUNT: "2"}
         # published_at is the extender's sign of life: written again though nothing changed.
         later = wait_for(
-            published_with(standin, lambda i: i.published_at > first.published_at), "a refreshed inventory"
+            published_with(api, lambda i: i.published_at > first.published_at), "a refreshed inventory"
         )
         assert later.gpus == first.gpus
     finally:
         stop(pub, thread)
-    assert all(r == ("PATCH", f"/api/v1/nodes/{NODE}") for r in standin.requests)
-    assert len(standin.requests) >= 2
+    assert all(r == ("PATCH", f"/api/v1/nodes/{NODE}") for r in api.writes())
+    assert len(api.writes()) >= 2
 
 
-def test_stop_is_prompt_and_leaves_the_inventory(standin: ApiServerStandIn, core: client.CoreV1Api) -> None:
+def test_stop_is_prompt_and_leaves_the_inventory(api: ApiObjects, core: client.CoreV1Api) -> None:
     pub = publisher(core, Nvml(gpu(0)), interval_s=3600, check_s=3600)
     thread = start(pub)
-    wait_for(lambda: published(standin), "the inventory on the node")
+    wait_for(lambda: published(api), "the inventory on the node")
     stop(pub, thread)  # within 10 s, while its next check is an hour away
     # A restarting component must not make the node unschedulable: staleness tells a dead one.
-    assert published(standin) is not None
+    assert published(api) is not None
 
 
 def test_a_gpu_that_falls_off_is_dropped_at_once_and_the_others_stay(
-    standin: ApiServerStandIn, core: client.CoreV1Api, caplog: pytest.LogCaptureFixture
+    api: ApiObjects, core: client.CoreV1Api, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
     nvml = Nvml(gpu(0), gpu(1))
     pub = publisher(core, nvml, interval_s=3600, check_s=0.02)  # no refresh due: only a change
     thread = start(pub)
     try:
-        wait_for(published_with(standin, lambda i: len(i.gpus) == 2), "two GPUs published")
+        wait_for(published_with(api, lambda i: len(i.gpus) == 2), "two GPUs published")
         nvml.lost.add(gpu(1).uuid)  # falls off the bus: the listing fails, GPU 0 still answers
-        left = wait_for(published_with(standin, lambda i: len(i.gpus) == 1), "GPU 1 dropped")
+        left = wait_for(published_with(api, lambda i: len(i.gpus) == 1), "GPU 1 dropped")
         assert [g.uuid for g in left.gpus] == [gpu(0).uuid]
-        labels = standin.get("nodes", None, NODE)["metadata"]["labels"]  # type: ignore[index]
+        labels = api.get("nodes", None, NODE)["metadata"]["labels"]  # type: ignore[index]
         assert labels[LABEL_GPU_COUNT] == "1"
         nvml.lost.clear()
-        wait_for(published_with(standin, lambda i: len(i.gpus) == 2), "GPU 1 back")
+        wait_for(published_with(api, lambda i: len(i.gpus) == 2), "GPU 1 back")
     finally:
         stop(pub, thread)
     said = [r.getMessage() for r in caplog.records if "NVML's listing failed" in r.getMessage()]
@@ -185,12 +221,14 @@ def test_a_gpu_that_falls_off_is_dropped_at_once_and_the_others_stay(
 
 
 def test_an_api_outage_loses_nothing_and_recovers(
-    standin: ApiServerStandIn, core: client.CoreV1Api, caplog: pytest.LogCaptureFixture
+    faulty: ApiServerStandIn, caplog: pytest.LogCaptureFixture
 ) -> None:
+    standin = faulty
     caplog.set_level(logging.INFO)
     nvml = Nvml(gpu(0), gpu(1))
     standin.fail_next("PATCH", f"/nodes/{NODE}$", status=500, times=3)
-    pub = publisher(core, nvml, interval_s=0.1, check_s=0.02)
+    api_client = standin.api_client()
+    pub = publisher(client.CoreV1Api(api_client), nvml, interval_s=0.1, check_s=0.02)
     thread = start(pub)
     try:
         wait_for(lambda: pub.failures >= 1, "a failed publication")
@@ -202,6 +240,7 @@ def test_an_api_outage_loses_nothing_and_recovers(
         wait_for(lambda: pub.failures == 0, "the failure count reset")
     finally:
         stop(pub, thread)
+        api_client.close()
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert (
         warned[0]
@@ -267,16 +306,18 @@ def pod_body(name: str, gpu_index: int, uuid: str, *, bound_at: float = 100.0) -
         },
         "spec": {
             "nodeName": NODE,
-            "containers": [{"name": "main", "resources": {"limits": {"sharegpu.io/vgpu": "1"}}}],
+            "containers": [
+                {"name": "main", "image": "serve:1", "resources": {"limits": {"sharegpu.io/vgpu": "1"}}}
+            ],
         },
     }
 
 
-def bound_pods(standin: ApiServerStandIn, sim: Sim, *names: str) -> list[dict[str, Any]]:
+def bound_pods(server: Api, sim: Sim, *names: str) -> list[dict[str, Any]]:
     """Pods in the API server, bound to NODE, on the simulated GPUs in turn."""
     uuids = sim.uuids()
     return [
-        standin.create("pods", pod_body(name, i % 2, uuids[i % 2], bound_at=100.0 + i))
+        server.create("pods", pod_body(name, i % 2, uuids[i % 2], bound_at=100.0 + i))
         for i, name in enumerate(names)
     ]
 
@@ -326,14 +367,17 @@ def other_tenants(sim: Sim) -> list[Path]:
 
 
 def delete_pod(core: client.CoreV1Api, pod: dict[str, Any]) -> None:
-    core.delete_namespaced_pod(pod["metadata"]["name"], pod["metadata"]["namespace"])
+    """Deleted and gone at once, as when its kubelet has stopped it (none runs here)."""
+    core.delete_namespaced_pod(pod["metadata"]["name"], pod["metadata"]["namespace"], grace_period_seconds=0)
 
 
-def set_phase(standin: ApiServerStandIn, pod: dict[str, Any], phase: str) -> None:
+def set_phase(api: ApiObjects, pod: dict[str, Any], phase: str) -> None:
+    """The pod's phase, as its kubelet writes it (the status subresource)."""
+
     def finish(obj: dict[str, Any]) -> None:
         obj["status"]["phase"] = phase
 
-    standin.bump("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], finish)
+    api.edit("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], finish, status=True)
 
 
 def reaper(core: client.CoreV1Api, sim: Sim, **kwargs: Any) -> PodReaper:
@@ -341,10 +385,10 @@ def reaper(core: client.CoreV1Api, sim: Sim, **kwargs: Any) -> PodReaper:
 
 
 def test_a_pods_tenant_goes_when_the_pod_is_deleted_or_finishes(
-    node_env: Sim, standin: ApiServerStandIn, core: client.CoreV1Api
+    node_env: Sim, api: ApiObjects, core: client.CoreV1Api
 ) -> None:
     sim = node_env
-    a, b, c, d = bound_pods(standin, sim, "a", "b", "c", "d")
+    a, b, c, d = bound_pods(api, sim, "a", "b", "c", "d")
     ta, tb, tc, td = allocate(sim, a, b, c, d)
     others = other_tenants(sim)
     reap = reaper(core, sim)
@@ -354,11 +398,11 @@ def test_a_pods_tenant_goes_when_the_pod_is_deleted_or_finishes(
         assert all(p.is_dir() for p in (ta, tb, tc, td, *others))  # every pod is there, running or not
         delete_pod(core, a)
         wait_for(lambda: not ta.exists(), "pod a's tenant removed")
-        set_phase(standin, b, "Succeeded")
+        set_phase(api, b, "Succeeded")
         wait_for(lambda: not tb.exists(), "pod b's tenant removed")
-        set_phase(standin, c, "Failed")
+        set_phase(api, c, "Failed")
         wait_for(lambda: not tc.exists(), "pod c's tenant removed")
-        set_phase(standin, d, "Running")  # an event for a live pod: nothing goes
+        set_phase(api, d, "Running")  # an event for a live pod: nothing goes
         wait_for(lambda: reap.events >= 4, "the watch's fourth event")
     finally:
         stop(reap, thread)
@@ -369,15 +413,15 @@ def test_a_pods_tenant_goes_when_the_pod_is_deleted_or_finishes(
 
 
 def test_at_start_the_tenants_of_pods_gone_meanwhile_are_removed(
-    node_env: Sim, standin: ApiServerStandIn, core: client.CoreV1Api
+    node_env: Sim, api: ApiObjects, core: client.CoreV1Api
 ) -> None:
     sim = node_env
-    a, b, c = bound_pods(standin, sim, "a", "b", "c")
+    a, b, c = bound_pods(api, sim, "a", "b", "c")
     ta, tb, tc = allocate(sim, a, b, c)
     others = other_tenants(sim)
     # The plugin was down: pod a was deleted and pod b finished meanwhile.
     delete_pod(core, a)
-    set_phase(standin, b, "Succeeded")
+    set_phase(api, b, "Succeeded")
     reap = reaper(core, sim)
     thread = start(reap)
     try:
@@ -429,9 +473,9 @@ def test_a_watch_too_old_lists_again_and_loses_no_deletion(node_env: Sim) -> Non
 
 
 def test_a_failed_watch_or_list_is_retried_and_loses_no_deletion(
-    node_env: Sim, standin: ApiServerStandIn, caplog: pytest.LogCaptureFixture
+    node_env: Sim, faulty: ApiServerStandIn, caplog: pytest.LogCaptureFixture
 ) -> None:
-    sim = node_env
+    sim, standin = node_env, faulty
     a, b = bound_pods(standin, sim, "a", "b")
     ta, tb = allocate(sim, a, b)
     with standin.api_client() as api:
@@ -456,10 +500,10 @@ def test_a_failed_watch_or_list_is_retried_and_loses_no_deletion(
 
 
 def test_a_tenant_with_live_processes_is_kept_until_they_exit(
-    node_env: Sim, standin: ApiServerStandIn, core: client.CoreV1Api, caplog: pytest.LogCaptureFixture
+    node_env: Sim, api: ApiObjects, core: client.CoreV1Api, caplog: pytest.LogCaptureFixture
 ) -> None:
     sim = node_env
-    (a,) = bound_pods(standin, sim, "a")
+    (a,) = bound_pods(api, sim, "a")
     (ta,) = allocate(sim, a)
     holder = sim.spawn_probe("hold", "plain", str(MIB), "120", env=sim.tenant_env(ta))
     try:
@@ -488,11 +532,9 @@ def test_a_tenant_with_live_processes_is_kept_until_they_exit(
     assert reap.reaper.kept == set()
 
 
-def test_with_a_pod_file_the_reaper_reconciles_with_the_file(
-    node_env: Sim, standin: ApiServerStandIn
-) -> None:
+def test_with_a_pod_file_the_reaper_reconciles_with_the_file(node_env: Sim, api: ApiObjects) -> None:
     sim = node_env
-    a, b, c = bound_pods(standin, sim, "a", "b", "c")  # the stand-in only gives them uids
+    a, b, c = bound_pods(api, sim, "a", "b", "c")  # the API server only gives them uids
     ta, tb, tc = allocate(sim, a, b, c)
     others = other_tenants(sim)
     file = sim.root / "pods.json"
@@ -517,11 +559,11 @@ def test_with_a_pod_file_the_reaper_reconciles_with_the_file(
 
 
 def test_the_plugin_publishes_the_simulated_gpus_and_reaps_through_the_api_server(
-    sim: Sim, standin: ApiServerStandIn, core: client.CoreV1Api
+    sim: Sim, api: ApiObjects, core: client.CoreV1Api
 ) -> None:
     kubelet_dir = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))  # a short socket path
     kubelet = FakeKubelet(kubelet_dir)
-    env = sim.env(SHAREGPU_NO_AGENT="1", KUBECONFIG=str(standin.kubeconfig(sim.root / "kubeconfig")))
+    env = sim.env(SHAREGPU_NO_AGENT="1", KUBECONFIG=str(api.kubeconfig(sim.root / "kubeconfig")))
     for var in (
         "KUBERNETES_SERVICE_HOST",
         "KUBERNETES_SERVICE_PORT",
@@ -549,18 +591,18 @@ def test_the_plugin_publishes_the_simulated_gpus_and_reaps_through_the_api_serve
             proc.kill()
             proc.wait()
 
-    a, b = bound_pods(standin, sim, "a", "b")
+    a, b = bound_pods(api, sim, "a", "b")
     proc = plugin()
     try:
-        first = wait_for(lambda: published(standin), "the inventory on the node")
+        first = wait_for(lambda: published(api), "the inventory on the node")
         uuids = sim.uuids()
         assert [(g.index, g.uuid, g.model, g.memory_mib) for g in first.gpus] == [
             (0, uuids[0], "sharegpu simulated H100", sim.memory_mib),
             (1, uuids[1], "sharegpu simulated H100", sim.memory_mib),
         ]
-        labels = standin.get("nodes", None, NODE)["metadata"]["labels"]  # type: ignore[index]
+        labels = api.get("nodes", None, NODE)["metadata"]["labels"]  # type: ignore[index]
         assert labels == {"zone": "a", LABEL_GPU_MODEL: "sharegpu-simulated-H100", LABEL_GPU_COUNT: "2"}
-        wait_for(published_with(standin, lambda i: i.published_at > first.published_at), "a refresh")
+        wait_for(published_with(api, lambda i: i.published_at > first.published_at), "a refresh")
 
         # Allocate through the kubelet's API: the plugin finds the pods on the API server.
         plugin_client = kubelet.plugin(kubelet.registration())
@@ -572,7 +614,7 @@ def test_the_plugin_publishes_the_simulated_gpus_and_reaps_through_the_api_serve
         plugin_client.close()
         ta, tb = (tenant_path(tenant_name(p["metadata"]["uid"], "main"), sim.runtime) for p in (a, b))
         for p in (a, b):
-            marked = standin.get("pods", "ml", p["metadata"]["name"])["metadata"]["annotations"]  # type: ignore[index]
+            marked = api.get("pods", "ml", p["metadata"]["name"])["metadata"]["annotations"]  # type: ignore[index]
             assert marked[ANNOTATION_ALLOCATED] == "main"
 
         delete_pod(core, a)
@@ -581,7 +623,7 @@ def test_the_plugin_publishes_the_simulated_gpus_and_reaps_through_the_api_serve
     finally:
         end(proc)
     # Stopped: the inventory stays (a restart must not make the node unschedulable).
-    assert published(standin) is not None
+    assert published(api) is not None
 
     delete_pod(core, b)  # while the plugin is down
     proc = plugin()
@@ -597,11 +639,11 @@ def test_the_plugin_publishes_the_simulated_gpus_and_reaps_through_the_api_serve
 
 
 def test_the_plugin_without_publishing_or_reaping_asks_the_api_server_for_pending_pods_only(
-    sim: Sim, standin: ApiServerStandIn
+    sim: Sim, api: ApiObjects
 ) -> None:
     kubelet_dir = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))
     kubelet = FakeKubelet(kubelet_dir)
-    env = sim.env(SHAREGPU_NO_AGENT="1", KUBECONFIG=str(standin.kubeconfig(sim.root / "kubeconfig")))
+    env = sim.env(SHAREGPU_NO_AGENT="1", KUBECONFIG=str(api.kubeconfig(sim.root / "kubeconfig")))
     env.pop("KUBERNETES_SERVICE_HOST", None)
     args = [
         "--node",
@@ -621,7 +663,8 @@ def test_the_plugin_without_publishing_or_reaping_asks_the_api_server_for_pendin
     )
     try:
         plugin_client = kubelet.plugin(kubelet.registration())
-        (_a,) = bound_pods(standin, sim, "a")
+        (_a,) = bound_pods(api, sim, "a")
+        api.mark()  # what the plugin asks from here on
         plugin_client.allocate([f"{sim.uuids()[0]}::0"])
         plugin_client.close()
     finally:
@@ -630,7 +673,7 @@ def test_the_plugin_without_publishing_or_reaping_asks_the_api_server_for_pendin
         kubelet.stop()
         shutil.rmtree(kubelet_dir, ignore_errors=True)
     assert proc.returncode == 0, err
-    assert standin.requests == [("GET", "/api/v1/pods"), ("PATCH", "/api/v1/namespaces/ml/pods/a")]
+    assert api.requests() == [("GET", "/api/v1/pods"), ("PATCH", "/api/v1/namespaces/ml/pods/a")]
 
 
 def test_the_plugin_without_an_api_server_says_so(sim: Sim) -> None:
