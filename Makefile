@@ -89,8 +89,9 @@ proto:
 	$(BIN)/python -m grpc_tools.protoc -Isrc --python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) \
 	  --grpc_python_out=$(PROTO_OUT) $(PROTOS)
 
-# The real Kubernetes components and etcd (issue 37, in progress: docs/kubernetes.md), built once
-# from the Go module proxy into ${SHAREGPU_KUBE_CACHE:-~/.cache/sharegpu/kube}. Not part of `make test`.
+# The real Kubernetes components, etcd, containerd 2, Helm and Docker Engine 28 (docs/kubernetes.md),
+# built once from the Go module proxy into ${SHAREGPU_KUBE_CACHE:-~/.cache/sharegpu/kube}; `make test`
+# builds what is missing (the e2e tests run them).
 kube:
 	bash scripts/build-kube.sh
 

@@ -34,6 +34,16 @@ CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.4.2}"
 CONTAINERD_CMDS=(containerd ctr containerd-shim-runc-v2)
 # Helm 4 (operators install with a chart: deploy/helm/sharegpu); the newest the proxy serves.
 HELM_VERSION="${HELM_VERSION:-v4.3.2}"
+# Docker Engine (dockerd) and its CLI, for tests/e2e/test_docker_cdi.py: `docker run --device` with a
+# CDI name came in 25 (Debian's docker.io 20.10 has none). v28.5.2 is the newest daemon release the
+# proxy serves (github.com/docker/docker, +incompatible; Docker 29's daemon module, github.com/moby/
+# moby/v2, has only v2.0.0-beta tags there); the CLI of the same release. Neither repository has a
+# go.mod (only vendor.mod), so each helper module requires every module of its vendor.mod at the
+# version Docker builds with. No docker-init or docker-proxy: the test runs dockerd without
+# iptables, a bridge or a userland proxy, and its containers with --network none.
+DOCKER_VERSION="${DOCKER_VERSION:-v28.5.2}"
+DOCKER_CLI_VERSION="${DOCKER_CLI_VERSION:-v28.5.2}"
+DOCKER_CMDS=(dockerd docker)
 
 CACHE_ROOT="${SHAREGPU_KUBE_CACHE:-$HOME/.cache/sharegpu/kube}"
 OUT="$CACHE_ROOT/$KUBE_VERSION"
@@ -61,6 +71,9 @@ step() {  # step LABEL CMD...: run CMD, print its wall time
     return "$rc"
 }
 stamp_of() {  # stamp_of NAME: the pins a binary was built with
+    case " ${DOCKER_CMDS[*]} " in
+        *" $1 "*) echo "docker=$DOCKER_VERSION cli=$DOCKER_CLI_VERSION go=$GOVER cgo=$CGO_ENABLED"; return ;;
+    esac
     case " ${CONTAINERD_CMDS[*]} helm " in
         *" $1 "*) echo "containerd=$CONTAINERD_VERSION helm=$HELM_VERSION go=$GOVER cgo=$CGO_ENABLED" ;;
         *) echo "kube=$KUBE_VERSION etcd=$ETCD_VERSION go=$GOVER cgo=$CGO_ENABLED" ;;
@@ -69,9 +82,9 @@ stamp_of() {  # stamp_of NAME: the pins a binary was built with
 is_built() { [ -x "$BIN/$1" ] && [ "$(cat "$BIN/.$1.stamp" 2>/dev/null)" = "$(stamp_of "$1")" ]; }
 
 todo=()
-for c in "${KUBE_CMDS[@]}" etcd "${CONTAINERD_CMDS[@]}" helm; do is_built "$c" || todo+=("$c"); done
+for c in "${KUBE_CMDS[@]}" etcd "${CONTAINERD_CMDS[@]}" helm "${DOCKER_CMDS[@]}"; do is_built "$c" || todo+=("$c"); done
 if [ "${#todo[@]}" = 0 ]; then
-    echo "build-kube: all binaries for $KUBE_VERSION (etcd $ETCD_VERSION, containerd $CONTAINERD_VERSION, helm $HELM_VERSION, $GOVER) already in $BIN"
+    echo "build-kube: all binaries for $KUBE_VERSION (etcd $ETCD_VERSION, containerd $CONTAINERD_VERSION, helm $HELM_VERSION, docker $DOCKER_VERSION, $GOVER) already in $BIN"
     exit 0
 fi
 echo "build-kube: building ${todo[*]} into $BIN ($GOVER, -p $P)"
@@ -212,7 +225,41 @@ if ! is_built helm; then
     step "compile helm" build_one helm "$WORK/helm" helm.sh/helm/v4/cmd/helm
 fi
 
+gen_docker_module() {  # gen_docker_module DIR MODULE VERSION PACKAGE: require MODULE and its vendor.mod's pins
+    local dir="$1" mod="$2" ver="$3" pkg="$4" src
+    src="$(cd "$dir" && go mod download -json "$mod@$ver+incompatible" \
+        | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')"
+    [ -f "$src/vendor.mod" ] || { echo "build-kube: no vendor.mod in $mod@$ver" >&2; return 1; }
+    {
+        printf 'module sharegpu.local/%s-build\n\n' "${mod##*/}"
+        sed -n 's/^go \(.*\)$/go \1/p' "$src/vendor.mod" | head -1
+        printf '\nrequire %s %s+incompatible\n\n' "$mod" "$ver"
+        # Both forms of vendor.mod's require lines (block entries and one-liners); it has no replace.
+        awk '/^require \(/ { inb = 1; next } inb && /^\)/ { inb = 0; next }
+             inb && NF >= 2 && $1 !~ /^\/\// { print "require " $1 " " $2 }
+             /^require [^(]/ { print "require " $2 " " $3 }' "$src/vendor.mod"
+    } > "$dir/go.mod" || return 1
+    printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "$pkg" > "$dir/tools.go"
+    (cd "$dir" && nice -n "$NICE" go mod tidy)
+}
+if ! is_built dockerd; then
+    mkdir -p "$WORK/dockerd"
+    step "module dockerd (tidy)" gen_docker_module "$WORK/dockerd" github.com/docker/docker "$DOCKER_VERSION" \
+        github.com/docker/docker/cmd/dockerd
+    LDFLAGS="-s -w -X github.com/docker/docker/dockerversion.Version=${DOCKER_VERSION#v}"
+    # hack/make.sh's tags for a static binary; without the btrfs graph driver (cgo) and zfs (unused).
+    step "compile dockerd" build_one dockerd "$WORK/dockerd" github.com/docker/docker/cmd/dockerd \
+        -tags "netgo osusergo static_build exclude_graphdriver_btrfs exclude_graphdriver_zfs"
+fi
+if ! is_built docker; then
+    mkdir -p "$WORK/docker"
+    step "module docker cli (tidy)" gen_docker_module "$WORK/docker" github.com/docker/cli "$DOCKER_CLI_VERSION" \
+        github.com/docker/cli/cmd/docker
+    LDFLAGS="-s -w -X github.com/docker/cli/cli/version.Version=${DOCKER_CLI_VERSION#v}"
+    step "compile docker" build_one docker "$WORK/docker" github.com/docker/cli/cmd/docker -tags "osusergo"
+fi
+
 echo "build-kube: done in $(( $(date +%s) - t_all ))s; binaries in $BIN:"
-for c in "${KUBE_CMDS[@]}" etcd "${CONTAINERD_CMDS[@]}" helm; do
+for c in "${KUBE_CMDS[@]}" etcd "${CONTAINERD_CMDS[@]}" helm "${DOCKER_CMDS[@]}"; do
     printf '  %-26s %s\n' "$c" "$(du -h "$BIN/$c" | cut -f1)"
 done
