@@ -127,6 +127,15 @@ class Timeline:
         self.watch.stop()
 
 
+def why_stuck(core: client.CoreV1Api, names: list[str]) -> str:
+    """The first stuck pod's phase and its latest event: what a failed batch is told with."""
+    found = core.read_namespaced_pod(names[0], NAMESPACE)
+    events = core.list_namespaced_event(NAMESPACE, field_selector=f"involvedObject.name={names[0]}").items
+    last = max(events, key=lambda e: e.last_timestamp or e.event_time or 0, default=None)
+    said = f"{last.reason}: {last.message}" if last else "no event"
+    return f"{names[0]} is {found.status.phase} on {found.spec.node_name or 'no node'}, last event {said}"
+
+
 def batch(api: client.ApiClient, kind: str, count: int, round_no: int) -> dict[str, Any]:
     core = client.CoreV1Api(api)
     names = [f"{kind}-{round_no}-{i}" for i in range(count)]
@@ -141,7 +150,11 @@ def batch(api: client.ApiClient, kind: str, count: int, round_no: int) -> dict[s
         time.sleep(0.05)
     timeline.stop()
     if len(timeline.running) < count:
-        raise SystemExit(f"{kind}: {len(timeline.running)} of {count} pods Running after 180 s")
+        stuck = [n for n in names if n not in timeline.running]
+        raise SystemExit(
+            f"{kind}: {len(timeline.running)} of {count} pods Running after 180 s "
+            f"({len(timeline.bound)} bound); {why_stuck(core, stuck)}"
+        )
     last_bound = max(timeline.bound[n] for n in names)
     result = {
         "pods_per_s": count / (last_bound - t0),

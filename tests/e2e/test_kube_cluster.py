@@ -236,6 +236,37 @@ def test_two_replicas_binding_at_once_never_oversubscribe_a_gpu(
             assert errors[p["metadata"]["name"]], p["metadata"]["name"]
 
 
+def test_a_replica_s_next_bind_on_a_node_is_three_calls_and_still_sees_another_replica_s_bind(
+    api: Api, replicas: Callable[..., Replica]
+) -> None:
+    """After its own commit on a node, a binder binds there again with the fence it wrote and
+    what it knew the node held: the assignment, the fence's advance, the Binding. A bind by
+    another replica meanwhile moves the fence, and the remembered one is refused."""
+    assert isinstance(api, ApiObjects)
+    add_node(api, "one", gpus=1)
+    a, b = replicas("a"), replicas("b")
+    assert a.schedule(add_pod(api, "p1", memory=20000, compute=30), ["one"]) == ""
+    p2 = add_pod(api, "p2", memory=20000, compute=30)
+    api.mark()
+    assert a.schedule(p2, ["one"]) == ""
+    calls = [(m, path) for m, path in api.requests() if "/events" not in path]
+    assert calls == [
+        ("PATCH", "/api/v1/namespaces/ml/pods/p2"),
+        ("PUT", f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{fence_name('one')}"),
+        ("POST", "/api/v1/namespaces/ml/pods/p2/binding"),
+    ]
+    # a decides on p4 while the GPU holds 60%; b binds p3 (90%) before a binds p4.
+    p4 = add_pod(api, "p4", memory=20000, compute=30)
+    a.extender.filter({"Pod": p4, "Nodes": None, "NodeNames": ["one"]})
+    a.extender.prioritize({"Pod": p4, "Nodes": None, "NodeNames": ["one"]})
+    assert b.schedule(add_pod(api, "p3", memory=20000, compute=30), ["one"]) == ""
+    bind = {"PodName": "p4", "PodNamespace": "ml", "PodUID": p4["metadata"]["uid"], "Node": "one"}
+    refused = a.extender.bind(bind)["Error"]
+    assert "bound meanwhile" in refused or "no room" in refused, refused
+    bound = [p["metadata"]["name"] for p in api.objects("pods") if p["spec"].get("nodeName") == "one"]
+    assert sorted(bound) == ["p1", "p2", "p3"]
+
+
 def test_one_replica_binding_many_pods_at_once_on_one_node_binds_them_all(
     api: Api, replicas: Callable[..., Replica]
 ) -> None:

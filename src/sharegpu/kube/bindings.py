@@ -31,6 +31,14 @@ Within one binder, binds on one node take turns (a lock per node), so the fence 
 between replicas. The kube-scheduler binds in parallel: 16 pods bound at once on one node raced
 on the fence, one commit per round, and most ran out of tries into the scheduler's back-off
 (1.9 pods/s through the real scheduler, bench/kube_node.py).
+
+The binder that committed last on a node remembers that node: the fence as its advance left it,
+and what the node held then (the list of 2, with its own pods since). Its next bind there skips 1
+and 2 and checks 3 against that memory: 5's precondition is then the remembered fence, which
+fails if any other bind committed on the node since (back to 1, with fresh reads); if none did,
+the node holds at most what is remembered (pods only leave meanwhile), so the check is safe, if
+conservative: a pod it refuses is checked again against fresh reads before it is refused. Three
+API calls a bind instead of six while one leader binds alone.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -57,7 +65,22 @@ ABANDONED_AFTER_S = 120.0  # an assignment on a pod that was never bound stops c
 MAX_ATTEMPTS = 5  # fence conflicts in a row before the bind is given back to the scheduler
 
 Pod = dict[str, Any]
-Fits = Callable[[Sequence[tuple[Pod, Assignment]]], str | None]
+
+
+class Fits(Protocol):
+    def __call__(self, others: Sequence[tuple[Pod, Assignment]], *, listed: bool = True) -> str | None:
+        """Why the pod's assignment does not fit beside `others`, or None. listed: `others` were
+        just read from the API server (news to the caller); False: the binder's memory of them,
+        which may hold pods gone since, and must not be taken as news."""
+        ...
+
+
+@dataclass
+class _NodeMemory:
+    """What a binder knows of a node after its own commit there (see the protocol above)."""
+
+    fence: Any  # the Lease as the API server answered the advance: its resourceVersion current
+    held: list[tuple[Pod, Assignment]]
 
 
 class BindError(SharegpuError):
@@ -123,6 +146,7 @@ class ApiBinder:
         self.clock = clock
         self._node_locks: dict[str, threading.Lock] = {}
         self._node_locks_lock = threading.Lock()
+        self._memory: dict[str, _NodeMemory] = {}  # node -> after this binder's last commit there
 
     def _turn(self, node: str) -> threading.Lock:
         with self._node_locks_lock:
@@ -139,23 +163,33 @@ class ApiBinder:
         node = assignment.node
         written = False
         version = pod.resource_version
+        memory = self._memory.pop(node, None)  # (gone while this bind runs: a failure forgets it)
         try:
             for _ in range(MAX_ATTEMPTS):
-                fence = self._fence(node)
-                others = [(p, a) for p, a in self._held(node) if _uid(p) != pod.uid]
-                why = fits(others)
+                if memory is not None:
+                    fence, held_now = memory.fence, memory.held
+                else:
+                    fence, held_now = self._fence(node), self._held(node)
+                others = [(p, a) for p, a in held_now if _uid(p) != pod.uid]
+                why = fits(others, listed=memory is None)
                 if why is not None:
+                    if memory is not None:
+                        memory = None  # it may count pods gone since: read the node afresh
+                        continue
                     raise BindError(why)
                 if not written:
                     version = self._annotate(pod, assignment.to_annotation(), version)
                     written = True
                 try:
-                    self._advance(fence)
+                    advanced = self._advance(fence)
                 except ApiException as err:
                     if err.status == 409:
+                        memory = None
                         continue  # another bind committed on this node: list again
                     raise
                 self._bind(pod, node)
+                mine = {"metadata": {"uid": pod.uid, "name": pod.name, "namespace": pod.namespace}}
+                self._memory[node] = _NodeMemory(advanced, [*others, (mine, assignment)])
                 return version
             raise BindError(f"binds on node {node} kept conflicting ({MAX_ATTEMPTS} tries): scheduling again")
         except BindError:
@@ -231,10 +265,11 @@ class ApiBinder:
             raise
         return str(got.metadata.resource_version or "")
 
-    def _advance(self, fence: Any) -> None:
+    def _advance(self, fence: Any) -> Any:
+        """The fence replaced (its resourceVersion the precondition), as the API server answered."""
         fence.spec.holder_identity = self.identity
         fence.spec.renew_time = datetime.fromtimestamp(self.clock(), UTC)
-        self._leases.replace_namespaced_lease(fence.metadata.name, self.namespace, fence)
+        return self._leases.replace_namespaced_lease(fence.metadata.name, self.namespace, fence)
 
     def _bind(self, pod: PodRef, node: str) -> None:
         from kubernetes.client.exceptions import ApiException

@@ -334,10 +334,13 @@ class Extender:
             assignment = assignment_for(known.inventory, node, chosen, request, self.clock())
             ref = PodRef(namespace, name, uid, seen.resource_version)
 
-        def fits(others: Sequence[tuple[Mapping[str, Any], Assignment]]) -> str | None:
-            with self._lock:
-                for pod, _ in others:
-                    self.cache.observe(pod)  # bound by another replica, or before a restart: now known
+        def fits(
+            others: Sequence[tuple[Mapping[str, Any], Assignment]], *, listed: bool = True
+        ) -> str | None:
+            if listed:
+                with self._lock:
+                    for pod, _ in others:
+                        self.cache.observe(pod)  # bound by another replica, or before a restart: now known
             return oversubscribed(known.inventory, assignment, others)
 
         error, written = "", None
