@@ -31,6 +31,17 @@ START_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 120.0
 
 
+def kube_bin() -> Path:
+    """Where `make kube` puts the binaries it builds (whether they are there or not)."""
+    out = subprocess.run(
+        ["bash", str(SCRIPT.parent / "build-kube.sh"), "--bin-dir"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return Path(out.stdout.strip())
+
+
 # The host-wide sysctls the kubelet needs; the script sets them while it runs and puts them back.
 SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
 

@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 
 from conftest import Sim, parse_kv, wait_for
-from e2e.kubenode import ROOT
+from e2e.kubenode import ROOT, kube_bin
 from e2e.kubesharegpu import PROBE_IMAGE
 from sharegpu.runtime.rootfs import build_rootfs
 from sharegpu.spec import MIB
@@ -45,16 +45,6 @@ BINARIES = ("dockerd", "docker", "containerd", "containerd-shim-runc-v2")
 SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 60.0
-
-
-def kube_bin() -> Path:
-    out = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "build-kube.sh"), "--bin-dir"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return Path(out.stdout.strip())
 
 
 @dataclass

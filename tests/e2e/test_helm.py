@@ -19,20 +19,10 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.kubenode import ROOT, KubeNode, running_kube_node
+from e2e.kubenode import ROOT, KubeNode, kube_bin, running_kube_node
 
 CHART = ROOT / "deploy" / "helm" / "sharegpu"
 KUBERNETES = ROOT / "deploy" / "kubernetes"
-
-
-def kube_bin() -> Path:
-    out = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "build-kube.sh"), "--bin-dir"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return Path(out.stdout.strip())
 
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
