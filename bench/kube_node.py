@@ -47,7 +47,7 @@ import urllib3  # noqa: E402
 from kubernetes import client, config, watch  # noqa: E402
 
 from e2e.kubenode import running_kube_node  # noqa: E402
-from e2e.kubesharegpu import DEPLOY, PROBE_IMAGE, apply_manifests, sharegpu_on, start_dra_plugin  # noqa: E402
+from e2e.kubesharegpu import DEPLOY, PROBE_IMAGE, sharegpu_on, start_dra_plugin  # noqa: E402
 
 NAMESPACE = "bench"
 KINDS = ("plain", "plain-s", "vgpu", "dra")
@@ -189,7 +189,10 @@ def main() -> int:
         ap.error("--pods must be 1 to 16 (16 vGPUs of 256 MiB and 5% fit the simulated card)")
     root = Path(tempfile.mkdtemp(prefix="bench-kube-"))
     with running_kube_node() as node, sharegpu_on(node, root) as gpu:
-        apply_manifests(node, DEPLOY / "dra")  # the DeviceClasses and the plugin's permissions
+        # The DRA driver beside the device plugin, as on a cluster moving its nodes to DRA: its
+        # classes (no extended-resource mapping beside the device plugin) and the plugin's RBAC.
+        dra = DEPLOY / "dra"
+        node.kubectl("apply", "-f", str(dra / "deviceclasses.yaml"), "-f", str(dra / "rbac.yaml"))
         start_dra_plugin(gpu, root)
         api = config.new_client_from_config(str(node.kubeconfig))
         client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})

@@ -451,15 +451,22 @@ def test_a_claim_whose_tenant_the_agent_refuses_fails_with_its_reason_and_leaves
     delete_pod(cluster, "refused")
 
 
-def test_a_pod_asking_for_the_class_s_extended_resource_is_served_a_whole_gpu(cluster: Sharegpu) -> None:
-    """`deviceclass.resource.kubernetes.io/vgpu.sharegpu.io: 1` (the class's implicit extended
-    resource name) in a pod's limits, with no claim and the default scheduler: the scheduler
-    writes a claim of the class, prepared like any other. It names no capacity, so it has the
-    whole GPU."""
+@pytest.mark.parametrize(
+    "resource",
+    ["sharegpu.io/vgpu", "deviceclass.resource.kubernetes.io/vgpu.sharegpu.io"],
+    ids=["device-plugin-spec", "implicit-name"],
+)
+def test_a_pod_asking_for_an_extended_resource_is_served_a_whole_gpu(
+    cluster: Sharegpu, resource: str
+) -> None:
+    """`sharegpu.io/vgpu: 1` in a pod's limits, as a pod written for the device plugin asks (the
+    DRA install maps it to the class), or the class's implicit extended-resource name; no claim,
+    the default scheduler: the scheduler writes a claim of the class, prepared like any other. It
+    names no capacity, so it has the whole GPU."""
     pod = claim_pod("mapped", "unused", "sgprobe info && exec sleep 600")
     del pod["spec"]["resourceClaims"]
     container = pod["spec"]["containers"][0]
-    container["resources"] = {"limits": {"deviceclass.resource.kubernetes.io/vgpu.sharegpu.io": 1}}
+    container["resources"] = {"limits": {resource: 1}}
     apply(cluster, pod)
     running = wait_phase(cluster, "mapped", ("Running",))
     ref = pod_claim(cluster, running)
