@@ -315,7 +315,7 @@ class ApiObjects:
         self.request("DELETE", self._path(resource, namespace), gracePeriodSeconds=0)
 
     def mark(self) -> None:
-        """writes() from here on."""
+        """requests() and writes() from here on."""
         self._audit_from = self.server.audit.stat().st_size
 
     def requests(self) -> list[tuple[str, str]]:
@@ -324,7 +324,9 @@ class ApiObjects:
         methods |= {"patch": "PATCH", "delete": "DELETE", "deletecollection": "DELETE"}
         with self.server.audit.open("rb") as f:
             f.seek(self._audit_from)
-            entries = [json.loads(line) for line in f.read().splitlines() if line.strip()]
+            # Whole lines only: another request's may be half written as this reads.
+            lines = f.read().split(b"\n")[:-1]
+            entries = [json.loads(line) for line in lines if line.strip()]
         return [
             (methods[e["verb"]], e["requestURI"].split("?", 1)[0])
             for e in entries
