@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.kubenode import ROOT, KubeNode
+from e2e.kubenode import ROOT, KubeNode, kube_bin
 from e2e.kubesharegpu import (
     DEPLOY,
     NAMESPACE,
@@ -160,7 +160,7 @@ def write_overlay(node: KubeNode, directory: Path, scheduler_tag: str, *, render
     return directory
 
 
-def helm_post_renderer(node: KubeNode, root: Path, overlay: Path) -> dict[str, str]:
+def helm_post_renderer(helm: Path, node: KubeNode, root: Path, overlay: Path) -> dict[str, str]:
     """A Helm 4 post-renderer plugin (postrenderer/v1, a subprocess) that runs the chart's output
     through `overlay` (the operator's way to adapt a chart it does not own), installed in a
     Helm home of its own under root; the environment that makes helm use that home."""
@@ -190,14 +190,8 @@ def helm_post_renderer(node: KubeNode, root: Path, overlay: Path) -> dict[str, s
         os.environ, **{f"HELM_{d}_HOME": str(root / f"helm-{d.lower()}") for d in ("CONFIG", "CACHE", "DATA")}
     )
     env.pop("HELM_PLUGINS", None)  # plugins are installed under HELM_DATA_HOME
-    subprocess.run(
-        [helm_bin(node), "plugin", "install", str(plugin)], env=env, check=True, capture_output=True
-    )
+    subprocess.run([helm, "plugin", "install", str(plugin)], env=env, check=True, capture_output=True)
     return env
-
-
-def helm_bin(node: KubeNode) -> Path:
-    return node.kubectl_bin.parent / "helm"
 
 
 @dataclass
@@ -295,12 +289,13 @@ def deployed_from_image(node: KubeNode, root: Path, installer: str = "kubectl") 
     import_probe_image(node, root)
     overlay = write_overlay(node, root / "overlay", scheduler_tag, rendered=installer == "helm")
     kubeconfig = ["--kubeconfig", str(node.kubeconfig)]
-    helm_env = helm_post_renderer(node, root, overlay) if installer == "helm" else {}
+    helm = kube_bin() / "helm"
+    helm_env = helm_post_renderer(helm, node, root, overlay) if installer == "helm" else {}
     # The one line docs/kubernetes.md gives for a GPU node.
     node.kubectl("label", "node", node.node, "sharegpu.io/gpu=true", "--overwrite")
     try:
         if installer == "helm":
-            args = [str(helm_bin(node)), "install", "sharegpu", str(CHART), *kubeconfig, "--wait=false"]
+            args = [str(helm), "install", "sharegpu", str(CHART), *kubeconfig, "--wait=false"]
             args += ["--set", f"schedulerImage.tag={scheduler_tag}", "--post-renderer", POST_RENDERER]
             applied = subprocess.run(
                 args, check=False, env=helm_env, capture_output=True, text=True, timeout=180
@@ -315,7 +310,7 @@ def deployed_from_image(node: KubeNode, root: Path, installer: str = "kubectl") 
     finally:
         node.kubectl("delete", "pods", "--all", "-n", "default", "--wait", "--timeout", "60s", check=False)
         if installer == "helm":
-            uninstall = [str(helm_bin(node)), "uninstall", "sharegpu", *kubeconfig, "--wait"]
+            uninstall = [str(helm), "uninstall", "sharegpu", *kubeconfig, "--wait"]
             subprocess.run(uninstall, env=helm_env, capture_output=True, timeout=180, check=False)
         else:
             node.kubectl(

@@ -195,6 +195,12 @@ def wait_phase(gpu: Cluster, name: str, phases: tuple[str, ...], timeout: float 
         time.sleep(0.2)
 
 
+def lease_holder(gpu: Cluster) -> str:
+    """Which extender replica holds the leader Lease."""
+    args = ("-n", NAMESPACE, "get", "lease", "sharegpu-extender", "-o", "jsonpath={.spec.holderIdentity}")
+    return str(gpu.kubectl(*args).stdout)
+
+
 def failed_scheduling(gpu: Cluster, name: str) -> list[str]:
     events = gpu.get("events", "-n", APP_NS, "--field-selector", f"involvedObject.name={name}")["items"]
     return [e["message"] for e in events if e["reason"] == "FailedScheduling"]
@@ -272,6 +278,13 @@ def import_vulkan_image(node: KubeNode, root: Path) -> Path:
 
 def import_image(node: KubeNode, rootfs: Path, name: str, archive: Path) -> Path:
     """rootfs as the image `name` (scripts/oci-image.py), imported into the node's containerd."""
+    import_archive(node, oci_archive(rootfs, name, archive))
+    return archive
+
+
+def oci_archive(rootfs: Path, name: str, archive: Path) -> Path:
+    """rootfs as the image `name`, written to `archive` (scripts/oci-image.py: an OCI layout in a
+    tar, no registry)."""
     subprocess.run(
         [
             sys.executable,
@@ -288,7 +301,6 @@ def import_image(node: KubeNode, rootfs: Path, name: str, archive: Path) -> Path
         check=True,
         capture_output=True,
     )
-    import_archive(node, archive)
     return archive
 
 

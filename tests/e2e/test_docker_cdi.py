@@ -24,7 +24,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tarfile
 import time
 from collections.abc import Iterator
@@ -35,8 +34,8 @@ from typing import Any
 import pytest
 
 from conftest import Sim, parse_kv, wait_for
-from e2e.kubenode import ROOT, kube_bin
-from e2e.kubesharegpu import PROBE_IMAGE
+from e2e.kubenode import kube_bin
+from e2e.kubesharegpu import PROBE_IMAGE, oci_archive
 from sharegpu.runtime.rootfs import build_rootfs
 from sharegpu.spec import MIB
 
@@ -237,17 +236,7 @@ def probe_image(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> str
     """The probe image of the Kubernetes tests (busybox, sgprobe and their libraries; the driver
     and the shim come with the CDI device) loaded with `docker load`."""
     root = tmp_path_factory.mktemp("docker-image")
-    oci = root / "probe.tar"
-    subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "oci-image.py"),
-            *("--name", PROBE_IMAGE, "--rootfs", str(build_rootfs(root / "probe-rootfs"))),
-            *("--out", str(oci), "--cmd", "/bin/sh"),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    oci = oci_archive(build_rootfs(root / "probe-rootfs"), PROBE_IMAGE, root / "probe.tar")
     t0 = time.monotonic()
     loaded = engine.docker("load", "-i", str(_docker_archive(oci, root / "probe-docker.tar")))
     assert loaded.returncode == 0, loaded.stderr

@@ -27,6 +27,7 @@ from e2e.kubesharegpu import (
     NAMESPACE,
     audit_denials,
     failed_scheduling,
+    lease_holder,
     tenant_limits,
     vgpu_pod,
     wait_phase,
@@ -84,10 +85,7 @@ def test_every_component_runs_from_the_project_image_and_the_node_shows_its_vgpu
     assert int(node["status"]["allocatable"]["sharegpu.io/vgpu"]) == 32
     assert node["metadata"]["labels"].get("sharegpu.io/gpu-count") == "2"
     # The extender in its pod took the lease through the real API server.
-    holder = deployed.kubectl(
-        "-n", NAMESPACE, "get", "lease", "sharegpu-extender", "-o", "jsonpath={.spec.holderIdentity}"
-    ).stdout
-    assert holder == by_component["extender"]["metadata"]["name"]
+    assert lease_holder(deployed) == by_component["extender"]["metadata"]["name"]
 
 
 def test_a_vgpu_pod_goes_through_the_deployed_scheduler_extender_device_plugin_and_agent(

@@ -25,13 +25,13 @@ from e2e.kubenode import running_kube_node
 from e2e.kubesharegpu import (
     APP_NS,
     DEPLOY,
-    NAMESPACE,
     PROBE_IMAGE,
     VULKAN_IMAGE,
     Sharegpu,
     audit_denials,
     failed_scheduling,
     import_vulkan_image,
+    lease_holder,
     sharegpu_on,
     tenant_limits,
     vgpu_pod,
@@ -227,11 +227,6 @@ def test_the_agent_device_plugin_extender_and_scheduler_restart_under_running_po
     assert cluster.get("pod", "-n", APP_NS, "over")["status"]["phase"] == "Pending"
     assert read_device_limits(tenant) == limits
     cluster.kubectl("-n", APP_NS, "delete", "pod", "before", "after", "over", "--wait", "--timeout", "60s")
-
-
-def lease_holder(gpu: Sharegpu) -> str:
-    args = ("-n", NAMESPACE, "get", "lease", "sharegpu-extender", "-o", "jsonpath={.spec.holderIdentity}")
-    return gpu.kubectl(*args).stdout
 
 
 def wait_until(check: Callable[[], bool], what: str, gpu: Sharegpu, timeout: float = 60) -> float:
