@@ -43,6 +43,7 @@ from conftest import Sim
 from e2e.kubenode import ROOT, KubeNode
 from metricsutil import free_port
 from sharegpu.agent.client import AgentClient
+from sharegpu.kube.dra.claims import ClaimRef
 from sharegpu.runtime.rootfs import build_rootfs
 from sharegpu.tenant import read_device_limits
 
@@ -518,3 +519,75 @@ def dra_on(node: KubeNode, root: Path) -> Iterator[Sharegpu]:
         # missing): a test makes a GPU fall off the bus under the running plugin.
         start_dra_plugin(gpu, root, SIMGPU_NVML_FAULTS=f"@{root / 'nvml-faults'}")
         yield gpu
+
+
+# DRA claims, as docs/kubernetes.md writes them (test_kube_dra.py, test_kube_deployed_dra.py).
+
+
+def claim_template(
+    name: str,
+    capacity: dict[str, str],
+    device_class: str = "vgpu.sharegpu.io",
+    config: dict[str, Any] | None = None,
+    *,
+    gpus: int = 1,
+    selector: str | None = None,
+) -> dict[str, Any]:
+    """A ResourceClaimTemplate for a share of `gpus` GPUs (one request each, on distinct GPUs), as
+    docs/kubernetes.md writes one."""
+    exactly: dict[str, Any] = {"deviceClassName": device_class}
+    if capacity:
+        exactly["capacity"] = {"requests": capacity}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    names = ["gpu"] if gpus == 1 else [f"gpu{i}" for i in range(gpus)]
+    spec: dict[str, Any] = {"devices": {"requests": [{"name": n, "exactly": exactly} for n in names]}}
+    if gpus > 1:
+        spec["devices"]["constraints"] = [{"requests": names, "distinctAttribute": "sharegpu.io/uuid"}]
+    if config:
+        spec["devices"]["config"] = [
+            {
+                "opaque": {
+                    "driver": "sharegpu.io",
+                    "parameters": {"apiVersion": "sharegpu.io/v1alpha1", "kind": "VgpuConfig", **config},
+                }
+            }
+        ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": APP_NS},
+        "spec": {"spec": spec},
+    }
+
+
+def claim_pod(name: str, template: str, command: str, containers: int = 1) -> dict[str, Any]:
+    """A pod whose containers use one claim made from `template` (the default scheduler)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": APP_NS},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+            "containers": [
+                {
+                    "name": f"c{i}",
+                    "image": PROBE_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", command],
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+                for i in range(containers)
+            ],
+        },
+    }
+
+
+def pod_claim(gpu: Cluster, pod: dict[str, Any]) -> ClaimRef:
+    """The pod's one claim: of its spec, or the one the scheduler made for its extended resources."""
+    mapped = pod["status"].get("extendedResourceClaimStatus")
+    (status,) = [mapped] if mapped else pod["status"]["resourceClaimStatuses"]
+    claim = gpu.get("resourceclaim", "-n", APP_NS, status["resourceClaimName"])
+    return ClaimRef(APP_NS, claim["metadata"]["name"], claim["metadata"]["uid"])

@@ -25,17 +25,20 @@ from conftest import parse_kv
 from e2e.kubenode import running_kube_node
 from e2e.kubesharegpu import (
     APP_NS,
-    PROBE_IMAGE,
     Sharegpu,
     audit_denials,
+    claim_pod,
+    claim_template,
     dra_on,
     failed_scheduling,
+    pod_claim,
     wait_phase,
 )
+from sharegpu.kube.dra.checkpoint import FILE
 from sharegpu.kube.dra.claims import ClaimRef, tenant_name
 from sharegpu.regions import abi
 from sharegpu.spec import MIB
-from sharegpu.tenant import read_device_limits, read_meta, tenants_dir
+from sharegpu.tenant import read_device_limits, read_limits, read_meta, tenants_dir
 
 
 @pytest.fixture(scope="module")
@@ -45,67 +48,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sharegpu]:
         yield gpu
         denied = audit_denials(node.dir / "audit.log")
         assert not denied, "the API server refused sharegpu's components:\n" + "\n".join(denied)
-
-
-def claim_template(
-    name: str,
-    capacity: dict[str, str],
-    device_class: str = "vgpu.sharegpu.io",
-    config: dict[str, Any] | None = None,
-    *,
-    gpus: int = 1,
-    selector: str | None = None,
-) -> dict[str, Any]:
-    """A ResourceClaimTemplate for a share of `gpus` GPUs (one request each, on distinct GPUs), as
-    docs/kubernetes.md writes one."""
-    exactly: dict[str, Any] = {"deviceClassName": device_class}
-    if capacity:
-        exactly["capacity"] = {"requests": capacity}
-    if selector:
-        exactly["selectors"] = [{"cel": {"expression": selector}}]
-    names = ["gpu"] if gpus == 1 else [f"gpu{i}" for i in range(gpus)]
-    spec: dict[str, Any] = {"devices": {"requests": [{"name": n, "exactly": exactly} for n in names]}}
-    if gpus > 1:
-        spec["devices"]["constraints"] = [{"requests": names, "distinctAttribute": "sharegpu.io/uuid"}]
-    if config:
-        spec["devices"]["config"] = [
-            {
-                "opaque": {
-                    "driver": "sharegpu.io",
-                    "parameters": {"apiVersion": "sharegpu.io/v1alpha1", "kind": "VgpuConfig", **config},
-                }
-            }
-        ]
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": APP_NS},
-        "spec": {"spec": spec},
-    }
-
-
-def claim_pod(name: str, template: str, command: str, containers: int = 1) -> dict[str, Any]:
-    """A pod whose containers use one claim made from `template` (the default scheduler)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": APP_NS},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-            "containers": [
-                {
-                    "name": f"c{i}",
-                    "image": PROBE_IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": ["sh", "-c", command],
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-                for i in range(containers)
-            ],
-        },
-    }
 
 
 def unschedulable(gpu: Sharegpu, name: str, timeout: float = 60) -> list[str]:
@@ -134,14 +76,6 @@ def warning_with(gpu: Sharegpu, pod: str, fragment: str, timeout: float = 60) ->
 def apply(gpu: Sharegpu, *objects: dict[str, Any]) -> None:
     for obj in objects:
         gpu.kubectl("apply", "-f", "-", stdin=json.dumps(obj))
-
-
-def pod_claim(gpu: Sharegpu, pod: dict[str, Any]) -> ClaimRef:
-    """The pod's one claim: of its spec, or the one the scheduler made for its extended resources."""
-    mapped = pod["status"].get("extendedResourceClaimStatus")
-    (status,) = [mapped] if mapped else pod["status"]["resourceClaimStatuses"]
-    claim = gpu.get("resourceclaim", "-n", APP_NS, status["resourceClaimName"])
-    return ClaimRef(APP_NS, claim["metadata"]["name"], claim["metadata"]["uid"])
 
 
 def totals_by_uuid(probe: dict[str, str]) -> dict[str, int]:
@@ -361,24 +295,86 @@ def running_claim_pod(gpu: Sharegpu, name: str, template: str) -> ClaimRef:
     return pod_claim(gpu, wait_phase(gpu, name, ("Running",)))
 
 
+def restart_plugin(gpu: Sharegpu, *extra: str) -> None:
+    """The DRA plugin stopped and started with its command and `extra`; back once registered."""
+    assert gpu.stop("dra-plugin") == 0
+    argv, env = gpu.commands["dra-plugin"]
+    base = argv[: argv.index("--publish-interval") + 2]  # the command without an earlier `extra`
+    start_plugin(gpu, [*base, *extra], env)
+
+
+def start_plugin(gpu: Sharegpu, argv: list[str], env: dict[str, str]) -> None:
+    """Start the DRA plugin (the previous one has exited); back once the kubelet registered it."""
+    registrations = gpu.logs["dra-plugin"].read_text().count("registered DRA driver")
+    gpu.start("dra-plugin", argv, env)
+    deadline = time.monotonic() + 60
+    while gpu.logs["dra-plugin"].read_text().count("registered DRA driver") == registrations:
+        assert time.monotonic() < deadline, f"the restarted plugin is not registered:\n{gpu.tail()}"
+        assert gpu.procs["dra-plugin"].poll() is None, f"the plugin exited:\n{gpu.tail()}"
+        time.sleep(0.2)
+
+
 def test_the_plugin_killed_and_started_again_keeps_its_claims_once(cluster: Sharegpu) -> None:
     apply(cluster, claim_template("vgpu-1g", {"memory": "1Gi", "compute": "10"}))
     before = running_claim_pod(cluster, "before-crash", "vgpu-1g")
-    registrations = cluster.logs["dra-plugin"].read_text().count("registered DRA driver")
     plugin = cluster.procs["dra-plugin"]
     plugin.kill()  # no clean-up of its sockets: as a crash or an OOM kill leaves them
     plugin.wait()
-    cluster.start("dra-plugin", *cluster.commands["dra-plugin"])
-    deadline = time.monotonic() + 60
-    while cluster.logs["dra-plugin"].read_text().count("registered DRA driver") == registrations:
-        assert time.monotonic() < deadline, f"the restarted plugin is not registered:\n{cluster.tail()}"
-        time.sleep(0.2)
+    start_plugin(cluster, *cluster.commands["dra-plugin"])
     assert claim_tenants(cluster) == [tenant_name(before)]
     after = running_claim_pod(cluster, "after-crash", "vgpu-1g")
     assert claim_tenants(cluster) == sorted([tenant_name(before), tenant_name(after)])
     for name, ref in (("before-crash", before), ("after-crash", after)):
         delete_pod(cluster, name)  # the restarted plugin unprepares both, from its checkpoint
         wait_gone(tenants_dir(cluster.sim.runtime) / tenant_name(ref), cluster)
+
+
+# The plugin's own main, SIGKILLed when a prepare has made its claim's tenant and written the CDI
+# spec but not yet recorded the claim prepared: the moment a crash leaves the most behind.
+DIES_BEFORE_ITS_CHECKPOINT = """
+import os, signal, sys
+from sharegpu.kube.dra.__main__ import main
+from sharegpu.kube.dra.checkpoint import PREPARED, Checkpoint
+put = Checkpoint.put
+def put_or_die(self, uid, entry):
+    if entry.state == PREPARED:
+        os.kill(os.getpid(), signal.SIGKILL)
+    put(self, uid, entry)
+Checkpoint.put = put_or_die
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_the_plugin_killed_between_a_prepare_and_its_checkpoint_leaves_exactly_one_tenant(
+    cluster: Sharegpu,
+) -> None:
+    apply(cluster, claim_template("vgpu-1g", {"memory": "1Gi", "compute": "10"}))
+    argv, env = cluster.commands["dra-plugin"]
+    assert argv[1:3] == ["-m", "sharegpu.kube.dra"], argv
+    cluster.stop("dra-plugin")
+    start_plugin(cluster, [sys.executable, "-c", DIES_BEFORE_ITS_CHECKPOINT, *argv[3:]], env)
+    apply(cluster, claim_pod("mid-prepare", "vgpu-1g", "exec sleep 600"))
+    died = cluster.procs["dra-plugin"]
+    try:
+        assert died.wait(timeout=120) == -9, cluster.tail()
+        # It died with the tenant made and the claim still `preparing` in its checkpoint.
+        (half_done,) = claim_tenants(cluster)
+        checkpoint = json.loads((Path(argv[argv.index("--state-dir") + 1]) / FILE).read_text())
+        assert [e["state"] for e in checkpoint["claims"].values()] == ["preparing"], checkpoint
+        made_first = read_limits(tenants_dir(cluster.sim.runtime) / half_done).incarnation
+    finally:
+        if cluster.procs["dra-plugin"].poll() is not None:
+            start_plugin(cluster, argv, env)  # the real plugin, for this test and the next
+    # The restarted plugin rolled the half-done prepare back, and the kubelet's retry prepared the
+    # claim once: one tenant, made again, and the pod runs with it.
+    ref = pod_claim(cluster, wait_phase(cluster, "mid-prepare", ("Running",), timeout=120))
+    assert "rolled back the half-done prepare of claims" in cluster.logs["dra-plugin"].read_text()
+    assert claim_tenants(cluster) == [tenant_name(ref)] == [half_done]
+    assert read_limits(tenants_dir(cluster.sim.runtime) / half_done).incarnation != made_first
+    checkpoint = json.loads((Path(argv[argv.index("--state-dir") + 1]) / FILE).read_text())
+    assert {uid: e["state"] for uid, e in checkpoint["claims"].items()} == {ref.uid: "prepared"}
+    delete_pod(cluster, "mid-prepare")
+    wait_gone(tenants_dir(cluster.sim.runtime) / half_done, cluster)
 
 
 def test_a_kubelet_restart_keeps_the_running_claims_and_prepares_new_ones(cluster: Sharegpu) -> None:
@@ -504,19 +500,6 @@ def test_the_slice_follows_a_gpu_that_falls_off_the_bus_and_comes_back(cluster: 
         faults.unlink()
     back = wait_for(["gpu-0", "gpu-1"])
     assert before < lost < back  # each change raises the pool's generation
-
-
-def restart_plugin(gpu: Sharegpu, *extra: str) -> None:
-    """The DRA plugin stopped and started with its command and `extra`; back once registered."""
-    registrations = gpu.logs["dra-plugin"].read_text().count("registered DRA driver")
-    assert gpu.stop("dra-plugin") == 0
-    argv, env = gpu.commands["dra-plugin"]
-    base = argv[: argv.index("--publish-interval") + 2]  # the command without an earlier `extra`
-    gpu.start("dra-plugin", [*base, *extra], env)
-    deadline = time.monotonic() + 60
-    while gpu.logs["dra-plugin"].read_text().count("registered DRA driver") == registrations:
-        assert time.monotonic() < deadline, f"the restarted plugin is not registered:\n{gpu.tail()}"
-        time.sleep(0.2)
 
 
 def node_slice_names(gpu: Sharegpu) -> list[str]:
