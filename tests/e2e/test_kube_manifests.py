@@ -39,6 +39,7 @@ KUBERNETES = REPO / "deploy" / "kubernetes"
 BASE = KUBERNETES  # what `kubectl apply -k deploy/kubernetes` installs: base/
 MONITORING = KUBERNETES / "monitoring"
 KIND = KUBERNETES / "kind"
+KIND_DRA = KUBERNETES / "kind-dra"
 DRA = KUBERNETES / "dra"
 EXAMPLES = KUBERNETES / "examples"
 DASHBOARD = REPO / "deploy" / "grafana" / "sharegpu.json"
@@ -152,13 +153,19 @@ def test_every_object_is_valid_for_kubernetes(version: str) -> None:
     assert checked == len(objs) - 1  # all but the ServiceMonitor
 
 
-def test_the_kind_overlay_runs_the_node_on_the_simulated_gpu_at_the_images_paths() -> None:
+@pytest.mark.parametrize(("overlay", "base"), [(KIND, BASE), (KIND_DRA, DRA)], ids=["kind", "kind-dra"])
+def test_the_kind_overlays_run_the_node_on_the_simulated_gpu_at_the_images_paths(
+    overlay: Path, base: Path
+) -> None:
     """The CDI spec names the simulated driver by the package's path in the image, and the node's
     runtime mounts it from the node: so the overlay puts the image's libraries on the node at
-    that path, and the node's containers use them from there."""
-    base = {(o["kind"], o["metadata"]["name"]) for o in render(BASE)}
-    assert {(o["kind"], o["metadata"]["name"]) for o in render(KIND)} == base
-    spec = pod_spec(one(render(KIND), "DaemonSet", "sharegpu-node"))
+    that path, and every container of the node (the agent and its kubelet plugin, of either
+    mode) uses them from there."""
+    names = {(o["kind"], o["metadata"]["name"]) for o in render(base)}
+    assert {(o["kind"], o["metadata"]["name"]) for o in render(overlay)} == names
+    spec = pod_spec(one(render(overlay), "DaemonSet", "sharegpu-node"))
+    plain = pod_spec(one(render(base), "DaemonSet", "sharegpu-node"))
+    assert sorted(c["name"] for c in spec["containers"]) == sorted(c["name"] for c in plain["containers"])
     containerfile = (REPO / "deploy" / "image" / "Containerfile").read_text()
     python = re.search(r"ARG PYTHON=(\d+\.\d+)-", containerfile)
     assert python is not None
