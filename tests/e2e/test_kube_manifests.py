@@ -383,6 +383,16 @@ def test_every_container_requests_cpu_and_memory_and_limits_memory() -> None:
         assert "memory" in resources.get("limits", {}), where
 
 
+@pytest.mark.parametrize("install", [BASE, MONITORING, KIND, DRA, KIND_DRA], ids=lambda p: p.name)
+def test_every_container_of_every_install_runs_a_pinned_image(install: Path) -> None:
+    """Each container, those an overlay adds among them, runs an image with the tag the base's
+    kustomization pins (a container without one would run whatever `:latest` is)."""
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    pinned = {f"{IMAGE}:{version}", "registry.k8s.io/kube-scheduler:v1.30.14"}
+    images = {name: c["image"] for name, c in containers(render(install))}
+    assert {name: image for name, image in images.items() if image not in pinned} == {}
+
+
 def test_the_images_are_pinned_by_the_kustomization() -> None:
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     images = {c["image"] for _, c in containers(render(MONITORING))}
