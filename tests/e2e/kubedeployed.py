@@ -12,7 +12,9 @@ host), so the pods run on the host network and are told the API server's address
 calls the extender at 127.0.0.1:8998, and one replica each of the extender and the scheduler runs
 (two on one node's host network would want the same port; two replicas' leader election is
 tested with host processes, test_kube_real_sharegpu.py). The CDI volume is the node containerd's
-spec directory. Everything else, the host paths /run/sharegpu and /var/lib/sharegpu included, is
+spec directory. In DRA mode (`deploy/kubernetes/kind-dra`, issue 38) the DRA plugin also sees
+the kubelet's directories at the node's path, since it tells the kubelet where its socket is
+(`dra_plugin_on`). Everything else, the host paths /run/sharegpu and /var/lib/sharegpu included, is
 the manifests' own; the test fails rather than disturb a sharegpu already using them, and removes
 what it made.
 """
@@ -93,9 +95,12 @@ def api_server(node: KubeNode) -> tuple[str, str]:
     return host, port
 
 
-def write_overlay(node: KubeNode, directory: Path, scheduler_tag: str, *, rendered: bool = False) -> Path:
-    """The kustomize overlay of deploy/kubernetes/kind for this node (the module's docstring); with
-    `rendered`, of the chart's output (rendered.yaml) with kind's patches."""
+def write_overlay(
+    node: KubeNode, directory: Path, scheduler_tag: str, *, mode: str = "deviceplugin", rendered: bool = False
+) -> Path:
+    """The kustomize overlay of deploy/kubernetes/kind (kind-dra in DRA mode) for this node (the
+    module's docstring); with `rendered`, of the chart's output (rendered.yaml) with that
+    overlay's changes."""
     directory.mkdir(parents=True, exist_ok=True)
     host, port = api_server(node)
     api = [
@@ -104,8 +109,8 @@ def write_overlay(node: KubeNode, directory: Path, scheduler_tag: str, *, render
     ]
     on_host = {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}
 
-    def workload(kind: str, name: str, containers: list[str], **spec: Any) -> dict[str, Any]:
-        pod = dict(on_host, containers=[{"name": c, "env": api} for c in containers])
+    def workload(kind: str, name: str, containers: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+        pod = dict(on_host, containers=[dict(c, env=api) for c in containers])
         return {
             "apiVersion": "apps/v1",
             "kind": kind,
@@ -113,51 +118,71 @@ def write_overlay(node: KubeNode, directory: Path, scheduler_tag: str, *, render
             "spec": dict(spec, template={"spec": pod}),
         }
 
-    node_ds = workload("DaemonSet", "sharegpu-node", ["agent", "device-plugin"])
-    node_ds["spec"]["template"]["spec"]["volumes"] = [
-        {"name": "cdi", "hostPath": {"path": str(node.cdi), "type": "Directory"}}
-    ]
-    patches = [
-        node_ds,
-        workload("Deployment", "sharegpu-extender", ["extender"], replicas=1),
-        workload("Deployment", "sharegpu-scheduler", ["scheduler"], replicas=1),
-    ]
+    volumes = [{"name": "cdi", "hostPath": {"path": str(node.cdi), "type": "Directory"}}]
+    if mode == "dra":
+        plugin = dra_plugin_on(node, volumes)
+        patches = [workload("DaemonSet", "sharegpu-node", [{"name": "agent"}, plugin])]
+    else:
+        patches = [
+            workload("DaemonSet", "sharegpu-node", [{"name": "agent"}, {"name": "device-plugin"}]),
+            workload("Deployment", "sharegpu-extender", [{"name": "extender"}], replicas=1),
+            workload("Deployment", "sharegpu-scheduler", [{"name": "scheduler"}], replicas=1),
+        ]
+    patches[0]["spec"]["template"]["spec"]["volumes"] = volumes
     (directory / "host-network.yaml").write_text(yaml.safe_dump_all(patches))
+    kind_dir = DEPLOY / ("kind-dra" if mode == "dra" else "kind")
     if rendered:
-        # Helm's output as the base, with deploy/kubernetes/kind's changes made to it here.
-        kind = yaml.safe_load((DEPLOY / "kind" / "kustomization.yaml").read_text())
+        # Helm's output as the base, with the kind overlay's changes made to it here.
+        kind = yaml.safe_load((kind_dir / "kustomization.yaml").read_text())
         for patch in kind["patches"]:
-            shutil.copy(DEPLOY / "kind" / patch["path"], directory)
+            shutil.copy(kind_dir / patch["path"], directory)
         kustomization = {
             "apiVersion": "kustomize.config.k8s.io/v1beta1",
             "kind": "Kustomization",
             "resources": ["rendered.yaml"],  # the post-renderer writes it (helm_post_renderer)
+            "components": [os.path.relpath((kind_dir / c).resolve(), directory) for c in kind["components"]],
             "patches": [*kind["patches"], {"path": "host-network.yaml"}],
-            "replacements": kind["replacements"],
         }
         (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
         return directory
-    config = yaml.safe_load(SCHEDULER_CONFIG.read_text())
-    config["extenders"][0]["urlPrefix"] = LOCAL_EXTENDER
-    (directory / "scheduler-config.yaml").write_text(yaml.safe_dump(config))
-    kustomization = {
+    kustomization: dict[str, Any] = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         # kustomize takes a base by a relative path only.
-        "resources": [os.path.relpath(DEPLOY / "kind", directory)],
-        "images": [{"name": SCHEDULER_IMAGE, "newTag": scheduler_tag}],
-        "configMapGenerator": [
+        "resources": [os.path.relpath(kind_dir, directory)],
+        "patches": [{"path": "host-network.yaml"}],
+    }
+    if mode != "dra":
+        config = yaml.safe_load(SCHEDULER_CONFIG.read_text())
+        config["extenders"][0]["urlPrefix"] = LOCAL_EXTENDER
+        (directory / "scheduler-config.yaml").write_text(yaml.safe_dump(config))
+        kustomization["images"] = [{"name": SCHEDULER_IMAGE, "newTag": scheduler_tag}]
+        kustomization["configMapGenerator"] = [
             {
                 "name": "sharegpu-scheduler-config",
                 "namespace": NAMESPACE,
                 "behavior": "replace",
                 "files": ["config.yaml=scheduler-config.yaml"],
             }
-        ],
-        "patches": [{"path": "host-network.yaml"}],
-    }
+        ]
     (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
     return directory
+
+
+def dra_plugin_on(node: KubeNode, volumes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The DRA plugin's container patched for the node's kubelet directory (its --root-dir is
+    the node's own, not /var/lib/kubelet), and the kubelet's volumes added to `volumes`. The
+    plugin tells the kubelet its socket's path, so it sees that directory at the path the
+    kubelet has it: mounted there too (the manifests' mounts stay, and the probes use them)."""
+    kubelet = node.kubelet_dir
+    (daemonset,) = yaml.safe_load_all((DEPLOY / "dra" / "node.yaml").read_text())
+    (plugin,) = [c for c in daemonset["spec"]["template"]["spec"]["containers"] if c["name"] == "dra-plugin"]
+    args = [a for a in plugin["args"] if not a.startswith("--kubelet-dir=")]
+    mounts = []
+    for name, sub in (("plugins-registry", "plugins_registry"), ("plugins", "plugins")):
+        volumes.append({"name": name, "hostPath": {"path": str(kubelet / sub), "type": "DirectoryOrCreate"}})
+        mounts.append({"name": name, "mountPath": str(kubelet / sub)})
+    return {"name": "dra-plugin", "args": [f"--kubelet-dir={kubelet}", *args], "volumeMounts": mounts}
 
 
 def helm_post_renderer(helm: Path, node: KubeNode, root: Path, overlay: Path) -> dict[str, str]:
@@ -203,6 +228,7 @@ class Deployed:
     applied: list[str]
     ready_s: float
     image: str
+    mode: str = "deviceplugin"  # or "dra"
 
     def kubectl(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
         return self.node.kubectl(*args, **kwargs)
@@ -233,9 +259,22 @@ class Deployed:
                 out.append(f"--- {name}:\n{log.stdout}{log.stderr}")
         return "\n".join(out)
 
+    def components(self) -> set[str]:
+        """The components whose pods this mode runs."""
+        return {"node"} if self.mode == "dra" else {"node", "extender", "scheduler"}
+
+    def offered(self) -> bool:
+        """Whether the node offers its GPUs: as sharegpu.io/vgpu (the device plugin), or in a
+        ResourceSlice of sharegpu.io (DRA)."""
+        if self.mode == "dra":
+            slices = self.get("resourceslices", "--field-selector", f"spec.nodeName={self.node.node}")
+            return any(s["spec"].get("devices") for s in slices["items"])
+        allocatable = self.get("node", self.node.node)["status"].get("allocatable", {})
+        return int(allocatable.get("sharegpu.io/vgpu", "0")) > 0
+
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> float:
         """Until the DaemonSet's pod and one of each Deployment's are Ready and the node offers
-        sharegpu.io/vgpu; the seconds it took."""
+        its GPUs; the seconds it took."""
         t0 = time.monotonic()
         while True:
             pods = self.pods()
@@ -244,10 +283,7 @@ class Deployed:
                 for p in pods
                 if _ready(p) and p["metadata"].get("deletionTimestamp") is None
             }
-            allocatable = self.get("node", self.node.node)["status"].get("allocatable", {})
-            if {"node", "extender", "scheduler"} <= components and int(
-                allocatable.get("sharegpu.io/vgpu", "0")
-            ) > 0:
+            if self.components() <= components and self.offered():
                 return time.monotonic() - t0
             if time.monotonic() - t0 > timeout:
                 describe = self.kubectl("-n", NAMESPACE, "describe", "pods", check=False).stdout
@@ -273,21 +309,24 @@ def _made_by_us(path: Path) -> Path | None:
 
 
 @contextmanager
-def deployed_from_image(node: KubeNode, root: Path, installer: str = "kubectl") -> Iterator[Deployed]:
+def deployed_from_image(
+    node: KubeNode, root: Path, installer: str = "kubectl", mode: str = "deviceplugin"
+) -> Iterator[Deployed]:
     """sharegpu from its image on `node`, on the simulated GPU of deploy/kubernetes/kind (two GPUs
-    of 16 GiB), installed by `kubectl apply -k` or by `helm install` of deploy/helm/sharegpu; the
-    probe image imported for the tests' pods. Removed at the end: the objects, then the host
-    directories the DaemonSet made."""
+    of 16 GiB; kind-dra in DRA mode), installed by `kubectl apply -k` or by `helm install` of
+    deploy/helm/sharegpu; the probe image imported for the tests' pods. Removed at the end: the
+    objects, then the host directories the DaemonSet made."""
     assert installer in INSTALLERS, installer
+    assert mode in ("deviceplugin", "dra"), mode
     busy = [str(p) for p in HOST_PATHS if p.exists()]
     if busy:
         pytest.fail(f"{', '.join(busy)} already there: sharegpu is installed on this machine")
     made = [m for p in HOST_PATHS if (m := _made_by_us(p)) is not None]
     image, archive = build_project_image()
     import_archive(node, archive)
-    scheduler_tag = import_scheduler_image(node, root)
+    scheduler_tag = import_scheduler_image(node, root) if mode == "deviceplugin" else ""
     import_probe_image(node, root)
-    overlay = write_overlay(node, root / "overlay", scheduler_tag, rendered=installer == "helm")
+    overlay = write_overlay(node, root / "overlay", scheduler_tag, mode=mode, rendered=installer == "helm")
     kubeconfig = ["--kubeconfig", str(node.kubeconfig)]
     helm = kube_bin() / "helm"
     helm_env = helm_post_renderer(helm, node, root, overlay) if installer == "helm" else {}
@@ -296,14 +335,16 @@ def deployed_from_image(node: KubeNode, root: Path, installer: str = "kubectl") 
     try:
         if installer == "helm":
             args = [str(helm), "install", "sharegpu", str(CHART), *kubeconfig, "--wait=false"]
-            args += ["--set", f"schedulerImage.tag={scheduler_tag}", "--post-renderer", POST_RENDERER]
+            args += ["--set", f"mode={mode}", "--post-renderer", POST_RENDERER]
+            if mode == "deviceplugin":
+                args += ["--set", f"schedulerImage.tag={scheduler_tag}"]
             applied = subprocess.run(
                 args, check=False, env=helm_env, capture_output=True, text=True, timeout=180
             )
         else:
             applied = node.kubectl("apply", "-k", str(overlay), check=False, timeout=120)
         assert applied.returncode == 0, f"{installer}: the manifests were refused:\n{applied.stderr}"
-        deployed = Deployed(node, applied.stdout.splitlines(), 0.0, image)
+        deployed = Deployed(node, applied.stdout.splitlines(), 0.0, image, mode)
         deployed.ready_s = deployed.wait_ready()
         print(f"sharegpu's pods Ready {deployed.ready_s:.1f} s after {installer} installed them")
         yield deployed
