@@ -35,11 +35,12 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.kubenode import ROOT, KubeNode, kube_bin
+from e2e.kubenode import ROOT, KubeNode, kube_bin, running_kube_node
 from e2e.kubesharegpu import (
     DEPLOY,
     NAMESPACE,
     SCHEDULER_CONFIG,
+    audit_denials,
     import_archive,
     import_image,
     import_probe_image,
@@ -272,6 +273,21 @@ class Deployed:
         allocatable = self.get("node", self.node.node)["status"].get("allocatable", {})
         return int(allocatable.get("sharegpu.io/vgpu", "0")) > 0
 
+    def roll_node(self) -> float:
+        """`kubectl rollout restart` of the node DaemonSet, as an upgrade rolls it, until the new
+        pod is Ready and the node offers its GPUs again; the seconds the roll took. The old pod
+        is gone."""
+        (old,) = [p["metadata"]["name"] for p in self.pods() if "sharegpu-node" in p["metadata"]["name"]]
+        t0 = time.monotonic()
+        self.kubectl("-n", NAMESPACE, "rollout", "restart", "daemonset/sharegpu-node")
+        self.kubectl(
+            "-n", NAMESPACE, "rollout", "status", "daemonset/sharegpu-node", "--timeout", "180s", timeout=200
+        )
+        rolled = time.monotonic() - t0
+        self.wait_ready()
+        assert old not in [p["metadata"]["name"] for p in self.pods()]
+        return rolled
+
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> float:
         """Until the DaemonSet's pod and one of each Deployment's are Ready and the node offers
         its GPUs; the seconds it took."""
@@ -359,3 +375,13 @@ def deployed_from_image(
             )
         for path in made:
             shutil.rmtree(path, ignore_errors=True)
+
+
+@contextmanager
+def deployed_on_a_fresh_node(root: Path, installer: str, mode: str = "deviceplugin") -> Iterator[Deployed]:
+    """A fresh node with sharegpu deployed on it (deployed_from_image); at the end, what every
+    component asked of the API server from its pod, judged by the server's RBAC, had no refusal."""
+    with running_kube_node() as node, deployed_from_image(node, root, installer, mode) as cluster:
+        yield cluster
+        denied = audit_denials(node.dir / "audit.log")
+        assert not denied, "the API server refused sharegpu's components:\n" + "\n".join(denied)

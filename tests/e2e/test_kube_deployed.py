@@ -20,12 +20,9 @@ from typing import Any
 import pytest
 
 from conftest import parse_kv
-from e2e.kubedeployed import INSTALLERS, PROJECT_IMAGE, SCHEDULER_IMAGE, Deployed, deployed_from_image
-from e2e.kubenode import running_kube_node
+from e2e.kubedeployed import INSTALLERS, PROJECT_IMAGE, SCHEDULER_IMAGE, Deployed, deployed_on_a_fresh_node
 from e2e.kubesharegpu import (
     APP_NS,
-    NAMESPACE,
-    audit_denials,
     failed_scheduling,
     lease_holder,
     tenant_limits,
@@ -45,11 +42,8 @@ SLEEP = "exec sleep 600"
 def deployed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
     """A fresh node for each way of installing: `kubectl apply -k`, `helm install`."""
     root = Path(tmp_path_factory.mktemp(f"sharegpu-{request.param}"))
-    with running_kube_node() as node, deployed_from_image(node, root, request.param) as cluster:
+    with deployed_on_a_fresh_node(root, request.param) as cluster:
         yield cluster
-        # What every component asked of the API server from its pod, judged by the server's RBAC.
-        denied = audit_denials(node.dir / "audit.log")
-        assert not denied, "the API server refused sharegpu's components:\n" + "\n".join(denied)
 
 
 def tenant_of(pod: dict[str, Any]) -> Path:
@@ -128,15 +122,7 @@ def test_a_rolling_update_of_the_node_daemonset_keeps_the_running_pod_and_its_te
     tenant = tenant_of(kept)
     limits = read_device_limits(tenant)
     tenants = sorted(p.name for p in tenant.parent.iterdir())
-    (old,) = [p["metadata"]["name"] for p in deployed.pods() if "sharegpu-node" in p["metadata"]["name"]]
-    t0 = time.monotonic()
-    deployed.kubectl("-n", NAMESPACE, "rollout", "restart", "daemonset/sharegpu-node")
-    deployed.kubectl(
-        "-n", NAMESPACE, "rollout", "status", "daemonset/sharegpu-node", "--timeout", "180s", timeout=200
-    )
-    rolled = time.monotonic() - t0
-    deployed.wait_ready()
-    assert old not in [p["metadata"]["name"] for p in deployed.pods()]
+    rolled = deployed.roll_node()
     still = deployed.get("pod", "-n", APP_NS, "kept")
     assert still["status"]["phase"] == "Running"
     assert still["status"]["containerStatuses"][0]["restartCount"] == 0
