@@ -80,11 +80,12 @@ gpu-wheels: setup
 	  print(" ".join(f"{n}=={m.version(n)}" for n in sys.argv[1:]))' $(GPU_WHEELS))
 	@ls .whl
 
-# The kubelet's device plugin, DRA and plugin registration APIs: regenerate the committed Python
+# The kubelet's device plugin, DRA, DRA resource health and plugin registration APIs: regenerate the committed Python
 # modules from their .proto files (grpcio-tools, pinned in the dev extra). PROTO_OUT=DIR writes
 # elsewhere (the drift tests).
 PROTO_OUT ?= src
-PROTOS := sharegpu/kube/deviceplugin/api.proto sharegpu/kube/dra/dra.proto sharegpu/kube/dra/registration.proto
+PROTOS := sharegpu/kube/deviceplugin/api.proto sharegpu/kube/dra/dra.proto sharegpu/kube/dra/registration.proto \
+  sharegpu/kube/dra/health.proto
 proto:
 	$(BIN)/python -m grpc_tools.protoc -Isrc --python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) \
 	  --grpc_python_out=$(PROTO_OUT) $(PROTOS)

@@ -173,11 +173,19 @@ def test_a_claim_for_4gib_and_30_percent_runs_with_its_tenant_and_frees_it(clust
     assert claim_tenants(cluster) == []
 
 
-def test_claims_beyond_the_gpu_leave_the_last_pending_until_one_goes(cluster: Sharegpu) -> None:
-    # Two GPUs of 8 GiB: one 5 GiB claim fits on each, a third on neither.
-    apply(cluster, claim_template("vgpu-5g", {"memory": "5Gi", "compute": "20"}))
+@pytest.mark.parametrize(
+    ("memory", "compute"),
+    [("5Gi", "20"), ("1Gi", "60")],
+    ids=["beyond-memory", "beyond-compute"],
+)
+def test_claims_beyond_the_gpu_leave_the_last_pending_until_one_goes(
+    cluster: Sharegpu, memory: str, compute: str
+) -> None:
+    # Two GPUs of 8 GiB and 100%: one claim of 5 GiB, or of 60%, fits on each, a third on neither.
+    template = f"vgpu-{memory.lower()}-{compute}"
+    apply(cluster, claim_template(template, {"memory": memory, "compute": compute}))
     for name in ("fit-a", "fit-b", "fit-c"):
-        apply(cluster, claim_pod(name, "vgpu-5g", "exec sleep 600"))
+        apply(cluster, claim_pod(name, template, "exec sleep 600"))
     running = [wait_phase(cluster, name, ("Running",)) for name in ("fit-a", "fit-b")]
     reasons = unschedulable(cluster, "fit-c")
     assert cluster.get("pod", "-n", APP_NS, "fit-c")["status"]["phase"] == "Pending"
@@ -476,30 +484,61 @@ def test_a_pod_asking_for_an_extended_resource_is_served_a_whole_gpu(
     wait_gone(tenants_dir(cluster.sim.runtime) / tenant_name(ref), cluster)
 
 
-def test_the_slice_follows_a_gpu_that_falls_off_the_bus_and_comes_back(cluster: Sharegpu) -> None:
+def resource_health(gpu: Sharegpu, pod: str) -> dict[str, tuple[str, str]]:
+    """What the kubelet shows of the health of the pod's devices (KEP-4680, from the plugin's
+    health stream), by resource ID (the device's CDI ID): (health, message)."""
+    statuses = gpu.get("pod", "-n", APP_NS, pod)["status"].get("containerStatuses", [])
+    return {
+        r["resourceID"]: (r.get("health", ""), r.get("message", ""))
+        for c in statuses
+        for a in c.get("allocatedResourcesStatus") or []
+        for r in a.get("resources") or []
+    }
+
+
+def test_a_gpu_that_falls_off_the_bus_leaves_the_slice_and_its_pods_show_it_unhealthy(
+    cluster: Sharegpu,
+) -> None:
     faults = cluster.logs["dra-plugin"].parent / "nvml-faults"
+    node = cluster.node.node
 
     def published() -> tuple[list[str], int]:
-        (s,) = cluster.get("resourceslices", "--field-selector", f"spec.nodeName={cluster.node.node}")[
-            "items"
-        ]
+        (s,) = cluster.get("resourceslices", "--field-selector", f"spec.nodeName={node}")["items"]
         return [d["name"] for d in s["spec"]["devices"]], s["spec"]["pool"]["generation"]
 
-    def wait_for(devices: list[str]) -> int:
-        deadline = time.monotonic() + 30
-        while (got := published())[0] != devices:
-            assert time.monotonic() < deadline, f"the slice lists {got[0]}, not {devices}:\n{cluster.tail()}"
-            time.sleep(0.2)
+    def wait_for(devices: list[str], health: dict[str, str]) -> int:
+        deadline = time.monotonic() + 60
+        while (got := published())[0] != devices or {
+            pod: [h for h, _ in resource_health(cluster, pod).values()] for pod in ("on-0", "on-1")
+        } != health:
+            assert time.monotonic() < deadline, (
+                f"the slice lists {got[0]}, not {devices}; the pods show "
+                f"{resource_health(cluster, 'on-0')}, {resource_health(cluster, 'on-1')}, not {health}:\n"
+                + cluster.tail()
+            )
+            time.sleep(0.3)
         return got[1]
 
-    before = wait_for(["gpu-0", "gpu-1"])
+    for index in (0, 1):
+        selector = f'device.attributes["sharegpu.io"].index == {index}'
+        apply(cluster, claim_template(f"on-{index}", {"memory": "1Gi", "compute": "10"}, selector=selector))
+        on_1 = running_claim_pod(cluster, f"on-{index}", f"on-{index}")
+    healthy = {"on-0": ["Healthy"], "on-1": ["Healthy"]}
+    before = wait_for(["gpu-0", "gpu-1"], healthy)
     faults.write_text("1:lost\n")
     try:
-        lost = wait_for(["gpu-0"])
+        lost = wait_for(["gpu-0"], {"on-0": ["Healthy"], "on-1": ["Unhealthy"]})
+        (shown,) = resource_health(cluster, "on-1").items()
+        print(f"the pod on the lost GPU shows: {shown}")
+        assert shown[0] == f"sharegpu.io/vgpu={tenant_name(on_1)}"  # the claim's CDI device
+        assert "GPU 1: NVML cannot query it" in shown[1][1], shown
     finally:
         faults.unlink()
-    back = wait_for(["gpu-0", "gpu-1"])
+    back = wait_for(["gpu-0", "gpu-1"], healthy)
     assert before < lost < back  # each change raises the pool's generation
+    assert cluster.get("pod", "-n", APP_NS, "on-1")["status"]["phase"] == "Running"
+    for name in ("on-0", "on-1"):
+        delete_pod(cluster, name)
 
 
 def node_slice_names(gpu: Sharegpu) -> list[str]:

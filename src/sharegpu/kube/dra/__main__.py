@@ -15,6 +15,7 @@ from sharegpu.errors import SharegpuError
 from sharegpu.kube.apiclient import api_client, failure
 from sharegpu.kube.dra.checkpoint import FILE, Checkpoint
 from sharegpu.kube.dra.claims import ClaimRef
+from sharegpu.kube.dra.health import HealthService
 from sharegpu.kube.dra.prepare import Preparer
 from sharegpu.kube.dra.publisher import CHECK_S, SlicePublisher
 from sharegpu.kube.dra.registration import DEFAULT_KUBELET_DIR, PluginServer
@@ -54,7 +55,10 @@ def _parser() -> argparse.ArgumentParser:
         "without consumable capacity; default: each GPU one shared device",
     )
     p.add_argument(
-        "--publish-interval", type=float, default=CHECK_S, help="seconds between ResourceSlice checks"
+        "--publish-interval",
+        type=float,
+        default=CHECK_S,
+        help="seconds between checks of the GPUs, for the ResourceSlice and the devices' health",
     )
     p.add_argument("--check-interval", type=float, default=1.0, help="seconds between plugin socket checks")
     p.add_argument("--log-level", default="INFO")
@@ -101,7 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         preparer.recover()
         publisher = SlicePublisher(args.node, api, partitions=partitions, check_s=args.publish_interval)
-        server = PluginServer(DraService(preparer), args.kubelet_dir, check_s=args.check_interval)
+        health = HealthService(args.node, partitions, check_s=args.publish_interval)
+        server = PluginServer(
+            DraService(preparer), args.kubelet_dir, health=health, check_s=args.check_interval
+        )
     except (SharegpuError, ValueError) as err:
         print(f"sharegpu: error: {err}", file=sys.stderr)
         return 2

@@ -1,11 +1,12 @@
 """Serving the DRA plugin and registering it with the kubelet's plugin watcher.
 
 The kubelet watches `<kubelet dir>/plugins_registry` for sockets. The plugin serves
-`Registration` on `sharegpu.io-reg.sock` there and `v1.DRAPlugin` on
-`<kubelet dir>/plugins/sharegpu.io/dra.sock`, both from one gRPC server; the kubelet asks the
-first for its PluginInfo (type DRAPlugin, the driver's name, the second socket) and says whether
-it took it. A restarted kubelet finds the sockets again by itself; a socket removed or replaced
-under the plugin (another copy of it, a cleanup) is found every `check_s` and served again.
+`Registration` on `sharegpu.io-reg.sock` there and `v1.DRAPlugin` (with `DRAResourceHealth`,
+health.py) on `<kubelet dir>/plugins/sharegpu.io/dra.sock`, both from one gRPC server; the kubelet
+asks the first for its PluginInfo (type DRAPlugin, the driver's name, the second socket, the
+services it serves) and says whether it took it. A restarted kubelet finds the sockets again by
+itself; a socket removed or replaced under the plugin (another copy of it, a cleanup) is found
+every `check_s` and served again.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ import grpc
 from sharegpu.kube.dra import dra_pb2_grpc as dra_grpc
 from sharegpu.kube.dra import registration_pb2 as reg
 from sharegpu.kube.dra import registration_pb2_grpc as reg_grpc
+from sharegpu.kube.dra.health import SERVICES as HEALTH_SERVICES
+from sharegpu.kube.dra.health import HealthService
+from sharegpu.kube.dra.health import add_to_server as serve_health
 from sharegpu.kube.dra.service import DraService
 from sharegpu.kube.dra.slices import DRIVER
 from sharegpu.kube.serving import inode
@@ -29,18 +33,19 @@ log = logging.getLogger(__name__)
 
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet")
 PLUGIN_TYPE = "DRAPlugin"
-SERVICE_VERSIONS = ("v1.DRAPlugin",)
+DRA_SERVICE = "v1.DRAPlugin"
 
 
 class RegistrationService:
-    def __init__(self, endpoint: Path):
+    def __init__(self, endpoint: Path, services: tuple[str, ...] = (DRA_SERVICE,)):
         self.endpoint = endpoint
+        self.services = services
         self.registered = threading.Event()
         self.error = ""
 
     def GetInfo(self, request: reg.InfoRequest, context: Any) -> reg.PluginInfo:
         return reg.PluginInfo(
-            type=PLUGIN_TYPE, name=DRIVER, endpoint=str(self.endpoint), supported_versions=SERVICE_VERSIONS
+            type=PLUGIN_TYPE, name=DRIVER, endpoint=str(self.endpoint), supported_versions=self.services
         )
 
     def NotifyRegistrationStatus(
@@ -58,11 +63,20 @@ class RegistrationService:
 
 
 class PluginServer:
-    def __init__(self, service: DraService, kubelet_dir: Path = DEFAULT_KUBELET_DIR, *, check_s: float = 1.0):
+    def __init__(
+        self,
+        service: DraService,
+        kubelet_dir: Path = DEFAULT_KUBELET_DIR,
+        *,
+        health: HealthService | None = None,
+        check_s: float = 1.0,
+    ):
         self.service = service
+        self.health = health
         self.kubelet_dir = kubelet_dir
         self.check_s = check_s
-        self.registration = RegistrationService(self.dra_socket)
+        services = (DRA_SERVICE,) if health is None else (DRA_SERVICE, *HEALTH_SERVICES)
+        self.registration = RegistrationService(self.dra_socket, services)
         self.stopping = threading.Event()
         self.serves = 0  # how many times the sockets were served
 
@@ -77,6 +91,8 @@ class PluginServer:
     def _serve(self) -> Any:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
         dra_grpc.add_DRAPluginServicer_to_server(self.service, server)
+        if self.health is not None:
+            serve_health(self.health, server)
         reg_grpc.add_RegistrationServicer_to_server(self.registration, server)
         for socket in (self.dra_socket, self.registration_socket):
             socket.parent.mkdir(parents=True, exist_ok=True)

@@ -82,19 +82,24 @@ def check_partitions(partitions: Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted(partitions))
 
 
+def device_names(index: int, partitions: Sequence[int] = ()) -> list[tuple[str, int]]:
+    """The devices GPU `index` is published as, each with the number of equal parts it is one
+    of: the GPU whole (shared mode), or each part of each size listed; by size."""
+    if not partitions:
+        return [(f"gpu-{index}", 1)]
+    return [
+        (f"gpu-{index}" if k == 1 else f"gpu-{index}-part{j}-of{k}", k) for k in partitions for j in range(k)
+    ]
+
+
 def parts(gpus: Sequence[Gpu], partitions: Sequence[int] = ()) -> list[Part]:
     """The devices to publish: each GPU whole (shared mode, no partitions), or whole and in
     parts; by GPU index, then by size."""
     out = []
     for gpu in sorted(gpus, key=lambda g: g.index):
         memory_mib = gpu.memory_total // MIB
-        if not partitions:
-            out.append(Part(f"gpu-{gpu.index}", gpu, memory_mib * MIB, 100))
-            continue
-        for k in partitions:
-            for j in range(k):
-                name = f"gpu-{gpu.index}" if k == 1 else f"gpu-{gpu.index}-part{j}-of{k}"
-                out.append(Part(name, gpu, memory_mib // k * MIB, 100 // k, k))
+        for name, k in device_names(gpu.index, partitions):
+            out.append(Part(name, gpu, memory_mib // k * MIB, 100 // k, k))
     return out
 
 
