@@ -85,6 +85,12 @@ class Sharegpu:
         """The node's CDI spec, in containerd's spec directory."""
         return str(self.node.cdi / "sharegpu.json")
 
+    def node_vgpus(self) -> int:
+        """The vGPUs the kubelet offers on the node (its allocatable sharegpu.io/vgpu): 0 while the
+        device plugin is not registered."""
+        status = self.get("node", self.node.node)["status"]
+        return int(status.get("allocatable", {}).get("sharegpu.io/vgpu", "0"))
+
     def extender_ready(self, port: int | None = None) -> bool:
         """The extender's readiness probe, as deploy/kubernetes sets it: the leader, synced."""
         try:
@@ -453,8 +459,7 @@ def sharegpu_on(node: KubeNode, root: Path, uuid0: str | None = None) -> Iterato
             dead = [name for name, proc in gpu.procs.items() if proc.poll() is not None]
             if dead:
                 pytest.fail(f"{', '.join(dead)} exited:\n{gpu.tail()}")
-            status = gpu.get("node", node.node)["status"]
-            if int(status.get("allocatable", {}).get("sharegpu.io/vgpu", "0")) > 0:
+            if gpu.node_vgpus() > 0:
                 break
             time.sleep(0.2)
         else:
