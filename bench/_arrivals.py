@@ -100,6 +100,59 @@ def _tenant_wait_us(status: Any, name: str) -> float:
     return t.wait_ns / 1000 if t is not None else 0.0
 
 
+@dataclass(frozen=True)
+class Request:
+    """One online request as the probe measured it, µs: its latency (its first launch to its
+    sync's return), and the parts of it that tell where a late one lost its time."""
+
+    latency: float
+    cpu_wait: float  # runnable, not running (/proc/thread-self/schedstat)
+    launched: float  # until its last launch returned: the token, the launch path
+    span: float  # its kernels' span on the GPU's clock, queued behind other work included
+    woke: float  # how late it began against its instant (the host's timer; not in the latency)
+
+
+def requests_of(probe: dict[str, str]) -> list[Request]:
+    """The service probe's requests, in order (its per-request lines, bench/isolation.py)."""
+
+    def column(key: str) -> list[float]:
+        return [float(v) for v in probe.get(f"{key}_us_all", "").split(",") if v]
+
+    columns = [column(k) for k in ("lat", "runq", "launch", "span", "woke")]
+    return [Request(*row) for row in zip(*columns, strict=True)]
+
+
+# Why a late request was late, by the part of it furthest above the run's usual (its median):
+# waiting for a CPU (at any point), for the token (its launches), on the GPU (its kernels queued
+# behind an offline kernel: the prediction did not hold the offline job back), or for its sync
+# to return after its kernels ended (a sleeping sync woken late by the host's timer).
+CAUSES = {"cpu": "c", "token": "t", "gpu": "g", "return": "r"}
+# A request that began this late missed the hold-back ahead of it if it lasted past its margin
+# (predict.h: 300 µs and twice the jitter): the host stalled the service, not the GPU.
+WOKE_LATE_US = 1000
+
+
+def _parts(r: Request) -> dict[str, float]:
+    """The request's latency in three parts that add up to it."""
+    return {"token": r.launched, "gpu": r.span, "return": r.latency - r.launched - r.span}
+
+
+def late_cause(r: Request, usual: Request) -> str:
+    """A CPU wait may fall in any part: it is the cause when it makes up half the lateness."""
+    if r.cpu_wait - usual.cpu_wait >= (r.latency - usual.latency) / 2:
+        return "cpu"
+    mine, usually = _parts(r), _parts(usual)
+    return max(mine, key=lambda k: mine[k] - usually[k])
+
+
+def late_causes(reqs: list[Request], late_at: list[int]) -> list[str]:
+    """The cause of each late request (CAUSES), against the run's median request."""
+    if not reqs:
+        return []
+    usual = Request(*(statistics.median(getattr(r, f) for r in reqs) for f in Request.__dataclass_fields__))
+    return [late_cause(reqs[i], usual) for i in late_at]
+
+
 @dataclass
 class RunCounters:
     """What the GPU's arbiter counted during one run (bench --random, periodic repeats)."""
@@ -113,6 +166,8 @@ class RunCounters:
     relearns: int = 0  # changed patterns learned from off-beat requests
     late_at: list[int] = field(default_factory=list)  # requests over 1.2 x the alone p50 (caller)
     host_late_at: list[int] = field(default_factory=list)  # of those, late only by CPU waits
+    causes: list[str] = field(default_factory=list)  # of each late request (late_cause)
+    woke_late: int = 0  # requests that began over WOKE_LATE_US after their instant
     p99_less_cpu_us: float = 0.0  # p99 of each request's latency less its wait for a CPU
 
     @property
@@ -132,13 +187,12 @@ def shared(
     *,
     kernel_us: int,
     mechanism: str,
-    latencies: list[float] | None = None,
     counters: list[RunCounters] | None = None,
-    cpu_waits: list[float] | None = None,
+    served: list[Request] | None = None,
 ) -> tuple[float, float, float]:
     """One run next to the offline job: online p50, p99 (µs) and the offline share of idle time;
-    each request's latency (µs) into `latencies`, the part of it the service waited for a CPU
-    into `cpu_waits`, and the arbiter's counters into `counters`."""
+    the arbiter's counters into `counters` and each request as the service measured it into
+    `served`."""
     node.clear_tenants()
     online_env = node.tenant_env("online", ComputeSpec.parse(priority="online"))
     offline_env = node.tenant_env("offline", ComputeSpec.parse(priority="offline"))
@@ -165,10 +219,8 @@ def shared(
                 after.online_relearns - before.online_relearns,
             )
         )
-    if latencies is not None:
-        latencies.extend(float(v) for v in on.get("lat_us_all", "").split(",") if v)
-    if cpu_waits is not None:
-        cpu_waits.extend(float(v) for v in on.get("runq_us_all", "").split(",") if v)
+    if served is not None:
+        served.extend(requests_of(on))
     online_busy = requests * REQUEST["kernels"] * REQUEST["us"] / 1e6
     idle = float(off["wall_ns"]) / 1e9 - online_busy
     return float(on["p50_us"]), float(on["p99_us"]), float(off["gpu_ns"]) / 1e9 / idle
@@ -281,16 +333,15 @@ def periodic_repeats(
 ) -> tuple[float, list[float], list[RunCounters]]:
     """The service's periodic p99 alone (median of `repeats` runs), p99 / that of `repeats`
     periodic runs next to the offline job, and each run's arbiter counters (with `late`: the
-    requests over 1.2 x the alone p50, and `host_late`: those of them on time but for the time
-    the service waited for a CPU)."""
+    requests over 1.2 x the alone p50, `host_late`: those of them on time but for the time the
+    service waited for a CPU, and the cause of each)."""
     alones = [alone(node, run_together, "periodic", requests) for _ in range(repeats)]
     alone50 = statistics.median(a[0] for a in alones)
     alone99 = statistics.median(a[1] for a in alones)
     ratios: list[float] = []
     counters: list[RunCounters] = []
     for _ in range(repeats):
-        lat: list[float] = []
-        cpu: list[float] = []
+        served: list[Request] = []
         _, s99, _ = shared(
             node,
             run_together,
@@ -298,13 +349,15 @@ def periodic_repeats(
             requests,
             kernel_us=kernel_us,
             mechanism=mechanism,
-            latencies=lat,
             counters=counters,
-            cpu_waits=cpu,
+            served=served,
         )
         ratios.append(s99 / alone99)
-        if counters:
-            counters[-1].late_at, counters[-1].host_late_at = late_requests(lat, cpu, 1.2 * alone50)
-            if len(cpu) == len(lat):
-                counters[-1].p99_less_cpu_us = p99([v - w for v, w in zip(lat, cpu, strict=True)])
+        if counters and served:
+            c = counters[-1]
+            lat = [r.latency for r in served]
+            c.late_at, c.host_late_at = late_requests(lat, [r.cpu_wait for r in served], 1.2 * alone50)
+            c.causes = late_causes(served, c.late_at)
+            c.woke_late = sum(r.woke > WOKE_LATE_US for r in served)
+            c.p99_less_cpu_us = p99([r.latency - r.cpu_wait for r in served])
     return alone99, ratios, counters

@@ -123,7 +123,7 @@ def run_together(
         pairs = [line.split("=", 1) for line in out.splitlines() if "=" in line]
         values = dict(pairs)
         # Keys printed once per request (lat_us, runq_us): all of them, in order, comma-separated.
-        for key in ("lat_us", "runq_us"):
+        for key in ("lat_us", "runq_us", "launch_us", "span_us", "woke_us"):
             values[f"{key}_all"] = ",".join(v for k, v in pairs if k == key)
         results.append(values)
     return results
@@ -383,6 +383,17 @@ def syncing_section(args: argparse.Namespace) -> list[_syncing.Result]:
         )
 
 
+REPEAT_LEGEND = """\
+per run: p99 x alone; hold-backs; hold-backs whose request never came; early preemptions
+(requests not held back for); prediction samples at the end; the service's wait for the token
+(µs, whole run); stalls survived (off-beat requests, then the beat again) and patterns
+relearned; requests that began over {woke_ms:g} ms after their instant (woke late: the host's
+timer; such a request may miss its hold-back); requests over 1.2 x the alone p50, by index,
+each with the part of it furthest above the run's usual (c a wait for a CPU, t for the token,
+g its kernels queued on the GPU behind offline work, r its sync's return after its kernels
+ended); of those, how many were late only by the time the service
+waited for a CPU (runnable, not running: /proc/thread-self/schedstat); and the p99 of each
+request's latency less its wait for a CPU, x alone"""
 REPEAT_GOAL = 1.2  # issue 33: p99 within 1.2x alone in every one of 20 consecutive periodic runs
 CHOSEN = "early"  # the arbiter's default (abi.ARB_DEFAULT_ONLINE_PREEMPT, no quiet window)
 
@@ -429,21 +440,19 @@ def random_section(args: argparse.Namespace, out: Callable[[str], None]) -> int:
                     + " ".join(f"{r:.2f}" for r in ratios)
                     + f" (worst {worst:.2f}x, goal <= {REPEAT_GOAL:.2f}x in every run: {verdict})"
                 )
-                out("  per run: p99 x alone, hold-backs, hold-backs whose request never came, early")
-                out("  preemptions (requests not held back for), prediction samples at the end, the")
-                out("  service's wait for the token (µs, whole run), stalls survived (off-beat requests,")
-                out("  then the beat again) and patterns relearned, requests over 1.2 x the alone p50")
-                out("  (and which, by index); of those, how many were late only by the time the service")
-                out("  waited for a CPU (runnable, not running: /proc/thread-self/schedstat), the host's")
-                out("  delay, not the GPU's or the arbiter's; and the p99 of each request's latency less")
-                out("  its wait for a CPU, x alone")
+                for legend_line in REPEAT_LEGEND.format(woke_ms=_arrivals.WOKE_LATE_US / 1000).splitlines():
+                    out("  " + legend_line)
                 for i, (r, c) in enumerate(zip(ratios, counters, strict=True)):
-                    which = " ".join(map(str, c.late_at[:12])) + (" ..." if len(c.late_at) > 12 else "")
+                    tagged = [
+                        f"{at}{_arrivals.CAUSES[why]}" for at, why in zip(c.late_at, c.causes, strict=True)
+                    ]
+                    which = " ".join(tagged[:12]) + (" ..." if len(tagged) > 12 else "")
                     out(
                         f"  run {i + 1:2}: {r:.2f}x  hold-backs {c.holdbacks:4}  missed {c.misses:3}  "
                         f"early {c.early:3}  samples {c.samples:4}  waited {c.waited_us:7.0f}  "
-                        f"stalls {c.stalls} relearns {c.relearns}  late {c.late:3} "
-                        f"(CPU {c.host_late:3}) [{which}]  less CPU {c.p99_less_cpu_us / alone99:.2f}x"
+                        f"stalls {c.stalls} relearns {c.relearns}  woke late {c.woke_late:2}  "
+                        f"late {c.late:3} (CPU {c.host_late:3}) [{which}]  "
+                        f"less CPU {c.p99_less_cpu_us / alone99:.2f}x"
                     )
     return 0
 

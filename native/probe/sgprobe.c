@@ -1150,8 +1150,11 @@ static int run_bursts(int argc, char **argv, enum arrivals how)
         return 1;
     uint64_t *lat = calloc((size_t)n, sizeof(*lat));
     uint64_t *runq = calloc((size_t)n, sizeof(*runq));
+    uint64_t *launched = calloc((size_t)n, sizeof(*launched));
+    uint64_t *ran = calloc((size_t)n, sizeof(*ran));
+    uint64_t *woke = calloc((size_t)n, sizeof(*woke));
     double *gap = calloc((size_t)n, sizeof(*gap));
-    if (!lat || !runq || !gap)
+    if (!lat || !runq || !launched || !ran || !woke || !gap)
         return usage("out of host memory");
     /* The gaps, scaled so that they add up to (N - 1) means: every run covers the same window
      * (a benchmark runs the offline job for exactly that long), the pattern stays random. */
@@ -1164,6 +1167,11 @@ static int run_bursts(int argc, char **argv, enum arrivals how)
     /* One warm-up burst: the first launch pays for loading and for joining the arbiter. */
     CK(api.cuLaunchKernel(sp.f, 1, 1, 1, 1, 1, 1, 0, stream, sp.params, NULL));
     CK(api.cuStreamSynchronize(stream));
+    /* Events around each request's kernels measure their span on the GPU's clock: with other
+     * work queued on the engine, it includes the wait behind it. */
+    CUevent first, last;
+    CK(api.cuEventCreate(&first, 0));
+    CK(api.cuEventCreate(&last, 0));
     sleep_until(start_at);
     uint64_t t0 = now_ns(), sum = 0, at = t0;
     out("started=1");
@@ -1172,10 +1180,17 @@ static int run_bursts(int argc, char **argv, enum arrivals how)
             at += (uint64_t)gap[i];
         sleep_until(at);
         uint64_t q = runq_ns(), b = now_ns();
+        woke[i] = b > at ? b - at : 0;
+        CK(api.cuEventRecord(first, stream));
         for (long j = 0; j < k; j++)
             CK(api.cuLaunchKernel(sp.f, 1, 1, 1, 1, 1, 1, 0, stream, sp.params, NULL));
+        CK(api.cuEventRecord(last, stream));
+        launched[i] = now_ns() - b;
         CK(api.cuStreamSynchronize(stream));
         lat[i] = now_ns() - b;
+        float span = 0;
+        CK(api.cuEventElapsedTime(&span, first, last));
+        ran[i] = (uint64_t)((double)span * 1e6);
         runq[i] = runq_ns() - q;
         sum += lat[i];
     }
@@ -1183,6 +1198,12 @@ static int run_bursts(int argc, char **argv, enum arrivals how)
         out("lat_us=%" PRIu64, lat[i] / 1000u); /* in order, before the sort below */
     for (long i = 0; i < n; i++)
         out("runq_us=%" PRIu64, runq[i] / 1000u); /* of each request: waiting for a CPU */
+    for (long i = 0; i < n; i++) /* of each request: until its last launch returned (the token) */
+        out("launch_us=%" PRIu64, launched[i] / 1000u);
+    for (long i = 0; i < n; i++) /* of each request: its kernels' span on the GPU */
+        out("span_us=%" PRIu64, ran[i] / 1000u);
+    for (long i = 0; i < n; i++) /* of each request: how late it began (the host's timer) */
+        out("woke_us=%" PRIu64, woke[i] / 1000u);
     uint64_t t1 = now_ns();
     qsort(lat, (size_t)n, sizeof(*lat), cmp_u64);
     size_t p99 = (size_t)((double)(n - 1) * 0.99 + 0.5);
@@ -1194,7 +1215,12 @@ static int run_bursts(int argc, char **argv, enum arrivals how)
     out("wall_ns=%" PRIu64, t1 - t0);
     free(lat);
     free(runq);
+    free(launched);
+    free(ran);
+    free(woke);
     free(gap);
+    CK(api.cuEventDestroy_v2(first));
+    CK(api.cuEventDestroy_v2(last));
     CK(api.cuModuleUnload(sp.mod));
     return 0;
 }
@@ -1349,8 +1375,11 @@ static const struct command {
     {"bursty", cmd_bursty, "N MEAN_MS K US [START_NS]: as poisson, in groups of 4: gaps of mean "
                            "MEAN_MS/8 inside a group, longer between groups (mean MEAN_MS overall)"},
     {"bursts", cmd_bursts, "N PERIOD_MS K US [START_NS]: every PERIOD_MS launch K spin kernels of "
-                           "US µs and sync, N times; lat_us= per burst in order, runq_us= (of each, "
-                           "the time waiting for a CPU), then p50_us= p99_us= max_us= mean_us="},
+                           "US µs and sync, N times; lat_us= per burst in order, then of each: "
+                           "runq_us= (waiting for a CPU), launch_us= (until its last launch "
+                           "returned), span_us= (its kernels on the GPU's clock, queued behind "
+                           "other work included), woke_us= (how late it began); then "
+                           "p50_us= p99_us= max_us= mean_us="},
 };
 
 static int cmd_help(int argc, char **argv)
