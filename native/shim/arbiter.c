@@ -952,12 +952,9 @@ void sg_arb_offline_bound(struct sg_gpu *g, CUcontext ctx)
     __atomic_fetch_sub(&g->syncing, 1, __ATOMIC_RELAXED);
     sg_in_hook--;
     uint64_t now = sg_mono_ns();
-    /* What we had queued ran from `start` to `now`: a decaying maximum of that is what the
-     * next launch is expected to take. */
-    uint64_t est = __atomic_load_n(&g->kernel_ns, __ATOMIC_RELAXED);
-    est -= est / 8;
-    if (now - start > est)
-        est = now - start;
+    /* What we had queued ran from `start` to `now`: what the next launch is expected to take. */
+    uint64_t est = sg_predict_kernel_estimate(__atomic_load_n(&g->kernel_ns, __ATOMIC_RELAXED),
+                                              now - start);
     __atomic_store_n(&g->kernel_ns, est, __ATOMIC_RELAXED);
     uint64_t late = 0, by = 0;
     uint64_t next = sg_predict_next(a, now, est, &late, &by);

@@ -35,4 +35,9 @@ bool sg_predict_holdback_allowed(struct sg_arbiter *a, uint64_t now);
 /* An online request was granted the token. */
 void sg_predict_served(struct sg_arbiter *a);
 
+/* How long an offline client's next launch is expected to run, from the estimate so far and
+ * `measured`: how long the work it had queued at a bound sync took, launch to the sync's return.
+ * A pure function of its arguments. */
+uint64_t sg_predict_kernel_estimate(uint64_t est, uint64_t measured);
+
 #endif

@@ -40,6 +40,10 @@ class Run:
         self.commands.append(f"hold {t} {until}")
         return self
 
+    def estimate(self, est: int, measured: int) -> Run:
+        self.commands.append(f"estimate {est} {measured}")
+        return self
+
     def answers(self) -> list[dict[str, int]]:
         out = subprocess.run(
             [str(self.exe)], input="\n".join(self.commands), capture_output=True, text=True, check=True
@@ -180,3 +184,36 @@ def test_a_suspended_prediction_resumes_only_close_to_the_beat(predictor: Path) 
     assert got[9]["outliers"] == 0
     assert got[9]["stalls"] == 1
     assert abs(got[10]["next"] - beat(9)) <= 200  # the phase moved a quarter of 300 µs
+
+
+def estimates(predictor: Path, measured: list[int]) -> list[int]:
+    """The offline kernel estimate after each bound sync of `measured` µs, from none."""
+    est, out = 0, []
+    for m in measured:
+        est = Run(predictor).estimate(est, m).answers()[0]["estimate"]
+        out.append(est)
+    return out
+
+
+def test_the_kernel_estimate_is_a_decaying_maximum(predictor: Path) -> None:
+    got = estimates(predictor, [2_000, 2_000, 1_000, 1_000, 1_000, 2_100])
+    assert got[:2] == [2_000, 2_000]
+    assert got[2:5] == [1_750, 1_531, 1_339]  # an eighth off per sync, never below a measurement
+    assert got[5] == 2_100
+
+
+def test_one_stalled_sync_does_not_switch_the_prediction_off(predictor: Path) -> None:
+    """A sync the host stalled for 14 ms (the bench's bad run) makes the estimate at most twice
+    the kernel, which still leaves the 2 ms kernels a prediction; taken whole it left none."""
+    got = estimates(predictor, [2_000, 2_000, 14_000, 2_000])
+    assert got[2] == 4_000
+    assert got[3] == 3_500
+    run = Run(predictor).arrive(beat(0), beat(1), beat(2))
+    answers = run.next(beat(3) - 3_000, got[2]).next(beat(3) - 3_000, 14_000).answers()
+    assert answers[3]["next"] == beat(3)  # 4 ms of work 3 ms before the beat: held back
+    assert answers[4]["next"] == 0  # 14 ms, more than half the period: no prediction at all
+    assert answers[4]["launch_by"] == 0
+
+
+def test_kernels_that_really_got_longer_are_followed_within_a_few_syncs(predictor: Path) -> None:
+    assert estimates(predictor, [500, 8_000, 8_000, 8_000, 8_000]) == [500, 1_000, 2_000, 4_000, 8_000]

@@ -7,6 +7,7 @@
  *                    else the last instant it may start without (launch_by)
  *   hold T UNTIL     an offline holder wants to hold back at T until UNTIL -> allowed
  *   served           an online request was granted the token
+ *   estimate EST M   an offline kernel estimate of EST µs after a bound sync that took M µs
  */
 #include <stdio.h>
 #include <string.h>
@@ -43,6 +44,8 @@ int main(void)
             if (ok)
                 a->offline_hold_until_ns = k * 1000;
             printf("allowed=%d misses=%llu\n", ok, (unsigned long long)a->holdback_misses);
+        } else if (!strcmp(cmd, "estimate") && scanf("%llu %llu", &t, &k) == 2) {
+            printf("estimate=%llu\n", us(sg_predict_kernel_estimate(t * 1000, k * 1000)));
         } else if (!strcmp(cmd, "served")) {
             sg_predict_served(a);
             printf("served=1\n");
