@@ -359,6 +359,7 @@ def test_the_plugin_killed_between_a_prepare_and_its_checkpoint_leaves_exactly_o
     apply(cluster, claim_template("vgpu-1g", {"memory": "1Gi", "compute": "10"}))
     argv, env = cluster.commands["dra-plugin"]
     assert argv[1:3] == ["-m", "sharegpu.kube.dra"], argv
+    checkpoint_file = Path(argv[argv.index("--state-dir") + 1]) / FILE
     cluster.stop("dra-plugin")
     start_plugin(cluster, [sys.executable, "-c", DIES_BEFORE_ITS_CHECKPOINT, *argv[3:]], env)
     apply(cluster, claim_pod("mid-prepare", "vgpu-1g", "exec sleep 600"))
@@ -367,7 +368,7 @@ def test_the_plugin_killed_between_a_prepare_and_its_checkpoint_leaves_exactly_o
         assert died.wait(timeout=120) == -9, cluster.tail()
         # It died with the tenant made and the claim still `preparing` in its checkpoint.
         (half_done,) = claim_tenants(cluster)
-        checkpoint = json.loads((Path(argv[argv.index("--state-dir") + 1]) / FILE).read_text())
+        checkpoint = json.loads(checkpoint_file.read_text())
         assert [e["state"] for e in checkpoint["claims"].values()] == ["preparing"], checkpoint
         made_first = read_limits(tenants_dir(cluster.sim.runtime) / half_done).incarnation
     finally:
@@ -379,7 +380,7 @@ def test_the_plugin_killed_between_a_prepare_and_its_checkpoint_leaves_exactly_o
     assert "rolled back the half-done prepare of claims" in cluster.logs["dra-plugin"].read_text()
     assert claim_tenants(cluster) == [tenant_name(ref)] == [half_done]
     assert read_limits(tenants_dir(cluster.sim.runtime) / half_done).incarnation != made_first
-    checkpoint = json.loads((Path(argv[argv.index("--state-dir") + 1]) / FILE).read_text())
+    checkpoint = json.loads(checkpoint_file.read_text())
     assert {uid: e["state"] for uid, e in checkpoint["claims"].items()} == {ref.uid: "prepared"}
     delete_pod(cluster, "mid-prepare")
     wait_gone(tenants_dir(cluster.sim.runtime) / half_done, cluster)
