@@ -40,6 +40,7 @@ from e2e.kubesharegpu import (
     DEPLOY,
     NAMESPACE,
     SCHEDULER_CONFIG,
+    allocatable_vgpus,
     audit_denials,
     import_archive,
     import_image,
@@ -270,8 +271,7 @@ class Deployed:
         if self.mode == "dra":
             slices = self.get("resourceslices", "--field-selector", f"spec.nodeName={self.node.node}")
             return any(s["spec"].get("devices") for s in slices["items"])
-        allocatable = self.get("node", self.node.node)["status"].get("allocatable", {})
-        return int(allocatable.get("sharegpu.io/vgpu", "0")) > 0
+        return allocatable_vgpus(self.get("node", self.node.node)) > 0
 
     def roll_node(self) -> float:
         """`kubectl rollout restart` of the node DaemonSet, as an upgrade rolls it, until the new

@@ -65,6 +65,11 @@ class Cluster(Protocol):
     def tail(self, lines: int = 30) -> str: ...
 
 
+def allocatable_vgpus(node: dict[str, Any]) -> int:
+    """The vGPUs a Node object says its kubelet offers (its allocatable sharegpu.io/vgpu)."""
+    return int(node["status"].get("allocatable", {}).get("sharegpu.io/vgpu", "0"))
+
+
 @dataclass
 class Sharegpu:
     """The node with sharegpu on it: the simulated GPU, where each component logs, and what the
@@ -86,10 +91,8 @@ class Sharegpu:
         return str(self.node.cdi / "sharegpu.json")
 
     def node_vgpus(self) -> int:
-        """The vGPUs the kubelet offers on the node (its allocatable sharegpu.io/vgpu): 0 while the
-        device plugin is not registered."""
-        status = self.get("node", self.node.node)["status"]
-        return int(status.get("allocatable", {}).get("sharegpu.io/vgpu", "0"))
+        """The vGPUs the kubelet offers on the node: 0 while the device plugin is not registered."""
+        return allocatable_vgpus(self.get("node", self.node.node))
 
     def extender_ready(self, port: int | None = None) -> bool:
         """The extender's readiness probe, as deploy/kubernetes sets it: the leader, synced."""
