@@ -32,6 +32,12 @@ enum sg_arb_decision sg_arb_decide(struct sg_gpu *g, uint64_t now, bool burst_en
 void sg_arb_release(struct sg_gpu *g, bool preempted);
 /* A grant to this process: the watcher, asleep with nothing held, looks again. */
 void sg_arb_kick_watcher(void);
+/* When the watcher looks at its GPUs next without being woken (CLOCK_MONOTONIC); UINT64_MAX
+ * while it is awake or asleep with nothing held: wake it to be sure (arbwatch.c). */
+uint64_t sg_arb_watcher_due(void);
+/* While a GPU is held and one of the holder's class waits, the watcher looks at least this
+ * often: a burst's end within a class need not wake it (arbiter.c, watch_burst_end_locked). */
+uint64_t sg_arb_watch_poll_ns(uint64_t quantum);
 /* No hold in progress: its marks (quantum end, drains, idle time) cleared. */
 void sg_arb_hold_reset(struct sg_gpu *g);
 

@@ -389,12 +389,20 @@ static bool between_requests_locked(struct sg_arbiter *a, const struct sg_gpu *g
 }
 
 /* Under the region lock: watch our burst's end, handing the card on if no launch follows
- * within `grace` (the watcher, watch_one). */
+ * within `grace` (the watcher, watch_one).  Within our class (`lazy`) the watcher is woken only
+ * when it would not look on its own (it polls while others wait, sg_arb_watch_poll_ns) by the
+ * grace's end and one poll: a loop that syncs and launches again keeps the card every time,
+ * and waking the watcher at each of its bursts put a futex wake (an IPI to the other CPU of a
+ * VM) into its own gap between bursts, 8-9 µs of card idle per burst on the simulated GPU
+ * (docs/design/arbitration.md, "Turns").  A holder that does go idle hands on at most one poll
+ * later; toward a lower class (an online request's end) the watcher is woken at once. */
 static void watch_burst_end_locked(struct sg_arbiter *a, struct sg_gpu *g, int c, uint64_t now,
-                                   uint64_t grace)
+                                   uint64_t grace, bool lazy)
 {
     __atomic_store_n(&g->grace_ns, grace, __ATOMIC_RELAXED);
-    __atomic_store_n(&g->burst_end_ns, now, __ATOMIC_RELAXED);
+    __atomic_store_n(&g->burst_end_ns, now, __ATOMIC_SEQ_CST);
+    if (lazy && sg_arb_watcher_due() <= now + grace + sg_arb_watch_poll_ns(sg_arb_quantum(a)))
+        return;
     __atomic_fetch_add(&a->clients[c].watch, 1, __ATOMIC_RELEASE);
     sg_futex_wake(&a->clients[c].watch, true);
 }
@@ -460,7 +468,7 @@ enum sg_arb_decision sg_arb_decide(struct sg_gpu *g, uint64_t now, bool burst_en
         if (drained && between_requests_locked(a, g, now))
             d = SG_ARB_RELEASE;
         else
-            watch_burst_end_locked(a, g, c, now, idle_grace(sg_arb_quantum(a)));
+            watch_burst_end_locked(a, g, c, now, idle_grace(sg_arb_quantum(a)), false);
     } else if ((quantum_over || burst_end) && throttled)
         d = SG_ARB_RELEASE;
     else if (best >= 0 && (quantum_over || drained) && sg_arb_better_locked(a, best, c, true))
@@ -470,7 +478,7 @@ enum sg_arb_decision sg_arb_decide(struct sg_gpu *g, uint64_t now, bool burst_en
         if (usually_idles_long(g, idle_grace(sg_arb_quantum(a))))
             d = SG_ARB_RELEASE; /* hand on now rather than idle through a grace */
         else
-            watch_burst_end_locked(a, g, c, now, same_class_grace(g, sg_arb_quantum(a)));
+            watch_burst_end_locked(a, g, c, now, same_class_grace(g, sg_arb_quantum(a)), true);
     }
     if (d == SG_ARB_KEEP && quantum_over) {
         a->quantum_end_ns = now + sg_arb_quantum_len_locked(a, c, now);
