@@ -164,6 +164,65 @@ def test_short_bursts_at_an_uneven_split_keep_the_card_busy(sim: Sim) -> None:
 
 
 @pytest.mark.timing
+def test_a_loop_that_pauses_hands_the_card_to_its_own_class_within_a_poll(sim: Sim) -> None:
+    """A loop of short bursts keeps the card at its syncs without waking its watcher each time
+    (the watcher polls every quantum/10 while one of its class waits): when the loop pauses
+    holding the card, the waiter still gets it within the loop's grace and one poll (about
+    1 ms), not after half a quantum of idleness (5 ms) or at the quantum's end."""
+    a = compute_tenant(sim, "a", "share", 50)
+    b = compute_tenant(sim, "b", "share", 50)
+    code = """
+        import ctypes, sys, time
+        from cuda.bindings import driver as d
+        d.cuInit(0)
+        err, dev = d.cuDeviceGet(0)
+        err, ctx = d.cuDevicePrimaryCtxRetain(dev)
+        d.cuCtxSetCurrent(ctx)
+        ptx = (b".version 8.0\\n.target sm_90\\n.address_size 64\\n"
+               b".visible .entry spin(.param .u64 us)\\n{\\n ret;\\n}\\n")
+        err, mod = d.cuModuleLoadData(ptx)
+        err, f = d.cuModuleGetFunction(mod, b"spin")
+        us = ctypes.c_uint64(200)
+        params = (ctypes.c_void_p * 1)(ctypes.addressof(us))
+        for cycle in range(12):
+            for burst in range(60):
+                err, = d.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, 0, ctypes.addressof(params), 0)
+                assert err == d.CUresult.CUDA_SUCCESS, err
+                d.cuCtxSynchronize()
+                until = time.monotonic_ns() + 20_000
+                while time.monotonic_ns() < until:
+                    pass
+            print("paused=%d" % time.monotonic_ns(), flush=True)
+            time.sleep(0.03)
+    """
+    waiter = spawn(sim, a, "saturate", 20, 500, "kernel")
+    loop = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=sim.tenant_env(b),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    region = arbiter_of(sim)
+    delays_ms = []
+    assert loop.stdout is not None
+    for line in loop.stdout:
+        paused = int(line.split("=", 1)[1])
+        if read_arbiter(region).holder_pid != loop.pid:
+            continue  # it paused after handing the card on at its sync
+        while read_arbiter(region).holder_pid == loop.pid and time.monotonic_ns() - paused < 25_000_000:
+            time.sleep(0.0001)
+        delays_ms.append((time.monotonic_ns() - paused) / 1e6)
+    _, err = loop.communicate(timeout=60)
+    assert loop.returncode == 0, err
+    waiter.kill()
+    waiter.communicate(timeout=30)
+    print("pauses holding the card, ms until the waiter got it: " + " ".join(f"{d:.2f}" for d in delays_ms))
+    assert len(delays_ms) >= 2  # the loop held the card at some of its 12 pauses
+    assert sorted(delays_ms)[len(delays_ms) // 2] < 3  # grace + one poll, not 5-10 ms
+
+
+@pytest.mark.timing
 @pytest.mark.parametrize(
     ("kernels", "us", "gap_us"),
     [
