@@ -71,6 +71,26 @@ def achieved_by_script(sim: Sim, tenant: Path, script: str, *args: str) -> float
     return float(parse_kv(proc.stdout)[0]["achieved"]) * 100
 
 
+def spin_script(us: int, body: str) -> str:
+    """A cuda-python program: the simulated GPU's spin kernel of `us` µs loaded on device 0's
+    primary context as `f`, its launch arguments in `params`; then `body`."""
+    prelude = f"""
+        import ctypes, sys, time
+        from cuda.bindings import driver as d
+        d.cuInit(0)
+        err, dev = d.cuDeviceGet(0)
+        err, ctx = d.cuDevicePrimaryCtxRetain(dev)
+        d.cuCtxSetCurrent(ctx)
+        ptx = (b".version 8.0\\n.target sm_90\\n.address_size 64\\n"
+               b".visible .entry spin(.param .u64 us)\\n{{\\n ret;\\n}}\\n")
+        err, mod = d.cuModuleLoadData(ptx)
+        err, f = d.cuModuleGetFunction(mod, b"spin")
+        us = ctypes.c_uint64({us})
+        params = (ctypes.c_void_p * 1)(ctypes.addressof(us))
+    """
+    return textwrap.dedent(prelude) + textwrap.dedent(body)
+
+
 # ---------------------------------------------------------------------------------------------
 # policies
 
@@ -171,19 +191,9 @@ def test_a_loop_that_pauses_hands_the_card_to_its_own_class_within_a_poll(sim: S
     1 ms), not after half a quantum of idleness (5 ms) or at the quantum's end."""
     a = compute_tenant(sim, "a", "share", 50)
     b = compute_tenant(sim, "b", "share", 50)
-    code = """
-        import ctypes, sys, time
-        from cuda.bindings import driver as d
-        d.cuInit(0)
-        err, dev = d.cuDeviceGet(0)
-        err, ctx = d.cuDevicePrimaryCtxRetain(dev)
-        d.cuCtxSetCurrent(ctx)
-        ptx = (b".version 8.0\\n.target sm_90\\n.address_size 64\\n"
-               b".visible .entry spin(.param .u64 us)\\n{\\n ret;\\n}\\n")
-        err, mod = d.cuModuleLoadData(ptx)
-        err, f = d.cuModuleGetFunction(mod, b"spin")
-        us = ctypes.c_uint64(200)
-        params = (ctypes.c_void_p * 1)(ctypes.addressof(us))
+    code = spin_script(
+        200,
+        """
         for cycle in range(12):
             for burst in range(60):
                 err, = d.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, 0, ctypes.addressof(params), 0)
@@ -194,10 +204,11 @@ def test_a_loop_that_pauses_hands_the_card_to_its_own_class_within_a_poll(sim: S
                     pass
             print("paused=%d" % time.monotonic_ns(), flush=True)
             time.sleep(0.03)
-    """
+        """,
+    )
     waiter = spawn(sim, a, "saturate", 20, 500, "kernel")
     loop = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [sys.executable, "-c", code],
         env=sim.tenant_env(b),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -749,26 +760,17 @@ def test_launch_fast_path_cost(sim: Sim) -> None:
 def test_launch_hooks_reach_cuda_python(sim: Sim) -> None:
     """cuda-python resolves cuLaunchKernel through cuGetProcAddress: it must get the gate."""
     c = compute_tenant(sim, "c", "cap", 20)
-    code = """
-        import ctypes, time
-        from cuda.bindings import driver as d
-        d.cuInit(0)
-        err, dev = d.cuDeviceGet(0)
-        err, ctx = d.cuDevicePrimaryCtxRetain(dev)
-        d.cuCtxSetCurrent(ctx)
-        ptx = (b".version 8.0\\n.target sm_90\\n.address_size 64\\n"
-               b".visible .entry spin(.param .u64 us)\\n{\\n ret;\\n}\\n")
-        err, mod = d.cuModuleLoadData(ptx)
-        err, f = d.cuModuleGetFunction(mod, b"spin")
-        us = ctypes.c_uint64(1000)
-        params = (ctypes.c_void_p * 1)(ctypes.addressof(us))
+    code = spin_script(
+        1000,
+        """
         t0 = time.monotonic(); n = 0
         while time.monotonic() - t0 < 1.0:
             err, = d.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, 0, ctypes.addressof(params), 0)
             assert err == d.CUresult.CUDA_SUCCESS, err
             d.cuCtxSynchronize(); n += 1
         print("achieved=%.4f" % (n * 1e-3 / (time.monotonic() - t0)))
-    """
+        """,
+    )
     x = achieved_by_script(sim, c, code)
     print(f"cap 20% through cuda-python: {x:.1f}%")
     assert x <= 25
