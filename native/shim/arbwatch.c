@@ -93,8 +93,8 @@ static void *watcher_main(void *arg)
     (void)arg;
     sg_in_hook = 1; /* everything this thread calls is ours */
     for (;;) {
+        __atomic_store_n(&watcher_due, UINT64_MAX, __ATOMIC_SEQ_CST); /* awake: wake us to be sure */
         /* Read the kick word first: a grant after this read wakes the futex wait below. */
-        __atomic_store_n(&watcher_due, UINT64_MAX, __ATOMIC_SEQ_CST);
         uint32_t kick = __atomic_load_n(&sg_arb_watcher_kick, __ATOMIC_ACQUIRE);
         uint64_t sleep = 0;
         uint32_t *word = NULL, val = 0;
@@ -142,9 +142,9 @@ static void *watcher_main(void *arg)
         if (word) {
             __atomic_store_n(&watcher_due, sg_mono_ns() + sleep, __ATOMIC_SEQ_CST);
             sg_futex_wait(word, val, sleep, true);
-        }
-        else
+        } else {
             sg_futex_wait(&sg_arb_watcher_kick, kick, 1000000000ull, false);
+        }
     }
     return NULL;
 }
