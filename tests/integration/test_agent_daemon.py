@@ -23,6 +23,7 @@ import pytest
 from agentutil import Agent, allocator, create, step
 from conftest import Sim, parse_kv
 from sharegpu import native
+from sharegpu.agent.cpulatency import effective_us
 from sharegpu.regions import abi
 from sharegpu.spec import MIB
 from sharegpu.tenant import read_limits, remove_tenant
@@ -349,3 +350,35 @@ def test_a_database_removed_under_the_running_agent_is_written_again(sim: Sim, t
         assert recovered["db"]["data"]["adopted"] is False
     finally:
         agent.close()
+
+
+def test_a_cpu_wakeup_latency_request_lasts_as_long_as_the_agent(sim: Sim, tmp_path: Path) -> None:
+    """--cpu-wakeup-latency-us: the kernel's PM QoS device reports the request while the agent
+    runs, and the request goes with the agent however it ends (the kernel drops it when the
+    agent's file closes, a SIGKILL included)."""
+    before = effective_us()
+    assert before > 17, "another process holds a lower request: this test would prove nothing"
+    agent = Agent(sim, tmp_path / "state", "--cpu-wakeup-latency-us", "17").start()
+    try:
+        assert effective_us() == 17
+        started = agent.events(kind="agent.started")[-1]
+        assert started["data"]["cpu_wakeup_latency_us"] == 17
+        assert agent.stop(signal.SIGTERM) == 0
+        assert effective_us() == before
+        agent.start()
+        assert effective_us() == 17
+        agent.kill()
+        assert effective_us() == before
+    finally:
+        agent.close()
+    bad = subprocess.run(
+        Agent(sim, tmp_path / "state").command("--cpu-wakeup-latency-us", "-3"),
+        env=sim.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode != 0
+    assert "cpu_wakeup_latency_us" in bad.stderr
+    assert effective_us() == before

@@ -45,8 +45,19 @@ def test_the_default_file_may_be_absent(tmp_path: Path) -> None:
         ("enforse: kill\n", "invalid enforse"),
         ("metrics_port: 70000\n", "invalid metrics_port .*config.yaml"),
         ("enforce: sometimes\n", "invalid enforce"),
+        ("cpu_wakeup_latency_us: -5\n", "invalid cpu_wakeup_latency_us"),
+        ("cpu_wakeup_latency_us: soon\n", "invalid cpu_wakeup_latency_us"),
     ],
-    ids=["yaml", "not-a-mapping", "version", "unknown-key", "out-of-range", "bad-choice"],
+    ids=[
+        "yaml",
+        "not-a-mapping",
+        "version",
+        "unknown-key",
+        "out-of-range",
+        "bad-choice",
+        "negative-latency",
+        "latency-not-a-number",
+    ],
 )
 def test_a_bad_file_is_one_clear_error(tmp_path: Path, content: str, message: str) -> None:
     (tmp_path / "config.yaml").write_text(content)
@@ -62,3 +73,11 @@ def test_a_bad_environment_value_names_the_variable(tmp_path: Path) -> None:
 def test_an_explicit_file_must_exist(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no such config file"):
         load_config({}, environ={"HOME": str(tmp_path)}, file=tmp_path / "missing.yaml")
+
+
+def test_the_cpu_wakeup_latency_request_is_off_unless_asked(tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path)}
+    assert load_config({}, environ=env, file=None).config.cpu_wakeup_latency_us is None
+    loaded = load_config({"cpu_wakeup_latency_us": 0}, environ=env, file=None)
+    assert loaded.config.cpu_wakeup_latency_us == 0
+    assert loaded.sources["cpu_wakeup_latency_us"] == "flag --cpu-wakeup-latency-us"

@@ -31,6 +31,7 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
+from sharegpu.agent.cpulatency import MAX_US
 from sharegpu.agent.metrics import DEFAULT_ADDRESS, DEFAULT_PORT
 from sharegpu.agent.tuning import ArbiterTuning, check_keys
 from sharegpu.errors import ConfigError
@@ -66,6 +67,13 @@ class AgentConfig(BaseSettings):
     metrics_port: int = Field(default=DEFAULT_PORT, ge=0, le=65535, description="Prometheus metrics; 0: off")
     metrics_address: str = Field(default=DEFAULT_ADDRESS, description="Address the metrics server binds")
     qos_target_wait_ms: float = Field(default=2.0, gt=0, le=10_000, description="Online wait target")
+    cpu_wakeup_latency_us: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_US,
+        description="Ask every CPU to wake within this many µs while the agent runs (PM QoS; "
+        "0: idle CPUs poll): faster hand-overs between tenants, more power; unset: off",
+    )
     cdi_spec: str = Field(
         default="/var/run/cdi/sharegpu.json", description="The CDI spec kept current; none: off"
     )

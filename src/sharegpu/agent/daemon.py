@@ -37,6 +37,7 @@ from sharegpu import __version__
 from sharegpu.agent.api import build_app
 from sharegpu.agent.busy import BusyMeter
 from sharegpu.agent.client import SOCKET_NAME
+from sharegpu.agent.cpulatency import CpuLatencyRequest
 from sharegpu.agent.events import Event, Loop
 from sharegpu.agent.loops import build_loops
 from sharegpu.agent.notify import Notifier
@@ -66,6 +67,8 @@ class Settings:
     metrics_port: int = 0  # 0: no metrics endpoint (the CLI's default is metrics.DEFAULT_PORT)
     metrics_address: str = "0.0.0.0"
     qos_target_wait_ms: float = 2.0
+    # A PM QoS request held while the agent runs (sharegpu.agent.cpulatency); None: none.
+    cpu_wakeup_latency_us: int | None = None
     # Arbiter settings per GPU UUID or "default" (sharegpu.agent.tuning), kept by a loop.
     arbiter: Mapping[str, ArbiterTuning] = field(default_factory=dict)
     # Loops of the layers above the agent (the CDI spec keeper), built by the CLI.
@@ -397,13 +400,20 @@ async def _main(settings: Settings) -> int:
         _exclusive(settings.state_dir / "agent.lock", f"the state directory {settings.state_dir}"),
     ):
         store = Store(settings.state_dir)
+        us = settings.cpu_wakeup_latency_us
+        cpu_latency = CpuLatencyRequest(us) if us is not None else None
         try:
+            if cpu_latency:
+                in_force = cpu_latency.hold()
+                log.info("CPUs wake within %d µs while the agent runs (requested %d µs)", in_force, us)
             # Tenant processes preload <runtime>/shim/libsharegpu.so, a link that `sharegpu
             # upgrade` swaps; the first agent on a node installs the package's own build there.
             shim = ensure_installed(root)
             log.info("tenant processes load %s -> %s", shim, current_shim(root))
             return await _serve(settings, store, sock_path)
         finally:
+            if cpu_latency:
+                cpu_latency.release()
             store.close()
 
 
@@ -469,6 +479,7 @@ async def _serve(settings: Settings, store: Store, sock_path: Path) -> int:
                     "allow_overcommit": settings.allow_overcommit,
                     "arbiter": {k: t.model_dump() for k, t in service.tuner.tunings.items()},
                     "metrics_port": metrics_server.port if metrics_server else None,
+                    "cpu_wakeup_latency_us": settings.cpu_wakeup_latency_us,
                 },
             )
         ]
