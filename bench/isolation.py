@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _arrivals
 import _syncing
 from _node import Node, simulated_node, start_at
+from sharegpu.agent.cpulatency import CpuLatencyRequest
 from sharegpu.arbiter import read_arbiter
 from sharegpu.spec import ComputeSpec
 
@@ -489,7 +490,21 @@ def main(argv: list[str] | None = None, out: Callable[[str], None] = print) -> i
         help="periodic repeats of the chosen mechanism (0.5 and 2 ms kernels)",
     )
     parser.add_argument("--chosen", default=CHOSEN, help="the mechanism the periodic repeats use")
+    parser.add_argument(
+        "--cpu-wakeup-latency-us",
+        type=int,
+        default=None,
+        help="hold this CPU wake-up latency request (PM QoS, as `sharegpu agent --cpu-wakeup-latency-us`) "
+        "through every run, with sharegpu and without (root)",
+    )
     args = parser.parse_args(argv)
+    if args.cpu_wakeup_latency_us is None:
+        return _run(args, out)
+    with CpuLatencyRequest(args.cpu_wakeup_latency_us):
+        return _run(args, out)
+
+
+def _run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     if args.random:
         return random_section(args, out)
     sections = set(args.sections.split(","))
@@ -525,7 +540,7 @@ def main(argv: list[str] | None = None, out: Callable[[str], None] = print) -> i
         )
         return 0
     if syncing:
-        for line in _syncing.table(syncing, args.syncing_runs):
+        for line in _syncing.table(syncing, args.syncing_runs, args.cpu_wakeup_latency_us):
             out(line)
         if not rows:
             return 0

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 try:
-    from _syncing import CASES, Case, Result, Tenant, Work, expected, waterfill
+    from _syncing import CASES, GPU_SWITCH_US, Case, Result, Tenant, Work, expected, waterfill
 finally:
     sys.path.pop(0)
 
@@ -70,6 +70,28 @@ def test_goals() -> None:
     cap = Result(Case("g", (Tenant(30, W, "cap"),)), got=[29.5], bare=[95.0], demands=[95])
     assert cap.card_goal == pytest.approx(29.0)
     assert cap.card_met
+
+
+def test_the_turns_bound_counts_forced_gaps_and_a_gpu_switch_per_hand_over() -> None:
+    """1 x 100 µs bursts at 30/70, each tenant 82% busy alone (a 22 µs gap): of ten bursts the
+    70% tenant must follow itself four times (gaps idle) and six turn boundaries are hand-overs
+    (a GPU switch each): 1000 / (1000 + 4 x 22 + 6 x 10)."""
+    work = Work(1, 100)
+    case = Case("t", (Tenant(30, work), Tenant(70, work)))
+    r = Result(case, got=[25.0, 60.0], bare=[45.4, 45.4], demands=[100 / 1.22, 100 / 1.22])
+    assert r.turns_bound == pytest.approx(100 / (1 + (4 * 22 + 6 * GPU_SWITCH_US) / 1000), rel=1e-3)
+    assert r.card_goal > r.turns_bound  # no arbiter of turns reaches the run without sharegpu here
+    assert not r.card_met
+    assert not r.card_bound  # 85% of the card: more than a point below the 87% turns can reach
+    near = Result(case, got=[26.0, 60.5], bare=r.bare, demands=r.demands)
+    assert near.card_bound
+    even = Result(
+        Case("t", (Tenant(50, work), Tenant(50, work))),
+        got=[45, 45],
+        bare=[45.4, 45.4],
+        demands=[100 / 1.22, 100 / 1.22],
+    )
+    assert even.turns_bound == pytest.approx(100 / 1.1)  # alternate: a switch at every boundary
 
 
 def test_the_cases_cover_what_users_run() -> None:
