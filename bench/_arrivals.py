@@ -168,6 +168,7 @@ class RunCounters:
     host_late_at: list[int] = field(default_factory=list)  # of those, late only by CPU waits
     causes: list[str] = field(default_factory=list)  # of each late request (late_cause)
     woke_late: int = 0  # requests that began over WOKE_LATE_US after their instant
+    woke_around: list[str] = field(default_factory=list)  # per late request: "its/before's" lateness, µs
     p99_less_cpu_us: float = 0.0  # p99 of each request's latency less its wait for a CPU
 
     @property
@@ -359,5 +360,9 @@ def periodic_repeats(
             c.late_at, c.host_late_at = late_requests(lat, [r.cpu_wait for r in served], 1.2 * alone50)
             c.causes = late_causes(served, c.late_at)
             c.woke_late = sum(r.woke > WOKE_LATE_US for r in served)
+            c.woke_around = [
+                f"{served[i].woke:.0f}/{served[i - 1].woke:.0f}" if i else f"{served[i].woke:.0f}/-"
+                for i in c.late_at
+            ]
             c.p99_less_cpu_us = p99([r.latency - r.cpu_wait for r in served])
     return alone99, ratios, counters

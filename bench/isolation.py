@@ -21,6 +21,8 @@
    offline, and a service that idles between bursts next to a saturating job; each run beside the
    same tenants without sharegpu. Goals: each tenant within 1 point of what the policies give it
    out of the card's total, and that total within 1 point of the same tenants without sharegpu.
+   --cpu-wakeup-latency-us N holds the agent's CPU wake-up latency request (PM QoS) through every
+   run of every section, with sharegpu and without (root).
 
 6. Random arrivals (--random, not in the default sections; about 30 minutes): online p50/p99 / alone
    and the offline share of idle time per offline kernel length (0.5, 2, 8 ms) x arrival pattern
@@ -391,7 +393,8 @@ per run: p99 x alone; hold-backs; hold-backs whose request never came; early pre
 relearned; requests that began over {woke_ms:g} ms after their instant (woke late: the host's
 timer; such a request may miss its hold-back); requests over 1.2 x the alone p50, by index,
 each with the part of it furthest above the run's usual (c a wait for a CPU, t for the token,
-g its kernels queued on the GPU behind offline work, r its sync's return after its kernels
+g its kernels queued on the GPU behind offline work, with how late it and the request before
+it began, µs: a late request moves the predicted beat; r its sync's return after its kernels
 ended); of those, how many were late only by the time the service
 waited for a CPU (runnable, not running: /proc/thread-self/schedstat); and the p99 of each
 request's latency less its wait for a CPU, x alone"""
@@ -445,7 +448,8 @@ def random_section(args: argparse.Namespace, out: Callable[[str], None]) -> int:
                     out("  " + legend_line)
                 for i, (r, c) in enumerate(zip(ratios, counters, strict=True)):
                     tagged = [
-                        f"{at}{_arrivals.CAUSES[why]}" for at, why in zip(c.late_at, c.causes, strict=True)
+                        f"{at}{_arrivals.CAUSES[why]}" + (f"({woke})" if why == "gpu" else "")
+                        for at, why, woke in zip(c.late_at, c.causes, c.woke_around, strict=True)
                     ]
                     which = " ".join(tagged[:12]) + (" ..." if len(tagged) > 12 else "")
                     out(
