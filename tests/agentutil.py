@@ -79,6 +79,17 @@ class Agent:
             *extra,
         ]
 
+    def refused(self, *extra: str) -> subprocess.CompletedProcess[str]:
+        """Run the agent with `extra` flags to its end: for settings or a node it must refuse."""
+        return subprocess.run(
+            self.command(*self.args, *extra),
+            env=self.sim.env() | self.extra_env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
     def start(self, timeout: float = 60) -> Agent:
         self.state.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as log:

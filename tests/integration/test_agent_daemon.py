@@ -277,14 +277,7 @@ def test_a_gpu_that_falls_off_is_reported_with_nvmls_words_and_comes_back(sim: S
 
 
 def test_one_agent_per_node(agent: Agent, sim: Sim, tmp_path: Path) -> None:
-    other = subprocess.run(
-        Agent(sim, tmp_path / "state2").command(),
-        env=sim.env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    other = Agent(sim, tmp_path / "state2").refused()
     assert other.returncode == 1
     lines = other.stderr.strip().splitlines()
     assert len(lines) == 1, other.stderr
@@ -371,14 +364,7 @@ def test_a_cpu_wakeup_latency_request_lasts_as_long_as_the_agent(sim: Sim, tmp_p
         assert effective_us() == before
     finally:
         agent.close()
-    bad = subprocess.run(
-        Agent(sim, tmp_path / "state").command("--cpu-wakeup-latency-us", "-3"),
-        env=sim.env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    bad = Agent(sim, tmp_path / "state").refused("--cpu-wakeup-latency-us", "-3")
     assert bad.returncode != 0
     assert "cpu_wakeup_latency_us" in bad.stderr
     assert effective_us() == before

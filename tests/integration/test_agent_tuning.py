@@ -342,14 +342,7 @@ def test_bad_settings_stop_the_agent_and_change_nothing(
     tune_arbiter(path, online_preempt="by-kernel", offline_quiet_ns=7_000_000)  # not the defaults
     before = tunables(path)
     config = write_config(tmp_path, arbiter)
-    proc = subprocess.run(
-        Agent(sim, tmp_path / "state").command("--config", str(config)),
-        env=sim.env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = Agent(sim, tmp_path / "state").refused("--config", str(config))
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr  # one line, no traceback
