@@ -502,9 +502,8 @@ def main(argv: list[str] | None = None, out: Callable[[str], None] = print) -> i
         "through every run, with sharegpu and without (root)",
     )
     args = parser.parse_args(argv)
-    if args.cpu_wakeup_latency_us is None:
-        return _run(args, out)
-    with CpuLatencyRequest(args.cpu_wakeup_latency_us):
+    us = args.cpu_wakeup_latency_us
+    with CpuLatencyRequest(us) if us is not None else contextlib.nullcontext():
         return _run(args, out)
 
 
