@@ -217,3 +217,23 @@ def test_one_stalled_sync_does_not_switch_the_prediction_off(predictor: Path) ->
 
 def test_kernels_that_really_got_longer_are_followed_within_a_few_syncs(predictor: Path) -> None:
     assert estimates(predictor, [500, 8_000, 8_000, 8_000, 8_000]) == [500, 1_000, 2_000, 4_000, 8_000]
+
+
+def test_an_overdue_request_is_waited_for_one_more_offline_kernel(predictor: Path) -> None:
+    """A request whose timer fires 1 ms late (the periodic repeats' queued requests were late by
+    0.9-2.3 ms) still finds the card held back for it: the hold-back lasts 300 µs plus one
+    offline kernel past the instant, so no 2 ms kernel starts just before it."""
+    steady = Run(predictor).arrive(beat(0), beat(1), beat(2))
+    answers = steady.next(beat(3) + 1_000, 2_000).next(beat(3) + 2_400, 2_000).answers()
+    assert (answers[3]["next"], answers[3]["late"]) == (beat(3), 2_300)
+    assert answers[4]["next"] == 0  # past that: the next beat's, far enough to launch
+    assert answers[4]["launch_by"] == beat(4) - 2_100
+
+
+def test_the_wait_for_an_overdue_request_is_cut_to_the_room(predictor: Path) -> None:
+    """The hold-back may last half the period (10 ms here): 8 ms kernels and the fixed margins
+    leave 1.6 ms for the overdue request, kernels of 9.6 ms none, and none goes unpredicted."""
+    steady = Run(predictor).arrive(beat(0), beat(1), beat(2))
+    answers = steady.next(beat(3) - 8_000, 8_000).next(beat(3) - 9_000, 9_600).answers()
+    assert (answers[3]["next"], answers[3]["late"]) == (beat(3), 1_900)
+    assert (answers[4]["next"], answers[4]["late"]) == (beat(3), 300)
