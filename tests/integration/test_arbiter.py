@@ -181,9 +181,7 @@ def test_short_bursts_at_an_uneven_split_keep_the_card_busy(sim: Sim) -> None:
             at = start_at()
             pa, pb = spawn(sim, a, *args, at), spawn(sim, b, *args, at)
             xa, xb = achieved(finish(pa)), achieved(finish(pb))
-            print(
-                f"1 x 100 µs bursts, share 30/70: {xa:.1f}% + {xb:.1f}% = {xa + xb:.1f}%; bare {sum(bare):.1f}%"
-            )
+            print(f"1 x 100 µs bursts, 30/70: {xa:.1f}% + {xb:.1f}% = {xa + xb:.1f}%; bare {sum(bare):.1f}%")
             assert abs(xa / (xa + xb) * 100 - 30) <= 3
             runs.append(xa + xb)
         assert max(runs) >= sum(bare) - 8.5
