@@ -409,7 +409,7 @@ def test_tenants_shows_configured_and_used_compute(sim: Sim) -> None:
             "--",
             probe,
             "saturate",
-            "4",
+            "60",  # killed below: on a loaded 2-core machine the CLI calls once outlasted 4 s
             "1000",
         ],
         env=sim.env(),
