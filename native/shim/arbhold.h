@@ -20,6 +20,8 @@ enum sg_arb_decision {
     SG_ARB_KEEP,    /* keep the token (its quantum renewed if it was over) */
     SG_ARB_RELEASE, /* hand it on after our work drains */
     SG_ARB_PREEMPT, /* a higher class asks: hand it on, maybe before our drain */
+    SG_ARB_LEND,    /* our work drained and we keep the card by virtual time: lend it to the
+                       best waiter of our class for our host gap (a loan, SG_ARB_YIELD_LOAN) */
 };
 
 /* Do we hold the GPU's token? */
@@ -30,6 +32,8 @@ enum sg_arb_decision sg_arb_decide(struct sg_gpu *g, uint64_t now, bool burst_en
 /* Hand the token on: drain our work (or, preempted early, let it run on into the next hold and
  * pay for it), charge the hold, grant the best waiter. */
 void sg_arb_release(struct sg_gpu *g, bool preempted);
+/* Act on a decision other than SG_ARB_KEEP: release, preempted or lent. */
+void sg_arb_hand_on(struct sg_gpu *g, enum sg_arb_decision d);
 /* A grant to this process: the watcher, asleep with nothing held, looks again. */
 void sg_arb_kick_watcher(void);
 /* When the watcher looks at its GPUs next without being woken (CLOCK_MONOTONIC); UINT64_MAX

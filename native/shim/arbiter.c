@@ -273,8 +273,11 @@ static void start_quiet_locked(struct sg_arbiter *a, int c, uint64_t now)
  * (early_pre): the request is granted at once and its kernels queue beside our kernel in flight,
  * which the GPU preempts at the end of its time slice.  The preempting holder pays for the
  * overlap (it chose not to wait for our drain); we pay for the part of the drain nobody held. */
-void sg_arb_release(struct sg_gpu *g, bool preempted)
+static void lend_locked(struct sg_arbiter *a, const struct sg_gpu *g, int c, int next, uint64_t now);
+
+static void release_as(struct sg_gpu *g, enum sg_arb_decision why)
 {
+    bool preempted = why == SG_ARB_PREEMPT;
     __atomic_store_n(&g->revoked, 1, __ATOMIC_SEQ_CST);
     for (unsigned spins = 0; __atomic_load_n(&g->launching, __ATOMIC_SEQ_CST); spins++) {
         if (spins < 100)
@@ -310,6 +313,8 @@ void sg_arb_release(struct sg_gpu *g, bool preempted)
                 handed = a->token;
                 if (early_pre)
                     a->early_preemptions++;
+                if (why == SG_ARB_LEND)
+                    lend_locked(a, g, c, next, now);
             }
         }
         sg_arb_unlock(a);
@@ -335,6 +340,17 @@ void sg_arb_release(struct sg_gpu *g, bool preempted)
     __atomic_store_n(&g->since_sync, 0, __ATOMIC_RELAXED);
     sg_arb_hold_reset(g);
     __atomic_store_n(&g->revoked, 0, __ATOMIC_SEQ_CST);
+}
+
+void sg_arb_release(struct sg_gpu *g, bool preempted)
+{
+    release_as(g, preempted ? SG_ARB_PREEMPT : SG_ARB_RELEASE);
+}
+
+void sg_arb_hand_on(struct sg_gpu *g, enum sg_arb_decision d)
+{
+    if (d != SG_ARB_KEEP)
+        release_as(g, d);
 }
 
 /* How long a holder that ended a burst may stay idle before a lower class gets the card. */
@@ -370,6 +386,46 @@ static bool usually_idles_long(const struct sg_gpu *g, uint64_t grace)
 static bool always_idles_long(const struct sg_gpu *g)
 {
     return __atomic_load_n(&g->long_gaps, __ATOMIC_RELAXED) >= LONG_GAPS_AT_ONCE;
+}
+
+/* Loans of a holder's host gap.  A holder that drained its work and keeps the card by virtual
+ * time (its next burst follows its own) leaves the card idle through its host time between the
+ * bursts, where the GPU's time-slicing would have run a waiter's work: with 200 µs of host time
+ * between bursts of 4 x 0.5 ms at 30/70, four points of the card, and no arbiter that hands the
+ * card on only at a burst's end can get them back ("turns", docs/design/arbitration.md).  So
+ * the holder lends the card to the best waiter of its class for the gap: the waiter keeps one
+ * kernel in flight and hands the card back at its first launch after the holder asked again
+ * (its watcher at once, woken by the holder's request).  The waiter pays for what it ran and
+ * the holder for nothing, so the split stays virtual time's; the holder waits up to one of the
+ * waiter's kernels, which costs the card nothing.
+ *
+ * Only for gaps of at least LEND_MIN_GAP_NS: a loan costs two hand-overs (10-30 µs each on the
+ * simulated GPU's VM), which a gap of 20 µs does not repay.  Never by an online holder (its
+ * next burst would wait for the borrower's kernel).  And only while the waiter is ahead of the
+ * holder in virtual time by less than a quarter quantum of its own GPU time
+ * (sg_arb_may_lend_locked): a waiter whose kernels outlast the holder's bursts would otherwise
+ * take the card at every one of them. */
+#define LEND_MIN_GAP_NS 100000ull
+
+#define LEND_GAPS_IN_A_ROW 4
+
+static bool lends_its_gap_locked(struct sg_arbiter *a, const struct sg_gpu *g, int c, int best,
+                                 uint64_t now)
+{
+    return __atomic_load_n(&g->lend_gaps, __ATOMIC_RELAXED) >= LEND_GAPS_IN_A_ROW &&
+           sg_arb_may_lend_locked(a, c, best, now);
+}
+
+/* Under the region lock, in our release: the grant to `next` is a loan (a waiter of our class
+ * behind us in virtual time), until our grace after the drain at most. */
+static void lend_locked(struct sg_arbiter *a, const struct sg_gpu *g, int c, int next, uint64_t now)
+{
+    if (a->clients[next].priority != a->clients[c].priority ||
+        sg_arb_better_locked(a, next, c, false))
+        return; /* the pick moved meanwhile: an ordinary hand-over */
+    __atomic_store_n(&a->clients[next].yield, SG_ARB_YIELD_LOAN, __ATOMIC_RELAXED);
+    a->quantum_end_ns = now + same_class_grace(g, sg_arb_quantum(a));
+    a->loans++;
 }
 
 /* Under the region lock, at a sync that drained our work with a lower class waiting: is our
@@ -461,7 +517,14 @@ enum sg_arb_decision sg_arb_decide(struct sg_gpu *g, uint64_t now, bool burst_en
     }
     if (best >= 0 && a->clients[best].priority > a->clients[c].priority)
         d = SG_ARB_RELEASE; /* a higher class waits */
-    else if (best >= 0 && burst_end && a->clients[best].priority < a->clients[c].priority) {
+    else if (yield == SG_ARB_YIELD_LOAN) {
+        /* Lent the card: hand it back as soon as a waiter is ahead of us (the lender came
+         * back); once the lender's grace is over it is ours like any hold. */
+        if (best >= 0 && sg_arb_better_locked(a, best, c, true))
+            d = SG_ARB_RELEASE;
+        else if (quantum_over)
+            __atomic_store_n(&a->clients[c].yield, 0, __ATOMIC_RELAXED);
+    } else if (best >= 0 && burst_end && a->clients[best].priority < a->clients[c].priority) {
         /* Our burst may be over: if no launch follows within the idle grace, the watcher hands
          * the card to the lower class (a loop that syncs and launches again keeps it), at once
          * when our request is surely over (between_requests_locked). */
@@ -477,6 +540,8 @@ enum sg_arb_decision sg_arb_decide(struct sg_gpu *g, uint64_t now, bool burst_en
         /* Same class, and we keep the card by virtual time, but none of our work is on it. */
         if (usually_idles_long(g, idle_grace(sg_arb_quantum(a))))
             d = SG_ARB_RELEASE; /* hand on now rather than idle through a grace */
+        else if (lends_its_gap_locked(a, g, c, best, now))
+            d = SG_ARB_LEND;
         else
             watch_burst_end_locked(a, g, c, now, same_class_grace(g, sg_arb_quantum(a)), true);
     }
@@ -586,6 +651,12 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
                 __atomic_store_n(&h->yield, SG_ARB_YIELD_TURN, __ATOMIC_RELAXED);
                 __atomic_fetch_add(&h->watch, 1, __ATOMIC_RELEASE);
                 sg_futex_wake(&h->watch, true);
+            } else if (!slept && __atomic_load_n(&h->yield, __ATOMIC_RELAXED) == SG_ARB_YIELD_LOAN &&
+                       sg_arb_better_locked(a, c, holder, true)) {
+                /* The card is lent for our gap (or another's, behind us): its watcher hands it
+                 * back as soon as its kernel in flight is done. */
+                __atomic_fetch_add(&h->watch, 1, __ATOMIC_RELEASE);
+                sg_futex_wake(&h->watch, true);
             } else if (!slept && me->priority < h->priority) {
                 /* A higher-class holder whose burst ended while nobody waited: its watcher
                  * hands the card to us after the idle grace (sg_arb_burst_end). */
@@ -646,6 +717,10 @@ static void note_gap(struct sg_gpu *g, uint64_t now)
     uint64_t sample = now - from, grace = idle_grace(sg_arb_quantum(g->a)), most = 4 * grace;
     uint32_t longs = __atomic_load_n(&g->long_gaps, __ATOMIC_RELAXED);
     __atomic_store_n(&g->long_gaps, sample < grace ? 0 : longs < UINT32_MAX ? longs + 1 : longs,
+                     __ATOMIC_RELAXED);
+    uint32_t lends = __atomic_load_n(&g->lend_gaps, __ATOMIC_RELAXED);
+    __atomic_store_n(&g->lend_gaps,
+                     sample < LEND_MIN_GAP_NS ? 0 : lends < UINT32_MAX ? lends + 1 : lends,
                      __ATOMIC_RELAXED);
     if (sample > most)
         sample = most;
@@ -750,7 +825,7 @@ static int hold_for_launch_locked(struct sg_gpu *g, struct sg_err *e)
         enum sg_arb_decision d = sg_arb_decide(g, now, false);
         if (d == SG_ARB_KEEP)
             break;
-        sg_arb_release(g, d == SG_ARB_PREEMPT);
+        sg_arb_hand_on(g, d);
     }
     if (rc < 0 && g->a && sg_arb_region_broken(g->a)) {
         sg_arb_forget_hold(g); /* the lock timed out on the way: this launch goes unarbitrated */
@@ -971,6 +1046,39 @@ void sg_arb_offline_bound(struct sg_gpu *g, CUcontext ctx)
         hold_back(g, next + late);
 }
 
+/* The card is lent to us (SG_ARB_YIELD_LOAN): one kernel in flight, so that the lender, back,
+ * waits for one kernel at most; when it is back, the card goes to it as our kernel ends.  The
+ * card idles from our kernel's end to our next launch because of the bound, not our work: when
+ * the sync covered all of the hold's work the hold is marked drained from the kernel's end (the
+ * burst clock, as at a sync of the program's), so that the charge leaves that time out (charged,
+ * it cost a borrower of 4 x 100 µs bursts on the 2-core VM up to a third more than its kernels
+ * ran, and the split moved to 25/75). */
+void sg_arb_loan_bound(struct sg_gpu *g, CUcontext ctx)
+{
+    sg_in_hook++;
+    uint64_t start = sg_mono_ns();
+    uint32_t seq = sg_arb_sync_mark(g, SG_SYNC_CTX, ctx); /* the kernel's end, by the GPU's clock */
+    __atomic_fetch_add(&g->syncing, 1, __ATOMIC_RELAXED); /* waiting for our kernel: not idle */
+    sync_context(ctx);
+    __atomic_fetch_sub(&g->syncing, 1, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&g->mu);
+    if (g->client >= 0 && sg_arb_holding(g) &&
+        __atomic_load_n(&g->a->clients[g->client].yield, __ATOMIC_RELAXED) == SG_ARB_YIELD_LOAN) {
+        uint64_t now = sg_mono_ns();
+        uint64_t last = __atomic_load_n(&g->last_launch, __ATOMIC_SEQ_CST);
+        if (sg_sync_covers_hold(g, SG_SYNC_CTX, ctx) && g->next_ext == 0 && last < start) {
+            uint64_t end = sg_bc_end(g, seq, now);
+            __atomic_store_n(&g->drained_at, end > last ? end : last + 1, __ATOMIC_SEQ_CST);
+            if (__atomic_load_n(&g->launching, __ATOMIC_SEQ_CST) ||
+                __atomic_load_n(&g->last_launch, __ATOMIC_SEQ_CST) >= start)
+                __atomic_store_n(&g->drained_at, 0, __ATOMIC_SEQ_CST); /* another thread launched */
+        }
+        sg_arb_hand_on(g, sg_arb_decide(g, now, false));
+    }
+    pthread_mutex_unlock(&g->mu);
+    sg_in_hook--;
+}
+
 /* Does a sync of `what` (a context, NULL the current one; or a stream) wait for all the work of
  * our hold: the one context that launched in it, or the one stream it launched to?  Caller
  * holds g->mu. */
@@ -1059,8 +1167,7 @@ void sg_arb_burst_end(void)
     pthread_mutex_lock(&g->mu);
     if (g->client >= 0 && sg_arb_holding(g)) {
         enum sg_arb_decision d = sg_arb_decide(g, sg_mono_ns(), true);
-        if (d != SG_ARB_KEEP)
-            sg_arb_release(g, d == SG_ARB_PREEMPT);
+        sg_arb_hand_on(g, d);
     }
     pthread_mutex_unlock(&g->mu);
     sg_in_hook--;

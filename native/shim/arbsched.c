@@ -143,6 +143,19 @@ bool sg_arb_better_locked(struct sg_arbiter *a, int w, int c, bool c_holds)
     return c_holds || x->wait_since_ns < y->wait_since_ns;
 }
 
+bool sg_arb_may_lend_locked(struct sg_arbiter *a, int c, int w, uint64_t now)
+{
+    const struct sg_arb_client *x = &a->clients[w], *y = &a->clients[c];
+    /* An online holder does not lend: its next burst would wait for the borrower's kernel, and
+     * its latency is what the class is for. */
+    if (x->priority != y->priority || y->priority == SG_PRIORITY_ONLINE ||
+        x->tenant >= SG_ARB_MAX_TENANTS || y->tenant >= SG_ARB_MAX_TENANTS)
+        return false;
+    uint64_t vw = a->tenants[x->tenant].vtime, vc = a->tenants[y->tenant].vtime;
+    uint64_t lag = sg_arb_quantum(a) / 4 * 1000u / eff_weight_locked(a, (int)x->tenant, now);
+    return vw >= vc && vw - vc < lag;
+}
+
 /* The best eligible waiter, or -1. */
 int sg_arb_pick_locked(struct sg_arbiter *a, uint64_t now)
 {

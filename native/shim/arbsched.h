@@ -39,6 +39,10 @@ bool sg_arb_pay_locked(struct sg_arbiter *a, int c, uint64_t used, uint64_t now)
 /* Is waiter w a better candidate than client c?  Against the holder (c_holds) a tie goes to
  * the waiter, so processes of one tenant alternate. */
 bool sg_arb_better_locked(struct sg_arbiter *a, int w, int c, bool c_holds);
+/* May holder c lend the card for its host gap to waiter w, which is behind it in virtual time?
+ * Only within a class other than online, and while w's tenant is ahead by less than a quarter
+ * quantum of its GPU time, so that what loans give it stays bounded (arbiter.c, "Loans"). */
+bool sg_arb_may_lend_locked(struct sg_arbiter *a, int c, int w, uint64_t now);
 /* The best eligible waiter, or -1. */
 int sg_arb_pick_locked(struct sg_arbiter *a, uint64_t now);
 /* The quantum client c would be granted now: shortened so a ceiling bucket does not run dry. */

@@ -67,10 +67,14 @@ static void watch_one(struct sg_gpu *g, uint64_t now)
     uint64_t q = sg_arb_quantum(g->a);
     uint32_t why = __atomic_load_n(&g->a->clients[g->client].yield, __ATOMIC_RELAXED);
     bool yield = why == SG_ARB_YIELD_CLASS;
-    bool over = now >= __atomic_load_n(&g->qend, __ATOMIC_RELAXED) || why == SG_ARB_YIELD_TURN;
     uint64_t last = __atomic_load_n(&g->last_launch, __ATOMIC_RELAXED);
     bool launching = __atomic_load_n(&g->launching, __ATOMIC_RELAXED) ||
                      __atomic_load_n(&g->syncing, __ATOMIC_RELAXED);
+    /* A loan ends here only while the holder is in its host code: in its bound sync, the
+     * holder hands the card back itself when the sync returns (a second thread waiting for the
+     * same kernel would spin on one of the two CPUs the lender needs). */
+    bool over = now >= __atomic_load_n(&g->qend, __ATOMIC_RELAXED) || why == SG_ARB_YIELD_TURN ||
+                (why == SG_ARB_YIELD_LOAN && !launching);
     bool idle = now > last && now - last >= q / 2 && !launching;
     uint64_t burst_end = __atomic_load_n(&g->burst_end_ns, __ATOMIC_RELAXED);
     uint64_t grace = __atomic_load_n(&g->grace_ns, __ATOMIC_RELAXED);
@@ -82,9 +86,7 @@ static void watch_one(struct sg_gpu *g, uint64_t now)
     } else if ((over && idle) || burst_over) {
         sg_arb_release(g, false); /* not launching: do not keep the card */
     } else if (over) {
-        enum sg_arb_decision d = sg_arb_decide(g, now, false);
-        if (d != SG_ARB_KEEP)
-            sg_arb_release(g, d == SG_ARB_PREEMPT);
+        sg_arb_hand_on(g, sg_arb_decide(g, now, false));
     }
 }
 

@@ -388,6 +388,8 @@ struct sg_gpu {
                             (the GPU's end of our work to our next launch) */
     uint32_t long_gaps;  /* [atomic relaxed] how many of those idle times in a row lasted the
                             idle grace or longer (a service between its requests) */
+    uint32_t lend_gaps;  /* [atomic relaxed] how many of those idle times in a row lasted
+                            LEND_MIN_GAP_NS (arbiter.c, "Loans") */
     int syncing;         /* [atomic relaxed] threads inside a sync call: waiting for our own
                             work is not idleness */
     uint64_t drained_at; /* [atomic seq_cst] while we hold the token: when our work last ended,
@@ -515,6 +517,7 @@ void sg_arb_ext_forget(struct sg_gpu *g, void (*drain_fn)(void *), void *arg);
  * charged, as after a CUDA sync that drained the hold. */
 void sg_arb_ext_drained(struct sg_gpu *g, uint64_t begin, void (*drain_fn)(void *), void *arg);
 void sg_arb_offline_bound(struct sg_gpu *g, CUcontext ctx);
+void sg_arb_loan_bound(struct sg_gpu *g, CUcontext ctx);
 void sg_arb_burst_end(void);
 
 /* Around a sync call: the holder is waiting for its own work, not idle.  A sync that returns
@@ -630,13 +633,18 @@ static inline CUresult sg_arb_enter(struct sg_gate *gt, CUstream s)
     return sg_arb_enter_slow(gt, s);
 }
 
-/* After the real launch: let a release proceed; an offline client bounds its in-flight work. */
+/* After the real launch: let a release proceed; a client lent the card, or an offline one, bounds
+ * its in-flight work. */
 static inline void sg_arb_exit(struct sg_gate *gt)
 {
     struct sg_gpu *g = gt->g;
     if (!g)
         return;
     __atomic_fetch_sub(&g->launching, 1, __ATOMIC_RELEASE);
+    int c = __atomic_load_n(&g->client, __ATOMIC_RELAXED);
+    if (__builtin_expect(c >= 0 && __atomic_load_n(&g->a->clients[c].yield, __ATOMIC_RELAXED) ==
+                                       SG_ARB_YIELD_LOAN, 0))
+        sg_arb_loan_bound(g, gt->ctx);
     if (__atomic_load_n(&g->offline, __ATOMIC_RELAXED))
         sg_arb_offline_bound(g, gt->ctx);
 }

@@ -47,6 +47,7 @@ def _c_layout(tmp_path: Path) -> dict[str, int]:
         "SG_ARB_DEFAULT_OFFLINE_QUIET_NS",
         "SG_ARB_YIELD_CLASS",
         "SG_ARB_YIELD_TURN",
+        "SG_ARB_YIELD_LOAN",
         "SG_ARB_HOLDING",
         "SG_POLICY_SHARE",
         "SG_POLICY_CAP",
@@ -103,7 +104,11 @@ def test_constants_agree(tmp_path: Path) -> None:
     assert c["SG_ARB_DEFAULT_ONLINE_PREEMPT"] == abi.ARB_DEFAULT_ONLINE_PREEMPT
     assert c["SG_ARB_DEFAULT_PREEMPT_MIN_KERNEL_NS"] == abi.ARB_DEFAULT_PREEMPT_MIN_KERNEL_NS
     assert c["SG_ARB_DEFAULT_OFFLINE_QUIET_NS"] == abi.ARB_DEFAULT_OFFLINE_QUIET_NS
-    assert [c["SG_ARB_YIELD_CLASS"], c["SG_ARB_YIELD_TURN"]] == [abi.ARB_YIELD_CLASS, abi.ARB_YIELD_TURN]
+    assert [c["SG_ARB_YIELD_CLASS"], c["SG_ARB_YIELD_TURN"], c["SG_ARB_YIELD_LOAN"]] == [
+        abi.ARB_YIELD_CLASS,
+        abi.ARB_YIELD_TURN,
+        abi.ARB_YIELD_LOAN,
+    ]
     assert [
         c["SG_POLICY_SHARE"],
         c["SG_POLICY_CAP"],

@@ -130,3 +130,40 @@ def test_a_ceiling_tenant_is_granted_no_more_than_its_bucket_allows(sched: Path)
 def test_a_client_of_no_tenant_pays_nothing(sched: Path) -> None:
     got = answers(sched, "tenant 0 share 500 500 1 1000", "client 0 70 normal", "pay 0 1000 1000")
     assert got[-1]["paid"] == 0
+
+
+def test_a_holder_lends_its_gap_to_a_waiter_of_its_class_a_little_ahead_unless_online(
+    sched: Path,
+) -> None:
+    """A holder that keeps the card by virtual time lends it for its host gap (arbiter.c,
+    "Loans"), unless it is online (its next burst would wait for the borrower's kernel).  The
+    waiter pays for what it runs, so virtual time takes loans back; but a waiter whose kernels
+    outlast the holder's bursts would take the card at each of them, so loans stop while it is
+    a quarter quantum of its own GPU time ahead in virtual time (10 ms quantum: 2.5 ms)."""
+    got = answers(
+        sched,
+        "tenant 0 share 300 300 1 1000",
+        "tenant 1 share 700 700 1 1000",
+        "tenant 2 share 500 500 1 1000",
+        "tenant 3 share 500 500 1 1000",
+        "tenant 4 share 500 500 1 1000",
+        "client 0 0 normal",
+        "client 1 1 normal",
+        "client 2 2 offline",
+        "client 3 3 online",
+        "client 4 4 online",
+        "wait 0 1000",
+        "wait 1 1000",
+        "wait 2 1000",
+        "wait 3 1000",
+        "lend 4 3 1000",  # an online holder never lends: its next burst would wait
+        "lend 1 0 2000",  # level: the 30% waiter may run in the 70% holder's gap
+        "pay 0 2400 3000",  # 2.4 ms ahead
+        "lend 1 0 3000",
+        "pay 0 200 4000",  # 2.6 ms ahead: no more
+        "lend 1 0 4000",
+        "pay 1 10000 5000",  # the holder ran 10 ms: the waiter is behind it
+        "lend 1 0 5000",  # then it is the better waiter: a hand-over, not a loan
+        "lend 1 2 5000",  # never to another class
+    )
+    assert [g["lend"] for g in got if "lend" in g] == [0, 1, 1, 0, 0, 0]

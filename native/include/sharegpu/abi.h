@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 #define SG_ABI_MAJOR 1
-#define SG_ABI_MINOR 9 /* 1.1: the GPU arbiter region and the compute counters;
+#define SG_ABI_MINOR 10 /* 1.1: the GPU arbiter region and the compute counters;
                           1.2: predicted online arrivals (offline hold-back);
                           1.3: liveness locks and pid namespaces of entries, tenant
                                incarnations;
@@ -44,7 +44,9 @@
                                online_stalls, online_relearns);
                           1.9: a process slot remembers its contexts' admitted memory
                                (ctx_mib), so releasing the slot of a killed process takes it
-                               off overhead_bytes */
+                               off overhead_bytes;
+                          1.10: a holder that keeps the card by virtual time lends it for its
+                               host gap to a waiter of its class (SG_ARB_YIELD_LOAN, loans) */
 
 #define SG_MAGIC_LIMITS 0x4d4c4753u  /* "SGLM" little-endian */
 #define SG_MAGIC_USAGE 0x53554753u   /* "SGUS" */
@@ -324,6 +326,12 @@ _Static_assert(sizeof(struct sg_usage) ==
 #define SG_ARB_YIELD_CLASS 1u /* a higher class waits: yield now */
 #define SG_ARB_YIELD_TURN 2u  /* one of the same class came back behind in virtual time: end the
                                  turn a quarter quantum after the grant (1.6) */
+#define SG_ARB_YIELD_LOAN 3u  /* set at the grant, not by a waiter (1.10): the card is lent to
+                                 this holder for the host gap of a holder of its class ahead of
+                                 it in virtual time.  Its launches take the slow path and keep
+                                 one kernel in flight; the loan ends at its first launch (or its
+                                 watcher's look) at which a waiter is ahead of it, and becomes
+                                 an ordinary hold at the (short) quantum's end */
 
 #define SG_ARB_TOKEN_HOLDER(t) ((int)((t) & 0xffffu) - 1)
 #define SG_ARB_TOKEN_GEN(t) ((t) >> 16)
@@ -526,7 +534,8 @@ struct sg_arbiter {
     uint32_t pad2;
     uint64_t online_stalls;         /* [lock] runs of off-beat requests that ended on the beat */
     uint64_t online_relearns;       /* [lock] changed patterns adopted from a candidate */
-    uint8_t reserved[56];
+    uint64_t loans;                 /* [lock] grants lent for a holder's host gap (1.10) */
+    uint8_t reserved[48];
     struct sg_arb_tenant tenants[SG_ARB_MAX_TENANTS];
     struct sg_arb_client clients[SG_ARB_MAX_CLIENTS];
 };
@@ -558,6 +567,7 @@ _Static_assert(offsetof(struct sg_arbiter, lock_timeouts) == 400, "arb lock_time
 _Static_assert(offsetof(struct sg_arbiter, broken_since_ns) == 408, "arb broken_since_ns");
 _Static_assert(offsetof(struct sg_arbiter, online_cand_period_ns) == 416, "arb online_cand_period_ns");
 _Static_assert(offsetof(struct sg_arbiter, online_relearns) == 448, "arb online_relearns");
+_Static_assert(offsetof(struct sg_arbiter, loans) == 456, "arb loans");
 _Static_assert(offsetof(struct sg_arbiter, tenants) == 512, "arb tenants");
 _Static_assert(offsetof(struct sg_arbiter, clients) == 512 + 192 * SG_ARB_MAX_TENANTS, "arb clients");
 _Static_assert(sizeof(struct sg_arbiter) ==

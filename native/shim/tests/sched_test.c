@@ -13,6 +13,7 @@
  *   grant C T                        the token to client C at T -> quantum (its length)
  *   pay C USED T                     client C's tenant pays USED µs at T -> vtime, bucket
  *   holdback UNTIL                   offline grants held back until UNTIL -> until
+ *   lend C W T                       may holder C lend its host gap to waiter W at T -> lend
  *   run T0 MS                        every client waits for ever from T0; for MS ms each grant
  *                                    holds a whole quantum (or what its ceiling allows) and
  *                                    is paid, the ceiling tenants sit out while throttled ->
@@ -139,6 +140,8 @@ int main(void)
         } else if (!strcmp(cmd, "holdback") && scanf("%llu", &x) == 1) {
             a->offline_hold_until_ns = x * 1000;
             printf("until=%llu\n", x);
+        } else if (!strcmp(cmd, "lend") && scanf("%d %d %llu", &c, &i, &x) == 3) {
+            printf("lend=%d\n", sg_arb_may_lend_locked(a, c, i, x * 1000));
         } else if (!strcmp(cmd, "run") && scanf("%llu %llu", &x, &v) == 2) {
             run(a, x * 1000, v);
         } else {

@@ -11,7 +11,7 @@ import ctypes
 import uuid as uuidlib
 
 ABI_MAJOR = 1
-ABI_MINOR = 9
+ABI_MINOR = 10
 
 MAGIC_LIMITS = 0x4D4C4753  # "SGLM"
 MAGIC_USAGE = 0x53554753  # "SGUS"
@@ -63,7 +63,7 @@ ARB_DEFAULT_ONLINE_PREEMPT = ARB_PREEMPT_EARLY
 ARB_DEFAULT_PREEMPT_MIN_KERNEL_NS = 1_000_000
 ARB_DEFAULT_OFFLINE_QUIET_NS = 0
 # sg_arb_client.yield: why a waiter asks the holder to give the card up (abi.h)
-ARB_YIELD_CLASS, ARB_YIELD_TURN = 1, 2
+ARB_YIELD_CLASS, ARB_YIELD_TURN, ARB_YIELD_LOAN = 1, 2, 3
 ARB_FREE, ARB_IDLE, ARB_WAITING, ARB_HOLDING = 0, 1, 2, 3
 ARB_STATE_NAMES = {ARB_FREE: "free", ARB_IDLE: "idle", ARB_WAITING: "waiting", ARB_HOLDING: "holding"}
 
@@ -269,7 +269,8 @@ class Arbiter(ctypes.Structure):
         ("pad2", u32),
         ("online_stalls", u64),
         ("online_relearns", u64),
-        ("reserved", u8 * 56),
+        ("loans", u64),  # 1.10
+        ("reserved", u8 * 48),
         ("tenants", ArbTenant * ARB_MAX_TENANTS),
         ("clients", ArbClient * ARB_MAX_CLIENTS),
     )
