@@ -157,4 +157,5 @@ FIGURES = (
     "broken_since_ns",
     "online_stalls",
     "online_relearns",
+    "loans",
 )

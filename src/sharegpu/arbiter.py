@@ -454,6 +454,7 @@ class ArbiterStatus:
     broken_since_ns: int = 0  # CLOCK_MONOTONIC of the first; 0: healthy
     online_stalls: int = 0  # runs of off-beat online requests that ended on the beat (1.8)
     online_relearns: int = 0  # changed request patterns learned from off-beat requests (1.8)
+    loans: int = 0  # grants lent for a holder's host gap (1.10)
     tenants: list[ArbiterTenant] = field(default_factory=list)
     clients: list[ArbiterClient] = field(default_factory=list)
 
@@ -580,6 +581,7 @@ def read_arbiter(path: Path) -> ArbiterStatus:
         quiet_windows=region.quiet_windows,
         online_stalls=region.online_stalls,
         online_relearns=region.online_relearns,
+        loans=region.loans,
         tenants=tenants,
         clients=clients,
     )

@@ -64,6 +64,7 @@ EXPECTED = {
     "sharegpu_arbiter_quiet_windows": "counter",
     "sharegpu_arbiter_online_stalls": "counter",
     "sharegpu_arbiter_online_relearns": "counter",
+    "sharegpu_arbiter_loans": "counter",
     "sharegpu_arbiter_stall_reclaims": "counter",
     "sharegpu_arbiter_entry_waits": "counter",
     "sharegpu_arbiter_quantum_seconds": "gauge",

@@ -521,6 +521,10 @@ class SharegpuCollector(Collector):
             "Runs of online requests off the learned beat that ended back on it (the prediction resumed)",
         )
         relearns = counter("sharegpu_arbiter_online_relearns", "Changed online request patterns learned anew")
+        loans = counter(
+            "sharegpu_arbiter_loans",
+            "Grants that lent the card for a holder's host gap to a waiter of its class",
+        )
         reclaims = counter("sharegpu_arbiter_reclaims", "Tokens reclaimed from a dead holder")
         stall_reclaims = counter(
             "sharegpu_arbiter_stall_reclaims",
@@ -560,6 +564,7 @@ class SharegpuCollector(Collector):
             quiet.add_metric([uuid], float(a.quiet_windows))
             stalls.add_metric([uuid], float(a.online_stalls))
             relearns.add_metric([uuid], float(a.online_relearns))
+            loans.add_metric([uuid], float(a.loans))
             reclaims.add_metric([uuid], float(a.reclaims))
             stall_reclaims.add_metric([uuid], float(a.stall_reclaims))
             entry_waits.add_metric([uuid], float(a.entry_waits))
@@ -579,6 +584,7 @@ class SharegpuCollector(Collector):
             quiet,
             stalls,
             relearns,
+            loans,
             reclaims,
             stall_reclaims,
             entry_waits,

@@ -406,6 +406,11 @@ class ArbiterView(BaseModel):
     online_relearns: int = Field(
         default=0, description="Changed request patterns learned from requests off the old beat (ABI 1.8)"
     )
+    loans: int = Field(
+        default=0,
+        description="Grants that lent the card for a holder's host gap between its bursts to a waiter of "
+        "its class (ABI 1.10)",
+    )
 
 
 class GpuView(BaseModel):
