@@ -37,6 +37,7 @@ from sharegpu.spec import ComputeSpec
 PYCLIENT = Path(__file__).resolve().parent / "_pyclient.py"
 CLASS_ORDER = ("online", "normal", "offline")
 IDLE_GRACE_US = 500  # the arbiter's idle grace at the default quantum (docs/design/arbitration.md)
+LEND_MIN_GAP_US = 100  # the shortest gap a holder lends (native/shim/arbiter.c, LEND_MIN_GAP_NS)
 # The simulated GPU's switch between two programs that both have work (native/simgpu: ctxsw_us,
 # default 10 µs; the bench's nodes leave it so): what the run without sharegpu pays per switch.
 GPU_SWITCH_US = 10.0
@@ -236,7 +237,8 @@ class Result:
         best order puts another tenant between any two turns, and only a tenant with more than
         half of all the turns must follow itself, at least (its turns - the others' turns)
         times, each costing its gap g = b (1/e - 1) (b its burst's GPU time, e how busy it keeps
-        the card alone); every other turn boundary is a hand-over. Per unit of work:
+        the card alone), or two hand-overs where the arbiter lends a gap that long to another
+        tenant (LEND_MIN_GAP_US); every other turn boundary is a hand-over. Per unit of work:
         1 / (1 + that idle)."""
         total = sum(self.want)
         if total <= 0:
@@ -246,7 +248,10 @@ class Result:
             e = self.holding_efficiency(t, d) / 100
             burst = t.work.burst_us
             turns.append(w / total / burst)
-            gaps.append(burst * (1 / e - 1) if 0 < e < 1 else 0.0)
+            gap = burst * (1 / e - 1) if 0 < e < 1 else 0.0
+            peers = sum(o.priority == t.priority for o in self.case.tenants) - 1
+            lends = gap >= LEND_MIN_GAP_US and peers and t.priority != "online"
+            gaps.append(2 * GPU_SWITCH_US if lends else gap)
         all_turns = sum(turns)
         follows = [max(0.0, 2 * n - all_turns) for n in turns]
         idle = sum(f * g for f, g in zip(follows, gaps, strict=True))
@@ -387,7 +392,8 @@ def table(results: Sequence[Result], runs: int, cpu_wakeup_us: int | None = None
         "bare: the same tenants without sharegpu; card: the total under sharegpu; goal: the total",
         "without sharegpu (for caps, at most the caps), to reach within 1 point; turns: the most",
         "an arbiter that gives the card to one tenant at a time, a burst or more each, can reach at",
-        "that split, a tenant that follows itself leaving the card idle through its own gap and a",
+        "that split, a tenant that follows itself leaving the card idle through its own gap (or",
+        f"lending a gap of {LEND_MIN_GAP_US} µs or more to a tenant of its class, for two hand-overs) and a",
         f"hand-over costing the GPU's own switch between two programs ({GPU_SWITCH_US:g} µs, which the run",
         "without sharegpu pays at each); card 'bound': within 1 point of it, short of the goal only",
         "where turns are; ho/s: token hand-overs per second; idle: µs from a release",

@@ -94,6 +94,28 @@ def test_the_turns_bound_counts_forced_gaps_and_a_gpu_switch_per_hand_over() -> 
     assert even.turns_bound == pytest.approx(100 / 1.1)  # alternate: a switch at every boundary
 
 
+def test_the_turns_bound_counts_a_lent_gap_as_two_hand_overs() -> None:
+    """4 x 500 µs bursts at 30/70, each tenant 90% busy alone (a 222 µs gap): the gaps the 70%
+    tenant would leave idle following itself are lent to the 30% tenant (at least
+    LEND_MIN_GAP_US), for two hand-overs each: of ten bursts (20 ms of work) the 70% tenant
+    follows itself four times and six boundaries are hand-overs.  Beside a tenant of another
+    class there is nobody to lend to."""
+    work = Work(4, 500)
+    demands = [90.0, 90.0]
+    lent = Result(
+        Case("t", (Tenant(30, work), Tenant(70, work))), got=[29, 68], bare=[49, 49], demands=demands
+    )
+    want = 100 / (1 + (4 * 2 * GPU_SWITCH_US + 6 * GPU_SWITCH_US) / 20000)
+    assert lent.turns_bound == pytest.approx(want, rel=1e-3)
+    apart = Result(
+        Case("t", (Tenant(30, work), Tenant(70, work, priority="offline"))),
+        got=[29, 68],
+        bare=[49, 49],
+        demands=demands,
+    )
+    assert apart.turns_bound < lent.turns_bound - 3
+
+
 def test_the_cases_cover_what_users_run() -> None:
     works = {t.work for c in CASES for t in c.tenants}
     assert {w.kernels for w in works} >= {0, 1, 4, 16}
