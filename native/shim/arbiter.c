@@ -394,19 +394,21 @@ static bool always_idles_long(const struct sg_gpu *g)
  * between bursts of 4 x 0.5 ms at 30/70, four points of the card, and no arbiter that hands the
  * card on only at a burst's end can get them back ("turns", docs/design/arbitration.md).  So
  * the holder lends the card to the best waiter of its class for the gap: the waiter keeps one
- * kernel in flight and hands the card back at its first launch after the holder asked again
- * (its watcher at once, woken by the holder's request).  The waiter pays for what it ran and
+ * kernel in flight and hands the card back as that kernel ends once the holder asked again (at
+ * its bound sync's return, or its watcher, woken by the request, while it is in its host code).
+ * The waiter pays for what it ran and
  * the holder for nothing, so the split stays virtual time's; the holder waits up to one of the
  * waiter's kernels, which costs the card nothing.
  *
- * Only for gaps of at least LEND_MIN_GAP_NS: a loan costs two hand-overs (10-30 µs each on the
- * simulated GPU's VM), which a gap of 20 µs does not repay.  Never by an online holder (its
+ * Only for gaps of at least LEND_MIN_GAP_NS, LEND_GAPS_IN_A_ROW of them in a row: a loan costs
+ * two hand-overs (10-45 µs each on the simulated GPU's VM), which a gap of 20 µs does not repay,
+ * and a single long gap is a hiccup, not host time (lending at every hiccup, a borrower's
+ * spinning syncs made the next gaps long too on a 2-core VM).  Never by an online holder (its
  * next burst would wait for the borrower's kernel).  And only while the waiter is ahead of the
  * holder in virtual time by less than a quarter quantum of its own GPU time
  * (sg_arb_may_lend_locked): a waiter whose kernels outlast the holder's bursts would otherwise
  * take the card at every one of them. */
 #define LEND_MIN_GAP_NS 100000ull
-
 #define LEND_GAPS_IN_A_ROW 4
 
 static bool lends_its_gap_locked(struct sg_arbiter *a, const struct sg_gpu *g, int c, int best,
