@@ -1015,6 +1015,48 @@ void sg_arb_ext_forget(struct sg_gpu *g, void (*drain_fn)(void *), void *arg)
     pthread_mutex_unlock(&g->mu);
 }
 
+/* Under g->mu: a sync that began at `begin` (the burst clock's end event `end_seq`, 0 none)
+ * returned having waited for `what`.  When that covered all the work of our hold and nothing was
+ * launched since it began, nothing of ours is on the GPU until the next launch: mark the hold
+ * drained since the work ended (read from the GPU by the burst clock, else the sync's return),
+ * so that its charge leaves that idle time out.  A launch racing with the mark either sees it
+ * (its seq_cst load follows its seq_cst increment of `launching`), or is seen here: still under
+ * way in `launching`, or done, its `last_launch` published by the release decrement.  Returns
+ * the work's end, 0 when the hold is not drained. */
+static uint64_t mark_drained_locked(struct sg_gpu *g, enum sg_sync_kind kind, const void *what,
+                                    uint64_t begin, uint32_t end_seq)
+{
+    uint64_t last = __atomic_load_n(&g->last_launch, __ATOMIC_SEQ_CST);
+    if (!sg_arb_holding(g) || last >= begin || !sg_sync_covers_hold(g, kind, what))
+        return 0;
+    uint64_t end = sg_bc_end(g, end_seq, sg_mono_ns());
+    if (end <= last)
+        end = last + 1;
+    __atomic_store_n(&g->drained_at, end, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&g->launching, __ATOMIC_SEQ_CST) ||
+        __atomic_load_n(&g->last_launch, __ATOMIC_SEQ_CST) >= begin) {
+        __atomic_store_n(&g->drained_at, 0, __ATOMIC_SEQ_CST); /* another thread launched */
+        return 0;
+    }
+    return end;
+}
+
+/* The shim's own sync of our context that bounds our work in flight (a loan, or offline work
+ * beside an online service), begun at `start`; returns with g->mu held.  The card idles from
+ * our last kernel's end to our next launch because of the bound, not the program's work or host
+ * code: the hold is marked drained from the kernel's end (the burst clock, as at a sync of the
+ * program's), so that the charge leaves that time out, but the program's gap (idle_from) is not
+ * begun. */
+static void bound_sync(struct sg_gpu *g, CUcontext ctx, uint64_t start)
+{
+    uint32_t seq = sg_arb_sync_mark(g, SG_SYNC_CTX, ctx); /* the kernel's end, by the GPU's clock */
+    __atomic_fetch_add(&g->syncing, 1, __ATOMIC_RELAXED); /* waiting for our kernel: not idle */
+    sync_context(ctx);
+    __atomic_fetch_sub(&g->syncing, 1, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&g->mu);
+    mark_drained_locked(g, SG_SYNC_CTX, ctx, start, seq);
+}
+
 /* Offline and online tenants active: synchronise every offline_inflight_max launches so that
  * an online request waits about one offline kernel, and hold the next launch back when the
  * next online request is predicted before it would finish. */
@@ -1032,9 +1074,8 @@ void sg_arb_offline_bound(struct sg_gpu *g, CUcontext ctx)
         return;
     __atomic_store_n(&g->since_sync, 0, __ATOMIC_RELAXED);
     sg_in_hook++;
-    __atomic_fetch_add(&g->syncing, 1, __ATOMIC_RELAXED); /* waiting for our kernel: not idle */
-    sync_context(ctx);
-    __atomic_fetch_sub(&g->syncing, 1, __ATOMIC_RELAXED);
+    bound_sync(g, ctx, start);
+    pthread_mutex_unlock(&g->mu);
     sg_in_hook--;
     uint64_t now = sg_mono_ns();
     /* What we had queued ran from `start` to `now`: what the next launch is expected to take. */
@@ -1050,33 +1091,16 @@ void sg_arb_offline_bound(struct sg_gpu *g, CUcontext ctx)
 
 /* The card is lent to us (SG_ARB_YIELD_LOAN): one kernel in flight, so that the lender, back,
  * waits for one kernel at most; when it is back, the card goes to it as our kernel ends.  The
- * card idles from our kernel's end to our next launch because of the bound, not our work: when
- * the sync covered all of the hold's work the hold is marked drained from the kernel's end (the
- * burst clock, as at a sync of the program's), so that the charge leaves that time out (charged,
- * it cost a borrower of 4 x 100 µs bursts on the 2-core VM up to a third more than its kernels
- * ran, and the split moved to 25/75). */
+ * bound's idle time is left out of our charge (bound_sync: charged, it cost a borrower of
+ * 4 x 100 µs bursts on the 2-core VM up to a third more than its kernels ran, and the split
+ * moved to 25/75). */
 void sg_arb_loan_bound(struct sg_gpu *g, CUcontext ctx)
 {
     sg_in_hook++;
-    uint64_t start = sg_mono_ns();
-    uint32_t seq = sg_arb_sync_mark(g, SG_SYNC_CTX, ctx); /* the kernel's end, by the GPU's clock */
-    __atomic_fetch_add(&g->syncing, 1, __ATOMIC_RELAXED); /* waiting for our kernel: not idle */
-    sync_context(ctx);
-    __atomic_fetch_sub(&g->syncing, 1, __ATOMIC_RELAXED);
-    pthread_mutex_lock(&g->mu);
+    bound_sync(g, ctx, sg_mono_ns());
     if (g->client >= 0 && sg_arb_holding(g) &&
-        __atomic_load_n(&g->a->clients[g->client].yield, __ATOMIC_RELAXED) == SG_ARB_YIELD_LOAN) {
-        uint64_t now = sg_mono_ns();
-        uint64_t last = __atomic_load_n(&g->last_launch, __ATOMIC_SEQ_CST);
-        if (sg_sync_covers_hold(g, SG_SYNC_CTX, ctx) && g->next_ext == 0 && last < start) {
-            uint64_t end = sg_bc_end(g, seq, now);
-            __atomic_store_n(&g->drained_at, end > last ? end : last + 1, __ATOMIC_SEQ_CST);
-            if (__atomic_load_n(&g->launching, __ATOMIC_SEQ_CST) ||
-                __atomic_load_n(&g->last_launch, __ATOMIC_SEQ_CST) >= start)
-                __atomic_store_n(&g->drained_at, 0, __ATOMIC_SEQ_CST); /* another thread launched */
-        }
-        sg_arb_hand_on(g, sg_arb_decide(g, now, false));
-    }
+        __atomic_load_n(&g->a->clients[g->client].yield, __ATOMIC_RELAXED) == SG_ARB_YIELD_LOAN)
+        sg_arb_hand_on(g, sg_arb_decide(g, sg_mono_ns(), false));
     pthread_mutex_unlock(&g->mu);
     sg_in_hook--;
 }
@@ -1086,6 +1110,8 @@ void sg_arb_loan_bound(struct sg_gpu *g, CUcontext ctx)
  * holds g->mu. */
 bool sg_sync_covers_hold(struct sg_gpu *g, enum sg_sync_kind kind, const void *what)
 {
+    if (g->next_ext)
+        return false; /* the hold has Vulkan work too, which no CUDA sync waits for */
     if (kind == SG_SYNC_STREAM)
         return g->hold_streams == SG_HOLD_ONE && (CUstream)what == g->hold_stream;
     if (kind != SG_SYNC_CTX || g->nctx != 1)
@@ -1111,29 +1137,16 @@ uint32_t sg_arb_sync_mark(struct sg_gpu *g, enum sg_sync_kind kind, const void *
 }
 
 /* A sync returned that waited for `what`.  When that covered all the work of our hold
- * (sg_sync_covers_hold) and nothing was launched since it began, nothing of
- * ours is on the GPU until the next launch: mark the hold drained since the work ended (read
- * from the GPU by the burst clock, else the sync's return), so that its charge leaves that idle
- * time out.  A launch racing with the mark either sees it (its seq_cst load follows its
- * seq_cst increment of `launching`), or is seen here: still under way in `launching`, or done,
- * its `last_launch` published by the release decrement. */
+ * (sg_sync_covers_hold) and nothing was launched since it began, nothing of ours is on the GPU
+ * until the next launch (mark_drained_locked); that gap is the program's own (note_gap). */
 void sg_arb_drained(struct sg_gpu *g, const struct sg_sync *s, enum sg_sync_kind kind,
                     const void *what)
 {
     sg_in_hook++;
     pthread_mutex_lock(&g->mu);
-    uint64_t last = __atomic_load_n(&g->last_launch, __ATOMIC_SEQ_CST);
-    if (sg_arb_holding(g) && last < s->begin && sg_sync_covers_hold(g, kind, what)) {
-        uint64_t now = sg_mono_ns();
-        uint64_t end = sg_bc_end(g, s->end_seq, now);
-        if (end <= last)
-            end = last + 1;
-        __atomic_store_n(&g->idle_from, end, __ATOMIC_RELAXED);
-        __atomic_store_n(&g->drained_at, end, __ATOMIC_SEQ_CST);
-        if (__atomic_load_n(&g->launching, __ATOMIC_SEQ_CST) ||
-            __atomic_load_n(&g->last_launch, __ATOMIC_SEQ_CST) >= s->begin)
-            __atomic_store_n(&g->drained_at, 0, __ATOMIC_SEQ_CST);
-    }
+    uint64_t end = mark_drained_locked(g, kind, what, s->begin, s->end_seq);
+    if (end)
+        __atomic_store_n(&g->idle_from, end, __ATOMIC_RELAXED); /* the program's own gap begins */
     pthread_mutex_unlock(&g->mu);
     sg_in_hook--;
 }
