@@ -148,6 +148,14 @@ def _cases() -> list[Case]:
             (Tenant(50, service, priority="online"), Tenant(50, Work(0, 500), priority="offline")),
         )
     )
+    # The service waits for each request before its host time: a request that waits behind an
+    # offline kernel moves the next one, so its arrivals keep a beat only while it is held for.
+    cases.append(
+        Case(
+            "a service next to a saturating job",
+            (Tenant(50, service, priority="online"), Tenant(50, Work(0, 2000), priority="offline")),
+        )
+    )
     return cases
 
 
