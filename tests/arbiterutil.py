@@ -158,4 +158,6 @@ FIGURES = (
     "online_stalls",
     "online_relearns",
     "loans",
+    "online_gap_ns",
+    "online_gap_samples",
 )

@@ -531,6 +531,8 @@ enum sg_arb_decision sg_arb_decide(struct sg_gpu *g, uint64_t now, bool burst_en
         sg_arb_unlock(a);
         return SG_ARB_RELEASE; /* lost (taken back): just forget it */
     }
+    /* Where our work ended, if a sync drained it: read before the charge restarts the period. */
+    uint64_t work_end = burst_end ? __atomic_load_n(&g->drained_at, __ATOMIC_SEQ_CST) : 0;
     charge_locked(a, g, c, now);
     sg_arb_tenant_sync_locked(a, g->tenant, &lim, gen); /* a resize applies from the next quantum */
     struct sg_arb_tenant *t = &a->tenants[g->tenant];
@@ -545,6 +547,8 @@ enum sg_arb_decision sg_arb_decide(struct sg_gpu *g, uint64_t now, bool burst_en
      * (Until issue 33 a holder kept the card a quarter quantum first: every one of its bursts
      * in that time left its own gap idle, 0.5-7 points of the card with bursts under 2 ms.) */
     bool drained = burst_end && __atomic_load_n(&g->drained_at, __ATOMIC_SEQ_CST);
+    if (drained && work_end && a->clients[c].priority == SG_PRIORITY_ONLINE)
+        sg_predict_note_end(a, work_end); /* a closed-loop service's host time starts here */
     if (yield == SG_ARB_YIELD_TURN) {
         /* A returning waiter of our class is behind: our turn ends a quarter quantum after
          * our grant (now, if that has passed). */

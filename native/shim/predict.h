@@ -1,7 +1,8 @@
 /*
  * Predicted online requests (ABI 1.2): the period of an online service's requests, learned
- * from the instants its clients ask for the token, and the hold-back of offline work ahead of
- * the next one.  Pure functions of the arbiter region and the time, called under the region's
+ * from the instants its clients ask for the token (or, for a service that waits for each
+ * request, its host time after each request's end: ABI 1.11), and the hold-back of offline
+ * work ahead of the next one.  Pure functions of the arbiter region and the time, called under the region's
  * lock; unit-tested without processes (native/shim/tests/predict_test.c).
  * docs/design/arbitration.md, "Predicted online requests", explains the rules.
  */
@@ -21,6 +22,10 @@
 
 /* An online client starts a request at `now`: learn from it. */
 void sg_predict_note_arrival(struct sg_arbiter *a, uint64_t now);
+
+/* The work of an online holder's request ended at `end` (a sync that drained it): the host
+ * time of a closed-loop service runs from here to its next request. */
+void sg_predict_note_end(struct sg_arbiter *a, uint64_t end);
 
 /* The next online request's predicted instant if work of `kernel_ns` started now would still
  * run then, else 0 (also when the prediction is not trusted).  *late: how long past that

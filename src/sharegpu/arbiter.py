@@ -455,6 +455,8 @@ class ArbiterStatus:
     online_stalls: int = 0  # runs of off-beat online requests that ended on the beat (1.8)
     online_relearns: int = 0  # changed request patterns learned from off-beat requests (1.8)
     loans: int = 0  # grants lent for a holder's host gap (1.10)
+    online_gap_ns: int = 0  # learned host time of a closed-loop service after a request (1.11)
+    online_gap_samples: int = 0  # consistent such gaps in a row
     tenants: list[ArbiterTenant] = field(default_factory=list)
     clients: list[ArbiterClient] = field(default_factory=list)
 
@@ -582,6 +584,8 @@ def read_arbiter(path: Path) -> ArbiterStatus:
         online_stalls=region.online_stalls,
         online_relearns=region.online_relearns,
         loans=region.loans,
+        online_gap_ns=region.online_gap_ns,
+        online_gap_samples=region.online_gap_samples,
         tenants=tenants,
         clients=clients,
     )

@@ -32,6 +32,10 @@ class Run:
         self.commands += [f"arrive {t}" for t in instants]
         return self
 
+    def end(self, t: int) -> Run:
+        self.commands.append(f"end {t}")
+        return self
+
     def next(self, t: int, kernel: int) -> Run:
         self.commands.append(f"next {t} {kernel}")
         return self
@@ -237,3 +241,76 @@ def test_the_wait_for_an_overdue_request_is_cut_to_the_room(predictor: Path) -> 
     answers = steady.next(beat(3) - 8_000, 8_000).next(beat(3) - 9_000, 9_600).answers()
     assert (answers[3]["next"], answers[3]["late"]) == (beat(3), 1_900)
     assert (answers[4]["next"], answers[4]["late"]) == (beat(3), 300)
+
+
+HOST_TIME = 5_000  # a closed-loop service's host time between the end of a request and the next
+REQUEST = 800  # its request's work
+
+
+def closed_loop(run: Run, waits: list[int], start: int = START) -> list[tuple[int, int]]:
+    """A service that waits for each request, then runs its host code: request i asks at a_i,
+    waits waits[i] behind offline work, runs REQUEST and ends; the next asks HOST_TIME later.
+    Each wait moves every later request, so the requests keep no beat.  (a_i, end_i) each."""
+    at, out = start, []
+    for wait in waits:
+        end = at + wait + REQUEST
+        run.arrive(at).end(end)
+        out.append((at, end))
+        at = end + HOST_TIME
+    return out
+
+
+def test_a_closed_loop_service_is_predicted_from_its_host_time(predictor: Path) -> None:
+    """Beside 2 ms offline kernels such a service learned no beat (each request waited 0-2 ms for
+    the kernel in flight) and every request waited: predicted from its host time after each
+    request's end, the next request finds the card held back for it."""
+    run = Run(predictor)
+    requests = closed_loop(run, [0, 1_500, 300, 1_900, 700])
+    _, last_end = requests[-1]
+    run.next(last_end + HOST_TIME - 1_500, 2_000).next(last_end + 100, 2_000)
+    got = run.answers()
+    learned = got[8]  # the fifth arrival
+    assert learned["samples"] < 2  # no beat: intervals of 5.8-7.7 ms
+    assert (learned["gap"], learned["gap_samples"]) == (HOST_TIME, 4)
+    assert got[10]["next"] == last_end + HOST_TIME
+    assert got[11]["next"] == 0  # far enough: launch, but not after launch_by
+    assert got[11]["launch_by"] == last_end + HOST_TIME - 2_000 - 100
+
+
+def test_the_host_time_is_not_used_while_the_request_runs_or_once_it_is_overdue(predictor: Path) -> None:
+    run = Run(predictor)
+    end = closed_loop(run, [0, 1_500, 300])[-1][1]
+    run.arrive(end + HOST_TIME).next(end + HOST_TIME + 200, 2_000)  # the next request runs: no end yet
+    run.end(end + HOST_TIME + REQUEST)
+    overdue = end + 2 * HOST_TIME + REQUEST
+    run.next(overdue + 300 + 2_000 + 1, 2_000)  # past the wait for it: a late or missing request
+    got = run.answers()
+    assert got[7]["next"] == 0
+    assert got[7]["launch_by"] == 0
+    assert got[9]["next"] == 0
+
+
+def test_a_periodic_service_whose_requests_wait_is_predicted_by_its_beat(predictor: Path) -> None:
+    """An open-loop service (requests on a timer) whose requests wait for different times: the
+    gaps after their ends vary with the waits (within an eighth of 20 ms, so they are learned
+    too), and the beat, which does not, predicts."""
+    run = Run(predictor)
+    for i, wait in enumerate([0, 1_500, 300, 1_900, 700]):
+        run.arrive(beat(i)).end(beat(i) + wait + REQUEST)
+    run.next(beat(5) - 1_500, 2_000)
+    got = run.answers()
+    assert got[8]["samples"] >= 2
+    end = beat(4) + 700 + REQUEST
+    assert end + got[8]["gap"] != beat(5)  # the host time would say otherwise
+    assert got[10]["next"] == beat(5)
+
+
+def test_two_missed_hold_backs_suspend_the_host_time_prediction(predictor: Path) -> None:
+    run = Run(predictor)
+    end = closed_loop(run, [0, 1_500, 300, 1_900])[-1][1]
+    nxt = end + HOST_TIME
+    run.hold(nxt - 200, nxt + 300).hold(nxt + 400, nxt + 800).hold(nxt + 900, nxt + 1_200)
+    run.next(nxt + 1_000, 2_000)
+    got = run.answers()
+    assert [h["allowed"] for h in got[8:11]] == [1, 1, 0]
+    assert got[11]["next"] == 0

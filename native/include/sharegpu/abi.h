@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 #define SG_ABI_MAJOR 1
-#define SG_ABI_MINOR 10 /* 1.1: the GPU arbiter region and the compute counters;
+#define SG_ABI_MINOR 11 /* 1.1: the GPU arbiter region and the compute counters;
                           1.2: predicted online arrivals (offline hold-back);
                           1.3: liveness locks and pid namespaces of entries, tenant
                                incarnations;
@@ -46,7 +46,10 @@
                                (ctx_mib), so releasing the slot of a killed process takes it
                                off overhead_bytes;
                           1.10: a holder that keeps the card by virtual time lends it for its
-                               host gap to a waiter of its class (SG_ARB_YIELD_LOAN, loans) */
+                               host gap to a waiter of its class (SG_ARB_YIELD_LOAN, loans);
+                          1.11: an online service that waits for each request before its host
+                               time is predicted from that host time (online_last_end_ns,
+                               online_gap_*) */
 
 #define SG_MAGIC_LIMITS 0x4d4c4753u  /* "SGLM" little-endian */
 #define SG_MAGIC_USAGE 0x53554753u   /* "SGUS" */
@@ -535,7 +538,18 @@ struct sg_arbiter {
     uint64_t online_stalls;         /* [lock] runs of off-beat requests that ended on the beat */
     uint64_t online_relearns;       /* [lock] changed patterns adopted from a candidate */
     uint64_t loans;                 /* [lock] grants lent for a holder's host gap (1.10) */
-    uint8_t reserved[48];
+    /* ABI 1.11: a closed-loop service (each request waits for the one before, then the host
+       time) keeps no beat while its requests wait behind offline work, but keeps its host
+       time: learned from the end of a request's work to the next request.  A region of ABI
+       <= 1.10 reads zeros: nothing learned. */
+    uint64_t online_last_end_ns;    /* [lock] the end of the last online request's work (its
+                                       drained sync, by the burst clock) while the next has not
+                                       come; 0 otherwise */
+    uint64_t online_gap_ns;         /* [lock] learned time from a request's end to the next */
+    uint64_t online_gap_jitter_ns;  /* [lock] its mean deviation */
+    uint32_t online_gap_samples;    /* [lock] consistent gaps in a row (<= 1000) */
+    uint32_t pad3;
+    uint8_t reserved[16];
     struct sg_arb_tenant tenants[SG_ARB_MAX_TENANTS];
     struct sg_arb_client clients[SG_ARB_MAX_CLIENTS];
 };
@@ -568,6 +582,8 @@ _Static_assert(offsetof(struct sg_arbiter, broken_since_ns) == 408, "arb broken_
 _Static_assert(offsetof(struct sg_arbiter, online_cand_period_ns) == 416, "arb online_cand_period_ns");
 _Static_assert(offsetof(struct sg_arbiter, online_relearns) == 448, "arb online_relearns");
 _Static_assert(offsetof(struct sg_arbiter, loans) == 456, "arb loans");
+_Static_assert(offsetof(struct sg_arbiter, online_last_end_ns) == 464, "arb online_last_end_ns");
+_Static_assert(offsetof(struct sg_arbiter, online_gap_samples) == 488, "arb online_gap_samples");
 _Static_assert(offsetof(struct sg_arbiter, tenants) == 512, "arb tenants");
 _Static_assert(offsetof(struct sg_arbiter, clients) == 512 + 192 * SG_ARB_MAX_TENANTS, "arb clients");
 _Static_assert(sizeof(struct sg_arbiter) ==

@@ -3,6 +3,7 @@
  * tests/integration/test_predict.py.  Reads commands on stdin, times in microseconds, and answers
  * each with one line of key=value pairs:
  *   arrive T         an online request asks for the token at T -> the learned state
+ *   end T            an online request's work ended at T (its drained sync) -> gap state
  *   next T K         would work of K µs started at T meet a predicted request -> next, late,
  *                    else the last instant it may start without (launch_by)
  *   hold T UNTIL     an offline holder wants to hold back at T until UNTIL -> allowed
@@ -32,10 +33,14 @@ int main(void)
         if (!strcmp(cmd, "arrive") && scanf("%llu", &t) == 1) {
             sg_predict_note_arrival(a, t * 1000);
             printf("period=%llu samples=%u jitter=%llu outliers=%u anchor=%llu stalls=%llu "
-                   "relearns=%llu\n",
+                   "relearns=%llu gap=%llu gap_samples=%u gap_jitter=%llu\n",
                    us(a->online_period_ns), a->online_samples, us(a->online_jitter_ns),
                    a->online_outliers, us(a->online_last_arrival_ns),
-                   (unsigned long long)a->online_stalls, (unsigned long long)a->online_relearns);
+                   (unsigned long long)a->online_stalls, (unsigned long long)a->online_relearns,
+                   us(a->online_gap_ns), a->online_gap_samples, us(a->online_gap_jitter_ns));
+        } else if (!strcmp(cmd, "end") && scanf("%llu", &t) == 1) {
+            sg_predict_note_end(a, t * 1000);
+            printf("end=%llu\n", us(a->online_last_end_ns));
         } else if (!strcmp(cmd, "next") && scanf("%llu %llu", &t, &k) == 2) {
             uint64_t late = 0, by = 0, next = sg_predict_next(a, t * 1000, k * 1000, &late, &by);
             printf("next=%llu late=%llu launch_by=%llu\n", us(next), us(next ? late : 0), us(by));

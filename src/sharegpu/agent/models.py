@@ -411,6 +411,12 @@ class ArbiterView(BaseModel):
         description="Grants that lent the card for a holder's host gap between its bursts to a waiter of "
         "its class (ABI 1.10)",
     )
+    online_gap_ns: int = Field(
+        default=0,
+        description="Learned time from the end of an online request's work to the next request (a "
+        "service that waits for each request; ABI 1.11); 0: none learned",
+    )
+    online_gap_samples: int = Field(default=0, description="Consistent such gaps in a row")
 
 
 class GpuView(BaseModel):

@@ -11,7 +11,7 @@ import ctypes
 import uuid as uuidlib
 
 ABI_MAJOR = 1
-ABI_MINOR = 10
+ABI_MINOR = 11
 
 MAGIC_LIMITS = 0x4D4C4753  # "SGLM"
 MAGIC_USAGE = 0x53554753  # "SGUS"
@@ -270,7 +270,12 @@ class Arbiter(ctypes.Structure):
         ("online_stalls", u64),
         ("online_relearns", u64),
         ("loans", u64),  # 1.10
-        ("reserved", u8 * 48),
+        ("online_last_end_ns", u64),  # 1.11: a closed-loop service's host time
+        ("online_gap_ns", u64),
+        ("online_gap_jitter_ns", u64),
+        ("online_gap_samples", u32),
+        ("pad3", u32),
+        ("reserved", u8 * 16),
         ("tenants", ArbTenant * ARB_MAX_TENANTS),
         ("clients", ArbClient * ARB_MAX_CLIENTS),
     )
