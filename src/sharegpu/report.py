@@ -90,6 +90,7 @@ class TenantReport:
     incarnation: int = 0
     devices: list[DeviceReport] = field(default_factory=list)
     processes: list[ProcessUsage] = field(default_factory=list)
+    counters_at: float | None = None  # time.monotonic() as the arbiter's counters were read
 
     @property
     def live_processes(self) -> int:
@@ -256,6 +257,7 @@ def node_report(
     paths = iter_tenants(root) if only is None else [p for p in [tenants_dir(root) / only] if p.is_dir()]
     statuses = [tenant_status(p) for p in paths]
     arbiters = read_arbiters(root, {d.uuid for s in statuses for d in s.devices})
+    counters_at = time.monotonic()
     now = time.time()
     reports = []
     for status in statuses:
@@ -269,6 +271,7 @@ def node_report(
             age_s=age,
             stale=is_stale(status),
             processes=status.processes,
+            counters_at=counters_at,
         )
         if status.error is None:
             limits = read_limits(status.path)

@@ -338,6 +338,11 @@ class TenantView(BaseModel):
     containers: list[ContainerView] = Field(
         default_factory=list, description="The containers its live processes run in (their cgroups)"
     )
+    counters_monotonic: float | None = Field(
+        default=None,
+        description="The node's CLOCK_MONOTONIC, in seconds, when its arbiter counters (held, wait, "
+        "throttled) were read: the rate of a counter between two views is over the difference",
+    )
 
 
 class TenantList(BaseModel):
@@ -585,6 +590,7 @@ def tenant_view(
         incarnation=report.incarnation or None,
         managed=managed,
         devices=devices,
+        counters_monotonic=report.counters_at,
         processes=[
             ProcessView(
                 pid=p.pid,
