@@ -301,8 +301,11 @@ def test_tenants_in_their_own_pid_namespaces_are_told_apart(sim: Sim) -> None:
     39% and 60% were both shown 50%, the simulated NVML having summed every pid 1's work)."""
     tenants = {"a": compute_tenant(sim, "a", "share", 30), "b": compute_tenant(sim, "b", "share", 70)}
     at = start_at(0.8)
+    # 6 s: the two CLI calls below (a Python start each, NVML's window, the table's two readings a
+    # second apart) took until past a 4 s run's end on a loaded VM, and the table's rates then
+    # covered the end of the work (b: 62% against 70%).
     procs = {
-        name: spawn_in_pid_namespace(sim, path, "saturate", 4, 500, "kernel", at, mount_proc=True)
+        name: spawn_in_pid_namespace(sim, path, "saturate", 6, 500, "kernel", at, mount_proc=True)
         for name, path in tenants.items()
     }
     time.sleep(0.8 + 1.5)
