@@ -263,11 +263,12 @@ static uint64_t overlap_to_us_locked(struct sg_arbiter *a, uint64_t handed, uint
     return overlap;
 }
 
-/* Did our work in flight, launched last at `launched`, end at `done` within our usual kernel
- * length (the in-flight bound keeps one kernel on the card, and kernel_ns is its decaying
- * maximum), so that nothing of another context ran between? */
-static bool ran_straight(const struct sg_gpu *g, uint64_t launched, uint64_t done)
+/* Did our work in flight end at `done` within our usual kernel length of our last launch (the
+ * in-flight bound keeps one kernel on the card, and kernel_ns is its decaying maximum), so that
+ * nothing of another context ran between?  Called while we release: no launch can follow. */
+static bool ran_straight(const struct sg_gpu *g, uint64_t done)
 {
+    uint64_t launched = __atomic_load_n(&g->last_launch, __ATOMIC_SEQ_CST);
     uint64_t k = __atomic_load_n(&g->kernel_ns, __ATOMIC_RELAXED);
     uint64_t slack = k / 8 > RAN_STRAIGHT_SLACK_NS ? k / 8 : RAN_STRAIGHT_SLACK_NS;
     return k && __atomic_load_n(&g->a->offline_inflight_max, __ATOMIC_RELAXED) <= 1 && launched &&
@@ -328,7 +329,6 @@ static void release_as(struct sg_gpu *g, enum sg_arb_decision why)
     bool ceiling = g->tenant < 0 || g->tenant >= SG_ARB_MAX_TENANTS ||
                    sg_arb_has_ceiling(&a->tenants[g->tenant]);
     bool early_pre = preempted && !ceiling && preempt_early(g);
-    uint64_t launched = __atomic_load_n(&g->last_launch, __ATOMIC_SEQ_CST);
     if (!early_pre)
         drain(g);
     uint64_t now = sg_mono_ns();
@@ -367,7 +367,7 @@ static void release_as(struct sg_gpu *g, enum sg_arb_decision why)
         uint64_t done = sg_mono_ns();
         if (c >= 0 && done > now && sg_arb_lock(a) == 0) {
             uint64_t owed = unheld_locked(a, handed, now, done) +
-                            overlap_to_us_locked(a, handed, done, ran_straight(g, launched, done));
+                            overlap_to_us_locked(a, handed, done, ran_straight(g, done));
             if (owed)
                 charge_drain_locked(a, g, c, owed, done);
             sg_arb_unlock(a);

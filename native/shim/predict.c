@@ -10,11 +10,11 @@
  * old beat returning ends it.  So a change must outlast a stall's look-alikes: the bench's bad
  * periodic runs had 4 late requests in a row. */
 #define RELEARN_INTERVALS 4
+#define RELEARN_SPAN_PERIODS 2
 /* The host time is trusted after the first gap and two consistent ones: random requests
  * (exponential gaps) give two gaps within an eighth of each other about one time in ten, and
  * each such pair would hold offline work back for a request that may not come. */
 #define GAP_MIN_SAMPLES 3
-#define RELEARN_SPAN_PERIODS 2
 
 static void forget_candidate(struct sg_arbiter *a)
 {
@@ -81,7 +81,7 @@ static void learn_candidate(struct sg_arbiter *a, uint64_t now, uint64_t learned
  * wait behind offline work (each wait moves every later request), but keeps its host time:
  * beside 2 ms offline kernels a service of 4 x 0.2 ms requests with 5 ms of host time learned
  * no beat in 3 s (50-65 patterns adopted and dropped), each request waited for an offline
- * kernel and it got 11.5% of the card where it asks 13.6%.  Predicted from its host time, its
+ * kernel and it got 11.4% of the card where it asks 13.6%.  Predicted from its host time, its
  * requests find the card free, and then keep a beat too.  A gap off by more than an eighth
  * starts the learning over from it (GAP_MIN_SAMPLES). */
 static void learn_gap(struct sg_arbiter *a, uint64_t now)
