@@ -36,6 +36,8 @@ HOLD_SECONDS = 4
 # 4 kernels of 1 ms. The batch job: 0.5 ms kernels back to back for as long as the service runs.
 BURSTS, PERIOD_MS, BURST_KERNELS, BURST_US = 100, 30, 4, 1000
 BATCH_US = 500
+# A request is late when it took more than this times the service's median alone.
+LATE_FACTOR = 1.2
 
 
 def _parse(lines: list[str]) -> dict[str, str]:
@@ -143,7 +145,11 @@ def _compute_round(
     results = {}
     for name, proc in procs.items():
         out, _ = proc.communicate(timeout=120)
-        results[name] = _parse(out.splitlines())
+        lines = out.splitlines()
+        results[name] = _parse(lines)
+        results[name]["latencies_us"] = ",".join(
+            v for k, _, v in (ln.partition("=") for ln in lines) if k == "lat_us"
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"{name} failed ({proc.returncode}): {out.strip()[-500:]}")
     return results
@@ -176,18 +182,31 @@ def compute_part(node: Node, console: Console) -> bool:
         return f"{gpu / window * 100:.0f}% of the card, {left:.0f}% of what online left"
 
     table = Table(
-        "REQUESTS", "ONLINE SERVICE", "LATENCY p50", "p99", "p99 vs ALONE", "BATCH JOB GOT", title="\nResults"
+        "REQUESTS",
+        "ONLINE SERVICE",
+        "LATENCY p50",
+        "p99",
+        "p99 vs ALONE",
+        f"LATE (> {LATE_FACTOR:g}x)",
+        "BATCH JOB GOT",
+        title="\nResults",
     )
     improved = True
     for arrivals, (alone, shared, bare) in rounds.items():
         pattern = "regular beat" if arrivals == "bursts" else "random"
         p99_alone = float(alone["p99_us"])
+        limit_us = LATE_FACTOR * float(alone["p50_us"])
+
+        def late(on: dict[str, str], limit_us: float = limit_us) -> int:
+            return sum(float(v) > limit_us for v in on["latencies_us"].split(","))
+
         table.add_row(
             pattern,
             "alone",
             f"{float(alone['p50_us']) / 1000:.2f} ms",
             f"{p99_alone / 1000:.2f} ms",
             "1.00x",
+            f"{late(alone)} of {BURSTS}",
             "-",
         )
         for label, r in (("with batch, sharegpu", shared), ("with batch, no sharegpu", bare)):
@@ -198,9 +217,12 @@ def compute_part(node: Node, console: Console) -> bool:
                 f"{float(on['p50_us']) / 1000:.2f} ms",
                 f"{float(on['p99_us']) / 1000:.2f} ms",
                 f"{float(on['p99_us']) / p99_alone:.2f}x",
+                f"{late(on)} of {BURSTS}",
                 batch_share(r["batch"]),
             )
-        improved = improved and float(shared["online"]["p99_us"]) < float(bare["online"]["p99_us"])
+        # Judged on the count of late requests, not on one p99: on a loaded host two requests
+        # delayed by the host's scheduler move a p99 of 100 requests; they move this count by two.
+        improved = improved and late(shared["online"]) < late(bare["online"]) / 2
     console.print(table)
     console.print(
         "\n[green]Under sharegpu the online service keeps nearly its alone latency on a regular beat: the "
@@ -209,9 +231,10 @@ def compute_part(node: Node, console: Console) -> bool:
         "kernels, for the GPU to preempt it at the end of its time slice), still far less than without "
         "sharegpu; under an MPS daemon the shim makes the batch job a low-priority client, and the GPU "
         "serves random requests first too (docs/design/arbitration.md). The batch job uses the time the "
-        "service leaves idle.[/green]"
+        "service leaves idle. LATE counts the requests that took more than "
+        f"{LATE_FACTOR:g} times the service's median alone.[/green]"
         if improved
-        else "[red]compute part: sharegpu did not improve the online latency[/red]"
+        else "[red]compute part: sharegpu did not halve the online service's late requests[/red]"
     )
     return improved
 
