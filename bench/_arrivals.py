@@ -10,9 +10,11 @@ the time the service leaves idle; the median of the runs.
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from _node import Node
@@ -170,6 +172,7 @@ class RunCounters:
     woke_late: int = 0  # requests that began over WOKE_LATE_US after their instant
     woke_around: list[str] = field(default_factory=list)  # per late request: "its/before's" lateness, µs
     p99_less_cpu_us: float = 0.0  # p99 of each request's latency less its wait for a CPU
+    steal_ms: float = 0.0  # time the hypervisor ran others on this VM's CPUs during the run
 
     @property
     def late(self) -> int:
@@ -178,6 +181,15 @@ class RunCounters:
     @property
     def host_late(self) -> int:
         return len(self.host_late_at)
+
+
+def host_steal_ms() -> float:
+    """CPU time the hypervisor gave other guests while this VM's CPUs wanted to run, all CPUs
+    summed (/proc/stat: the `cpu` line's eighth field, in clock ticks; 0 on bare metal).  A
+    thread on a stolen CPU is neither running nor runnable to the guest's own scheduler, so the
+    probe's CPU wait does not see it: a sleeping sync woken late shows as its return ("r")."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    return int(fields[8]) * 1000 / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
 
 
 def shared(
@@ -204,9 +216,11 @@ def shared(
         tune_arbiter(node.arbiter(), **settings)
     window = (requests - 1) * REQUEST["mean_ms"] / 1000
     before = read_arbiter(node.arbiter()) if mechanism != NONE else None
+    stolen = host_steal_ms()
     on, off = run_together(
         node, [(online_env, _online_args(pattern, requests)), (offline_env, _offline_args(window, kernel_us))]
     )
+    stolen = host_steal_ms() - stolen
     if before is not None and counters is not None:
         after = read_arbiter(node.arbiter())
         counters.append(
@@ -218,6 +232,7 @@ def shared(
                 _tenant_wait_us(after, "online"),  # a new tenant each run: its entry starts at 0
                 after.online_stalls - before.online_stalls,
                 after.online_relearns - before.online_relearns,
+                steal_ms=stolen,
             )
         )
     if served is not None:

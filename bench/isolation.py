@@ -396,8 +396,10 @@ each with the part of it furthest above the run's usual (c a wait for a CPU, t f
 g its kernels queued on the GPU behind offline work, with how late it and the request before
 it began, µs: a late request moves the predicted beat; r its sync's return after its kernels
 ended); of those, how many were late only by the time the service
-waited for a CPU (runnable, not running: /proc/thread-self/schedstat); and the p99 of each
-request's latency less its wait for a CPU, x alone"""
+waited for a CPU (runnable, not running: /proc/thread-self/schedstat); the p99 of each
+request's latency less its wait for a CPU, x alone; and the CPU time the hypervisor gave
+other guests during the run (steal, /proc/stat, both CPUs: invisible to the CPU wait, it
+delays a sleeping sync's wake-up and shows as "r")"""
 REPEAT_GOAL = 1.2  # issue 33: p99 within 1.2x alone in every one of 20 consecutive periodic runs
 CHOSEN = "early"  # the arbiter's default (abi.ARB_DEFAULT_ONLINE_PREEMPT, no quiet window)
 
@@ -457,7 +459,7 @@ def random_section(args: argparse.Namespace, out: Callable[[str], None]) -> int:
                         f"early {c.early:3}  samples {c.samples:4}  waited {c.waited_us:7.0f}  "
                         f"stalls {c.stalls} relearns {c.relearns}  woke late {c.woke_late:2}  "
                         f"late {c.late:3} (CPU {c.host_late:3}) [{which}]  "
-                        f"less CPU {c.p99_less_cpu_us / alone99:.2f}x"
+                        f"less CPU {c.p99_less_cpu_us / alone99:.2f}x  steal {c.steal_ms:4.0f} ms"
                     )
     return 0
 
