@@ -38,7 +38,8 @@ def plugin() -> Iterator[PluginServer]:
     thread = threading.Thread(target=server.run)
     thread.start()
     try:
-        while not server.dra_socket.is_socket():
+        # Both sockets: gRPC binds them one after the other, and a test may dial either first.
+        while not (server.dra_socket.is_socket() and server.registration_socket.is_socket()):
             assert thread.is_alive()
             threading.Event().wait(0.05)
         yield server
