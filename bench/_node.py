@@ -20,14 +20,14 @@ from pathlib import Path
 
 from sharegpu import simgpu
 from sharegpu.arbiter import arbiter_path, ensure_arbiter
-from sharegpu.native import LIB_DIR, probe_path
+from sharegpu.native import LIB_DIR, parse_probe_output, probe_path
 from sharegpu.runtime.run import device_limit
 from sharegpu.spec import MIB, ComputeSpec
 from sharegpu.tenant import create_tenant, iter_tenants, remove_tenant
 
 
 def parse(out: str) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return parse_probe_output(out.splitlines())
 
 
 @dataclass

@@ -57,6 +57,7 @@ import _syncing
 from _node import Node, simulated_node, start_at
 from sharegpu.agent.cpulatency import CpuLatencyRequest
 from sharegpu.arbiter import read_arbiter
+from sharegpu.native import parse_probe_output
 from sharegpu.spec import ComputeSpec
 
 SPLITS: dict[str, list[int]] = {
@@ -123,12 +124,7 @@ def run_together(
         out, err = proc.communicate(timeout=120)
         if proc.returncode != 0:
             raise RuntimeError(f"probe failed ({proc.returncode}): {err.strip()}")
-        pairs = [line.split("=", 1) for line in out.splitlines() if "=" in line]
-        values = dict(pairs)
-        # Keys printed once per request (lat_us, runq_us): all of them, in order, comma-separated.
-        for key in ("lat_us", "runq_us", "launch_us", "span_us", "woke_us"):
-            values[f"{key}_all"] = ",".join(v for k, v in pairs if k == key)
-        results.append(values)
+        results.append(parse_probe_output(out.splitlines()))
     return results
 
 

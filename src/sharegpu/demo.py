@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sharegpu import simgpu
-from sharegpu.native import probe_path
+from sharegpu.native import parse_probe_output, probe_path
 from sharegpu.spec import GIB, MIB, format_size
 
 TENANTS = (("demo-a", 3 * GIB), ("demo-b", 2 * GIB))
@@ -38,10 +38,6 @@ BURSTS, PERIOD_MS, BURST_KERNELS, BURST_US = 100, 30, 4, 1000
 BATCH_US = 500
 # A request is late when it took more than this times the service's median alone.
 LATE_FACTOR = 1.2
-
-
-def _parse(lines: list[str]) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in lines if "=" in line)
 
 
 @dataclass
@@ -85,7 +81,7 @@ def memory_part(node: Node, console: Console) -> bool:
             lines.append(raw.strip())
             if raw.startswith("held="):
                 break
-        results[name] = _parse(lines)
+        results[name] = parse_probe_output(lines)
 
     table = Table("TENANT", "CAP", "ALLOCATED", "CHUNKS", "REFUSED WITH", "cuMemGetInfo TOTAL / FREE",
                   title="\nInside each tenant")  # fmt: skip
@@ -145,11 +141,7 @@ def _compute_round(
     results = {}
     for name, proc in procs.items():
         out, _ = proc.communicate(timeout=120)
-        lines = out.splitlines()
-        results[name] = _parse(lines)
-        results[name]["latencies_us"] = ",".join(
-            v for k, _, v in (ln.partition("=") for ln in lines) if k == "lat_us"
-        )
+        results[name] = parse_probe_output(out.splitlines())
         if proc.returncode != 0:
             raise RuntimeError(f"{name} failed ({proc.returncode}): {out.strip()[-500:]}")
     return results
@@ -157,7 +149,7 @@ def _compute_round(
 
 def _late(online: dict[str, str], limit_us: float) -> int:
     """How many of the service's requests took longer than `limit_us`."""
-    return sum(float(v) > limit_us for v in online["latencies_us"].split(","))
+    return sum(float(v) > limit_us for v in online["lat_us_all"].split(","))
 
 
 def compute_part(node: Node, console: Console) -> bool:

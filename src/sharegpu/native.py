@@ -68,3 +68,17 @@ def simgpu_dir() -> Path:
 def probe_path(dlopen: bool = False) -> Path:
     """The multi-command driver-API probe (linked, or loading libcuda with dlopen)."""
     return _require(LIB_DIR / ("sgprobe-dl" if dlopen else "sgprobe"))
+
+
+# Keys the probe prints once per request (sgprobe bursts/poisson), in request order.
+PROBE_PER_REQUEST = ("lat_us", "runq_us", "launch_us", "span_us", "woke_us")
+
+
+def parse_probe_output(lines: list[str]) -> dict[str, str]:
+    """The probe's `key=value` lines; a key printed once per request (PROBE_PER_REQUEST) keeps its
+    last value, and all of them, in order and comma-separated, under `<key>_all`."""
+    pairs = [line.split("=", 1) for line in lines if "=" in line]
+    values = dict(pairs)
+    for key in PROBE_PER_REQUEST:
+        values[f"{key}_all"] = ",".join(v for k, v in pairs if k == key)
+    return values

@@ -5,6 +5,6 @@ from sharegpu.demo import _late
 
 
 def test_late_counts_the_requests_over_the_limit() -> None:
-    service = {"latencies_us": "4040,4100,4900,16200,12100"}
+    service = {"lat_us_all": "4040,4100,4900,16200,12100"}
     assert _late(service, limit_us=4848) == 3
     assert _late(service, limit_us=20000) == 0
