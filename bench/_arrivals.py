@@ -10,13 +10,12 @@ the time the service leaves idle; the median of the runs.
 
 from __future__ import annotations
 
-import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from _host import host_steal_ms
 from _node import Node
 from sharegpu.arbiter import read_arbiter, tune_arbiter
 from sharegpu.spec import ComputeSpec
@@ -181,15 +180,6 @@ class RunCounters:
     @property
     def host_late(self) -> int:
         return len(self.host_late_at)
-
-
-def host_steal_ms() -> float:
-    """CPU time the hypervisor gave other guests while this VM's CPUs wanted to run, all CPUs
-    summed (/proc/stat: the `cpu` line's eighth field, in clock ticks; 0 on bare metal).  A
-    thread on a stolen CPU is neither running nor runnable to the guest's own scheduler, so the
-    probe's CPU wait does not see it: a sleeping sync woken late shows as its return ("r")."""
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
-    return int(fields[8]) * 1000 / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
 
 
 def shared(
