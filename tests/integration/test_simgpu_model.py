@@ -513,6 +513,142 @@ print(json.dumps(out))
 """
 
 
+# The importer of an interprocess event: waits for the exporter's kernel on the GPU, then runs
+# its own 100 ms kernel; prints when the wait call returned and when its kernel was done, and
+# from its own events when the wait ended (start) after a reference taken on an idle stream.
+IPC_EVENT_CHILD = r"""
+import sys
+raw = bytes.fromhex(sys.argv[1])
+h = d.CUipcEventHandle()
+ctypes.memmove(h.getPtr(), raw, 64)
+mod = ck(d.cuModuleLoadData(PTX))
+spin = ck(d.cuModuleGetFunction(mod, b"spin"))
+ev = ck(d.cuIpcOpenEventHandle(h))
+out["query_while_pending"] = rc(d.cuEventQuery(ev))
+out["elapsed"] = rc(d.cuEventElapsedTime(ev, ev))
+stream = ck(d.cuStreamCreate(0))
+idle = ck(d.cuStreamCreate(0))
+ref, start, end = (ck(d.cuEventCreate(0)) for _ in range(3))
+out["ref_at"] = time.monotonic()
+ck(d.cuEventRecord(ref, idle))  # an idle stream: it completes at once
+t = time.monotonic()
+ck(d.cuStreamWaitEvent(stream, ev, 0))
+out["wait_call_ms"] = (time.monotonic() - t) * 1000
+out["stream_waiting"] = rc(d.cuStreamQuery(stream))
+ck(d.cuEventRecord(start, stream))
+ck(d.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, stream, ((100000,), (ctypes.c_uint64,)), 0))
+ck(d.cuEventRecord(end, stream))
+ck(d.cuStreamSynchronize(stream))
+out["done_at"] = time.monotonic()
+out["gate_ms"] = ck(d.cuEventElapsedTime(ref, start))
+out["kernel_ms"] = ck(d.cuEventElapsedTime(start, end))
+ck(d.cuEventSynchronize(ev))
+out["query_after"] = rc(d.cuEventQuery(ev))
+ck(d.cuEventDestroy(ev))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.timing
+def test_an_interprocess_event_orders_two_processes_work_on_the_gpu(sim_env: dict[str, str]) -> None:
+    res = run(
+        sim_env,
+        r"""
+        import subprocess, sys
+        F = d.CUevent_flags
+        mod = ck(d.cuModuleLoadData(PTX))
+        spin = ck(d.cuModuleGetFunction(mod, b"spin"))
+        out["supported"] = ck(d.cuDeviceGetAttribute(
+            d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED, dev))
+        timed = ck(d.cuEventCreate(F.CU_EVENT_INTERPROCESS))
+        out["export_timed"] = rc(d.cuIpcGetEventHandle(timed))
+        ev = ck(d.cuEventCreate(F.CU_EVENT_INTERPROCESS | F.CU_EVENT_DISABLE_TIMING))
+        h = ck(d.cuIpcGetEventHandle(ev))
+        raw = ctypes.string_at(h.getPtr(), 64)
+        stream = ck(d.cuStreamCreate(0))
+        child = PRELUDE_SRC + IPC_EVENT_CHILD
+        launched = out["launched"] = time.monotonic()
+        ck(d.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, stream, ((300000,), (ctypes.c_uint64,)), 0))
+        ck(d.cuEventRecord(ev, stream))
+        p = subprocess.run([sys.executable, "-c", child, raw.hex()], capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 0, p.stderr
+        kid = json.loads(p.stdout.strip().splitlines()[-1])
+        ck(d.cuStreamSynchronize(stream))
+        out["child"] = kid
+        out["child_done_ms"] = (kid["done_at"] - launched) * 1000
+        bad = d.CUipcEventHandle()
+        out["open_garbage"] = rc(d.cuIpcOpenEventHandle(bad))
+        ck(d.cuEventDestroy(ev))
+        out["open_destroyed"] = rc(d.cuIpcOpenEventHandle(h))
+        """.replace("IPC_EVENT_CHILD", repr(IPC_EVENT_CHILD)),
+    )
+    kid = res["child"]
+    assert res["supported"] == 1
+    assert res["export_timed"] == "CUDA_ERROR_INVALID_VALUE"  # timing events cannot be shared
+    assert kid["query_while_pending"] == "CUDA_ERROR_NOT_READY"  # the exporter's record is seen
+    assert kid["elapsed"] == "CUDA_ERROR_INVALID_HANDLE"  # an imported event has no timing
+    # The wait does not block the importer: the GPU holds its kernel until the exporter's ends.
+    assert kid["wait_call_ms"] < 150
+    assert kid["stream_waiting"] == "CUDA_ERROR_NOT_READY"
+    assert res["child_done_ms"] >= 300 + 100 - 5  # never beside the exporter's kernel
+    # An event recorded behind the wait completes when the exporter's kernel ends: the importer
+    # reads from its own clock when its work could start.
+    gate_open_ms = (kid["ref_at"] - res["launched"]) * 1000 + kid["gate_ms"]
+    assert 300 <= gate_open_ms <= 320
+    assert 99 <= kid["kernel_ms"] <= 101
+    assert kid["query_after"] == "CUDA_SUCCESS"
+    assert res["open_garbage"] == "CUDA_ERROR_INVALID_VALUE"
+    assert res["open_destroyed"] == "CUDA_ERROR_INVALID_HANDLE"
+
+
+# An exporter that records its event after a 3 s kernel, prints the handle, and waits to be killed.
+IPC_EVENT_EXPORTER = r"""
+F = d.CUevent_flags
+mod = ck(d.cuModuleLoadData(PTX))
+spin = ck(d.cuModuleGetFunction(mod, b"spin"))
+ev = ck(d.cuEventCreate(F.CU_EVENT_INTERPROCESS | F.CU_EVENT_DISABLE_TIMING))
+stream = ck(d.cuStreamCreate(0))
+ck(d.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, stream, ((3000000,), (ctypes.c_uint64,)), 0))
+ck(d.cuEventRecord(ev, stream))
+print(ctypes.string_at(ck(d.cuIpcGetEventHandle(ev)).getPtr(), 64).hex(), flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_wait_on_a_killed_exporters_event_ends_when_its_work_is_dropped(
+    sim_env: dict[str, str],
+) -> None:
+    res = run(
+        sim_env,
+        r"""
+        import subprocess, sys
+        exporter = subprocess.Popen([sys.executable, "-c", PRELUDE_SRC + IPC_EVENT_EXPORTER],
+                                    stdout=subprocess.PIPE, text=True)
+        raw = bytes.fromhex(exporter.stdout.readline().strip())
+        h = d.CUipcEventHandle()
+        ctypes.memmove(h.getPtr(), raw, 64)
+        ev = ck(d.cuIpcOpenEventHandle(h))
+        mod = ck(d.cuModuleLoadData(PTX))
+        spin = ck(d.cuModuleGetFunction(mod, b"spin"))
+        stream = ck(d.cuStreamCreate(0))
+        ck(d.cuStreamWaitEvent(stream, ev, 0))
+        ck(d.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, stream, ((10000,), (ctypes.c_uint64,)), 0))
+        time.sleep(0.2)
+        out["gated"] = rc(d.cuStreamQuery(stream))  # held behind the exporter's 3 s kernel
+        exporter.kill()
+        exporter.wait()
+        t = time.monotonic()
+        ck(d.cuStreamSynchronize(stream))
+        out["sync_s"] = time.monotonic() - t
+        out["event"] = rc(d.cuEventQuery(ev))
+        """.replace("IPC_EVENT_EXPORTER", repr(IPC_EVENT_EXPORTER)),
+    )
+    assert res["gated"] == "CUDA_ERROR_NOT_READY"
+    assert res["sync_s"] < 2.0  # the dead exporter's work is dropped at the next sweep (0.1 s)
+    assert res["event"] == "CUDA_SUCCESS"
+
+
 def test_vmm_memory_is_shared_between_processes_through_a_posix_descriptor(
     sim_env: dict[str, str],
 ) -> None:

@@ -127,6 +127,7 @@ typedef enum CUdevice_attribute_enum {
     CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH = 95,
     CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
     CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115,
+    CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED = 125,
     CU_DEVICE_ATTRIBUTE_MAX = 150
 } CUdevice_attribute;
 
@@ -611,6 +612,12 @@ SG_CUAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
 SG_CUAPI cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags);
 SG_CUAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags);
 SG_CUAPI cuIpcCloseMemHandle(CUdeviceptr dptr);
+/* Interprocess events: an event made with CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING. */
+typedef struct CUipcEventHandle_st {
+    char reserved[CU_IPC_HANDLE_SIZE];
+} CUipcEventHandle;
+SG_CUAPI cuIpcGetEventHandle(CUipcEventHandle *pHandle, CUevent event);
+SG_CUAPI cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle);
 SG_CUAPI cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr);
 
 /* Pool IPC: a pool exported by descriptor, and its allocations exported one by one. */

@@ -30,6 +30,13 @@
  *    higher one's blocks as they retire).  One channel runs at a time here, where a real GPU
  *    would run the higher one's blocks next to the rest of the lower one's: the model is
  *    pessimistic for both.
+ *  - Gates (interprocess events).  A process's cuStreamWaitEvent on another process's event
+ *    (cuIpcOpenEventHandle) gates its channel: the kernels it submits after the wait do not run
+ *    until the other channel's awaited kernel completes, as a GPU holds a channel at a semaphore
+ *    acquire.  A channel that reaches its gate leaves the round like one out of work (the GPU
+ *    switches away) and rejoins it, at the end of the round, the instant the awaited kernel
+ *    completes: a run is cut at that kernel's end so the instant is exact.  The whole channel is
+ *    gated, not only the waiting stream (its streams share one queue anyway).
  *  - Laziness.  Nothing runs in the background.  Whoever takes the state lock to launch, query,
  *    synchronize, record or read an event, or ask NVML, first commits the engine up to "now"
  *    (sim_engine_advance_locked: O(run segments + kernels completed since the last advance)).
@@ -100,6 +107,20 @@ static void switch_to(const struct sim_state *st, struct sim_gpu *g, int next, i
     g->switches++;
     if (preempted)
         g->preemptions++;
+}
+
+static int ticket_done(const struct sim_gpu *g, const struct sim_ticket *t)
+{
+    if (!t->seq1 || t->chan < 0 || t->chan >= SIM_MAX_SLOTS)
+        return 1;
+    const struct sim_chan *ch = &g->chan[t->chan];
+    return ch->done >= t->seq1 || t->seq1 > ch->n; /* a ticket from the future: stale, done */
+}
+
+/* How far the channel may run now: all it has, or up to its gate while the gate is closed. */
+static uint64_t runnable_end(const struct sim_chan *ch)
+{
+    return ch->gate.seq1 ? ch->gate_at : ch->sub_ns;
 }
 
 /* ---- commit ------------------------------------------------------------------------------ */
@@ -198,15 +219,60 @@ static uint64_t turn_end(const struct sim_state *st, const struct sim_gpu *g, in
     return g->clock + (end - ch->exec_ns);
 }
 
-/* Completes the pending kernels exec_ns has reached; the run began at t0 with exec_ns == x0. */
+/* Completes the pending kernels exec_ns has reached; the run began at t0 with exec_ns == x0.
+ * Those behind a closed gate stay pending (a 0 µs kernel there has reached exec_ns already). */
 static void complete(struct sim_chan *ch, uint64_t t0, uint64_t x0)
 {
-    while (ch->done < ch->n) {
+    while (ch->done < ch->n && !(ch->gate.seq1 && ch->done >= ch->gate_k)) {
         uint64_t *q = &ch->q[ch->done % SIM_CHQ];
         if (*q > ch->exec_ns)
             break;
         *q = *q > x0 ? t0 + (*q - x0) : t0;
         ch->done++;
+    }
+}
+
+/* Where channel c's run must stop so that a gate waiting on it opens at the right instant: the
+ * exec_ns at which its first kernel that some other channel waits for completes (none: MAX). */
+static uint64_t gate_stop(const struct sim_gpu *g, int c)
+{
+    uint64_t stop = UINT64_MAX;
+    if (!g->gates)
+        return stop;
+    const struct sim_chan *ch = &g->chan[c];
+    for (int k = 0; k < SIM_MAX_SLOTS; k++) {
+        const struct sim_ticket *t = &g->chan[k].gate;
+        if (t->seq1 && t->chan == c && t->seq1 > ch->done && t->seq1 <= ch->n &&
+            ch->q[(t->seq1 - 1) % SIM_CHQ] < stop)
+            stop = ch->q[(t->seq1 - 1) % SIM_CHQ];
+    }
+    return stop;
+}
+
+static void open_gates(struct sim_state *st, struct sim_gpu *g, int from, uint64_t ts, int depth);
+
+/* Channel k's gate is open at g->clock: what it may run joins the round (at its end, as a newly
+ * busy channel does); a 0 µs kernel just behind the gate completes now. */
+static void open_gate(struct sim_state *st, struct sim_gpu *g, int k, uint64_t ts, int depth)
+{
+    struct sim_chan *ch = &g->chan[k];
+    ch->gate = (struct sim_ticket){0};
+    g->gates--;
+    uint64_t done = ch->done;
+    complete(ch, g->clock, ch->exec_ns);
+    if (!ch->active && ch->exec_ns < ch->sub_ns)
+        list_insert(g, k, g->clock, ts);
+    if (ch->done != done && depth < 8)
+        open_gates(st, g, k, ts, depth + 1); /* a gate on what just completed */
+}
+
+/* Opens the gates that wait for a kernel of channel `from` that has completed. */
+static void open_gates(struct sim_state *st, struct sim_gpu *g, int from, uint64_t ts, int depth)
+{
+    for (int k = 0; g->gates && k < SIM_MAX_SLOTS; k++) {
+        const struct sim_ticket *t = &g->chan[k].gate;
+        if (t->seq1 && t->chan == from && ticket_done(g, t))
+            open_gate(st, g, k, ts, depth);
     }
 }
 
@@ -232,7 +298,11 @@ void sim_engine_advance_locked(struct sim_state *st, int dev, uint64_t t)
         const uint64_t end = turn_end(st, g, c);
         uint64_t limit = end < t ? end : t;
         uint64_t run = limit > g->clock ? limit - g->clock : 0;
-        uint64_t left = ch->sub_ns - ch->exec_ns;
+        uint64_t stop = runnable_end(ch);
+        const uint64_t gate = gate_stop(g, c);
+        uint64_t left = stop > ch->exec_ns ? stop - ch->exec_ns : 0;
+        if (gate > ch->exec_ns && gate - ch->exec_ns < left)
+            left = gate - ch->exec_ns; /* someone's gate opens there: stop at that instant */
         if (run > left)
             run = left;
         const uint64_t t0 = g->clock, x0 = ch->exec_ns;
@@ -240,8 +310,12 @@ void sim_engine_advance_locked(struct sim_state *st, int dev, uint64_t t)
         complete(ch, t0, x0);
         st->slot[c].busy_ns[dev] += run;
         g->clock = t0 + run;
-        if (ch->exec_ns >= ch->sub_ns) { /* out of work: yield at once */
-            for (; ch->done < ch->n; ch->done++) /* only after a repair of a broken ring */
+        if (g->gates) {
+            open_gates(st, g, c, ts, 0); /* before c leaves: the switch to them is paid */
+            stop = runnable_end(ch);      /* c's own, if a chain of 0 µs kernels opened it */
+        }
+        if (ch->exec_ns >= stop) { /* out of work, or at its gate: yield at once */
+            for (; !ch->gate.seq1 && ch->done < ch->n; ch->done++) /* only after a repair */
                 ch->q[ch->done % SIM_CHQ] = g->clock;
             seg_close(st, g, g->clock);
             int next = ch->next;
@@ -283,9 +357,15 @@ static void drop_chan(struct sim_state *st, struct sim_gpu *g, int c, uint64_t a
             list_remove(g, c);
         }
     }
+    if (ch->gate.seq1) {
+        ch->gate = (struct sim_ticket){0};
+        g->gates--;
+    }
     ch->exec_ns = ch->sub_ns;
     for (; ch->done < ch->n; ch->done++)
         ch->q[ch->done % SIM_CHQ] = at;
+    if (g->gates)
+        open_gates(st, g, c, ts, 0); /* those waiting on its work: it is done now */
 }
 
 void sim_engine_drop_locked(struct sim_state *st, int s)
@@ -331,10 +411,24 @@ void sim_engine_repair_locked(struct sim_state *st)
             if (ch->done == ch->n)
                 ch->exec_ns = ch->sub_ns; /* work without a kernel: half a submission */
         }
+        /* Gates: kept only while consistent and still closed, once every channel is repaired. */
+        g->gates = 0;
+        for (int c = 0; c < SIM_MAX_SLOTS; c++) {
+            struct sim_chan *ch = &g->chan[c];
+            if (!ch->gate.seq1)
+                continue;
+            if (ch->gate.chan == c || ch->gate_k < ch->done || ch->gate_k > ch->n ||
+                ch->gate_at < ch->exec_ns || ch->gate_at > ch->sub_ns || ticket_done(g, &ch->gate)) {
+                ch->gate = (struct sim_ticket){0};
+                complete(ch, g->clock, ch->exec_ns);
+            } else {
+                g->gates++;
+            }
+        }
         /* The active list, in channel order starting from the channel that was running. */
         for (int k = 0; k < SIM_MAX_SLOTS; k++) {
             int c = (old + k) % SIM_MAX_SLOTS;
-            if (g->chan[c].exec_ns < g->chan[c].sub_ns)
+            if (g->chan[c].exec_ns < runnable_end(&g->chan[c]))
                 list_insert(g, c, g->clock, ts);
         }
     }
@@ -368,12 +462,20 @@ static uint64_t predict_mps(const struct sim_state *st, const struct sim_gpu *g,
 /* When channel c's exec_ns reaches `cum` if nothing new arrives: the commit rules replayed on
  * the remaining totals (kernel boundaries inside a channel do not matter).  Full rounds in which
  * no channel runs out are skipped in one step, so the cost is O(active channels²). */
-static uint64_t predict(const struct sim_state *st, int dev, int c, uint64_t cum)
+static uint64_t predict(const struct sim_state *st, int dev, int c, uint64_t cum, int depth)
 {
     const struct sim_gpu *g = &st->gpu[dev];
     const struct sim_chan *tc = &g->chan[c];
     if (tc->exec_ns >= cum)
         return g->clock;
+    const struct sim_ticket *gt = &tc->gate;
+    if (gt->seq1 && cum > tc->gate_at && gt->chan >= 0 && gt->chan < SIM_MAX_SLOTS && depth < 4) {
+        /* Behind its gate: when the awaited kernel ends, then a switch and its own work (a lower
+         * bound: the waiter looks again when it wakes). */
+        const struct sim_chan *gc = &g->chan[gt->chan];
+        uint64_t open = predict(st, dev, gt->chan, gc->q[(gt->seq1 - 1) % SIM_CHQ], depth + 1);
+        return open + switch_ns(st, 0) + (cum - tc->gate_at);
+    }
     const uint64_t from = g->switch_end > g->clock ? g->switch_end : g->clock;
     if (g->nactive <= 1 || !tc->active)
         return from + (cum - tc->exec_ns);
@@ -440,14 +542,6 @@ static uint64_t predict(const struct sim_state *st, int dev, int c, uint64_t cum
 
 /* ---- waiting ----------------------------------------------------------------------------- */
 
-static int ticket_done(const struct sim_gpu *g, const struct sim_ticket *t)
-{
-    if (!t->seq1 || t->chan < 0 || t->chan >= SIM_MAX_SLOTS)
-        return 1;
-    const struct sim_chan *ch = &g->chan[t->chan];
-    return ch->done >= t->seq1 || t->seq1 > ch->n; /* a ticket from the future: stale, done */
-}
-
 /* A waiter sweeps for dead competitors only when it has at least this long to sleep. */
 #define REAP_SLACK_NS 1000000ull
 
@@ -459,10 +553,11 @@ static uint64_t wait_step_locked(struct sim_state *st, int dev, const struct sim
     struct sim_gpu *g = &st->gpu[dev];
     if (ticket_done(g, t))
         return 0;
-    *reap = g->nactive > 1 && now - st->last_reap_ns >= SIM_REAP_NS;
+    const int others = g->nactive > 1 || g->gates; /* someone who may die ahead of t */
+    *reap = others && now - st->last_reap_ns >= SIM_REAP_NS;
     const struct sim_chan *ch = &g->chan[t->chan];
-    uint64_t at = predict(st, dev, t->chan, ch->q[(t->seq1 - 1) % SIM_CHQ]);
-    if (g->nactive > 1 && at > now + SIM_REAP_NS)
+    uint64_t at = predict(st, dev, t->chan, ch->q[(t->seq1 - 1) % SIM_CHQ], 0);
+    if (others && at > now + SIM_REAP_NS)
         at = now + SIM_REAP_NS;
     return at > now ? at : now + 1000u; /* never a hot loop, even on a broken state */
 }
@@ -624,6 +719,44 @@ void sim_engine_unwatch(struct sim_state *st, struct sim_watch *w)
     sim_unlock(st);
 }
 
+int sim_engine_gate(struct sim_err *e, struct sim_state *st, int dev, const struct sim_ticket *on)
+{
+    for (;;) {
+        int c = sim_slot_acquire_fast(e, st);
+        if (c < 0)
+            return -1;
+        if (sim_lock(e, st) < 0)
+            return -1;
+        if (!sim_slot_mine_locked(st, c)) { /* reaped by someone who judged us dead */
+            sim_unlock(st);
+            sim_slot_forget();
+            continue;
+        }
+        struct sim_gpu *g = &st->gpu[dev];
+        struct sim_chan *ch = &g->chan[c];
+        advance_now(st, dev);
+        struct sim_ticket busy = {0};
+        int gated = 0;
+        if (ticket_done(g, on) || on->chan == c) {
+            /* done, or our own kernel: our channel runs in order anyway */
+        } else if (!ch->gate.seq1) {
+            ch->gate = (struct sim_ticket){.seq1 = on->seq1, .chan = on->chan};
+            ch->gate_k = ch->n;
+            ch->gate_at = ch->sub_ns;
+            g->gates++;
+            gated = 1;
+        } else if (ch->gate.chan == on->chan) {
+            if (on->seq1 > ch->gate.seq1) /* a later kernel of the same channel: wait for it */
+                ch->gate.seq1 = on->seq1;
+            gated = 1;
+        } else {
+            busy = *on; /* one gate per channel: a second one is kept on the host */
+        }
+        sim_unlock(st);
+        return busy.seq1 ? sim_engine_wait(e, st, dev, &busy) : gated;
+    }
+}
+
 void sim_engine_fork_child(void)
 {
     for (int d = 0; d < SIM_MAX_GPUS; d++) {
@@ -684,7 +817,7 @@ int sim_engine_submit(struct sim_err *e, struct sim_state *st, int dev, struct s
             ch->q[seq % SIM_CHQ] = ch->sub_ns + d; /* order: entry, sub_ns, n (see repair) */
             ch->sub_ns += d;
             ch->n = seq + 1;
-            if (d && !ch->active)
+            if (!ch->active && ch->exec_ns < runnable_end(ch))
                 list_insert(g, c, now, ts);
             else if (!ch->active)
                 complete(ch, now, ch->exec_ns); /* nothing ahead of a 0 µs kernel: done now */

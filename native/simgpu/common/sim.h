@@ -122,18 +122,28 @@ SIM_HIDDEN unsigned sim_pci_bus(unsigned idx);
  *   gpu[g].used == sum over slots of slot[i].bytes[g]          (repaired on EOWNERDEAD)
  *   gpu[g].used <= cfg.memory_bytes
  *   c.done <= c.n,  c.n - c.done <= SIM_CHQ,  c.exec_ns <= c.sub_ns
- *   c.active == (c.exec_ns < c.sub_ns);  kernel k of c is done <=> k < c.done
+ *   c.active == (c.exec_ns < c.runnable end: sub_ns, or gate_at while c's gate is closed);
+ *   kernel k of c is done <=> k < c.done;  a gated channel's kernels from gate_k on are pending
+ *   gpu[g].gates == number of channels c with c.gate.seq1 != 0
  *   the active channels form one circular list (next/prev) of length gpu[g].nactive
  *   ring entries are appended in engine-time order; entry k lives at ring[k % SIM_RING]
  * EOWNERDEAD repair rebuilds what a dead holder may have left half-written (engine.c).
  */
 #define SIM_STATE_MAGIC 0x314d495355504753ULL /* "SGPUSIM1" little-endian */
-#define SIM_STATE_VERSION 7u /* 3: cfg.context_overhead_bytes; 4: slot.proc_dev, cfg.pitch_alignment;
+#define SIM_STATE_VERSION 8u /* 3: cfg.context_overhead_bytes; 4: slot.proc_dev, cfg.pitch_alignment;
                               * 5: slot.pidns, slot.host_pid; 6: context-switch costs
-                              * (cfg.ctxsw_us, cfg.preempt_us, gpu.switch_end); 7: cfg.uuid0 */
+                              * (cfg.ctxsw_us, cfg.preempt_us, gpu.switch_end); 7: cfg.uuid0;
+                              * 8: interprocess events (ipc_event, chan.gate, gpu.gates) */
 #define SIM_MAX_SLOTS 512
 #define SIM_RING 16384 /* run segments kept per GPU (NVML history) */
 #define SIM_CHQ 4096   /* pending kernels per channel before a launch blocks */
+#define SIM_IPC_EVENTS 1024 /* interprocess events exported at once, all processes together */
+
+struct sim_ticket {        /* "kernel seq1 - 1 of channel chan"; seq1 == 0: nothing */
+    uint64_t seq1;
+    int32_t chan;
+    int32_t reserved;
+};
 
 struct sim_busy {          /* one run segment on the engine: one channel ran [start, end) */
     uint64_t start_ns;     /* CLOCK_MONOTONIC */
@@ -152,6 +162,12 @@ struct sim_chan {
     int32_t next, prev;    /* [lock] active list links, meaningful while active */
     uint32_t active;       /* [lock] 1 while in the active list */
     uint32_t reserved;
+    /* [lock] A gate (cuStreamWaitEvent on another process's interprocess event, engine.c):
+     * while gate.seq1 != 0 the kernels from number gate_k on (exec_ns from gate_at on) wait
+     * until gate, a kernel of another channel on this GPU, completes.  Cleared when it does. */
+    struct sim_ticket gate;
+    uint64_t gate_k;
+    uint64_t gate_at;
     /* [lock] kernel k at q[k % SIM_CHQ]: while pending (k >= done) the value exec_ns must reach
      * for it to complete (sub_ns just after it was submitted); once done its completion instant
      * (CLOCK_MONOTONIC).  W submit (pending), advance/drop (done); R waiters, event resolution. */
@@ -171,6 +187,8 @@ struct sim_gpu {
                             * executes); cur's slice starts when it ends */
     uint64_t switches;     /* [lock] W advance: switches between contexts with work */
     uint64_t preemptions;  /* [lock] W advance: of them, kernels preempted at a slice's end */
+    uint32_t gates;        /* [lock] channels with a gate set (chan[c].gate.seq1 != 0) */
+    uint32_t gates_pad;
     struct sim_busy ring[SIM_RING];       /* [lock] W advance R NVML utilization */
     struct sim_chan chan[SIM_MAX_SLOTS];  /* [lock] channel i belongs to slot i */
 };
@@ -190,6 +208,15 @@ struct sim_slot {          /* one process using the CUDA side; pid == 0 means fr
     uint64_t busy_ns[SIM_MAX_GPUS]; /* [lock] W advance: engine time its kernels ran on each GPU */
 };
 
+/* An event exported with cuIpcGetEventHandle: what every process that opened it sees.  A record
+ * in any of them publishes its ticket here; a wait, query or synchronize reads it. */
+struct sim_ipc_event {
+    uint64_t gen;          /* [lock] W alloc: bumped at each allocation, so a stale handle misses */
+    int32_t owner;         /* [lock] W alloc/free: exporter's slot + 1; 0: free */
+    int32_t dev;           /* [lock] W record: the GPU of the last record */
+    struct sim_ticket last;/* [lock] W record: the kernel the last record follows (0: none) */
+};
+
 struct sim_state {
     uint64_t magic;        /* [const] SIM_STATE_MAGIC */
     uint32_t version;      /* [const] SIM_STATE_VERSION */
@@ -203,6 +230,7 @@ struct sim_state {
     char lock_pad[64 - sizeof(pthread_mutex_t) % 64];
     struct sim_gpu gpu[SIM_MAX_GPUS];
     struct sim_slot slot[SIM_MAX_SLOTS];
+    struct sim_ipc_event ipc_event[SIM_IPC_EVENTS];
 };
 
 /* Maps (creating if needed) the state; idempotent, thread-safe.  Returns the mapping. */
@@ -262,12 +290,6 @@ SIM_HIDDEN void sim_repair_locked(struct sim_state *st);
  */
 #define SIM_QDEPTH 1024 /* pending kernels per stream before a launch blocks */
 
-struct sim_ticket {        /* "kernel seq1 - 1 of channel chan"; seq1 == 0: nothing */
-    uint64_t seq1;
-    int32_t chan;
-    int32_t reserved;
-};
-
 struct sim_queue {         /* one stream */
     struct sim_ticket last;    /* [state lock] its last submitted kernel */
     uint64_t n;                /* [state lock] kernels ever submitted on the stream */
@@ -302,6 +324,31 @@ SIM_HIDDEN int sim_engine_watch(struct sim_err *e, struct sim_state *st, struct 
                                 int wait);
 SIM_HIDDEN void sim_engine_unwatch(struct sim_state *st, struct sim_watch *w);
 SIM_HIDDEN void sim_engine_fork_child(void); /* the parent's pending events are not ours */
+/* The calling process's later work on GPU dev waits, on the GPU, until kernel *on completes (a
+ * kernel of another process: cuStreamWaitEvent on an interprocess event).  Work already queued
+ * is not held.  A second gate on another channel while the first is closed waits on the host.
+ * 1: a gate is closed (the caller then queues a 0 µs marker behind it on the waiting stream,
+ * which its later records, queries and syncs follow); 0: nothing to wait for; -1: error. */
+SIM_HIDDEN int sim_engine_gate(struct sim_err *e, struct sim_state *st, int dev,
+                               const struct sim_ticket *on);
+
+/* ---- interprocess events (ipcevent.c); all take the lock themselves -------------------- */
+/* A new entry owned by this process: *index and *gen name it in a handle. */
+SIM_HIDDEN int sim_ipc_event_alloc(struct sim_err *e, struct sim_state *st, uint32_t *index,
+                                   uint64_t *gen);
+/* The exporter's cuEventDestroy. */
+SIM_HIDDEN void sim_ipc_event_free(struct sim_state *st, uint32_t index, uint64_t gen);
+/* 1 when (index, gen) names a live entry (an open may proceed), 0 if not, -1 on error. */
+SIM_HIDDEN int sim_ipc_event_live(struct sim_err *e, struct sim_state *st, uint32_t index,
+                                  uint64_t gen);
+/* A record of the event on GPU dev after kernel *t (a done ticket: nothing to wait for). */
+SIM_HIDDEN int sim_ipc_event_publish(struct sim_err *e, struct sim_state *st, uint32_t index,
+                                     uint64_t gen, int dev, const struct sim_ticket *t);
+/* Its last record: *dev and *t (t->seq1 0 when never recorded, freed, or nothing pending). */
+SIM_HIDDEN int sim_ipc_event_read(struct sim_err *e, struct sim_state *st, uint32_t index,
+                                  uint64_t gen, int *dev, struct sim_ticket *t);
+/* Under lock: frees slot s's entries (its process is gone). */
+SIM_HIDDEN void sim_ipc_event_drop_locked(struct sim_state *st, int s);
 /* Under lock: commits GPU dev's engine up to t (no-op for t <= clock). */
 SIM_HIDDEN void sim_engine_advance_locked(struct sim_state *st, int dev, uint64_t t);
 /* Under lock: drops slot s's pending work on every GPU (its process is gone). */

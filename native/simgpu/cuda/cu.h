@@ -62,7 +62,13 @@ struct CUevent_st {
     struct CUctx_st *ctx;
     int recorded;          /* atomic: cuEventRecord succeeded at least once */
     struct sim_watch w;    /* its completion instant (common/engine.c) */
+    int ipc;               /* 0; EVENT_IPC_EXPORTED or EVENT_IPC_IMPORTED: its records live in
+                            * the state's table (ipcevent.c), at ipc_index of generation ipc_gen */
+    uint32_t ipc_index;
+    uint64_t ipc_gen;
 };
+#define EVENT_IPC_EXPORTED 1
+#define EVENT_IPC_IMPORTED 2
 
 struct CUfunc_st {
     uint32_t magic;
@@ -196,6 +202,11 @@ static inline CUresult cu_ready_device(CUdevice dev, int *phys)
 }
 /* The one place internal errors become CUresults. */
 SIM_HIDDEN CUresult cu_result(const struct sim_err *e);
+/* Interprocess events (ipcevent.c): a record on stream s, whether its last record has
+ * completed (wait: until it has; <0 with *r set), and a wait of stream s for it. */
+SIM_HIDDEN CUresult cu_ipc_event_record(CUevent ev, struct CUstream_st *s);
+SIM_HIDDEN int cu_ipc_event_done(CUevent ev, int wait, CUresult *r);
+SIM_HIDDEN CUresult cu_ipc_event_gate(CUevent ev, struct CUstream_st *s);
 
 /* ---- contexts (context.c) ------------------------------------------------------------------ */
 /* The current context of this thread: NOT_INITIALIZED / INVALID_CONTEXT otherwise. */

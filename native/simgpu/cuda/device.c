@@ -125,6 +125,7 @@ static int attribute(CUdevice_attribute a, int phys, const struct sim_config *cf
     case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: return 1;
     case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: return 1;
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: return 1;
+    case CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED: return 1;
     case CU_DEVICE_ATTRIBUTE_MAX: break;
     }
     return 0; /* a valid attribute we do not model */

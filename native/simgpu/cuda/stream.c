@@ -6,6 +6,8 @@
  * other streams is not modelled beyond cuCtxSynchronize and synchronous copies waiting for all
  * work of the context.  An event completes with the last kernel its stream had when it was
  * recorded (at the record instant if the stream was idle) and keeps that completion instant.
+ * An interprocess event (ipcevent.c) keeps its last record in the shared state instead, where
+ * every process that opened it records, waits and queries.
  */
 #include "cu.h"
 
@@ -279,9 +281,15 @@ static CUresult event_record(CUevent ev, CUstream h)
         return r;
     if (s->capture)
         return CUDA_SUCCESS; /* an event node in a captured graph: ordering only, not modelled */
-    struct sim_err e = {0};
-    if (sim_engine_record(&e, cu_g.st, s->ctx->phys, &s->q, &ev->w) < 0)
-        return cu_result(&e);
+    if (ev->ipc) {
+        r = cu_ipc_event_record(ev, s);
+        if (r)
+            return r;
+    } else {
+        struct sim_err e = {0};
+        if (sim_engine_record(&e, cu_g.st, s->ctx->phys, &s->q, &ev->w) < 0)
+            return cu_result(&e);
+    }
     __atomic_store_n(&ev->recorded, 1, __ATOMIC_RELEASE);
     return CUDA_SUCCESS;
 }
@@ -309,6 +317,8 @@ SIM_EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent event, CUstream stream, 
 /* 1 when ev's work has completed (or it was never recorded), 0 if not, <0 with *r set. */
 static int event_done(CUevent ev, int wait, CUresult *r)
 {
+    if (ev->ipc)
+        return cu_ipc_event_done(ev, wait, r);
     struct sim_err e = {0};
     int done = sim_engine_watch(&e, cu_g.st, &ev->w, wait);
     if (done < 0)
@@ -380,6 +390,8 @@ SIM_EXPORT CUresult cuEventDestroy_v2(CUevent event)
     if (r)
         return r;
     sim_engine_unwatch(cu_g.st, &event->w);
+    if (event->ipc == EVENT_IPC_EXPORTED)
+        sim_ipc_event_free(cu_g.st, event->ipc_index, event->ipc_gen);
     event->magic = 0;
     free(event);
     return CUDA_SUCCESS;
@@ -389,7 +401,9 @@ SIM_EXPORT CUresult cuEventDestroy_v2(CUevent event)
 
 /* Kernels of one process on one GPU run in launch order on its channel, so work queued after
  * the wait already follows the event's kernel there; an event of another GPU is waited for on
- * the host before returning, which keeps the order (the caller blocks where a GPU would not). */
+ * the host before returning, which keeps the order (the caller blocks where a GPU would not).
+ * An interprocess event recorded by another process on this GPU gates the channel: the GPU holds
+ * the work queued after the wait until that kernel ends, and the caller does not block. */
 static CUresult stream_wait_event(CUstream h, CUevent ev, unsigned flags)
 {
     struct CUstream_st *s;
@@ -400,6 +414,9 @@ static CUresult stream_wait_event(CUstream h, CUevent ev, unsigned flags)
         return CUDA_ERROR_INVALID_HANDLE;
     if (flags & ~1u) /* CU_EVENT_WAIT_DEFAULT 0, CU_EVENT_WAIT_EXTERNAL 1 */
         return CUDA_ERROR_INVALID_VALUE;
+    if (ev->ipc)
+        return s->capture ? CUDA_SUCCESS /* a node of the graph: ordering only, not modelled */
+                          : cu_ipc_event_gate(ev, s);
     if (ev->ctx && ev->ctx->phys == s->ctx->phys)
         return CUDA_SUCCESS;
     struct sim_err e = {0};
