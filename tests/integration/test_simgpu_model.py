@@ -31,6 +31,11 @@ def used():
     free, total = ck(d.cuMemGetInfo())
     return total - free
 
+def ipc_event(hexed):  # an interprocess event handle from its 64 bytes in hex
+    h = d.CUipcEventHandle()
+    ctypes.memmove(h.getPtr(), bytes.fromhex(hexed), 64)
+    return h
+
 ck(d.cuInit(0))
 dev = ck(d.cuDeviceGet(0))
 ctx = ck(d.cuDevicePrimaryCtxRetain(dev))
@@ -518,9 +523,7 @@ print(json.dumps(out))
 # from its own events when the wait ended (start) after a reference taken on an idle stream.
 IPC_EVENT_CHILD = r"""
 import sys
-raw = bytes.fromhex(sys.argv[1])
-h = d.CUipcEventHandle()
-ctypes.memmove(h.getPtr(), raw, 64)
+h = ipc_event(sys.argv[1])
 mod = ck(d.cuModuleLoadData(PTX))
 spin = ck(d.cuModuleGetFunction(mod, b"spin"))
 ev = ck(d.cuIpcOpenEventHandle(h))
@@ -625,10 +628,7 @@ def test_a_wait_on_a_killed_exporters_event_ends_when_its_work_is_dropped(
         import subprocess, sys
         exporter = subprocess.Popen([sys.executable, "-c", PRELUDE_SRC + IPC_EVENT_EXPORTER],
                                     stdout=subprocess.PIPE, text=True)
-        raw = bytes.fromhex(exporter.stdout.readline().strip())
-        h = d.CUipcEventHandle()
-        ctypes.memmove(h.getPtr(), raw, 64)
-        ev = ck(d.cuIpcOpenEventHandle(h))
+        ev = ck(d.cuIpcOpenEventHandle(ipc_event(exporter.stdout.readline().strip())))
         mod = ck(d.cuModuleLoadData(PTX))
         spin = ck(d.cuModuleGetFunction(mod, b"spin"))
         stream = ck(d.cuStreamCreate(0))

@@ -202,6 +202,8 @@ static inline CUresult cu_ready_device(CUdevice dev, int *phys)
 }
 /* The one place internal errors become CUresults. */
 SIM_HIDDEN CUresult cu_result(const struct sim_err *e);
+/* A new event of context c (stream.c); NULL when out of memory. */
+SIM_HIDDEN CUevent cu_event_new(struct CUctx_st *c, unsigned flags);
 /* Interprocess events (ipcevent.c): a record on stream s, whether its last record has
  * completed (wait: until it has; <0 with *r set), and a wait of stream s for it. */
 SIM_HIDDEN CUresult cu_ipc_event_record(CUevent ev, struct CUstream_st *s);

@@ -13,7 +13,6 @@
  */
 #include "cu.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 #define IPC_EVENT_MAGIC "SGIPCEV"
@@ -78,15 +77,12 @@ SIM_EXPORT CUresult cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle hand
         return cu_result(&e);
     if (!live)
         return CUDA_ERROR_INVALID_HANDLE; /* its exporter destroyed it, or died */
-    struct CUevent_st *ev = calloc(1, sizeof(*ev));
+    struct CUevent_st *ev = cu_event_new(c, CU_EVENT_DISABLE_TIMING);
     if (!ev)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    ev->ctx = c;
-    ev->flags = CU_EVENT_DISABLE_TIMING;
     ev->ipc = EVENT_IPC_IMPORTED;
     ev->ipc_index = w.index;
     ev->ipc_gen = w.gen;
-    ev->magic = EVENT_MAGIC;
     *phEvent = ev;
     return CUDA_SUCCESS;
 }

@@ -260,14 +260,19 @@ SIM_EXPORT CUresult cuEventCreate(CUevent *event, unsigned int flags)
     CUresult r = cu_ctx_current(&c);
     if (r)
         return r;
+    *event = cu_event_new(c, flags);
+    return *event ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUevent cu_event_new(struct CUctx_st *c, unsigned flags)
+{
     struct CUevent_st *ev = calloc(1, sizeof(*ev));
     if (!ev)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+        return NULL;
     ev->ctx = c;
     ev->flags = flags;
     ev->magic = EVENT_MAGIC;
-    *event = ev;
-    return CUDA_SUCCESS;
+    return ev;
 }
 
 static CUresult event_record(CUevent ev, CUstream h)
