@@ -1,0 +1,109 @@
+"""One of two cuda-python programs that take turns on the card themselves, with no sharegpu:
+what a hand-over between exclusive holds costs, by how the next holder is told (bench/handover.py).
+
+    python bench/_turns.py ROLE MODE SHARE BURST US HOST_US TURNS SECONDS FD_IN FD_OUT
+
+ROLE 0 or 1; SHARE: role 0's part of the turns, in percent. Each turn is a burst of BURST launches of the
+spin kernel (US µs each) and a stream sync, then HOST_US of host time. MODE:
+  bare     no turns: loop for SECONDS (the GPU time-slices the two programs)
+  drained  TURNS turns in the order `owner` gives; a holder tells the next one (a byte on FD_OUT)
+           after its sync returned: the hand-over sharegpu makes today
+  queued   the same turns, told as the holder enters its sync, and the next holder's stream waits
+           (cuStreamWaitEvent) for the holder's interprocess event: the GPU starts the next burst
+           when the last one ends, with no host wake-up between
+First the two exchange their events' handles over FD_OUT/FD_IN; each prints `ready` and waits
+for a go byte on FD_IN. Then prints `bursts=N seconds=S start=T` (T: its CLOCK_MONOTONIC start,
+in seconds).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import time
+
+from cuda.bindings import driver as cu
+
+from _pyclient import PTX, check, host_gap
+
+
+def owner(turn: int, share: int) -> int:
+    """Who holds turn `turn` (0 or 1) when role 0 gets `share` % of the turns, spread as virtual
+    time spreads them: role 0 takes a turn whenever its count falls a whole turn behind."""
+    return 0 if (turn + 1) * share // 100 - turn * share // 100 == 1 else 1
+
+
+def read_exactly(fd: int, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = os.read(fd, n - len(data))
+        if not chunk:
+            raise SystemExit("fail=the other program went away")
+        data += chunk
+    return data
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 10:
+        print(__doc__.strip().splitlines()[3], file=sys.stderr)
+        return 2
+    role, mode, share = int(argv[0]), argv[1], int(argv[2])
+    burst, us, host_us, turns = int(argv[3]), int(argv[4]), int(argv[5]), int(argv[6])
+    seconds, fd_in, fd_out = float(argv[7]), int(argv[8]), int(argv[9])
+    check(cu.cuInit(0))
+    (dev,) = check(cu.cuDeviceGet(0))
+    (ctx,) = check(cu.cuDevicePrimaryCtxRetain(dev))
+    check(cu.cuCtxSetCurrent(ctx))
+    (mod,) = check(cu.cuModuleLoadData(PTX))
+    (spin,) = check(cu.cuModuleGetFunction(mod, b"spin"))
+    (stream,) = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING))
+    flags = cu.CUevent_flags.CU_EVENT_INTERPROCESS | cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
+    (mine,) = check(cu.cuEventCreate(flags))
+    (exported,) = check(cu.cuIpcGetEventHandle(mine))
+    os.write(fd_out, ctypes.string_at(exported.getPtr(), 64))
+    handle = cu.CUipcEventHandle()
+    ctypes.memmove(handle.getPtr(), read_exactly(fd_in, 64), 64)
+    (theirs,) = check(cu.cuIpcOpenEventHandle(handle))
+    args = ((us,), (ctypes.c_uint64,))
+    print("ready", flush=True)
+
+    def run_burst() -> None:
+        for _ in range(burst):
+            check(cu.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, stream, args, 0))
+
+    if read_exactly(fd_in, 1) != b"g":
+        raise SystemExit("fail=no go")
+    start = time.monotonic()
+    done = 0
+    if mode == "bare":
+        while time.monotonic() - start < seconds:
+            run_burst()
+            check(cu.cuStreamSynchronize(stream))
+            done += 1
+            host_gap(host_us * 1000)
+    for turn in range(turns if mode != "bare" else 0):
+        if owner(turn, share) != role:
+            continue
+        if turn and owner(turn - 1, share) != role:
+            if read_exactly(fd_in, 1) != b"t":
+                raise SystemExit("fail=out of turn")
+            if mode == "queued":
+                check(cu.cuStreamWaitEvent(stream, theirs, 0))
+        run_burst()
+        hand_on = turn + 1 < turns and owner(turn + 1, share) != role
+        if mode == "queued":
+            check(cu.cuEventRecord(mine, stream))
+            if hand_on:
+                os.write(fd_out, b"t")
+        check(cu.cuStreamSynchronize(stream))
+        if mode == "drained" and hand_on:
+            os.write(fd_out, b"t")
+        done += 1
+        host_gap(host_us * 1000)
+    print(f"bursts={done} seconds={time.monotonic() - start:.6f} start={start:.6f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
