@@ -47,10 +47,11 @@ static struct sim_ipc_event *entry_locked(struct sim_state *st, uint32_t index, 
 
 void sim_ipc_event_free(struct sim_state *st, uint32_t index, uint64_t gen)
 {
-    if (sim_lock(NULL, st) < 0)
+    int s = sim_slot_self(); /* a forked child (no slot) never frees its parent's entries */
+    if (s < 0 || sim_lock(NULL, st) < 0)
         return;
     struct sim_ipc_event *ev = entry_locked(st, index, gen);
-    if (ev)
+    if (ev && ev->owner == s + 1)
         ev->owner = 0;
     sim_unlock(st);
 }

@@ -336,7 +336,7 @@ SIM_HIDDEN int sim_engine_gate(struct sim_err *e, struct sim_state *st, int dev,
 /* A new entry owned by this process: *index and *gen name it in a handle. */
 SIM_HIDDEN int sim_ipc_event_alloc(struct sim_err *e, struct sim_state *st, uint32_t *index,
                                    uint64_t *gen);
-/* The exporter's cuEventDestroy. */
+/* The exporter's cuEventDestroy (only the process that allocated the entry frees it). */
 SIM_HIDDEN void sim_ipc_event_free(struct sim_state *st, uint32_t index, uint64_t gen);
 /* 1 when (index, gen) names a live entry (an open may proceed), 0 if not, -1 on error. */
 SIM_HIDDEN int sim_ipc_event_live(struct sim_err *e, struct sim_state *st, uint32_t index,
