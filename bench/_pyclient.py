@@ -19,10 +19,17 @@ import time
 
 from cuda.bindings import driver as cu
 
+# `spin` runs for its parameter in µs: a GPU reads its global nanosecond timer until that much
+# time has passed (as sgprobe's kernel does); the simulated GPU runs no code and takes the
+# parameter as the kernel's time.
 PTX = (
     b".version 8.0\n.target sm_90\n.address_size 64\n"
-    b".visible .entry spin(.param .u64 us)\n{\n ret;\n}\n"
-)  # the simulated GPU runs `spin` for its parameter in µs; a GPU would run this one at once
+    b".visible .entry spin(.param .u64 us)\n{\n"
+    b" .reg .pred %p;\n .reg .u64 %rd<5>;\n"
+    b" ld.param.u64 %rd1, [us];\n mul.lo.u64 %rd1, %rd1, 1000;\n mov.u64 %rd2, %globaltimer;\n"
+    b"SPIN:\n mov.u64 %rd3, %globaltimer;\n sub.u64 %rd4, %rd3, %rd2;\n"
+    b" setp.lt.u64 %p, %rd4, %rd1;\n @%p bra SPIN;\n ret;\n}\n"
+)
 
 
 def check(result: tuple[object, ...]) -> tuple[object, ...]:
