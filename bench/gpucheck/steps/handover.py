@@ -1,0 +1,49 @@
+"""What a hand-over between exclusive holds costs on this GPU, by how the next holder is told
+(issue 33; bench/handover.py, docs/design/arbitration.md "Turns"): two plain driver-API programs,
+no sharegpu, take turns in a fixed order and tell each other after the holder's sync returned
+("drained", the hand-over sharegpu makes today) or as it enters its sync, the next holder's
+stream waiting on the GPU for the holder's interprocess event ("queued"), beside the same
+programs time-sliced by the GPU ("bare"). On a real GPU this measures whether a queued hand-over
+costs only the GPU's own switch, as it does on the simulated GPU.
+"""
+
+from __future__ import annotations
+
+from gpucheck.context import StepContext
+
+CASES = ((1, 100), (4, 500))  # bursts x kernel µs
+SHARES = (50, 30)
+
+
+def run(ctx: StepContext) -> None:
+    import handover
+
+    seconds = 1.5 if ctx.target.real else ctx.scale(1.0, 0.4)
+    found: dict[str, dict[str, dict[str, float]]] = {}
+    for share in SHARES:
+        for burst, us in CASES:
+            case = f"{share}/{100 - share} {burst} x {us} us"
+            found[case] = {}
+            for mode in handover.MODES:
+                r = handover.run_case(ctx.target.env, mode, share=share, burst=burst, us=us, seconds=seconds)
+                found[case][mode] = {
+                    "card_pct": round(r.card, 1),
+                    "split_pct": [round(x, 1) for x in r.split],
+                }
+            ctx.figure(case, found[case])
+    even = [c for c in found if c.startswith("50/50")]
+    ctx.check(
+        "at 50/50 a queued hand-over costs the card less than one told after the sync",
+        all(found[c]["queued"]["card_pct"] > found[c]["drained"]["card_pct"] for c in even),
+        "; ".join(
+            f"{c}: {found[c]['queued']['card_pct']} vs {found[c]['drained']['card_pct']}" for c in even
+        ),
+    )
+    ctx.summary(
+        ", ".join(
+            f"{c}: bare {v['bare']['card_pct']} / drained {v['drained']['card_pct']} / "
+            f"queued {v['queued']['card_pct']}%"
+            for c, v in found.items()
+            if c.startswith("50/50")
+        )
+    )
