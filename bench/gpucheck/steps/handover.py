@@ -9,6 +9,8 @@ costs only the GPU's own switch, as it does on the simulated GPU.
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpucheck.context import StepContext
 
 CASES = ((1, 100), (4, 500))  # bursts x kernel µs
@@ -19,7 +21,7 @@ def run(ctx: StepContext) -> None:
     import handover
 
     seconds = 1.5 if ctx.target.real else ctx.scale(1.0, 0.4)
-    found: dict[str, dict[str, dict[str, float]]] = {}
+    found: dict[str, dict[str, dict[str, Any]]] = {}
     for share in SHARES:
         for burst, us in CASES:
             case = f"{share}/{100 - share} {burst} x {us} us"
