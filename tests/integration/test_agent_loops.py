@@ -92,10 +92,20 @@ def stop(proc: subprocess.Popen[str]) -> None:
     proc.communicate(timeout=30)
 
 
+def _threads_left(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return 0
+
+
 def wait_dead(pid: int, timeout: float = 10) -> None:
-    """Until a signalled process is dead (a zombie counts: not waited for, but gone)."""
+    """Until a signalled process is dead (a zombie counts: not waited for, but gone).
+
+    Its main thread reads as a zombie while its other threads may still be exiting and holding
+    its files, and so its liveness locks: dead means the zombie is all that is left."""
     deadline = time.monotonic() + timeout
-    while (info := proc_info(pid)) is not None and info.state not in ("Z", "X"):
+    while ((info := proc_info(pid)) is not None and info.state not in ("Z", "X")) or _threads_left(pid) > 1:
         assert time.monotonic() < deadline, f"process {pid} is still alive"
         time.sleep(0.01)
 
