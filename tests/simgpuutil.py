@@ -94,3 +94,48 @@ def run_py(env: dict[str, str], code: str, timeout: float = 120) -> dict[str, An
 def needs(module: str) -> None:
     if importlib.util.find_spec(module.split(".", maxsplit=1)[0]) is None:
         pytest.skip(f"{module} is not installed in this interpreter")
+
+
+# Every driver-API script (run_driver) starts with this: init, the primary context of GPU 0
+# current, and helpers.
+PRELUDE = r"""
+import ctypes, json, time
+from cuda.bindings import driver as d
+
+def ck(res):
+    err, *rest = res if isinstance(res, tuple) else (res,)
+    assert err == d.CUresult.CUDA_SUCCESS, err
+    return None if not rest else rest[0] if len(rest) == 1 else rest
+
+def rc(res):
+    err = res[0] if isinstance(res, tuple) else res
+    return d.CUresult(err).name
+
+def used():
+    free, total = ck(d.cuMemGetInfo())
+    return total - free
+
+def ipc_event(hexed):  # an interprocess event handle from its 64 bytes in hex
+    h = d.CUipcEventHandle()
+    ctypes.memmove(h.getPtr(), bytes.fromhex(hexed), 64)
+    return h
+
+ck(d.cuInit(0))
+dev = ck(d.cuDeviceGet(0))
+ctx = ck(d.cuDevicePrimaryCtxRetain(dev))
+ck(d.cuCtxSetCurrent(ctx))
+out = {}
+PTX = (b".version 8.0\n.target sm_90\n.address_size 64\n"
+       b".visible .global .align 8 .b8 table[1048576];\n"
+       b".visible .const .align 4 .u32 coeffs[4] = {1, 2, 3, 4};\n"
+       b".global .f64 scale;\n"
+       b".visible .entry spin(.param .u64 us)\n{\n ld.global.u32 %r1, [table];\n ret;\n}\n"
+       b".visible .entry other()\n{\n ret;\n}\n\0")
+"""
+
+
+def run_driver(env: dict[str, str], body: str, **sources: str) -> dict[str, Any]:
+    """Runs PRELUDE and then body (dedented) in a fresh interpreter; returns its `out` (JSON).
+    The script may start children from the same sources: PRELUDE_SRC and each of `sources`."""
+    named = "".join(f"{name} = {src!r}\n" for name, src in {"PRELUDE_SRC": PRELUDE, **sources}.items())
+    return run_py(env, PRELUDE + named + textwrap.dedent(body) + "\nprint(json.dumps(out))\n")

@@ -5,55 +5,17 @@ simulator's per-process charge where it was."""
 from __future__ import annotations
 
 import subprocess
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from simgpuutil import LIB, MIB, probe, run_py, small
-
-# Every script starts with this: init, the primary context of GPU 0 current, and helpers.
-PRELUDE = r"""
-import ctypes, json, time
-from cuda.bindings import driver as d
-
-def ck(res):
-    err, *rest = res if isinstance(res, tuple) else (res,)
-    assert err == d.CUresult.CUDA_SUCCESS, err
-    return None if not rest else rest[0] if len(rest) == 1 else rest
-
-def rc(res):
-    err = res[0] if isinstance(res, tuple) else res
-    return d.CUresult(err).name
-
-def used():
-    free, total = ck(d.cuMemGetInfo())
-    return total - free
-
-def ipc_event(hexed):  # an interprocess event handle from its 64 bytes in hex
-    h = d.CUipcEventHandle()
-    ctypes.memmove(h.getPtr(), bytes.fromhex(hexed), 64)
-    return h
-
-ck(d.cuInit(0))
-dev = ck(d.cuDeviceGet(0))
-ctx = ck(d.cuDevicePrimaryCtxRetain(dev))
-ck(d.cuCtxSetCurrent(ctx))
-out = {}
-PTX = (b".version 8.0\n.target sm_90\n.address_size 64\n"
-       b".visible .global .align 8 .b8 table[1048576];\n"
-       b".visible .const .align 4 .u32 coeffs[4] = {1, 2, 3, 4};\n"
-       b".global .f64 scale;\n"
-       b".visible .entry spin(.param .u64 us)\n{\n ld.global.u32 %r1, [table];\n ret;\n}\n"
-       b".visible .entry other()\n{\n ret;\n}\n\0")
-"""
+from simgpuutil import LIB, MIB, probe, run_driver, small
 
 
 def run(env: dict[str, str], body: str) -> dict[str, object]:
     # The scripts may start children from the same sources (PRELUDE_SRC, VMM_SRC).
-    sources = f"PRELUDE_SRC = {PRELUDE!r}\nVMM_SRC = {VMM_PRELUDE!r}\nVMM_CHILD = {VMM_CHILD!r}\n"
-    return run_py(env, PRELUDE + sources + textwrap.dedent(body) + "\nprint(json.dumps(out))\n")
+    return run_driver(env, body, VMM_SRC=VMM_PRELUDE, VMM_CHILD=VMM_CHILD)
 
 
 def test_stream_priorities_context_and_device_of_a_stream(sim_env: dict[str, str]) -> None:
