@@ -87,7 +87,9 @@
     X(cuEventRecord)                                                                               \
     X(cuEventSynchronize)                                                                          \
     X(cuEventElapsedTime)                                                                          \
-    X(cuEventDestroy_v2)
+    X(cuEventDestroy_v2)                                                                           \
+    X(cuStreamWaitValue32_v2)                                                                      \
+    X(cuStreamWriteValue32_v2)
 
 static struct {
 #define X(name) __typeof__(&name) name;
@@ -875,6 +877,65 @@ static int cmd_copy(int argc, char **argv)
     return 0;
 }
 
+/* A thread that opens a word gate of the main thread's stream: it writes the word from an idle
+ * stream of its own 10 ms later. */
+static void *thread_open_word(void *p)
+{
+    CUdeviceptr *word = p;
+    CUstream idle;
+    CUresult r = api.cuCtxSetCurrent(ctx);
+    if (!r)
+        r = api.cuStreamCreate(&idle, 0);
+    struct timespec ten_ms = {.tv_nsec = 10000000};
+    nanosleep(&ten_ms, NULL);
+    if (!r)
+        r = api.cuStreamWriteValue32_v2(idle, *word, 5, 0);
+    if (!r)
+        r = api.cuStreamDestroy_v2(idle);
+    return (void *)(uintptr_t)r;
+}
+
+static int cmd_memops(int argc, char **argv)
+{
+    (void)argv;
+    struct spin sp;
+    if (argc != 0)
+        return usage("memops");
+    if (spin_setup(&sp, 20000))
+        return 1;
+    CUdeviceptr w;
+    CUstream a, b;
+    CK(api.cuMemAlloc_v2(&w, 4096));
+    CK(api.cuMemsetD32_v2(w, 0, 1024));
+    CK(api.cuStreamCreate(&a, 0));
+    CK(api.cuStreamCreate(&b, 0));
+    /* A write queued behind a kernel, and a wait for it on another stream. */
+    CK(api.cuLaunchKernel(sp.f, 1, 1, 1, 1, 1, 1, 0, a, sp.params, NULL));
+    CK(api.cuStreamWriteValue32_v2(a, w, 7, 0));
+    CK(api.cuStreamWaitValue32_v2(b, w, 7, 0));
+    CK(api.cuLaunchKernel(sp.f, 1, 1, 1, 1, 1, 1, 0, b, sp.params, NULL));
+    /* A wait nobody has met yet, opened by another thread's write. */
+    CUdeviceptr second = w + 4;
+    CK(api.cuStreamWaitValue32_v2(stream, second, 5, 1 /* CU_STREAM_WAIT_VALUE_EQ */));
+    CK(api.cuLaunchKernel(sp.f, 1, 1, 1, 1, 1, 1, 0, stream, sp.params, NULL));
+    pthread_t th;
+    if (pthread_create(&th, NULL, thread_open_word, &second) != 0)
+        return usage("pthread_create failed");
+    CK(api.cuStreamSynchronize(stream));
+    void *rv;
+    pthread_join(th, &rv);
+    CK((CUresult)(uintptr_t)rv);
+    CK(api.cuCtxSynchronize());
+    uint32_t got[2];
+    CK(api.cuMemcpyDtoH_v2(got, w, sizeof(got)));
+    out("memops=%s", got[0] == 7 && got[1] == 5 ? "OK" : "MISMATCH");
+    CK(api.cuStreamDestroy_v2(a));
+    CK(api.cuStreamDestroy_v2(b));
+    CK(api.cuMemFree_v2(w));
+    CK(api.cuModuleUnload(sp.mod));
+    return 0;
+}
+
 /* ---- compute workloads (arbitration) ------------------------------------------------------ */
 
 /* Sleep until an absolute CLOCK_MONOTONIC instant (a common start for several processes). */
@@ -1352,6 +1413,8 @@ static const struct command {
                            "sync: wall_us= gpu_us= (events), launch_gap_us=, start_ns= end_ns= (CLOCK_MONOTONIC)"},
     {"launchbench", cmd_launchbench, "N: N launches of a 0 µs kernel, ns_per_launch= (calls only)"},
     {"copy", cmd_copy, "BYTES: HtoD, DtoD, DtoH round trip: copy=OK; memsets: memset=OK"},
+    {"memops", cmd_memops, "stream memory operations: a wait for a write queued behind a kernel, "
+                           "a wait another thread's write opens: memops=OK"},
     {"saturate", cmd_saturate, "SECONDS US [kernel|graph|capture [START_NS [BATCH]]]: from START_NS, "
                                "launch US-µs spin kernels back to back for SECONDS, BATCH (default ~2 ms of "
                                "work; graph/capture: one BATCH-kernel graph) at a time, waiting for the "

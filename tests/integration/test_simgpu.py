@@ -835,6 +835,7 @@ def test_probe_is_clean_under_sanitizers(
     commands = [
         ["alloc", "plain", "1M", "300M"],
         ["copy", "1M"],
+        ["memops"],
         ["fill", "vmm", "32M"],
         ["fill", "pool", "64M"],
         ["launch", "3", "1000", "capture"],

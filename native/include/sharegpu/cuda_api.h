@@ -124,9 +124,14 @@ typedef enum CUdevice_attribute_enum {
     CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY = 83,
     CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD = 84,
     CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS = 89,
+    CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1 = 92,
+    CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V1 = 93,
+    CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR_V1 = 94,
     CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH = 95,
     CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
     CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115,
+    CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS = 122,
+    CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR = 123,
     CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED = 125,
     CU_DEVICE_ATTRIBUTE_MAX = 150
 } CUdevice_attribute;
@@ -520,6 +525,9 @@ SG_CUAPI cuStreamGetDevice(CUstream hStream, CUdevice *device);
 SG_CUAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags);
 SG_CUAPI cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData);
 SG_CUAPI cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags);
+/* Stream memory operations (cuda.h's cuStreamWaitValue32 and friends are these _v2 names). */
+SG_CUAPI cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags);
+SG_CUAPI cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags);
 CUresult cuStreamGetPriority_ptsz(CUstream hStream, int *priority);
 CUresult cuStreamGetFlags_ptsz(CUstream hStream, unsigned int *flags);
 CUresult cuStreamGetId_ptsz(CUstream hStream, unsigned long long *streamId);

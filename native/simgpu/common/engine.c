@@ -36,7 +36,10 @@
  *    acquire.  A channel that reaches its gate leaves the round like one out of work (the GPU
  *    switches away) and rejoins it, at the end of the round, the instant the awaited kernel
  *    completes: a run is cut at that kernel's end so the instant is exact.  The whole channel is
- *    gated, not only the waiting stream (its streams share one queue anyway).
+ *    gated, not only the waiting stream (its streams share one queue anyway).  A gate on a
+ *    memory word (cuStreamWaitValue*, memop.c) has no kernel to follow until a write that meets
+ *    it is queued: then it becomes a gate on that write's kernel (same GPU), or opens when the
+ *    write lands.  Until then a waiter on the gated work looks again every WORD_POLL_NS.
  *  - Laziness.  Nothing runs in the background.  Whoever takes the state lock to launch, query,
  *    synchronize, record or read an event, or ask NVML, first commits the engine up to "now"
  *    (sim_engine_advance_locked: O(run segments + kernels completed since the last advance)).
@@ -108,6 +111,10 @@ static void switch_to(const struct sim_state *st, struct sim_gpu *g, int next, i
     if (preempted)
         g->preemptions++;
 }
+
+/* How often a waiter on work behind a word gate looks again: nothing predicts when the word
+ * will be written (a write from the host, or one queued later). */
+#define WORD_POLL_NS 50000ull
 
 static int ticket_done(const struct sim_gpu *g, const struct sim_ticket *t)
 {
@@ -417,8 +424,10 @@ void sim_engine_repair_locked(struct sim_state *st)
             struct sim_chan *ch = &g->chan[c];
             if (!ch->gate.seq1)
                 continue;
+            const int word = ch->gate.chan == SIM_GATE_WORD;
             if (ch->gate.chan == c || ch->gate_k < ch->done || ch->gate_k > ch->n ||
-                ch->gate_at < ch->exec_ns || ch->gate_at > ch->sub_ns || ticket_done(g, &ch->gate)) {
+                ch->gate_at < ch->exec_ns || ch->gate_at > ch->sub_ns ||
+                (!word && ticket_done(g, &ch->gate))) {
                 ch->gate = (struct sim_ticket){0};
                 complete(ch, g->clock, ch->exec_ns);
             } else {
@@ -469,6 +478,8 @@ static uint64_t predict(const struct sim_state *st, int dev, int c, uint64_t cum
     if (tc->exec_ns >= cum)
         return g->clock;
     const struct sim_ticket *gt = &tc->gate;
+    if (gt->seq1 && cum > tc->gate_at && gt->chan == SIM_GATE_WORD)
+        return g->clock + WORD_POLL_NS; /* behind a word nobody has written yet: look again */
     if (gt->seq1 && cum > tc->gate_at && gt->chan >= 0 && gt->chan < SIM_MAX_SLOTS && depth < 4) {
         /* Behind its gate: when the awaited kernel ends, then a switch and its own work (a lower
          * bound: the waiter looks again when it wakes). */
@@ -719,6 +730,32 @@ void sim_engine_unwatch(struct sim_state *st, struct sim_watch *w)
     sim_unlock(st);
 }
 
+int sim_engine_done_locked(const struct sim_state *st, int dev, const struct sim_ticket *t)
+{
+    return ticket_done(&st->gpu[dev], t);
+}
+
+int sim_engine_gate_locked(struct sim_state *st, int dev, int c, const struct sim_ticket *on)
+{
+    struct sim_gpu *g = &st->gpu[dev];
+    struct sim_chan *ch = &g->chan[c];
+    if (ticket_done(g, on) || on->chan == c)
+        return 0; /* done, or our own kernel: our channel runs in order anyway */
+    if (!ch->gate.seq1) {
+        ch->gate = (struct sim_ticket){.seq1 = on->seq1, .chan = on->chan};
+        ch->gate_k = ch->n;
+        ch->gate_at = ch->sub_ns;
+        g->gates++;
+        return 1;
+    }
+    if (ch->gate.chan == on->chan) {
+        if (on->seq1 > ch->gate.seq1) /* a later kernel of the same channel: wait for it */
+            ch->gate.seq1 = on->seq1;
+        return 1;
+    }
+    return -2; /* one gate per channel: a second one is kept on the host */
+}
+
 int sim_engine_gate(struct sim_err *e, struct sim_state *st, int dev, const struct sim_ticket *on)
 {
     for (;;) {
@@ -732,28 +769,54 @@ int sim_engine_gate(struct sim_err *e, struct sim_state *st, int dev, const stru
             sim_slot_forget();
             continue;
         }
-        struct sim_gpu *g = &st->gpu[dev];
-        struct sim_chan *ch = &g->chan[c];
         advance_now(st, dev);
-        struct sim_ticket busy = {0};
-        int gated = 0;
-        if (ticket_done(g, on) || on->chan == c) {
-            /* done, or our own kernel: our channel runs in order anyway */
-        } else if (!ch->gate.seq1) {
-            ch->gate = (struct sim_ticket){.seq1 = on->seq1, .chan = on->chan};
-            ch->gate_k = ch->n;
-            ch->gate_at = ch->sub_ns;
-            g->gates++;
-            gated = 1;
-        } else if (ch->gate.chan == on->chan) {
-            if (on->seq1 > ch->gate.seq1) /* a later kernel of the same channel: wait for it */
-                ch->gate.seq1 = on->seq1;
-            gated = 1;
-        } else {
-            busy = *on; /* one gate per channel: a second one is kept on the host */
-        }
+        int gated = sim_engine_gate_locked(st, dev, c, on);
         sim_unlock(st);
-        return busy.seq1 ? sim_engine_wait(e, st, dev, &busy) : gated;
+        return gated == -2 ? sim_engine_wait(e, st, dev, on) : gated;
+    }
+}
+
+int sim_engine_gate_word_locked(struct sim_state *st, int dev, int c, const struct sim_word *w,
+                                uint32_t op, uint64_t value)
+{
+    struct sim_gpu *g = &st->gpu[dev];
+    struct sim_chan *ch = &g->chan[c];
+    if (ch->gate.seq1)
+        return -2;
+    ch->gate_word = *w;
+    ch->gate_value = value;
+    ch->gate_op = op;
+    ch->gate_k = ch->n;
+    ch->gate_at = ch->sub_ns;
+    ch->gate = (struct sim_ticket){.seq1 = 1, .chan = SIM_GATE_WORD}; /* last: repair reads it */
+    g->gates++;
+    return 1;
+}
+
+static int same_word(const struct sim_word *a, const struct sim_word *b)
+{
+    return a->ino == b->ino && a->off == b->off && a->owner == b->owner;
+}
+
+void sim_engine_word_written_locked(struct sim_state *st, int wdev, const struct sim_ticket *after,
+                                    const struct sim_word *w, uint64_t value)
+{
+    const uint64_t ts = slice_ns(st);
+    for (unsigned d = 0; d < st->cfg.gpus && d < SIM_MAX_GPUS; d++) {
+        struct sim_gpu *g = &st->gpu[d];
+        for (int k = 0; g->gates && k < SIM_MAX_SLOTS; k++) {
+            struct sim_chan *ch = &g->chan[k];
+            if (ch->gate.chan != SIM_GATE_WORD || !ch->gate.seq1 || !same_word(&ch->gate_word, w) ||
+                !sim_word_met(value, ch->gate_op, ch->gate_value, ch->gate_word.size))
+                continue;
+            if ((int)d == wdev && !ticket_done(g, after) && after->chan != k) {
+                ch->gate = *after; /* the write's kernel ends first: then it opens */
+            } else if ((int)d == wdev || ticket_done(&st->gpu[wdev], after) || after->chan == k) {
+                /* Landed (or queued in this very channel, whose later streams a GPU would run
+                 * beside the wait): open now. */
+                open_gate(st, g, k, ts, 0);
+            } /* another GPU's write still pending: it opens when its writer applies it */
+        }
     }
 }
 

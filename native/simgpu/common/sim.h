@@ -130,14 +130,17 @@ SIM_HIDDEN unsigned sim_pci_bus(unsigned idx);
  * EOWNERDEAD repair rebuilds what a dead holder may have left half-written (engine.c).
  */
 #define SIM_STATE_MAGIC 0x314d495355504753ULL /* "SGPUSIM1" little-endian */
-#define SIM_STATE_VERSION 8u /* 3: cfg.context_overhead_bytes; 4: slot.proc_dev, cfg.pitch_alignment;
+#define SIM_STATE_VERSION 9u /* 3: cfg.context_overhead_bytes; 4: slot.proc_dev, cfg.pitch_alignment;
                               * 5: slot.pidns, slot.host_pid; 6: context-switch costs
                               * (cfg.ctxsw_us, cfg.preempt_us, gpu.switch_end); 7: cfg.uuid0;
-                              * 8: interprocess events (ipc_event, chan.gate, gpu.gates) */
+                              * 8: interprocess events (ipc_event, chan.gate, gpu.gates);
+                              * 9: stream memory operations (mem_write, chan.gate_word) */
 #define SIM_MAX_SLOTS 512
 #define SIM_RING 16384 /* run segments kept per GPU (NVML history) */
 #define SIM_CHQ 4096   /* pending kernels per channel before a launch blocks */
 #define SIM_IPC_EVENTS 1024 /* interprocess events exported at once, all processes together */
+#define SIM_MEM_WRITES 1024 /* stream memory writes pending at once, all processes together */
+#define SIM_GATE_WORD (-2)  /* chan.gate.chan of a gate on a memory word (memop.c) */
 
 struct sim_ticket {        /* "kernel seq1 - 1 of channel chan"; seq1 == 0: nothing */
     uint64_t seq1;
@@ -153,6 +156,15 @@ struct sim_busy {          /* one run segment on the engine: one channel ran [st
                               containers' pid 1), a slot does not while its process lives */
 };
 
+/* A memory word as every process names it: the exported memfd's inode and the offset into it,
+ * or, for memory never exported, its process's own address (ino 0, owner its slot + 1). */
+struct sim_word {
+    uint64_t ino;
+    uint64_t off;
+    int32_t owner;
+    uint32_t size;         /* 4 or 8 bytes */
+};
+
 /* A channel: the kernels of one process (slot) on one GPU, the unit of time-slicing. */
 struct sim_chan {
     uint64_t sub_ns;       /* [lock] W submit: kernel time ever submitted */
@@ -164,10 +176,16 @@ struct sim_chan {
     uint32_t reserved;
     /* [lock] A gate (cuStreamWaitEvent on another process's interprocess event, engine.c):
      * while gate.seq1 != 0 the kernels from number gate_k on (exec_ns from gate_at on) wait
-     * until gate, a kernel of another channel on this GPU, completes.  Cleared when it does. */
+     * until gate, a kernel of another channel on this GPU, completes.  Cleared when it does.
+     * A gate on a memory word (cuStreamWaitValue*, memop.c) has gate.chan SIM_GATE_WORD and
+     * waits until a write makes gate_word meet (gate_op, gate_value). */
     struct sim_ticket gate;
     uint64_t gate_k;
     uint64_t gate_at;
+    struct sim_word gate_word;
+    uint64_t gate_value;
+    uint32_t gate_op;      /* CU_STREAM_WAIT_VALUE_GEQ, EQ, AND or NOR */
+    uint32_t gate_pad;
     /* [lock] kernel k at q[k % SIM_CHQ]: while pending (k >= done) the value exec_ns must reach
      * for it to complete (sub_ns just after it was submitted); once done its completion instant
      * (CLOCK_MONOTONIC).  W submit (pending), advance/drop (done); R waiters, event resolution. */
@@ -217,6 +235,18 @@ struct sim_ipc_event {
     struct sim_ticket last;/* [lock] W record: the kernel the last record follows (0: none) */
 };
 
+/* A stream memory write (cuStreamWriteValue*) whose stream still had work: it lands when
+ * `after` completes.  Until its writer applies it to the memory, the GPU's view of the word is
+ * this entry's value from then on (memop.c). */
+struct sim_mem_write {
+    struct sim_word word;  /* [lock] W write */
+    uint64_t value;        /* [lock] W write */
+    uint64_t seq;          /* [lock] W write: state.mem_write_seq at submission (write order) */
+    int32_t owner;         /* [lock] W write/apply/drop: writer's slot + 1; 0: free */
+    int32_t dev;           /* [lock] W write: the GPU of `after` */
+    struct sim_ticket after; /* [lock] W write: the kernel the write follows on its stream */
+};
+
 struct sim_state {
     uint64_t magic;        /* [const] SIM_STATE_MAGIC */
     uint32_t version;      /* [const] SIM_STATE_VERSION */
@@ -225,12 +255,14 @@ struct sim_state {
     uint64_t created_ns;   /* [const] CLOCK_MONOTONIC at creation */
     uint64_t last_reap_ns; /* [lock] last sweep for dead slots */
     uint64_t repairs;      /* [lock] EOWNERDEAD recoveries, for debugging */
-    uint64_t reserved[5];
+    uint64_t mem_write_seq; /* [lock] stream memory writes ever queued (memop.c) */
+    uint64_t reserved[4];
     pthread_mutex_t lock;  /* robust, process-shared */
     char lock_pad[64 - sizeof(pthread_mutex_t) % 64];
     struct sim_gpu gpu[SIM_MAX_GPUS];
     struct sim_slot slot[SIM_MAX_SLOTS];
     struct sim_ipc_event ipc_event[SIM_IPC_EVENTS];
+    struct sim_mem_write mem_write[SIM_MEM_WRITES];
 };
 
 /* Maps (creating if needed) the state; idempotent, thread-safe.  Returns the mapping. */
@@ -349,6 +381,43 @@ SIM_HIDDEN int sim_ipc_event_read(struct sim_err *e, struct sim_state *st, uint3
                                   uint64_t gen, int *dev, struct sim_ticket *t);
 /* Under lock: frees slot s's entries (its process is gone). */
 SIM_HIDDEN void sim_ipc_event_drop_locked(struct sim_state *st, int s);
+/* ---- engine internals for the gates of stream memory operations (memop.c); under lock --- */
+/* 1 when kernel *t of GPU dev has completed (a ticket of nothing has). */
+SIM_HIDDEN int sim_engine_done_locked(const struct sim_state *st, int dev, const struct sim_ticket *t);
+/* Channel c's later work waits for kernel *on (sim_engine_gate's rule): 1 gated, 0 nothing to
+ * wait for, -2 the channel already has a gate (the caller waits on the host). */
+SIM_HIDDEN int sim_engine_gate_locked(struct sim_state *st, int dev, int c, const struct sim_ticket *on);
+/* Channel c's later work waits until a write makes *w meet (op, value): 1 gated, -2 the channel
+ * already has a gate. */
+SIM_HIDDEN int sim_engine_gate_word_locked(struct sim_state *st, int dev, int c,
+                                           const struct sim_word *w, uint32_t op, uint64_t value);
+/* A write of `value` to *w follows kernel *after on GPU wdev (a done ticket: it has landed):
+ * the word gates it meets open, or on wdev wait for `after` instead. */
+SIM_HIDDEN void sim_engine_word_written_locked(struct sim_state *st, int wdev,
+                                               const struct sim_ticket *after,
+                                               const struct sim_word *w, uint64_t value);
+/* 1 when `cur` meets a wait's condition (op, value) on a word of `size` bytes. */
+SIM_HIDDEN int sim_word_met(uint64_t cur, uint32_t op, uint64_t value, uint32_t size);
+
+/* ---- stream memory operations (memop.c); all take the lock themselves ------------------- */
+/* cuStreamWaitValue*: the calling process's later work on GPU dev waits until *w meets (op,
+ * value); `mem` is where this process sees the word.  1: a gate is closed (the caller queues a
+ * 0 µs marker behind it, as for sim_engine_gate); 0: met already (after a wait on the host when
+ * the write that meets it is another GPU's, or the channel had a gate); -1: error. */
+SIM_HIDDEN int sim_mem_wait(struct sim_err *e, struct sim_state *st, int dev,
+                            const struct sim_word *w, const void *mem, uint32_t op, uint64_t value);
+/* cuStreamWriteValue*: writes `value` to *w (at `mem` in this process) after kernel *after of
+ * GPU dev.  0: written now; k > 0: pending as entry k - 1 with *seq, which this process
+ * applies with sim_mem_apply once `after` completes; -1: error. */
+SIM_HIDDEN int sim_mem_write(struct sim_err *e, struct sim_state *st, int dev,
+                             const struct sim_word *w, void *mem, uint64_t value,
+                             const struct sim_ticket *after, uint64_t *seq);
+/* Applies pending entry `index` (sim_mem_write's k - 1, with seq) at `mem` if its kernel has
+ * completed: 1 applied or gone, 0 still pending, -1 error. */
+SIM_HIDDEN int sim_mem_apply(struct sim_err *e, struct sim_state *st, int index, uint64_t seq,
+                             void *mem);
+/* Under lock: frees slot s's pending writes (its process is gone: they never land). */
+SIM_HIDDEN void sim_mem_write_drop_locked(struct sim_state *st, int s);
 /* Under lock: commits GPU dev's engine up to t (no-op for t <= clock). */
 SIM_HIDDEN void sim_engine_advance_locked(struct sim_state *st, int dev, uint64_t t);
 /* Under lock: drops slot s's pending work on every GPU (its process is gone). */

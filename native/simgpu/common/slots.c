@@ -200,6 +200,7 @@ static void slot_clear_locked(struct sim_state *st, struct sim_slot *s)
     /* The driver tears the dead context down: its pending kernels no longer take slices. */
     sim_engine_drop_locked(st, (int)(s - st->slot));
     sim_ipc_event_drop_locked(st, (int)(s - st->slot));
+    sim_mem_write_drop_locked(st, (int)(s - st->slot));
     for (unsigned g = 0; g < SIM_MAX_GPUS; g++) {
         uint64_t b = s->bytes[g];
         st->gpu[g].used = st->gpu[g].used >= b ? st->gpu[g].used - b : 0;

@@ -38,7 +38,10 @@ CUresult cu_ctx_current(struct CUctx_st **out)
 CUresult cu_ctx_wait(struct CUctx_st *c)
 {
     struct sim_err e = {0};
-    return sim_engine_wait(&e, cu_g.st, c->phys, &c->last) < 0 ? cu_result(&e) : CUDA_SUCCESS;
+    if (sim_engine_wait(&e, cu_g.st, c->phys, &c->last) < 0)
+        return cu_result(&e);
+    cu_memop_land();
+    return CUDA_SUCCESS;
 }
 
 /* Called under cu_g.mu when a context on phys starts (on=1) or ends (on=0).  Every context

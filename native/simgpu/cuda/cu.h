@@ -210,6 +210,11 @@ SIM_HIDDEN CUresult cu_ipc_event_record(CUevent ev, struct CUstream_st *s);
 SIM_HIDDEN int cu_ipc_event_done(CUevent ev, int wait, CUresult *r);
 SIM_HIDDEN CUresult cu_ipc_event_gate(CUevent ev, struct CUstream_st *s);
 
+/* Stream memory operations (memop.c): store this process's queued writes whose work has
+ * completed (after every synchronize of a stream or context); forget the parent's at fork. */
+SIM_HIDDEN void cu_memop_land(void);
+SIM_HIDDEN void cu_memop_fork_child(void);
+
 /* ---- contexts (context.c) ------------------------------------------------------------------ */
 /* The current context of this thread: NOT_INITIALIZED / INVALID_CONTEXT otherwise. */
 SIM_HIDDEN CUresult cu_ctx_current(struct CUctx_st **out);
@@ -274,6 +279,7 @@ SIM_HIDDEN void cu_graph_free(struct CUgraph_st *g);
 /* ---- memory (memory.c, vmm.c) ------------------------------------------------------------- */
 /* 0 when [p, p+len) lies inside one live allocation or one accessible VMM mapping. */
 SIM_HIDDEN int cu_mem_range_ok(uintptr_t p, size_t len);
+SIM_HIDDEN int cu_mem_word(uintptr_t p, size_t len, uint64_t *ino, uint64_t *off); /* memory.c */
 SIM_HIDDEN int cu_vmm_range_ok(uintptr_t p, size_t len);
 /* 0 with the allocation (not VMM mapping) that contains p; -1 if none. */
 SIM_HIDDEN int cu_mem_range_of(uintptr_t p, uintptr_t *base, size_t *size);

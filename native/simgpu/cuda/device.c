@@ -126,6 +126,11 @@ static int attribute(CUdevice_attribute a, int phys, const struct sim_config *cf
     case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: return 1;
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: return 1;
     case CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED: return 1;
+    case CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1: return 1;
+    case CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V1: return 1;
+    case CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR_V1: return 1;
+    case CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS: return 1;
+    case CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR: return 1;
     case CU_DEVICE_ATTRIBUTE_MAX: break;
     }
     return 0; /* a valid attribute we do not model */

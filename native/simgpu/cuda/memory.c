@@ -329,6 +329,26 @@ int cu_mem_range_ok(uintptr_t p, size_t len)
     return ok ? 0 : cu_vmm_range_ok(p, len);
 }
 
+/* The word [p, p + len) as every process names it (stream memory operations, memop.c): in an
+ * exported allocation its memfd's inode and offset, in an imported one the exporter's, else
+ * *ino 0 (this process's own memory, VMM mappings included).  -1: not device memory. */
+int cu_mem_word(uintptr_t p, size_t len, uint64_t *ino, uint64_t *off)
+{
+    *ino = *off = 0;
+    pthread_mutex_lock(&mem_mu);
+    size_t i = find(p + 1); /* first base > p */
+    const struct alloc *a = i > 0 && p + len <= allocs[i - 1].base + allocs[i - 1].size ? &allocs[i - 1] : NULL;
+    if (a && a->share_fd) {
+        *ino = a->share_ino;
+        *off = p - a->share_base;
+    } else if (a && a->import_ino) {
+        *ino = a->import_ino;
+        *off = p - a->map_base;
+    }
+    pthread_mutex_unlock(&mem_mu);
+    return a || cu_vmm_range_ok(p, len) == 0 ? 0 : -1;
+}
+
 /* ---- IPC (ipc.c calls these) ------------------------------------------------------------ */
 
 #define PAGE ((uintptr_t)4096)

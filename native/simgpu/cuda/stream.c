@@ -51,8 +51,10 @@ CUresult cu_stream(CUstream h, struct CUstream_st **out)
 CUresult cu_stream_wait(struct CUstream_st *s)
 {
     struct sim_err e = {0};
-    return sim_engine_wait(&e, cu_g.st, s->ctx->phys, &s->q.last) < 0 ? cu_result(&e)
-                                                                        : CUDA_SUCCESS;
+    if (sim_engine_wait(&e, cu_g.st, s->ctx->phys, &s->q.last) < 0)
+        return cu_result(&e);
+    cu_memop_land();
+    return CUDA_SUCCESS;
 }
 
 /* Priorities are kept and reported, not scheduled: kernels of one process run in launch order
