@@ -11,8 +11,11 @@ spin kernel (US µs each) and a stream sync, then HOST_US of host time. MODE:
   queued   the same turns, told as the holder enters its sync, and the next holder's stream waits
            (cuStreamWaitEvent) for the holder's interprocess event: the GPU starts the next burst
            when the last one ends, with no host wake-up between
-First the two exchange their events' handles over FD_OUT/FD_IN; each prints `ready` and waits
-for a go byte on FD_IN. Then prints `bursts=N seconds=S start=T` (T: its CLOCK_MONOTONIC start,
+  word     as queued, but the next holder's stream waits (cuStreamWaitValue32) for a word in its
+           own device memory, which the holder's stream writes (cuStreamWriteValue32, through
+           cuIpcGetMemHandle) after its burst: a gate the waiter owns and could open itself
+First the two exchange their event and memory handles over FD_OUT/FD_IN; each prints `ready` and
+waits for a go byte on FD_IN. Then prints `bursts=N seconds=S start=T` (T: its CLOCK_MONOTONIC start,
 in seconds).
 """
 
@@ -61,10 +64,18 @@ def main(argv: list[str]) -> int:
     flags = cu.CUevent_flags.CU_EVENT_INTERPROCESS | cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
     (mine,) = check(cu.cuEventCreate(flags))
     (exported,) = check(cu.cuIpcGetEventHandle(mine))
-    os.write(fd_out, ctypes.string_at(exported.getPtr(), 64))
-    handle = cu.CUipcEventHandle()
+    (gate,) = check(cu.cuMemAlloc(4096))  # the word other programs' work opens this one's gate by
+    check(cu.cuMemsetD32(gate, 0, 1024))
+    (gate_handle,) = check(cu.cuIpcGetMemHandle(gate))
+    os.write(fd_out, ctypes.string_at(exported.getPtr(), 64) + ctypes.string_at(gate_handle.getPtr(), 64))
+    handle, their_handle = cu.CUipcEventHandle(), cu.CUipcMemHandle()
     ctypes.memmove(handle.getPtr(), read_exactly(fd_in, 64), 64)
+    ctypes.memmove(their_handle.getPtr(), read_exactly(fd_in, 64), 64)
     (theirs,) = check(cu.cuIpcOpenEventHandle(handle))
+    flag = cu.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+    (their_gate,) = check(cu.cuIpcOpenMemHandle(their_handle, flag))
+    geq = cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
+    given = received = 0  # hand-overs made and taken: the words count them
     args = ((us,), (ctypes.c_uint64,))
     print("ready", flush=True)
 
@@ -88,14 +99,20 @@ def main(argv: list[str]) -> int:
         if turn and owner(turn - 1, share) != role:
             if read_exactly(fd_in, 1) != b"t":
                 raise SystemExit("fail=out of turn")
+            received += 1
             if mode == "queued":
                 check(cu.cuStreamWaitEvent(stream, theirs, 0))
+            elif mode == "word":
+                check(cu.cuStreamWaitValue32(stream, gate, received, geq))
         run_burst()
         hand_on = turn + 1 < turns and owner(turn + 1, share) != role
         if mode == "queued":
             check(cu.cuEventRecord(mine, stream))
-            if hand_on:
-                os.write(fd_out, b"t")
+        if mode == "word" and hand_on:
+            given += 1
+            check(cu.cuStreamWriteValue32(stream, their_gate, given, 0))
+        if mode in ("queued", "word") and hand_on:
+            os.write(fd_out, b"t")
         check(cu.cuStreamSynchronize(stream))
         if mode == "drained" and hand_on:
             os.write(fd_out, b"t")

@@ -10,6 +10,9 @@ busy share (kernel time run / wall time) is printed for three ways of running th
   drained  the next holder is told after the holder's sync returned: today's hand-over
   queued   the next holder is told as the holder enters its sync and its stream waits for the
            holder's interprocess event: the GPU starts its burst when the last one ends
+  word     as queued, but the next holder's stream waits for a word of its own memory that the
+           holder's stream writes after its burst (cuStreamWaitValue32 / cuStreamWriteValue32):
+           the gate a waiter owns, which sharegpu's hand-over would use
 At 50/50 every turn is a hand-over, so queued against bare is the hand-over's whole cost. At an
 uneven split some turns follow their own program's, and each of those leaves that program's gap
 (its sync's return, host time and launch) idle however the hand-overs are made.
@@ -27,7 +30,7 @@ from pathlib import Path
 from _node import simulated_node
 
 HERE = Path(__file__).resolve().parent
-MODES = ("bare", "drained", "queued")
+MODES = ("bare", "drained", "queued", "word")
 HOST_US = 20
 DEFAULT_CASES = "1x100,1x500,4x200,4x500,1x2000"
 
@@ -62,9 +65,8 @@ def run_case(env: dict[str, str], mode: str, *, share: int, burst: int, us: int,
         procs.append(
             subprocess.Popen(argv, env=env, pass_fds=(fd_in, fd_out), stdout=subprocess.PIPE, text=True)
         )
-    for fd in (*zero_to_one, *one_to_zero):
-        if fd not in (zero_to_one[1], one_to_zero[1]):
-            os.close(fd)
+    os.close(zero_to_one[0])  # the programs' read ends
+    os.close(one_to_zero[0])
     for p in procs:  # both have made their contexts and exchanged handles
         if p.stdout is None or p.stdout.readline().strip() != "ready":
             raise RuntimeError("bench/_turns.py did not start")
