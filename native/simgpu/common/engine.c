@@ -758,22 +758,13 @@ int sim_engine_gate_locked(struct sim_state *st, int dev, int c, const struct si
 
 int sim_engine_gate(struct sim_err *e, struct sim_state *st, int dev, const struct sim_ticket *on)
 {
-    for (;;) {
-        int c = sim_slot_acquire_fast(e, st);
-        if (c < 0)
-            return -1;
-        if (sim_lock(e, st) < 0)
-            return -1;
-        if (!sim_slot_mine_locked(st, c)) { /* reaped by someone who judged us dead */
-            sim_unlock(st);
-            sim_slot_forget();
-            continue;
-        }
-        advance_now(st, dev);
-        int gated = sim_engine_gate_locked(st, dev, c, on);
-        sim_unlock(st);
-        return gated == -2 ? sim_engine_wait(e, st, dev, on) : gated;
-    }
+    int c = sim_lock_own_slot(e, st);
+    if (c < 0)
+        return -1;
+    advance_now(st, dev);
+    int gated = sim_engine_gate_locked(st, dev, c, on);
+    sim_unlock(st);
+    return gated == -2 ? sim_engine_wait(e, st, dev, on) : gated;
 }
 
 int sim_engine_gate_word_locked(struct sim_state *st, int dev, int c, const struct sim_word *w,
@@ -840,17 +831,9 @@ int sim_engine_submit(struct sim_err *e, struct sim_state *st, int dev, struct s
     const uint64_t ts = slice_ns(st);
     size_t i = 0;
     while (i < count) {
-        int c = sim_slot_acquire_fast(e, st);
+        int c = sim_lock_own_slot(e, st);
         if (c < 0)
             return -1;
-        if (sim_lock(e, st) < 0)
-            return -1;
-        if (!sim_slot_mine_locked(st, c)) {
-            /* Reaped by someone who judged us dead (another pid namespace?): take a new slot. */
-            sim_unlock(st);
-            sim_slot_forget();
-            continue;
-        }
         struct sim_gpu *g = &st->gpu[dev];
         struct sim_chan *ch = &g->chan[c];
         uint64_t now = advance_now(st, dev);

@@ -89,16 +89,9 @@ int sim_mem_wait(struct sim_err *e, struct sim_state *st, int dev, const struct 
                  const void *mem, uint32_t op, uint64_t value)
 {
     for (;;) {
-        int c = sim_slot_acquire_fast(e, st);
+        int c = sim_lock_own_slot(e, st);
         if (c < 0)
             return -1;
-        if (sim_lock(e, st) < 0)
-            return -1;
-        if (!sim_slot_mine_locked(st, c)) { /* reaped by someone who judged us dead */
-            sim_unlock(st);
-            sim_slot_forget();
-            continue;
-        }
         advance_all_locked(st);
         const struct sim_mem_write *meet;
         if (sim_word_met(view_locked(st, w, mem, op, value, &meet), op, value, w->size)) {

@@ -283,6 +283,10 @@ SIM_HIDDEN int sim_slot_acquire_fast(struct sim_err *e, struct sim_state *st);
 SIM_HIDDEN int sim_slot_mine_locked(const struct sim_state *st, int s);
 /* Index or -1; after fork the child has none. */
 SIM_HIDDEN int sim_slot_self(void);
+/* The launch path's entry: this process's slot (acquired if needed), returned with the state
+ * lock held; a slot reaped meanwhile by someone who judged us dead is replaced.  -1 on error
+ * (no lock held). */
+SIM_HIDDEN int sim_lock_own_slot(struct sim_err *e, struct sim_state *st);
 SIM_HIDDEN void sim_slot_forget(void); /* atfork child */
 SIM_HIDDEN void sim_slot_release(struct sim_state *st); /* normal exit */
 SIM_HIDDEN int sim_charge(struct sim_err *e, struct sim_state *st, int dev, uint64_t bytes);

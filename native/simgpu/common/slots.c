@@ -424,6 +424,20 @@ int sim_slot_mine_locked(const struct sim_state *st, int s)
     return s >= 0 && s < SIM_MAX_SLOTS && st->slot[s].pid != 0 && st->slot[s].pid == self_pid();
 }
 
+int sim_lock_own_slot(struct sim_err *e, struct sim_state *st)
+{
+    for (;;) {
+        int c = sim_slot_acquire_fast(e, st);
+        if (c < 0 || sim_lock(e, st) < 0)
+            return -1;
+        if (sim_slot_mine_locked(st, c))
+            return c;
+        /* Reaped by someone who judged us dead (another pid namespace?): take a new slot. */
+        sim_unlock(st);
+        sim_slot_forget();
+    }
+}
+
 void sim_slot_release(struct sim_state *st)
 {
     int s = sim_slot_self();
