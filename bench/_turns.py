@@ -14,6 +14,9 @@ spin kernel (US µs each) and a stream sync, then HOST_US of host time. MODE:
   word     as queued, but the next holder's stream waits (cuStreamWaitValue32) for a word in its
            own device memory, which the holder's stream writes (cuStreamWriteValue32, through
            cuIpcGetMemHandle) after its burst: a gate the waiter owns and could open itself
+  relay    as queued, but through a word only the next holder writes: a relay stream of its own
+           waits for the holder's event and then writes the word its main stream waits for (the
+           design docs/design/arbitration.md chose for sharegpu's hand-over)
 First the two exchange their event and memory handles over FD_OUT/FD_IN; each prints `ready` and
 waits for a go byte on FD_IN. Then prints `bursts=N seconds=S start=T` (T: its CLOCK_MONOTONIC start,
 in seconds).
@@ -61,6 +64,7 @@ def main(argv: list[str]) -> int:
     (mod,) = check(cu.cuModuleLoadData(PTX))
     (spin,) = check(cu.cuModuleGetFunction(mod, b"spin"))
     (stream,) = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING))
+    (relay,) = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING))
     flags = cu.CUevent_flags.CU_EVENT_INTERPROCESS | cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
     (mine,) = check(cu.cuEventCreate(flags))
     (exported,) = check(cu.cuIpcGetEventHandle(mine))
@@ -104,14 +108,18 @@ def main(argv: list[str]) -> int:
                 check(cu.cuStreamWaitEvent(stream, theirs, 0))
             elif mode == "word":
                 check(cu.cuStreamWaitValue32(stream, gate, received, geq))
+            elif mode == "relay":
+                check(cu.cuStreamWaitEvent(relay, theirs, 0))
+                check(cu.cuStreamWriteValue32(relay, gate, received, 0))
+                check(cu.cuStreamWaitValue32(stream, gate, received, geq))
         run_burst()
         hand_on = turn + 1 < turns and owner(turn + 1, share) != role
-        if mode == "queued":
+        if mode in ("queued", "relay"):
             check(cu.cuEventRecord(mine, stream))
         if mode == "word" and hand_on:
             given += 1
             check(cu.cuStreamWriteValue32(stream, their_gate, given, 0))
-        if mode in ("queued", "word") and hand_on:
+        if mode in ("queued", "word", "relay") and hand_on:
             os.write(fd_out, b"t")
         check(cu.cuStreamSynchronize(stream))
         if mode == "drained" and hand_on:

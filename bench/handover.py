@@ -12,7 +12,10 @@ busy share (kernel time run / wall time) is printed for three ways of running th
            holder's interprocess event: the GPU starts its burst when the last one ends
   word     as queued, but the next holder's stream waits for a word of its own memory that the
            holder's stream writes after its burst (cuStreamWaitValue32 / cuStreamWriteValue32):
-           the gate a waiter owns, which sharegpu's hand-over would use
+           the gate a waiter owns
+  relay    as queued, through a word only the next holder writes: its relay stream waits for
+           the holder's event, then writes the word its main stream waits for (the design
+           chosen for sharegpu's hand-over: its watcher could open the word itself)
 At 50/50 every turn is a hand-over, so queued against bare is the hand-over's whole cost. At an
 uneven split some turns follow their own program's, and each of those leaves that program's gap
 (its sync's return, host time and launch) idle however the hand-overs are made.
@@ -30,7 +33,7 @@ from pathlib import Path
 from _node import simulated_node
 
 HERE = Path(__file__).resolve().parent
-MODES = ("bare", "drained", "queued", "word")
+MODES = ("bare", "drained", "queued", "word", "relay")
 HOST_US = 20
 DEFAULT_CASES = "1x100,1x500,4x200,4x500,1x2000"
 
