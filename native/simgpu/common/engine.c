@@ -39,7 +39,7 @@
  *    gated, not only the waiting stream (its streams share one queue anyway).  A gate on a
  *    memory word (cuStreamWaitValue*, memop.c) has no kernel to follow until a write that meets
  *    it is queued: then it becomes a gate on that write's kernel (same GPU), or opens when the
- *    write lands.  Until then a waiter on the gated work looks again every WORD_POLL_NS.
+ *    write lands.  Until then a waiter on the gated work looks again every SIM_WORD_POLL_NS.
  *  - Laziness.  Nothing runs in the background.  Whoever takes the state lock to launch, query,
  *    synchronize, record or read an event, or ask NVML, first commits the engine up to "now"
  *    (sim_engine_advance_locked: O(run segments + kernels completed since the last advance)).
@@ -111,10 +111,6 @@ static void switch_to(const struct sim_state *st, struct sim_gpu *g, int next, i
     if (preempted)
         g->preemptions++;
 }
-
-/* How often a waiter on work behind a word gate looks again: nothing predicts when the word
- * will be written (a write from the host, or one queued later). */
-#define WORD_POLL_NS 50000ull
 
 static int ticket_done(const struct sim_gpu *g, const struct sim_ticket *t)
 {
@@ -479,7 +475,7 @@ static uint64_t predict(const struct sim_state *st, int dev, int c, uint64_t cum
         return g->clock;
     const struct sim_ticket *gt = &tc->gate;
     if (gt->seq1 && cum > tc->gate_at && gt->chan == SIM_GATE_WORD)
-        return g->clock + WORD_POLL_NS; /* behind a word nobody has written yet: look again */
+        return g->clock + SIM_WORD_POLL_NS; /* behind a word nobody has written yet: look again */
     if (gt->seq1 && cum > tc->gate_at && gt->chan >= 0 && gt->chan < SIM_MAX_SLOTS && depth < 4) {
         /* Behind its gate: when the awaited kernel ends, then a switch and its own work (a lower
          * bound: the waiter looks again when it wakes). */
@@ -784,11 +780,6 @@ int sim_engine_gate_word_locked(struct sim_state *st, int dev, int c, const stru
     return 1;
 }
 
-static int same_word(const struct sim_word *a, const struct sim_word *b)
-{
-    return a->ino == b->ino && a->off == b->off && a->owner == b->owner;
-}
-
 void sim_engine_word_written_locked(struct sim_state *st, int wdev, const struct sim_ticket *after,
                                     const struct sim_word *w, uint64_t value)
 {
@@ -797,8 +788,8 @@ void sim_engine_word_written_locked(struct sim_state *st, int wdev, const struct
         struct sim_gpu *g = &st->gpu[d];
         for (int k = 0; g->gates && k < SIM_MAX_SLOTS; k++) {
             struct sim_chan *ch = &g->chan[k];
-            if (ch->gate.chan != SIM_GATE_WORD || !ch->gate.seq1 || !same_word(&ch->gate_word, w) ||
-                !sim_word_met(value, ch->gate_op, ch->gate_value, ch->gate_word.size))
+            if (ch->gate.chan != SIM_GATE_WORD || !ch->gate.seq1 ||
+                !sim_same_word(&ch->gate_word, w) || !sim_word_met(value, ch->gate_op, ch->gate_value, ch->gate_word.size))
                 continue;
             if ((int)d == wdev && !ticket_done(g, after) && after->chan != k) {
                 ch->gate = *after; /* the write's kernel ends first: then it opens */

@@ -18,8 +18,6 @@
  */
 #include "sim.h"
 
-#include <string.h>
-
 int sim_word_met(uint64_t cur, uint32_t op, uint64_t value, uint32_t size)
 {
     const uint64_t mask = size == 4 ? 0xffffffffull : ~0ull;
@@ -35,7 +33,7 @@ int sim_word_met(uint64_t cur, uint32_t op, uint64_t value, uint32_t size)
     return 0;
 }
 
-static int same_word(const struct sim_word *a, const struct sim_word *b)
+int sim_same_word(const struct sim_word *a, const struct sim_word *b)
 {
     return a->ino == b->ino && a->off == b->off && a->owner == b->owner;
 }
@@ -71,7 +69,7 @@ static uint64_t view_locked(const struct sim_state *st, const struct sim_word *w
     *meet = NULL;
     for (int i = 0; i < SIM_MEM_WRITES; i++) {
         const struct sim_mem_write *m = &st->mem_write[i];
-        if (!m->owner || !same_word(&m->word, w))
+        if (!m->owner || !sim_same_word(&m->word, w))
             continue;
         if (sim_engine_done_locked(st, m->dev, &m->after)) {
             if (m->seq > landed_seq) {
@@ -112,7 +110,7 @@ int sim_mem_wait(struct sim_err *e, struct sim_state *st, int dev, const struct 
             return rc;
         /* Another GPU's write, or our channel already has a gate: wait here, then look again. */
         if (!host.seq1)
-            sim_sleep_until(sim_now_ns() + 50000);
+            sim_sleep_until(sim_now_ns() + SIM_WORD_POLL_NS);
         else if (sim_engine_wait(e, st, hdev, &host) < 0)
             return -1;
     }

@@ -400,8 +400,13 @@ SIM_HIDDEN int sim_engine_gate_word_locked(struct sim_state *st, int dev, int c,
 SIM_HIDDEN void sim_engine_word_written_locked(struct sim_state *st, int wdev,
                                                const struct sim_ticket *after,
                                                const struct sim_word *w, uint64_t value);
-/* 1 when `cur` meets a wait's condition (op, value) on a word of `size` bytes. */
+/* 1 when `cur` meets a wait's condition (op, value) on a word of `size` bytes (memop.c). */
 SIM_HIDDEN int sim_word_met(uint64_t cur, uint32_t op, uint64_t value, uint32_t size);
+/* Whether two names are of one word (memop.c). */
+SIM_HIDDEN int sim_same_word(const struct sim_word *a, const struct sim_word *b);
+/* How often a waiter behind a word nobody has met looks again: nothing predicts when the word
+ * will be written (from the host, or by a write queued later). */
+#define SIM_WORD_POLL_NS 50000ull
 
 /* ---- stream memory operations (memop.c); all take the lock themselves ------------------- */
 /* cuStreamWaitValue*: the calling process's later work on GPU dev waits until *w meets (op,
