@@ -232,6 +232,10 @@ def running_api_server() -> Iterator[ApiServer]:
         )
 
 
+# The User-Agents of the clients under test: sharegpu's components (sharegpu.kube.apiclient) and
+# the clients the tests build of the `kubernetes` package.
+PYTHON_CLIENTS = ("sharegpu-", "OpenAPI-Generator/")
+
 # The resources the API tests read and write: where each lives, and whether it is namespaced.
 RESOURCES = {
     "nodes": ("/api/v1", False),
@@ -318,8 +322,10 @@ class ApiObjects:
         """requests() and writes() from here on."""
         self._audit_from = self.server.audit.stat().st_size
 
-    def requests(self) -> list[tuple[str, str]]:
-        """(HTTP method, path) of each request the API server answered since mark(), in order."""
+    def requests(self, agent: tuple[str, ...] = PYTHON_CLIENTS) -> list[tuple[str, str]]:
+        """(HTTP method, path) of each request the API server answered since mark(), in order, of
+        the clients whose User-Agent starts with one of `agent`. Not the API server's own (its
+        loopback client fetches /openapi/v3 now and then), nor a kubectl's."""
         methods = {"get": "GET", "list": "GET", "watch": "GET", "create": "POST", "update": "PUT"}
         methods |= {"patch": "PATCH", "delete": "DELETE", "deletecollection": "DELETE"}
         with self.server.audit.open("rb") as f:
@@ -330,7 +336,7 @@ class ApiObjects:
         return [
             (methods[e["verb"]], e["requestURI"].split("?", 1)[0])
             for e in entries
-            if e.get("stage") == "ResponseComplete"
+            if e.get("stage") == "ResponseComplete" and str(e.get("userAgent", "")).startswith(agent)
         ]
 
     def writes(self) -> list[tuple[str, str]]:

@@ -673,7 +673,9 @@ def test_the_plugin_without_publishing_or_reaping_asks_the_api_server_for_pendin
         kubelet.stop()
         shutil.rmtree(kubelet_dir, ignore_errors=True)
     assert proc.returncode == 0, err
-    assert api.requests() == [("GET", "/api/v1/pods"), ("PATCH", "/api/v1/namespaces/ml/pods/a")]
+    # Named by its User-Agent, as the API server's audit log names it.
+    asked = api.requests(agent=("sharegpu-deviceplugin/",))
+    assert asked == [("GET", "/api/v1/pods"), ("PATCH", "/api/v1/namespaces/ml/pods/a")]
 
 
 def test_the_plugin_without_an_api_server_says_so(sim: Sim) -> None:

@@ -2,7 +2,9 @@
 pod's ServiceAccount) when running in a pod, else the kubeconfig (`$KUBECONFIG`, ~/.kube/config).
 
 Each client gets a Configuration of its own rather than the `kubernetes` package's global one,
-so a test can hand a component a client for a stand-in API server next to a real one.
+so a test can hand a component a client for a stand-in API server next to a real one. Each says
+which component it is in its User-Agent (`sharegpu-deviceplugin/0.4.0`), so an API server's audit
+log and its request metrics name the component rather than the Python client library.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ if TYPE_CHECKING:
 REQUEST_TIMEOUT_S = 15.0  # one list or patch; a watch has its own (its resync period and some)
 
 
-def api_client() -> ApiClient:
-    """A client of the cluster's API server; ConfigError (one line) when there is none to find."""
+def api_client(component: str) -> ApiClient:
+    """A client of the cluster's API server for `component` (`deviceplugin`, `dra`, `extender`);
+    ConfigError (one line) when there is none to find."""
     from kubernetes import client, config
+
+    import sharegpu
 
     configuration = client.Configuration()
     try:
@@ -35,7 +40,14 @@ def api_client() -> ApiClient:
                 f"no Kubernetes API server to talk to: not in a pod ({in_cluster}) and no usable "
                 f"kubeconfig ({err}); set KUBECONFIG, or run without the API server (--pods-file)"
             ) from err
-    return client.ApiClient(configuration)
+    api = client.ApiClient(configuration)
+    api.user_agent = user_agent(component, sharegpu.__version__)
+    return api
+
+
+def user_agent(component: str, version: str) -> str:
+    """What a component's requests call it: `sharegpu-<component>/<version>`."""
+    return f"sharegpu-{component}/{version}"
 
 
 def server_of(api: ApiClient) -> str:

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from kubernetes.client import CoreV1Api
 
-            api = CoreV1Api(api_client())
+            api = CoreV1Api(api_client("deviceplugin"))
             pods = KubePodSource(api.api_client)
             if not args.no_publish:
                 helpers.append(

@@ -108,7 +108,7 @@ class KubePodSource:
     def __init__(self, api: ApiClient | None = None) -> None:
         from kubernetes import client
 
-        self._client = api or api_client()
+        self._client = api or api_client("deviceplugin")
         self._api = client.CoreV1Api(self._client)
 
     def pending_pods(self, node: str) -> list[Pod]:

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SharegpuError(f"--partitions {args.partitions}: a list of numbers, like 1,2,4") from err
         from kubernetes.client import CoreV1Api, CustomObjectsApi
 
-        api = api_client()
+        api = api_client("dra")
         objects, core = CustomObjectsApi(api), CoreV1Api(api)
 
         def read_claim(ref: ClaimRef) -> Any:

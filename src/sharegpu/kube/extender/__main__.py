@@ -143,7 +143,7 @@ def _connected(args: argparse.Namespace, workload: Workload | None) -> tuple[Ext
 
     if not 0 < args.renew_seconds < args.lease_seconds:
         raise SharegpuError("--renew-seconds must be above 0 and below --lease-seconds")
-    api = api_client()
+    api = api_client("extender")
     elector = LeaderElector(
         api,
         args.namespace,
