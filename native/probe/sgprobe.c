@@ -88,6 +88,8 @@
     X(cuEventSynchronize)                                                                          \
     X(cuEventElapsedTime)                                                                          \
     X(cuEventDestroy_v2)                                                                           \
+    X(cuIpcGetEventHandle)                                                                         \
+    X(cuStreamWaitEvent)                                                                           \
     X(cuStreamWaitValue32_v2)                                                                      \
     X(cuStreamWriteValue32_v2)
 
@@ -904,15 +906,28 @@ static int cmd_memops(int argc, char **argv)
     if (spin_setup(&sp, 20000))
         return 1;
     CUdeviceptr w;
-    CUstream a, b;
+    CUstream a, b, relay;
     CK(api.cuMemAlloc_v2(&w, 4096));
     CK(api.cuMemsetD32_v2(w, 0, 1024));
     CK(api.cuStreamCreate(&a, 0));
     CK(api.cuStreamCreate(&b, 0));
+    CK(api.cuStreamCreate(&relay, 0));
     /* A write queued behind a kernel, and a wait for it on another stream. */
     CK(api.cuLaunchKernel(sp.f, 1, 1, 1, 1, 1, 1, 0, a, sp.params, NULL));
     CK(api.cuStreamWriteValue32_v2(a, w, 7, 0));
     CK(api.cuStreamWaitValue32_v2(b, w, 7, 0));
+    CK(api.cuLaunchKernel(sp.f, 1, 1, 1, 1, 1, 1, 0, b, sp.params, NULL));
+    /* A relay: a stream waits for an interprocess event recorded behind a kernel and then
+     * writes a word, which another stream waits for. */
+    CUevent shared;
+    CUipcEventHandle handle;
+    CK(api.cuEventCreate(&shared, 0x4 | 0x2)); /* CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING */
+    CK(api.cuIpcGetEventHandle(&handle, shared));
+    CK(api.cuLaunchKernel(sp.f, 1, 1, 1, 1, 1, 1, 0, a, sp.params, NULL));
+    CK(api.cuEventRecord(shared, a));
+    CK(api.cuStreamWaitEvent(relay, shared, 0));
+    CK(api.cuStreamWriteValue32_v2(relay, w + 8, 9, 0));
+    CK(api.cuStreamWaitValue32_v2(b, w + 8, 9, 0));
     CK(api.cuLaunchKernel(sp.f, 1, 1, 1, 1, 1, 1, 0, b, sp.params, NULL));
     /* A wait nobody has met yet, opened by another thread's write. */
     CUdeviceptr second = w + 4;
@@ -926,11 +941,13 @@ static int cmd_memops(int argc, char **argv)
     pthread_join(th, &rv);
     CK((CUresult)(uintptr_t)rv);
     CK(api.cuCtxSynchronize());
-    uint32_t got[2];
+    uint32_t got[3];
     CK(api.cuMemcpyDtoH_v2(got, w, sizeof(got)));
-    out("memops=%s", got[0] == 7 && got[1] == 5 ? "OK" : "MISMATCH");
+    out("memops=%s", got[0] == 7 && got[1] == 5 && got[2] == 9 ? "OK" : "MISMATCH");
+    CK(api.cuEventDestroy_v2(shared));
     CK(api.cuStreamDestroy_v2(a));
     CK(api.cuStreamDestroy_v2(b));
+    CK(api.cuStreamDestroy_v2(relay));
     CK(api.cuMemFree_v2(w));
     CK(api.cuModuleUnload(sp.mod));
     return 0;
@@ -1414,7 +1431,8 @@ static const struct command {
     {"launchbench", cmd_launchbench, "N: N launches of a 0 µs kernel, ns_per_launch= (calls only)"},
     {"copy", cmd_copy, "BYTES: HtoD, DtoD, DtoH round trip: copy=OK; memsets: memset=OK"},
     {"memops", cmd_memops, "stream memory operations: a wait for a write queued behind a kernel, "
-                           "a wait another thread's write opens: memops=OK"},
+                           "a wait another thread's write opens, a relay stream behind an "
+                           "interprocess event: memops=OK"},
     {"saturate", cmd_saturate, "SECONDS US [kernel|graph|capture [START_NS [BATCH]]]: from START_NS, "
                                "launch US-µs spin kernels back to back for SECONDS, BATCH (default ~2 ms of "
                                "work; graph/capture: one BATCH-kernel graph) at a time, waiting for the "

@@ -855,6 +855,7 @@ def test_probe_is_clean_under_sanitizers(
             check=False,
         )
         assert p.returncode == 0, (args, p.stdout, p.stderr)
+        assert "MISMATCH" not in p.stdout, (args, p.stdout)  # a probe's own check of what it read
         assert "Sanitizer" not in p.stderr, (args, p.stderr)
         assert "runtime error" not in p.stderr, (args, p.stderr)
 

@@ -273,3 +273,97 @@ def test_a_wait_behind_a_killed_writers_work_ends_when_its_work_is_dropped(
     )
     assert res["gated"] == "CUDA_ERROR_NOT_READY"
     assert res["sync_s"] < 2.0  # the dead writer's work is dropped at the next sweep (0.1 s)
+
+
+# A holder: records its interprocess event after a kernel of argv[1] µs, prints the event's
+# handle and when it launched the kernel, and waits until its stdin ends.
+HOLDER = r"""
+F = d.CUevent_flags
+ev = ck(d.cuEventCreate(F.CU_EVENT_INTERPROCESS | F.CU_EVENT_DISABLE_TIMING))
+stream = ck(d.cuStreamCreate(0))
+launched = time.monotonic()
+launch(stream, int(sys.argv[1]))
+ck(d.cuEventRecord(ev, stream))
+print(ctypes.string_at(ck(d.cuIpcGetEventHandle(ev)).getPtr(), 64).hex(), launched, flush=True)
+sys.stdin.read()
+"""
+
+# The next holder's relay: a stream of its own waits for the holder's event and then writes a
+# word of this process's memory, which its main stream waits for; a third stream's kernel is
+# queued between the two (the main stream's wait holds the process's whole channel, the model's
+# simplification: README "Stream memory operations"). With argv[2], a watcher writes the word
+# itself from an idle stream that many ms after the reference (the holder's event came too late).
+RELAY = r"""
+holder = subprocess.Popen([sys.executable, "-c", PRELUDE_SRC + HELPERS_SRC + HOLDER_SRC, sys.argv[1]],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+hexed, launched = holder.stdout.readline().split()
+h = d.CUipcEventHandle()
+ctypes.memmove(h.getPtr(), bytes.fromhex(hexed), 64)
+theirs = ck(d.cuIpcOpenEventHandle(h))
+word = ck(d.cuMemAlloc(4096))
+ck(d.cuMemsetD32(word, 0, 1024))
+relay, main, other, watcher = (ck(d.cuStreamCreate(1)) for _ in range(4))
+ref, start, end, other_end = (ck(d.cuEventCreate(0)) for _ in range(4))
+out["ref_at"] = time.monotonic()
+ck(d.cuEventRecord(ref, watcher))
+ck(d.cuStreamWaitEvent(relay, theirs, 0))
+ck(d.cuStreamWriteValue32(relay, word, 1, 0))
+launch(other, 100000)
+ck(d.cuEventRecord(other_end, other))
+ck(d.cuStreamWaitValue32(main, word, 1, W.CU_STREAM_WAIT_VALUE_GEQ))
+ck(d.cuEventRecord(start, main))
+launch(main, 100000)
+ck(d.cuEventRecord(end, main))
+ck(d.cuStreamSynchronize(other))
+out["other_ms"] = ck(d.cuEventElapsedTime(ref, other_end))
+out["main_held"] = rc(d.cuStreamQuery(main))
+if len(sys.argv) > 2:
+    time.sleep(max(0.0, out["ref_at"] + int(sys.argv[2]) / 1000 - time.monotonic()))
+    ck(d.cuStreamWriteValue32(watcher, word, 1, 0))
+ck(d.cuStreamSynchronize(main))
+out["relay"] = rc(d.cuStreamQuery(relay))  # from here on it gates the process, as before
+out["gate_ms"] = ck(d.cuEventElapsedTime(ref, start))
+out["kernel_ms"] = ck(d.cuEventElapsedTime(start, end))
+out["ref_after_launch_ms"] = (out["ref_at"] - float(launched)) * 1000
+holder.stdin.close()
+holder.wait()
+"""
+
+
+@pytest.mark.timing
+def test_a_relay_stream_holds_only_itself_and_its_word_opens_the_waiter_when_the_holders_work_ends(
+    sim_env: dict[str, str],
+) -> None:
+    res = run(
+        sim_env,
+        script("import sys\nsys.argv = ['-', '1000000']\n" + RELAY),
+        HELPERS_SRC=HELPERS,
+        HOLDER_SRC=HOLDER,
+    )
+    # The third stream's kernel ran beside the holder's (the GPU's time-slicing: about 200 ms),
+    # not after its 1 s kernel, though the relay, queued before it, waited for that kernel.
+    assert res["other_ms"] < 600
+    assert res["main_held"] == "CUDA_ERROR_NOT_READY"
+    # The relay's write landed as the holder's kernel ended: 1 s of its own and the 100 ms the
+    # third stream's kernel took from it.
+    gate_open_ms = res["ref_after_launch_ms"] + res["gate_ms"]
+    assert 1100 <= gate_open_ms <= 1130
+    assert 99 <= res["kernel_ms"] <= 101
+    assert res["relay"] == "CUDA_SUCCESS"
+
+
+@pytest.mark.timing
+def test_a_watchers_write_opens_the_waiter_while_the_relay_stays_stuck_behind_the_holder(
+    sim_env: dict[str, str],
+) -> None:
+    res = run(
+        sim_env,
+        script("import sys\nsys.argv = ['-', '3000000', '400']\n" + RELAY),
+        HELPERS_SRC=HELPERS,
+        HOLDER_SRC=HOLDER,
+    )
+    assert res["main_held"] == "CUDA_ERROR_NOT_READY"
+    assert 400 <= res["gate_ms"] <= 500  # the watcher's write, not the holder's 3 s kernel
+    assert res["ref_after_launch_ms"] + res["gate_ms"] + res["kernel_ms"] < 2000
+    assert 99 <= res["kernel_ms"] <= 300  # beside the holder's kernel: time-sliced
+    assert res["relay"] == "CUDA_ERROR_NOT_READY"  # still behind the holder's kernel

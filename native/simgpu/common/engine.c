@@ -38,8 +38,10 @@
  *    completes: a run is cut at that kernel's end so the instant is exact.  The whole channel is
  *    gated, not only the waiting stream (its streams share one queue anyway).  A gate on a
  *    memory word (cuStreamWaitValue*, memop.c) has no kernel to follow until a write that meets
- *    it is queued: then it becomes a gate on that write's kernel (same GPU), or opens when the
- *    write lands.  Until then a waiter on the gated work looks again every SIM_WORD_POLL_NS.
+ *    it is queued: then it becomes a gate on that write's kernel (same GPU) that another write
+ *    meeting the word and landing first still opens (gate_live), or opens when the write lands.
+ *    Until then a waiter on the gated work looks again every SIM_WORD_POLL_NS.  (A stream's
+ *    wait on an event that only writes follow gates nothing here: cuda/ipcevent.c, held streams.)
  *  - Laziness.  Nothing runs in the background.  Whoever takes the state lock to launch, query,
  *    synchronize, record or read an event, or ask NVML, first commits the engine up to "now"
  *    (sim_engine_advance_locked: O(run segments + kernels completed since the last advance)).
@@ -260,6 +262,7 @@ static void open_gate(struct sim_state *st, struct sim_gpu *g, int k, uint64_t t
 {
     struct sim_chan *ch = &g->chan[k];
     ch->gate = (struct sim_ticket){0};
+    ch->gate_live = 0;
     g->gates--;
     uint64_t done = ch->done;
     complete(ch, g->clock, ch->exec_ns);
@@ -364,6 +367,7 @@ static void drop_chan(struct sim_state *st, struct sim_gpu *g, int c, uint64_t a
         ch->gate = (struct sim_ticket){0};
         g->gates--;
     }
+    ch->gate_live = 0;
     ch->exec_ns = ch->sub_ns;
     for (; ch->done < ch->n; ch->done++)
         ch->q[ch->done % SIM_CHQ] = at;
@@ -418,13 +422,16 @@ void sim_engine_repair_locked(struct sim_state *st)
         g->gates = 0;
         for (int c = 0; c < SIM_MAX_SLOTS; c++) {
             struct sim_chan *ch = &g->chan[c];
-            if (!ch->gate.seq1)
+            if (!ch->gate.seq1) {
+                ch->gate_live = 0;
                 continue;
+            }
             const int word = ch->gate.chan == SIM_GATE_WORD;
             if (ch->gate.chan == c || ch->gate_k < ch->done || ch->gate_k > ch->n ||
                 ch->gate_at < ch->exec_ns || ch->gate_at > ch->sub_ns ||
                 (!word && ticket_done(g, &ch->gate))) {
                 ch->gate = (struct sim_ticket){0};
+                ch->gate_live = 0;
                 complete(ch, g->clock, ch->exec_ns);
             } else {
                 g->gates++;
@@ -747,6 +754,7 @@ int sim_engine_gate_locked(struct sim_state *st, int dev, int c, const struct si
     if (ch->gate.chan == on->chan) {
         if (on->seq1 > ch->gate.seq1) /* a later kernel of the same channel: wait for it */
             ch->gate.seq1 = on->seq1;
+        ch->gate_live = 0; /* a word met early no longer opens it: the kernel is awaited too */
         return 1;
     }
     return -2; /* one gate per channel: a second one is kept on the host */
@@ -764,18 +772,22 @@ int sim_engine_gate(struct sim_err *e, struct sim_state *st, int dev, const stru
 }
 
 int sim_engine_gate_word_locked(struct sim_state *st, int dev, int c, const struct sim_word *w,
-                                uint32_t op, uint64_t value)
+                                uint32_t op, uint64_t value, const struct sim_ticket *follow)
 {
     struct sim_gpu *g = &st->gpu[dev];
     struct sim_chan *ch = &g->chan[c];
+    if (follow && (ticket_done(g, follow) || follow->chan == c))
+        return 0; /* landed, or behind our own work: our channel runs in order anyway */
     if (ch->gate.seq1)
-        return -2;
+        return follow && ch->gate.chan == follow->chan ? sim_engine_gate_locked(st, dev, c, follow) : -2;
     ch->gate_word = *w;
     ch->gate_value = value;
     ch->gate_op = op;
     ch->gate_k = ch->n;
     ch->gate_at = ch->sub_ns;
-    ch->gate = (struct sim_ticket){.seq1 = 1, .chan = SIM_GATE_WORD}; /* last: repair reads it */
+    ch->gate_live = follow != NULL;
+    /* last: repair reads it */
+    ch->gate = follow ? *follow : (struct sim_ticket){.seq1 = 1, .chan = SIM_GATE_WORD};
     g->gates++;
     return 1;
 }
@@ -788,16 +800,20 @@ void sim_engine_word_written_locked(struct sim_state *st, int wdev, const struct
         struct sim_gpu *g = &st->gpu[d];
         for (int k = 0; g->gates && k < SIM_MAX_SLOTS; k++) {
             struct sim_chan *ch = &g->chan[k];
-            if (ch->gate.chan != SIM_GATE_WORD || !ch->gate.seq1 ||
-                !sim_same_word(&ch->gate_word, w) || !sim_word_met(value, ch->gate_op, ch->gate_value, ch->gate_word.size))
+            const int word = ch->gate.chan == SIM_GATE_WORD || ch->gate_live;
+            if (!word || !ch->gate.seq1 || !sim_same_word(&ch->gate_word, w) ||
+                !sim_word_met(value, ch->gate_op, ch->gate_value, ch->gate_word.size))
                 continue;
-            if ((int)d == wdev && !ticket_done(g, after) && after->chan != k) {
-                ch->gate = *after; /* the write's kernel ends first: then it opens */
-            } else if ((int)d == wdev || ticket_done(&st->gpu[wdev], after) || after->chan == k) {
-                /* Landed (or queued in this very channel, whose later streams a GPU would run
-                 * beside the wait): open now. */
+            /* Landed (or queued in this very channel, whose later streams a GPU would run beside
+             * the wait): it opens now. */
+            const int landed = ticket_done(&st->gpu[wdev], after) || after->chan == k;
+            if (landed) {
                 open_gate(st, g, k, ts, 0);
-            } /* another GPU's write still pending: it opens when its writer applies it */
+            } else if ((int)d == wdev && !ch->gate_live) {
+                ch->gate_live = 1; /* the write's kernel ends first: then it opens */
+                ch->gate = *after;
+            } /* already following an earlier write, or another GPU's write still pending: it
+               * opens when its writer applies it */
         }
     }
 }

@@ -98,12 +98,13 @@ int sim_mem_wait(struct sim_err *e, struct sim_state *st, int dev, const struct 
         }
         struct sim_ticket host = {0};
         int hdev = dev, rc;
-        if (meet) { /* a queued write will meet it: follow its kernel */
-            rc = meet->dev == dev ? sim_engine_gate_locked(st, dev, c, &meet->after) : -2;
+        if (meet) { /* a queued write will meet it: follow its kernel (or an earlier write) */
+            rc = meet->dev == dev ? sim_engine_gate_word_locked(st, dev, c, w, op, value, &meet->after)
+                                  : -2;
             host = meet->after;
             hdev = meet->dev;
         } else {
-            rc = sim_engine_gate_word_locked(st, dev, c, w, op, value);
+            rc = sim_engine_gate_word_locked(st, dev, c, w, op, value, NULL);
         }
         sim_unlock(st);
         if (rc != -2)

@@ -130,11 +130,12 @@ SIM_HIDDEN unsigned sim_pci_bus(unsigned idx);
  * EOWNERDEAD repair rebuilds what a dead holder may have left half-written (engine.c).
  */
 #define SIM_STATE_MAGIC 0x314d495355504753ULL /* "SGPUSIM1" little-endian */
-#define SIM_STATE_VERSION 9u /* 3: cfg.context_overhead_bytes; 4: slot.proc_dev, cfg.pitch_alignment;
+#define SIM_STATE_VERSION 10u /* 3: cfg.context_overhead_bytes; 4: slot.proc_dev, cfg.pitch_alignment;
                               * 5: slot.pidns, slot.host_pid; 6: context-switch costs
                               * (cfg.ctxsw_us, cfg.preempt_us, gpu.switch_end); 7: cfg.uuid0;
                               * 8: interprocess events (ipc_event, chan.gate, gpu.gates);
-                              * 9: stream memory operations (mem_write, chan.gate_word) */
+                              * 9: stream memory operations (mem_write, chan.gate_word);
+                              * 10: chan.gate_live (a word gate that follows a write) */
 #define SIM_MAX_SLOTS 512
 #define SIM_RING 16384 /* run segments kept per GPU (NVML history) */
 #define SIM_CHQ 4096   /* pending kernels per channel before a launch blocks */
@@ -178,14 +179,16 @@ struct sim_chan {
      * while gate.seq1 != 0 the kernels from number gate_k on (exec_ns from gate_at on) wait
      * until gate, a kernel of another channel on this GPU, completes.  Cleared when it does.
      * A gate on a memory word (cuStreamWaitValue*, memop.c) has gate.chan SIM_GATE_WORD and
-     * waits until a write makes gate_word meet (gate_op, gate_value). */
+     * waits until a write makes gate_word meet (gate_op, gate_value); once a write that meets
+     * it is queued behind a kernel, gate is that kernel and gate_live 1: it opens when that
+     * kernel completes, or earlier when another write that meets the word lands first. */
     struct sim_ticket gate;
     uint64_t gate_k;
     uint64_t gate_at;
     struct sim_word gate_word;
     uint64_t gate_value;
     uint32_t gate_op;      /* CU_STREAM_WAIT_VALUE_GEQ, EQ, AND or NOR */
-    uint32_t gate_pad;
+    uint32_t gate_live;    /* 1: a word gate following a queued write's kernel (above) */
     /* [lock] kernel k at q[k % SIM_CHQ]: while pending (k >= done) the value exec_ns must reach
      * for it to complete (sub_ns just after it was submitted); once done its completion instant
      * (CLOCK_MONOTONIC).  W submit (pending), advance/drop (done); R waiters, event resolution. */
@@ -391,10 +394,13 @@ SIM_HIDDEN int sim_engine_done_locked(const struct sim_state *st, int dev, const
 /* Channel c's later work waits for kernel *on (sim_engine_gate's rule): 1 gated, 0 nothing to
  * wait for, -2 the channel already has a gate (the caller waits on the host). */
 SIM_HIDDEN int sim_engine_gate_locked(struct sim_state *st, int dev, int c, const struct sim_ticket *on);
-/* Channel c's later work waits until a write makes *w meet (op, value): 1 gated, -2 the channel
- * already has a gate. */
+/* Channel c's later work waits until a write makes *w meet (op, value): 1 gated, 0 nothing to
+ * wait for, -2 the channel already has a gate.  With `follow` (a kernel of this GPU behind which
+ * a write that meets it is queued), the gate opens when that kernel completes, or when another
+ * write that meets the word lands first. */
 SIM_HIDDEN int sim_engine_gate_word_locked(struct sim_state *st, int dev, int c,
-                                           const struct sim_word *w, uint32_t op, uint64_t value);
+                                           const struct sim_word *w, uint32_t op, uint64_t value,
+                                           const struct sim_ticket *follow);
 /* A write of `value` to *w follows kernel *after on GPU wdev (a done ticket: it has landed):
  * the word gates it meets open, or on wdev wait for `after` instead. */
 SIM_HIDDEN void sim_engine_word_written_locked(struct sim_state *st, int wdev,

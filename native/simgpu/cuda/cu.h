@@ -39,6 +39,10 @@ struct CUstream_st {
     struct CUctx_st *ctx;
     struct CUgraph_st *capture; /* non-NULL while capturing (owned by the stream until End) */
     struct sim_queue q;
+    /* [hold_mu, ipcevent.c] A wait on another process's interprocess event on this GPU that
+     * holds only this stream so far (seq1 0: none): put on the channel's gate by the stream's
+     * next work that is not a memory write (cu_stream_settle). */
+    struct sim_ticket hold;
 };
 
 struct CUctx_st {
@@ -209,6 +213,13 @@ SIM_HIDDEN CUevent cu_event_new(struct CUctx_st *c, unsigned flags);
 SIM_HIDDEN CUresult cu_ipc_event_record(CUevent ev, struct CUstream_st *s);
 SIM_HIDDEN int cu_ipc_event_done(CUevent ev, int wait, CUresult *r);
 SIM_HIDDEN CUresult cu_ipc_event_gate(CUevent ev, struct CUstream_st *s);
+/* The stream's held wait, if any, now gates its channel, before work that must follow it on the
+ * GPU (a kernel, a copy, a record, a wait, a sync). */
+SIM_HIDDEN CUresult cu_stream_settle(struct CUstream_st *s);
+/* The ticket a memory write queued on s now follows: the stream's last work, or, when that is
+ * done and a held wait is pending, the awaited kernel (only that stream waits for it). */
+SIM_HIDDEN CUresult cu_stream_write_after(struct CUstream_st *s, struct sim_ticket *after);
+SIM_HIDDEN void cu_ipc_event_fork_child(void);
 
 /* Stream memory operations (memop.c): store this process's queued writes whose work has
  * completed (after every synchronize of a stream or context); forget the parent's at fork. */

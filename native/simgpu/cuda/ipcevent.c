@@ -10,6 +10,16 @@
  * The last record lives in the shared state (common/ipcevent.c); the handle names its entry and
  * the state it belongs to.  Operations after the exporter destroyed the event are undefined in
  * CUDA; here they see a completed event.
+ *
+ * Held streams.  The engine gates a whole channel (all of a process's streams on a GPU), where a
+ * GPU holds only the waiting stream.  So a wait on another process's event first holds only its
+ * stream (CUstream_st.hold): memory writes queued on that stream follow the awaited kernel in the
+ * state's table of writes, and the process's other streams go on.  The stream's next other work
+ * (a kernel, a copy, a record, a wait, a sync) puts the wait on the channel's gate first
+ * (cu_stream_settle), as before.  That makes the relay exact (a stream that waits for another
+ * process's event and then writes a word that another stream waits for): a relay whose event
+ * never completes holds nobody else, and another write of the word opens the waiter.  A context
+ * synchronize does not wait for a held stream's writes (a GPU's would).
  */
 #include "cu.h"
 
@@ -89,6 +99,9 @@ SIM_EXPORT CUresult cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle hand
 
 CUresult cu_ipc_event_record(CUevent ev, struct CUstream_st *s)
 {
+    CUresult r = cu_stream_settle(s);
+    if (r)
+        return r;
     struct sim_err e = {0};
     if (sim_ipc_event_publish(&e, cu_g.st, ev->ipc_index, ev->ipc_gen, s->ctx->phys, &s->q.last) < 0)
         return cu_result(&e);
@@ -110,6 +123,89 @@ int cu_ipc_event_done(CUevent ev, int wait, CUresult *r)
     return done;
 }
 
+/* Kernel t of this GPU gates s's channel; the stream's marker behind the gate follows it. */
+static CUresult gate(struct CUstream_st *s, const struct sim_ticket *t)
+{
+    struct sim_err e = {0};
+    const int dev = s->ctx->phys;
+    int rc = sim_engine_gate(&e, cu_g.st, dev, t);
+    if (rc == 1) {
+        /* The stream now waits: a 0 µs marker behind the gate is its last work, so that an event
+         * recorded on it completes, and a query or sync of it returns, when the gate opens. */
+        static const uint64_t marker = 0;
+        rc = sim_engine_submit(&e, cu_g.st, dev, &s->q, &s->ctx->last, &marker, 1);
+    }
+    return rc < 0 ? cu_result(&e) : CUDA_SUCCESS;
+}
+
+static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void cu_ipc_event_fork_child(void)
+{
+    pthread_mutex_init(&hold_mu, NULL);
+}
+
+/* Whether s may have a held wait: one load, no lock (the common case is none). */
+static int may_hold(const struct CUstream_st *s)
+{
+    return __atomic_load_n(&s->hold.seq1, __ATOMIC_ACQUIRE) != 0;
+}
+
+/* [hold_mu] s's held wait becomes t (seq1 last: may_hold reads it without the lock). */
+static void set_hold(struct CUstream_st *s, const struct sim_ticket *t)
+{
+    s->hold.chan = t->chan;
+    __atomic_store_n(&s->hold.seq1, t->seq1, __ATOMIC_RELEASE);
+}
+
+/* [hold_mu] s's held wait (seq1 0: none). */
+static struct sim_ticket read_hold(const struct CUstream_st *s)
+{
+    return (struct sim_ticket){.seq1 = __atomic_load_n(&s->hold.seq1, __ATOMIC_RELAXED),
+                               .chan = s->hold.chan};
+}
+
+/* Takes s's held wait (seq1 0: none). */
+static struct sim_ticket take_hold(struct CUstream_st *s)
+{
+    static const struct sim_ticket none = {0};
+    if (!may_hold(s))
+        return none;
+    pthread_mutex_lock(&hold_mu);
+    struct sim_ticket t = read_hold(s);
+    set_hold(s, &none);
+    pthread_mutex_unlock(&hold_mu);
+    return t;
+}
+
+CUresult cu_stream_settle(struct CUstream_st *s)
+{
+    struct sim_ticket t = take_hold(s);
+    return t.seq1 ? gate(s, &t) : CUDA_SUCCESS;
+}
+
+CUresult cu_stream_write_after(struct CUstream_st *s, struct sim_ticket *after)
+{
+    if (!may_hold(s)) {
+        *after = s->q.last; /* the common case */
+        return CUDA_SUCCESS;
+    }
+    struct sim_err e = {0};
+    int idle = sim_engine_query(&e, cu_g.st, s->ctx->phys, &s->q.last);
+    if (idle < 0)
+        return cu_result(&e);
+    pthread_mutex_lock(&hold_mu);
+    struct sim_ticket held = read_hold(s);
+    pthread_mutex_unlock(&hold_mu);
+    if (idle && held.seq1) {
+        *after = held; /* only the awaited kernel is ahead of the write */
+        return CUDA_SUCCESS;
+    }
+    CUresult r = cu_stream_settle(s); /* the stream's own work is ahead too: gate as before */
+    *after = s->q.last;
+    return r;
+}
+
 CUresult cu_ipc_event_gate(CUevent ev, struct CUstream_st *s)
 {
     struct sim_err e = {0};
@@ -119,13 +215,25 @@ CUresult cu_ipc_event_gate(CUevent ev, struct CUstream_st *s)
         return cu_result(&e);
     if (!t.seq1)
         return CUDA_SUCCESS; /* never recorded, or nothing was pending: nothing to wait for */
-    int rc = dev == s->ctx->phys ? sim_engine_gate(&e, cu_g.st, dev, &t) /* on the GPU */
-                                 : sim_engine_wait(&e, cu_g.st, dev, &t); /* another GPU: here */
-    if (rc == 1 && dev == s->ctx->phys) {
-        /* The stream now waits: a 0 µs marker behind the gate is its last work, so that an event
-         * recorded on it completes, and a query or sync of it returns, when the gate opens. */
-        static const uint64_t marker = 0;
-        rc = sim_engine_submit(&e, cu_g.st, dev, &s->q, &s->ctx->last, &marker, 1);
+    if (dev != s->ctx->phys) {
+        CUresult r = cu_stream_settle(s);
+        if (r)
+            return r;
+        return sim_engine_wait(&e, cu_g.st, dev, &t) < 0 ? cu_result(&e) : CUDA_SUCCESS; /* here */
     }
-    return rc < 0 ? cu_result(&e) : CUDA_SUCCESS;
+    pthread_mutex_lock(&hold_mu);
+    struct sim_ticket held = read_hold(s);
+    const int merge = !held.seq1 || held.chan == t.chan; /* one kernel to wait for: the later */
+    if (merge && t.seq1 > held.seq1)
+        set_hold(s, &t);
+    pthread_mutex_unlock(&hold_mu);
+    if (merge)
+        return CUDA_SUCCESS;
+    CUresult r = cu_stream_settle(s); /* the earlier wait gates the channel; this one is held */
+    if (r)
+        return r;
+    pthread_mutex_lock(&hold_mu);
+    set_hold(s, &t);
+    pthread_mutex_unlock(&hold_mu);
+    return CUDA_SUCCESS;
 }

@@ -46,6 +46,9 @@ CUresult cu_submit(struct CUstream_st *s, const uint64_t *dur, size_t n, const s
         }
         return CUDA_SUCCESS;
     }
+    CUresult r = cu_stream_settle(s);
+    if (r)
+        return r;
     struct sim_err e = {0};
     if (sim_engine_submit(&e, cu_g.st, s->ctx->phys, &s->q, &s->ctx->last, dur, n) < 0)
         return cu_result(&e);

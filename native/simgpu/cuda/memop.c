@@ -15,7 +15,8 @@
  * time it looks at its work (a synchronize, or its next memory operation).  A wait does not
  * block the caller: the engine holds the process's channel, so on this model all its streams
  * wait (a GPU holds only the waiting stream); a wait that needs the word written by later work
- * of the same process does not deadlock here only when that write is queued on an idle stream.
+ * of the same process does not deadlock here only when that write is queued on an idle stream,
+ * or on a stream held only by a wait on another process's event (ipcevent.c: a relay).
  * Capturing them into a graph is not modelled (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED).
  */
 #include "cu.h"
@@ -152,6 +153,9 @@ static CUresult check_write(CUdeviceptr addr, unsigned flags, uint32_t size, str
 static CUresult do_wait(struct CUstream_st *s, const struct sim_word *w, CUdeviceptr addr,
                         uint64_t value, unsigned op)
 {
+    CUresult r = cu_stream_settle(s);
+    if (r)
+        return r;
     struct sim_err e = {0};
     int rc = sim_mem_wait(&e, cu_g.st, s->ctx->phys, w, (const void *)(uintptr_t)addr, op, value);
     if (rc == 1) {
@@ -166,10 +170,14 @@ static CUresult do_wait(struct CUstream_st *s, const struct sim_word *w, CUdevic
 static CUresult do_write(struct CUstream_st *s, const struct sim_word *w, CUdeviceptr addr,
                          uint64_t value)
 {
+    struct sim_ticket after;
+    CUresult r = cu_stream_write_after(s, &after);
+    if (r)
+        return r;
     struct sim_err e = {0};
     uint64_t seq = 0;
     void *mem = (void *)(uintptr_t)addr;
-    int k = sim_mem_write(&e, cu_g.st, s->ctx->phys, w, mem, value, &s->q.last, &seq);
+    int k = sim_mem_write(&e, cu_g.st, s->ctx->phys, w, mem, value, &after, &seq);
     if (k < 0)
         return cu_result(&e);
     return k ? remember(k - 1, seq, mem) : CUDA_SUCCESS;

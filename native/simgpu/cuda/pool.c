@@ -250,6 +250,8 @@ static CUresult free_async(CUdeviceptr dptr, CUstream h)
         return CUDA_ERROR_INVALID_VALUE;
     if (s->capture)
         return cu_graph_capture_free(s->capture, dptr);
+    if ((r = cu_stream_settle(s)))
+        return r;
     struct pending_free *f = calloc(1, sizeof(*f));
     if (!f)
         return CUDA_ERROR_OUT_OF_MEMORY;

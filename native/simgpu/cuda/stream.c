@@ -50,6 +50,9 @@ CUresult cu_stream(CUstream h, struct CUstream_st **out)
 
 CUresult cu_stream_wait(struct CUstream_st *s)
 {
+    CUresult r = cu_stream_settle(s);
+    if (r)
+        return r;
     struct sim_err e = {0};
     if (sim_engine_wait(&e, cu_g.st, s->ctx->phys, &s->q.last) < 0)
         return cu_result(&e);
@@ -227,6 +230,8 @@ static CUresult stream_query(CUstream h)
         return r;
     if (s->capture)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if ((r = cu_stream_settle(s)))
+        return r;
     struct sim_err e = {0};
     int done = sim_engine_query(&e, cu_g.st, s->ctx->phys, &s->q.last);
     if (done < 0)
@@ -294,6 +299,8 @@ static CUresult event_record(CUevent ev, CUstream h)
             return r;
     } else {
         struct sim_err e = {0};
+        if ((r = cu_stream_settle(s)))
+            return r;
         if (sim_engine_record(&e, cu_g.st, s->ctx->phys, &s->q, &ev->w) < 0)
             return cu_result(&e);
     }
