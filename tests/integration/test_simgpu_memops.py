@@ -367,3 +367,80 @@ def test_a_watchers_write_opens_the_waiter_while_the_relay_stays_stuck_behind_th
     assert res["ref_after_launch_ms"] + res["gate_ms"] + res["kernel_ms"] < 2000
     assert 99 <= res["kernel_ms"] <= 300  # beside the holder's kernel: time-sliced
     assert res["relay"] == "CUDA_ERROR_NOT_READY"  # still behind the holder's kernel
+
+
+def test_page_locked_host_memory_holds_a_word_and_bad_registrations_get_the_drivers_errors(
+    sim_env: dict[str, str],
+) -> None:
+    res = run(
+        sim_env,
+        script(
+            r"""
+        import mmap
+        A = d.CUdevice_attribute
+        for name in ("CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED",
+                     "CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM",
+                     "CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED"):
+            out[name] = ck(d.cuDeviceGetAttribute(getattr(A, name), dev))
+        page = mmap.mmap(-1, 2 * 4096)  # the program's own memory, as a usage region would be
+        base = ctypes.addressof(ctypes.c_char.from_buffer(page))
+        out["unregistered_pointer"] = rc(d.cuMemHostGetDevicePointer(base, 0))
+        out["unregistered_word"] = rc(d.cuStreamWriteValue32(reader, base, 1, 0))
+        ck(d.cuMemHostRegister(base, 4096, 2))  # CU_MEMHOSTREGISTER_DEVICEMAP
+        out["flags"] = ck(d.cuMemHostGetFlags(base + 100))
+        word = int(ck(d.cuMemHostGetDevicePointer(base + 64, 0)))
+        out["same_address"] = word == base + 64
+        out["overlap"] = rc(d.cuMemHostRegister(base + 2048, 4096, 0))
+        out["io_memory"] = rc(d.cuMemHostRegister(base + 4096, 4096, 4))
+        out["bad_flags"] = rc(d.cuMemHostRegister(base + 4096, 4096, 16))
+        gone = mmap.mmap(-1, 4096)
+        hole = ctypes.addressof(ctypes.c_char.from_buffer(gone))
+        del gone  # unmapped
+        out["unmapped"] = rc(d.cuMemHostRegister(hole, 4096, 0))
+        out["unregister_inside"] = rc(d.cuMemHostUnregister(base + 64))
+        # A stream waits for the word in host memory and another stream's write opens it.
+        held, writer = ck(d.cuStreamCreate(1)), ck(d.cuStreamCreate(1))
+        ck(d.cuStreamWaitValue32(held, word, 3, W.CU_STREAM_WAIT_VALUE_GEQ))
+        launch(held, 10000)
+        time.sleep(0.1)
+        out["held"] = rc(d.cuStreamQuery(held))
+        ck(d.cuStreamWriteValue32(writer, word, 3, 0))
+        ck(d.cuStreamSynchronize(held))
+        out["host_sees"] = ctypes.c_uint32.from_address(base + 64).value
+        ro = base + 4096
+        ck(d.cuMemHostRegister(ro, 4096, 8))  # CU_MEMHOSTREGISTER_READ_ONLY
+        out["read_only_write"] = rc(d.cuStreamWriteValue32(writer, ro, 1, 0))
+        out["read_only_wait"] = rc(d.cuStreamWaitValue32(writer, ro, 0, W.CU_STREAM_WAIT_VALUE_EQ))
+        ck(d.cuMemHostUnregister(ro))
+        ck(d.cuMemHostUnregister(base))
+        out["after_unregister"] = rc(d.cuMemHostGetDevicePointer(base, 0))
+        out["unregister_twice"] = rc(d.cuMemHostUnregister(base))
+        out["free_not_allocated"] = rc(d.cuMemFreeHost(base))
+        pinned = ck(d.cuMemHostAlloc(4096, 1))  # CU_MEMHOSTALLOC_PORTABLE
+        out["alloc_flags"] = ck(d.cuMemHostGetFlags(pinned))
+        out["alloc_then_register"] = rc(d.cuMemHostRegister(pinned, 4096, 0))
+        ck(d.cuMemFreeHost(pinned))
+        """
+        ),
+    )
+    assert res["CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED"] == 1
+    assert res["CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM"] == 1
+    assert res["CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED"] == 1
+    assert res["unregistered_pointer"] == "CUDA_ERROR_INVALID_VALUE"
+    assert res["unregistered_word"] == "CUDA_ERROR_INVALID_VALUE"
+    assert res["flags"] == 2
+    assert res["same_address"] is True
+    assert res["overlap"] == "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED"
+    assert res["io_memory"] == "CUDA_ERROR_NOT_SUPPORTED"
+    assert res["bad_flags"] == "CUDA_ERROR_INVALID_VALUE"
+    assert res["unmapped"] == "CUDA_ERROR_INVALID_VALUE"
+    assert res["unregister_inside"] == "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED"
+    assert res["held"] == "CUDA_ERROR_NOT_READY"
+    assert res["host_sees"] == 3
+    assert res["read_only_write"] == "CUDA_ERROR_INVALID_VALUE"
+    assert res["read_only_wait"] == "CUDA_SUCCESS"  # reading it is what read-only allows
+    assert res["after_unregister"] == "CUDA_ERROR_INVALID_VALUE"
+    assert res["unregister_twice"] == "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED"
+    assert res["free_not_allocated"] == "CUDA_ERROR_INVALID_VALUE"
+    assert res["alloc_flags"] == 1
+    assert res["alloc_then_register"] == "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED"

@@ -4,8 +4,7 @@
  * synchronous ones after all work of the current context completes, asynchronous ones after their
  * stream's work completes (so they return when done; still stream-ordered).  With unified
  * addressing, cuMemcpy and cuMemcpyAsync take any pair of device or host pointers, as a driver
- * does; pinned host memory (cuMemAllocHost, cuMemHostAlloc) is ordinary host memory here, never
- * charged to a GPU.
+ * does; page-locked host memory (hostmem.c) is ordinary host memory here, never charged to a GPU.
  */
 #include "cu.h"
 
@@ -251,48 +250,5 @@ SIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, C
         *pbase = base;
     if (psize)
         *psize = size;
-    return CUDA_SUCCESS;
-}
-
-/* ---- page-locked host memory: plain host memory on this model ---------------------------- */
-
-SIM_EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags)
-{
-    if (!pp || !bytesize || (flags & ~0xfu)) /* PORTABLE 1, DEVICEMAP 2, WRITECOMBINED 4 */
-        return CUDA_ERROR_INVALID_VALUE;
-    struct CUctx_st *c;
-    CUresult r = cu_ctx_current(&c);
-    if (r)
-        return r;
-    void *p = NULL;
-    if (posix_memalign(&p, 4096, bytesize) != 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    *pp = p;
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
-{
-    return cuMemHostAlloc(pp, bytesize, 0);
-}
-
-SIM_EXPORT CUresult cuMemFreeHost(void *p)
-{
-    CUresult r = cu_ready();
-    if (r)
-        return r;
-    free(p);
-    return CUDA_SUCCESS;
-}
-
-/* With unified addressing the device sees host memory at the same address. */
-SIM_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int flags)
-{
-    if (!pdptr || !p || flags)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = cu_ready();
-    if (r)
-        return r;
-    *pdptr = (CUdeviceptr)(uintptr_t)p;
     return CUDA_SUCCESS;
 }

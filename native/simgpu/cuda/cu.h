@@ -292,6 +292,10 @@ SIM_HIDDEN void cu_graph_free(struct CUgraph_st *g);
 SIM_HIDDEN int cu_mem_range_ok(uintptr_t p, size_t len);
 SIM_HIDDEN int cu_mem_word(uintptr_t p, size_t len, uint64_t *ino, uint64_t *off); /* memory.c */
 SIM_HIDDEN int cu_vmm_range_ok(uintptr_t p, size_t len);
+/* hostmem.c: 0 when [p, p+len) lies inside one page-locked host range (*read_only: registered
+ * with CU_MEMHOSTREGISTER_READ_ONLY), -1 if not. */
+SIM_HIDDEN int cu_host_range(uintptr_t p, size_t len, int *read_only);
+SIM_HIDDEN void cu_host_fork_child(void);
 /* 0 with the allocation (not VMM mapping) that contains p; -1 if none. */
 SIM_HIDDEN int cu_mem_range_of(uintptr_t p, uintptr_t *base, size_t *size);
 SIM_HIDDEN void cu_mem_free_ctx(struct CUctx_st *c); /* the context died: free what it held */

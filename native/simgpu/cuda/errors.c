@@ -34,6 +34,10 @@
     X(CUDA_ERROR_LAUNCH_TIMEOUT, "the launch timed out and was terminated")                       \
     X(CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, "primary context active")                                \
     X(CUDA_ERROR_CONTEXT_IS_DESTROYED, "context is destroyed")                                    \
+    X(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,                                                  \
+      "part or all of the requested memory range is already mapped")                             \
+    X(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,                                                      \
+      "pointer does not correspond to a registered memory region")                               \
     X(CUDA_ERROR_LAUNCH_FAILED, "unspecified launch failure")                                     \
     X(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, "too many blocks in cooperative launch")           \
     X(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                                        \

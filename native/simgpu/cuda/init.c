@@ -125,6 +125,7 @@ static void atfork_child(void)
     cu_pool_fork_child();
     cu_memop_fork_child();
     cu_ipc_event_fork_child();
+    cu_host_fork_child();
 }
 
 static CUresult init_locked(void)

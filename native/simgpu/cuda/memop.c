@@ -5,7 +5,9 @@
  *     (CU_STREAM_WAIT_VALUE_GEQ cyclic, EQ, AND, NOR); cuStreamBatchMemOp queues several in
  *     order (plus memory barriers, which order nothing more here);
  *   - the word is device memory of this process, or memory another process shared with
- *     cuIpcGetMemHandle, so that one process's write releases another's wait on the GPU;
+ *     cuIpcGetMemHandle, so that one process's write releases another's wait on the GPU, or
+ *     page-locked host memory of this process (hostmem.c: cuMemHostAlloc, cuMemHostRegister;
+ *     a write to a range registered read-only is CUDA_ERROR_INVALID_VALUE);
  *   - the address must be aligned to the word's size and inside an allocation
  *     (CUDA_ERROR_INVALID_VALUE otherwise); unknown flags get CUDA_ERROR_INVALID_VALUE, and
  *     CU_STREAM_WAIT_VALUE_FLUSH and CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES, which need platform
@@ -106,14 +108,17 @@ void cu_memop_fork_child(void)
 
 /* ---- the operations ------------------------------------------------------------------------ */
 
-/* The word at addr, of size bytes, as every process names it. */
-static CUresult word_of(CUdeviceptr addr, uint32_t size, struct sim_word *w)
+/* The word at addr, of size bytes, as every process names it; `write`: to be written (not
+ * read-only page-locked memory). */
+static CUresult word_of(CUdeviceptr addr, uint32_t size, int write, struct sim_word *w)
 {
     if (!addr || addr % size)
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t ino = 0, off = 0;
-    if (cu_mem_word((uintptr_t)addr, size, &ino, &off) < 0)
-        return CUDA_ERROR_INVALID_VALUE; /* not device memory of this process */
+    int read_only = 0;
+    if (cu_mem_word((uintptr_t)addr, size, &ino, &off) < 0 &&
+        (cu_host_range((uintptr_t)addr, size, &read_only) < 0 || (write && read_only)))
+        return CUDA_ERROR_INVALID_VALUE; /* neither device memory nor page-locked host memory */
     *w = (struct sim_word){.ino = ino, .off = ino ? off : (uint64_t)addr, .size = size};
     if (!ino) { /* never exported: this process's own word */
         struct sim_err e = {0};
@@ -140,14 +145,14 @@ static CUresult check_wait(CUdeviceptr addr, unsigned flags, uint32_t size, stru
         return CUDA_ERROR_NOT_SUPPORTED;
     if (flags > WAIT_NOR)
         return CUDA_ERROR_INVALID_VALUE;
-    return word_of(addr, size, w);
+    return word_of(addr, size, 0, w);
 }
 
 static CUresult check_write(CUdeviceptr addr, unsigned flags, uint32_t size, struct sim_word *w)
 {
     if (flags & ~WRITE_NO_MEMORY_BARRIER)
         return CUDA_ERROR_INVALID_VALUE;
-    return word_of(addr, size, w);
+    return word_of(addr, size, 1, w);
 }
 
 static CUresult do_wait(struct CUstream_st *s, const struct sim_word *w, CUdeviceptr addr,
