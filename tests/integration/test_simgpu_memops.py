@@ -29,6 +29,10 @@ def read(ptr, size=4):  # on a stream of its own: a synchronous copy would wait 
     ck(d.cuStreamSynchronize(reader))
     return int.from_bytes(bytes(buf), "little")
 
+def attributes(*names):  # device attributes into out, by name
+    for name in names:
+        out[name] = ck(d.cuDeviceGetAttribute(getattr(d.CUdevice_attribute, name), dev))
+
 def mem_handle(hexed):
     h = d.CUipcMemHandle()
     ctypes.memmove(h.getPtr(), bytes.fromhex(hexed), 64)
@@ -170,11 +174,9 @@ def test_bad_stream_memory_operations_get_the_drivers_errors_and_queue_nothing(
         sim_env,
         script(
             r"""
-        A = d.CUdevice_attribute
-        for name in ("CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS",
-                     "CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR",
-                     "CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES"):
-            out[name] = ck(d.cuDeviceGetAttribute(getattr(A, name), dev))
+        attributes("CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS",
+                   "CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR",
+                   "CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES")
         word = int(ck(d.cuMemAlloc(4096)))
         ck(d.cuMemsetD32(word, 0, 1024))
         s = ck(d.cuStreamCreate(0))
@@ -377,11 +379,9 @@ def test_page_locked_host_memory_holds_a_word_and_bad_registrations_get_the_driv
         script(
             r"""
         import mmap
-        A = d.CUdevice_attribute
-        for name in ("CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED",
-                     "CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM",
-                     "CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED"):
-            out[name] = ck(d.cuDeviceGetAttribute(getattr(A, name), dev))
+        attributes("CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED",
+                   "CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM",
+                   "CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED")
         page = mmap.mmap(-1, 2 * 4096)  # the program's own memory, as a usage region would be
         base = ctypes.addressof(ctypes.c_char.from_buffer(page))
         out["unregistered_pointer"] = rc(d.cuMemHostGetDevicePointer(base, 0))

@@ -70,17 +70,20 @@ static CUresult add(uintptr_t base, size_t size, unsigned flags, int registered)
     return CUDA_SUCCESS;
 }
 
-/* [host_mu] Removes the range whose base is p and that was made the `registered` way: 0, or
- * -1 when there is none. */
-static int remove_base(uintptr_t p, int registered)
+/* Forgets the range whose base is p and that was made the `registered` way: 0, or -1 when
+ * there is none. */
+static int forget(const void *p, int registered)
 {
-    for (size_t i = 0; i < nranges; i++) {
-        if (ranges[i].base == p && ranges[i].registered == registered) {
+    int found = -1;
+    pthread_mutex_lock(&host_mu);
+    for (size_t i = 0; p && i < nranges && found < 0; i++) {
+        if (ranges[i].base == (uintptr_t)p && ranges[i].registered == registered) {
             ranges[i] = ranges[--nranges];
-            return 0;
+            found = 0;
         }
     }
-    return -1;
+    pthread_mutex_unlock(&host_mu);
+    return found;
 }
 
 /* 1 when every page of [p, p+size) is mapped in this process. */
@@ -145,10 +148,7 @@ SIM_EXPORT CUresult cuMemFreeHost(void *p)
     CUresult r = cu_ready();
     if (r)
         return r;
-    pthread_mutex_lock(&host_mu);
-    int gone = p ? remove_base((uintptr_t)p, 0) : -1;
-    pthread_mutex_unlock(&host_mu);
-    if (gone < 0)
+    if (forget(p, 0) < 0)
         return CUDA_ERROR_INVALID_VALUE; /* not ours to free: never free() it */
     free(p);
     return CUDA_SUCCESS;
@@ -191,10 +191,7 @@ SIM_EXPORT CUresult cuMemHostUnregister(void *p)
     CUresult r = cu_ready();
     if (r)
         return r;
-    pthread_mutex_lock(&host_mu);
-    int gone = p ? remove_base((uintptr_t)p, 1) : -1;
-    pthread_mutex_unlock(&host_mu);
-    return gone < 0 ? CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED : CUDA_SUCCESS;
+    return forget(p, 1) < 0 ? CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED : CUDA_SUCCESS;
 }
 
 SIM_EXPORT CUresult cuMemHostGetFlags(unsigned int *pFlags, void *p)
