@@ -1,6 +1,7 @@
 /*
- * A process's holds of a GPU's token (arbiter.c), as its watcher thread (arbwatch.c) sees
- * them.  Every call is made with the GPU's per-process mutex `g->mu` held.
+ * A process's holds of a GPU's token (arbiter.c), as its watcher thread (arbwatch.c), its sync
+ * hooks (arbsync.c) and the Vulkan layer's submissions (arbext.c) see them.  Every call is made
+ * with the GPU's per-process mutex `g->mu` held, unless its comment says otherwise.
  */
 #ifndef SHAREGPU_ARBHOLD_H
 #define SHAREGPU_ARBHOLD_H
@@ -44,6 +45,19 @@ uint64_t sg_arb_watcher_due(void);
 uint64_t sg_arb_watch_poll_ns(uint64_t quantum);
 /* No hold in progress: its marks (quantum end, drains, idle time) cleared. */
 void sg_arb_hold_reset(struct sg_gpu *g);
+/* Under g->mu: hold g's token for a launch now (acquire it, be held back before a predicted
+ * online request, hand it on at the quantum's end as the policies decide).  0 held; 1
+ * unarbitrated (the region broke on the way); < 0 an error. */
+int sg_arb_hold_for_launch_locked(struct sg_gpu *g, struct sg_err *e);
+/* Waits for all the work of ctx (none left if it was destroyed); without g->mu. */
+void sg_arb_sync_context(CUcontext ctx);
+/* Our work would still run when the next online request is due: give the token up and let no
+ * offline client start before `until` (or the request).  Takes g->mu itself. */
+void sg_arb_hold_back(struct sg_gpu *g, uint64_t until);
+/* The first launch after a drained sync: learn the program's own gap between bursts. */
+void sg_arb_note_gap(struct sg_gpu *g, uint64_t now);
+/* How long a holder may idle before a lower class or an online request's end hands it on. */
+uint64_t sg_arb_idle_grace(uint64_t quantum);
 
 #pragma GCC visibility pop
 

@@ -11,7 +11,9 @@
  *                            are still the best candidate) or release (drain, charge, hand
  *                            on), and when we do not hold the token, ask for it and sleep on
  *                            our futex word until it is granted to us.
- *   sync calls               end a burst: hand the token on if a better waiter exists.
+ *   sync calls               end a burst: hand the token on if a better waiter exists; a sync
+ *                            that covered the hold's work marks it drained (arbsync.c).
+ *   Vulkan submissions       take the token as launches do (arbext.c).
  *   watcher thread           one per process, started at the first arbitrated launch
  *                            (arbwatch.c): releases a token held past its quantum without
  *                            launches and yields at once to a higher-class request when the
@@ -183,7 +185,7 @@ void sg_arb_hold_reset(struct sg_gpu *g)
 }
 
 /* Wait for the work of one context, whichever is current on this thread. */
-static void sync_context(CUcontext ctx)
+void sg_arb_sync_context(CUcontext ctx)
 {
     if (!SG_REAL(cuCtxPushCurrent_v2) || !SG_REAL(cuCtxPopCurrent_v2) || !SG_REAL(cuCtxSynchronize))
         return;
@@ -198,7 +200,7 @@ static void sync_context(CUcontext ctx)
 static void drain(struct sg_gpu *g)
 {
     for (int i = 0; i < g->nctx; i++)
-        sync_context(g->ctxs[i]);
+        sg_arb_sync_context(g->ctxs[i]);
     for (int i = 0; i < g->next_ext; i++)
         g->ext[i].fn(g->ext[i].arg);
 }
@@ -393,7 +395,7 @@ void sg_arb_hand_on(struct sg_gpu *g, enum sg_arb_decision d)
 }
 
 /* How long a holder that ended a burst may stay idle before a lower class gets the card. */
-static uint64_t idle_grace(uint64_t q)
+uint64_t sg_arb_idle_grace(uint64_t q)
 {
     return q / 20;
 }
@@ -407,7 +409,7 @@ static uint64_t idle_grace(uint64_t q)
 static uint64_t same_class_grace(const struct sg_gpu *g, uint64_t q)
 {
     uint64_t grace = 2 * __atomic_load_n(&g->gap_ns, __ATOMIC_RELAXED) + SAME_CLASS_GRACE_MIN_NS;
-    return grace < idle_grace(q) ? grace : idle_grace(q);
+    return grace < sg_arb_idle_grace(q) ? grace : sg_arb_idle_grace(q);
 }
 
 /* Two readings of our idle times after a drained sync (note_gap), one per kind of waiter the
@@ -481,7 +483,7 @@ static bool between_requests_locked(struct sg_arbiter *a, const struct sg_gpu *g
     if (!always_idles_long(g))
         return false;
     uint64_t late = 0, launch_by = 0;
-    return sg_predict_next(a, now, idle_grace(sg_arb_quantum(a)), &late, &launch_by) == 0 &&
+    return sg_predict_next(a, now, sg_arb_idle_grace(sg_arb_quantum(a)), &late, &launch_by) == 0 &&
            launch_by != 0;
 }
 
@@ -576,14 +578,14 @@ enum sg_arb_decision sg_arb_decide(struct sg_gpu *g, uint64_t now, bool burst_en
         if (drained && between_requests_locked(a, g, now))
             d = SG_ARB_RELEASE;
         else
-            watch_burst_end_locked(a, g, c, now, idle_grace(sg_arb_quantum(a)), false);
+            watch_burst_end_locked(a, g, c, now, sg_arb_idle_grace(sg_arb_quantum(a)), false);
     } else if ((quantum_over || burst_end) && throttled)
         d = SG_ARB_RELEASE;
     else if (best >= 0 && (quantum_over || drained) && sg_arb_better_locked(a, best, c, true))
         d = SG_ARB_RELEASE; /* same class, further behind in virtual time */
     else if (best >= 0 && drained) {
         /* Same class, and we keep the card by virtual time, but none of our work is on it. */
-        if (usually_idles_long(g, idle_grace(sg_arb_quantum(a))))
+        if (usually_idles_long(g, sg_arb_idle_grace(sg_arb_quantum(a))))
             d = SG_ARB_RELEASE; /* hand on now rather than idle through a grace */
         else if (lends_its_gap_locked(a, g, c, best, now))
             d = SG_ARB_LEND;
@@ -634,7 +636,7 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
     if (me->state != SG_ARB_WAITING && me->state != SG_ARB_HOLDING) {
         /* Back after idling longer than a grace (me->grant_ns: our last charge, at our last
          * release), not a loop that released and asks again at once. */
-        arrived = now - me->grant_ns >= idle_grace(sg_arb_quantum(a));
+        arrived = now - me->grant_ns >= sg_arb_idle_grace(sg_arb_quantum(a));
         bool active[SG_ARB_MAX_TENANTS];
         sg_arb_active_tenants_locked(a, now, active);
         if (!active[g->tenant]) {
@@ -754,12 +756,12 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
 /* Our usual idle time between bursts: from the end of the work a drained sync waited for to
  * our next launch, held or not (a holder that hands on at once must still see its gaps shrink).
  * One sample counts at most four idle graces: a host hiccup moves it, but not for long. */
-static void note_gap(struct sg_gpu *g, uint64_t now)
+void sg_arb_note_gap(struct sg_gpu *g, uint64_t now)
 {
     uint64_t from = __atomic_exchange_n(&g->idle_from, 0, __ATOMIC_RELAXED);
     if (!from || now <= from || !g->a)
         return;
-    uint64_t sample = now - from, grace = idle_grace(sg_arb_quantum(g->a)), most = 4 * grace;
+    uint64_t sample = now - from, grace = sg_arb_idle_grace(sg_arb_quantum(g->a)), most = 4 * grace;
     uint32_t longs = __atomic_load_n(&g->long_gaps, __ATOMIC_RELAXED);
     __atomic_store_n(&g->long_gaps, sample < grace ? 0 : longs < UINT32_MAX ? longs + 1 : longs,
                      __ATOMIC_RELAXED);
@@ -822,7 +824,7 @@ static void hold_back_locked(struct sg_gpu *g, uint64_t until)
         sg_arb_release(g, false);
 }
 
-static void hold_back(struct sg_gpu *g, uint64_t until)
+void sg_arb_hold_back(struct sg_gpu *g, uint64_t until)
 {
     sg_in_hook++;
     pthread_mutex_lock(&g->mu);
@@ -847,9 +849,9 @@ static void hold_back_if_due_locked(struct sg_gpu *g, uint64_t now)
 /* Under g->mu: hold g's token for a launch now: acquire it, be held back before a predicted
  * online request, hand it on at the quantum's end as the policies decide.  0 held; 1
  * unarbitrated (the region broke on the way); < 0 an error. */
-static int hold_for_launch_locked(struct sg_gpu *g, struct sg_err *e)
+int sg_arb_hold_for_launch_locked(struct sg_gpu *g, struct sg_err *e)
 {
-    note_gap(g, sg_mono_ns());
+    sg_arb_note_gap(g, sg_mono_ns());
     int rc = sg_arb_ensure_client(g, e);
     while (rc == 0) {
         if (!sg_arb_holding(g)) {
@@ -919,7 +921,7 @@ CUresult sg_arb_enter_slow(struct sg_gate *gt, CUstream s)
         sg_in_hook--;
         return CUDA_SUCCESS;
     }
-    rc = hold_for_launch_locked(g, &e);
+    rc = sg_arb_hold_for_launch_locked(g, &e);
     if (rc == 0) {
         if (g->nctx == 0)
             sg_bc_hold_start(g, ctx); /* before the hold's first launch, the stream idle */
@@ -940,295 +942,6 @@ CUresult sg_arb_enter_slow(struct sg_gate *gt, CUstream s)
     pthread_mutex_unlock(&g->mu);
     sg_in_hook--;
     return rc < 0 ? sg_cu_result(rc) : CUDA_SUCCESS;
-}
-
-/* ---- work of another API: the Vulkan layer (layer_api.c) -------------------------------------- */
-
-/* The fast path (shim.h sg_arb_may_launch, as a launch's), and this drain registered in the
- * current hold (*hold).  True with launching held. */
-static bool ext_fast(struct sg_gpu *g, uint64_t hold)
-{
-    if (__atomic_load_n(&g->hold_seq, __ATOMIC_ACQUIRE) != hold)
-        return false;
-    __atomic_fetch_add(&g->launching, 1, __ATOMIC_SEQ_CST);
-    uint64_t tok = __atomic_load_n(&g->token, __ATOMIC_RELAXED);
-    if (__atomic_load_n(&g->hold_seq, __ATOMIC_ACQUIRE) == hold &&
-        sg_arb_may_launch(g, tok, &sg_arb_tls.clk))
-        return true;
-    __atomic_fetch_sub(&g->launching, 1, __ATOMIC_RELEASE);
-    return false;
-}
-
-/* Under g->mu, the token held: drain_fn(arg) is waited for at this hold's release. */
-static int register_ext_locked(struct sg_gpu *g, void (*drain_fn)(void *), void *arg, struct sg_err *e)
-{
-    for (int i = 0; i < g->next_ext; i++)
-        if (g->ext[i].fn == drain_fn && g->ext[i].arg == arg)
-            return 0;
-    if (g->next_ext == SG_MAX_EXT_DRAINS)
-        return sg_fail(e, SG_E_NOMEM, "more than %d Vulkan devices on one GPU in one process",
-                       SG_MAX_EXT_DRAINS);
-    g->ext[g->next_ext++] = (struct sg_ext_drain){drain_fn, arg};
-    return 0;
-}
-
-int sg_arb_ext_enter(const uint8_t uuid[16], void (*drain_fn)(void *), void *arg, uint64_t *hold,
-                     struct sg_gpu **cache, uint64_t *gen, struct sg_gpu **gate)
-{
-    *gate = NULL;
-    struct sg_gpu *g = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
-    if (g && __atomic_load_n(&g->state, __ATOMIC_ACQUIRE) == SG_GPU_NATIVE) {
-        if (__atomic_load_n(&sg_limits_map->generation, __ATOMIC_ACQUIRE) == __atomic_load_n(gen, __ATOMIC_RELAXED))
-            return 0;
-    } else if (g && ext_fast(g, __atomic_load_n(hold, __ATOMIC_RELAXED))) {
-        *gate = g;
-        return 0;
-    }
-    if (sg_mode() != SG_MODE_ACTIVE)
-        return -1;
-    sg_in_hook++;
-    struct sg_err e = {0};
-    uint64_t now_gen;
-    bool arbitrated;
-    int rc = sg_arb_gpu_of_uuid(uuid, &g, &now_gen, &arbitrated, &e);
-    if (rc < 0 || !g) {
-        sg_in_hook--;
-        return rc < 0 ? -1 : 0; /* not the tenant's GPU: the layer does not show it */
-    }
-    __atomic_store_n(cache, g, __ATOMIC_RELEASE);
-    pthread_mutex_lock(&g->mu);
-    if (__atomic_load_n(&g->state, __ATOMIC_ACQUIRE) == SG_GPU_NATIVE) {
-        if (g->a && g->client >= 0 && sg_arb_holding(g))
-            sg_arb_release(g, false); /* became native on a resize */
-        __atomic_store_n(gen, now_gen, __ATOMIC_RELAXED);
-        rc = 1;
-    } else if (g->a && sg_arb_region_broken(g->a) && !sg_arb_reattach(g)) {
-        sg_arb_forget_hold(g); /* unarbitrated until the region is replaced */
-        rc = 1;
-    } else {
-        rc = hold_for_launch_locked(g, &e);
-        if (rc == 0)
-            rc = register_ext_locked(g, drain_fn, arg, &e);
-    }
-    if (rc == 0) {
-        __atomic_store_n(hold, __atomic_load_n(&g->hold_seq, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
-        __atomic_fetch_add(&g->launching, 1, __ATOMIC_SEQ_CST);
-        uint64_t now = sg_clock_anchor(&sg_arb_tls.clk);
-        __atomic_store_n(&g->last_launch, now, __ATOMIC_RELAXED);
-        if (__atomic_load_n(&g->drained_at, __ATOMIC_SEQ_CST))
-            sg_arb_idle_end(g, now);
-        *gate = g;
-    }
-    pthread_mutex_unlock(&g->mu);
-    sg_in_hook--;
-    if (rc < 0) {
-        static int said;
-        sg_log_once(&said, "Vulkan work refused: %s", e.msg);
-    }
-    return rc < 0 ? -1 : 0;
-}
-
-void sg_arb_ext_drained(struct sg_gpu *g, uint64_t begin, void (*drain_fn)(void *), void *arg)
-{
-    sg_in_hook++;
-    pthread_mutex_lock(&g->mu);
-    uint64_t last = __atomic_load_n(&g->last_launch, __ATOMIC_SEQ_CST);
-    bool alone = g->nctx == 0 && g->next_ext == 1 && g->ext[0].fn == drain_fn && g->ext[0].arg == arg;
-    if (g->a && sg_arb_holding(g) && alone && last < begin) {
-        uint64_t end = sg_mono_ns(); /* the wait's return: no GPU clock for Vulkan work yet */
-        __atomic_store_n(&g->idle_from, end, __ATOMIC_RELAXED);
-        __atomic_store_n(&g->drained_at, end, __ATOMIC_SEQ_CST);
-        if (__atomic_load_n(&g->launching, __ATOMIC_SEQ_CST) ||
-            __atomic_load_n(&g->last_launch, __ATOMIC_SEQ_CST) >= begin)
-            __atomic_store_n(&g->drained_at, 0, __ATOMIC_SEQ_CST); /* a submission came meanwhile */
-    }
-    pthread_mutex_unlock(&g->mu);
-    sg_in_hook--;
-}
-
-void sg_arb_ext_forget(struct sg_gpu *g, void (*drain_fn)(void *), void *arg)
-{
-    pthread_mutex_lock(&g->mu);
-    for (int i = 0; i < g->next_ext; i++) {
-        if (g->ext[i].fn == drain_fn && g->ext[i].arg == arg) {
-            g->ext[i] = g->ext[--g->next_ext];
-            break;
-        }
-    }
-    pthread_mutex_unlock(&g->mu);
-}
-
-/* Under g->mu: a sync that began at `begin` (the burst clock's end event `end_seq`, 0 none)
- * returned having waited for `what`.  When that covered all the work of our hold and nothing was
- * launched since it began, nothing of ours is on the GPU until the next launch: mark the hold
- * drained since the work ended (read from the GPU by the burst clock, else the sync's return),
- * so that its charge leaves that idle time out.  A launch racing with the mark either sees it
- * (its seq_cst load follows its seq_cst increment of `launching`), or is seen here: still under
- * way in `launching`, or done, its `last_launch` published by the release decrement.  Returns
- * the work's end, 0 when the hold is not drained. */
-static uint64_t mark_drained_locked(struct sg_gpu *g, enum sg_sync_kind kind, const void *what,
-                                    uint64_t begin, uint32_t end_seq)
-{
-    uint64_t last = __atomic_load_n(&g->last_launch, __ATOMIC_SEQ_CST);
-    if (!sg_arb_holding(g) || last >= begin || !sg_sync_covers_hold(g, kind, what))
-        return 0;
-    uint64_t end = sg_bc_end(g, end_seq, sg_mono_ns());
-    if (end <= last)
-        end = last + 1;
-    __atomic_store_n(&g->drained_at, end, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&g->launching, __ATOMIC_SEQ_CST) ||
-        __atomic_load_n(&g->last_launch, __ATOMIC_SEQ_CST) >= begin) {
-        __atomic_store_n(&g->drained_at, 0, __ATOMIC_SEQ_CST); /* another thread launched */
-        return 0;
-    }
-    return end;
-}
-
-/* The shim's own sync of our context that bounds our work in flight (a loan, or offline work
- * beside an online service), begun at `start`; returns with g->mu held.  The card idles from
- * our last kernel's end to our next launch because of the bound, not the program's work or host
- * code: the hold is marked drained from the kernel's end (the burst clock, as at a sync of the
- * program's), so that the charge leaves that time out, but the program's gap (idle_from) is not
- * begun. */
-static void bound_sync(struct sg_gpu *g, CUcontext ctx, uint64_t start)
-{
-    uint32_t seq = sg_arb_sync_mark(g, SG_SYNC_CTX, ctx); /* the kernel's end, by the GPU's clock */
-    __atomic_fetch_add(&g->syncing, 1, __ATOMIC_RELAXED); /* waiting for our kernel: not idle */
-    sync_context(ctx);
-    __atomic_fetch_sub(&g->syncing, 1, __ATOMIC_RELAXED);
-    pthread_mutex_lock(&g->mu);
-    mark_drained_locked(g, SG_SYNC_CTX, ctx, start, seq);
-}
-
-/* Offline and online tenants active: synchronise every offline_inflight_max launches so that
- * an online request waits about one offline kernel, and hold the next launch back when the
- * next online request is predicted before it would finish. */
-void sg_arb_offline_bound(struct sg_gpu *g, CUcontext ctx)
-{
-    struct sg_arbiter *a = g->a;
-    uint64_t start = sg_mono_ns();
-    uint64_t until = __atomic_load_n(&a->online_active_until_ns, __ATOMIC_RELAXED);
-    if (!until || start >= until)
-        return;
-    uint32_t bound = __atomic_load_n(&a->offline_inflight_max, __ATOMIC_RELAXED);
-    if (bound < 1)
-        bound = 1;
-    if (__atomic_add_fetch(&g->since_sync, 1, __ATOMIC_RELAXED) < bound)
-        return;
-    __atomic_store_n(&g->since_sync, 0, __ATOMIC_RELAXED);
-    sg_in_hook++;
-    bound_sync(g, ctx, start);
-    pthread_mutex_unlock(&g->mu);
-    sg_in_hook--;
-    uint64_t now = sg_mono_ns();
-    /* What we had queued ran from `start` to `now`: what the next launch is expected to take. */
-    uint64_t est = sg_predict_kernel_estimate(__atomic_load_n(&g->kernel_ns, __ATOMIC_RELAXED),
-                                              now - start);
-    __atomic_store_n(&g->kernel_ns, est, __ATOMIC_RELAXED);
-    uint64_t late = 0, by = 0;
-    uint64_t next = sg_predict_next(a, now, est, &late, &by);
-    __atomic_store_n(&g->launch_by, by, __ATOMIC_RELAXED);
-    if (next)
-        hold_back(g, next + late);
-}
-
-/* The card is lent to us (SG_ARB_YIELD_LOAN): one kernel in flight, so that the lender, back,
- * waits for one kernel at most; when it is back, the card goes to it as our kernel ends.  The
- * bound's idle time is left out of our charge (bound_sync: charged, it cost a borrower of
- * 4 x 100 µs bursts on the 2-core VM up to a third more than its kernels ran, and the split
- * moved to 25/75). */
-void sg_arb_loan_bound(struct sg_gpu *g, CUcontext ctx)
-{
-    sg_in_hook++;
-    bound_sync(g, ctx, sg_mono_ns());
-    if (g->client >= 0 && sg_arb_holding(g) &&
-        __atomic_load_n(&g->a->clients[g->client].yield, __ATOMIC_RELAXED) == SG_ARB_YIELD_LOAN)
-        sg_arb_hand_on(g, sg_arb_decide(g, sg_mono_ns(), false));
-    pthread_mutex_unlock(&g->mu);
-    sg_in_hook--;
-}
-
-/* Does a sync of `what` (a context, NULL the current one; or a stream) wait for all the work of
- * our hold: the one context that launched in it, or the one stream it launched to?  Caller
- * holds g->mu. */
-bool sg_sync_covers_hold(struct sg_gpu *g, enum sg_sync_kind kind, const void *what)
-{
-    if (g->next_ext)
-        return false; /* the hold has Vulkan work too, which no CUDA sync waits for */
-    if (kind == SG_SYNC_STREAM)
-        return g->hold_streams == SG_HOLD_ONE && (CUstream)what == g->hold_stream;
-    if (kind != SG_SYNC_CTX || g->nctx != 1)
-        return false;
-    CUcontext ctx = (CUcontext)what;
-    if (!ctx && (!SG_REAL(cuCtxGetCurrent) || SG_REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS))
-        return false;
-    return ctx && ctx == g->ctxs[0];
-}
-
-/* A sync that may cover all the work of our hold is about to wait: record the burst clock's end
- * event after that work.  Never blocks behind a release under way (its drain may be long): the
- * sync's return then stands for the end. */
-uint32_t sg_arb_sync_mark(struct sg_gpu *g, enum sg_sync_kind kind, const void *what)
-{
-    if (pthread_mutex_trylock(&g->mu) != 0)
-        return 0;
-    sg_in_hook++;
-    uint32_t seq = sg_arb_holding(g) && sg_sync_covers_hold(g, kind, what) ? sg_bc_sync_begin(g) : 0;
-    sg_in_hook--;
-    pthread_mutex_unlock(&g->mu);
-    return seq;
-}
-
-/* A sync returned that waited for `what`.  When that covered all the work of our hold
- * (sg_sync_covers_hold) and nothing was launched since it began, nothing of ours is on the GPU
- * until the next launch (mark_drained_locked); that gap is the program's own (note_gap). */
-void sg_arb_drained(struct sg_gpu *g, const struct sg_sync *s, enum sg_sync_kind kind,
-                    const void *what)
-{
-    sg_in_hook++;
-    pthread_mutex_lock(&g->mu);
-    uint64_t end = mark_drained_locked(g, kind, what, s->begin, s->end_seq);
-    if (end)
-        __atomic_store_n(&g->idle_from, end, __ATOMIC_RELAXED); /* the program's own gap begins */
-    pthread_mutex_unlock(&g->mu);
-    sg_in_hook--;
-}
-
-/* The first launch after a drained sync: the idle period since it is over. */
-void sg_arb_idle_end(struct sg_gpu *g, uint64_t now)
-{
-    uint64_t d = __atomic_exchange_n(&g->drained_at, 0, __ATOMIC_SEQ_CST);
-    if (d && now > d)
-        __atomic_fetch_add(&g->idle_ns, now - d, __ATOMIC_RELAXED);
-    note_gap(g, now);
-}
-
-/* A sync call returned: the end of a burst.  Hand the token on if a better waiter exists. */
-void sg_arb_burst_end(void)
-{
-    struct sg_gpu *g = sg_arb_tls.g;
-    if (!g || !__atomic_load_n(&g->token, __ATOMIC_RELAXED))
-        return;
-    if (!__atomic_load_n(&g->a->waiting, __ATOMIC_RELAXED)) {
-        /* An online request is over with nobody waiting (the offline client we preempted early
-         * still waits for its kernel in flight): note it, so that the watcher hands the card on
-         * after the idle grace once a lower class asks, not at the end of our quantum. */
-        int c = __atomic_load_n(&g->client, __ATOMIC_RELAXED);
-        if (c >= 0 && c < SG_ARB_MAX_CLIENTS &&
-            __atomic_load_n(&g->a->clients[c].priority, __ATOMIC_RELAXED) == SG_PRIORITY_ONLINE) {
-            __atomic_store_n(&g->grace_ns, idle_grace(sg_arb_quantum(g->a)), __ATOMIC_RELAXED);
-            __atomic_store_n(&g->burst_end_ns, sg_mono_ns(), __ATOMIC_RELAXED);
-        }
-        return;
-    }
-    sg_in_hook++;
-    pthread_mutex_lock(&g->mu);
-    if (g->client >= 0 && sg_arb_holding(g)) {
-        enum sg_arb_decision d = sg_arb_decide(g, sg_mono_ns(), true);
-        sg_arb_hand_on(g, d);
-    }
-    pthread_mutex_unlock(&g->mu);
-    sg_in_hook--;
 }
 
 /* ---- fork and exit ---------------------------------------------------------------------- */
