@@ -214,8 +214,12 @@ SIM_HIDDEN CUresult cu_ipc_event_record(CUevent ev, struct CUstream_st *s);
 SIM_HIDDEN int cu_ipc_event_done(CUevent ev, int wait, CUresult *r);
 SIM_HIDDEN CUresult cu_ipc_event_gate(CUevent ev, struct CUstream_st *s);
 /* The stream's held wait, if any, now gates its channel, before work that must follow it on the
- * GPU (a kernel, a copy, a record, a wait, a sync). */
+ * GPU (a kernel, a copy, a record, a wait, a free). */
 SIM_HIDDEN CUresult cu_stream_settle(struct CUstream_st *s);
+/* For a query or a synchronize of s, which must not gate anything: 1 when s holds no wait, or
+ * its awaited kernel has completed (the hold is dropped); 0 while it runs (wait: sleep until
+ * it has completed); -1 with *r set on error. */
+SIM_HIDDEN int cu_stream_hold_done(struct CUstream_st *s, int wait, CUresult *r);
 /* The ticket a memory write queued on s now follows: the stream's last work, or, when that is
  * done and a held wait is pending, the awaited kernel (only that stream waits for it). */
 SIM_HIDDEN CUresult cu_stream_write_after(struct CUstream_st *s, struct sim_ticket *after);

@@ -15,8 +15,9 @@
  * GPU holds only the waiting stream.  So a wait on another process's event first holds only its
  * stream (CUstream_st.hold): memory writes queued on that stream follow the awaited kernel in the
  * state's table of writes, and the process's other streams go on.  The stream's next other work
- * (a kernel, a copy, a record, a wait, a sync) puts the wait on the channel's gate first
- * (cu_stream_settle), as before.  That makes the relay exact (a stream that waits for another
+ * (a kernel, a copy, a record, a wait, a free) puts the wait on the channel's gate first
+ * (cu_stream_settle), as before; a query or a synchronize of it looks at the awaited kernel
+ * and gates nothing.  That makes the relay exact (a stream that waits for another
  * process's event and then writes a word that another stream waits for): a relay whose event
  * never completes holds nobody else, and another write of the word opens the waiter.  A context
  * synchronize does not wait for a held stream's writes (a GPU's would).
@@ -182,6 +183,33 @@ CUresult cu_stream_settle(struct CUstream_st *s)
 {
     struct sim_ticket t = take_hold(s);
     return t.seq1 ? gate(s, &t) : CUDA_SUCCESS;
+}
+
+int cu_stream_hold_done(struct CUstream_st *s, int wait, CUresult *r)
+{
+    if (!may_hold(s))
+        return 1;
+    pthread_mutex_lock(&hold_mu);
+    struct sim_ticket held = read_hold(s);
+    pthread_mutex_unlock(&hold_mu);
+    if (!held.seq1)
+        return 1;
+    struct sim_err e = {0};
+    int done = wait ? (sim_engine_wait(&e, cu_g.st, s->ctx->phys, &held) < 0 ? -1 : 1)
+                    : sim_engine_query(&e, cu_g.st, s->ctx->phys, &held);
+    if (done < 0) {
+        *r = cu_result(&e);
+        return -1;
+    }
+    if (done) {
+        pthread_mutex_lock(&hold_mu);
+        if (read_hold(s).seq1 == held.seq1 && read_hold(s).chan == held.chan) {
+            static const struct sim_ticket none = {0};
+            set_hold(s, &none); /* nothing left to wait for (unless another wait came meanwhile) */
+        }
+        pthread_mutex_unlock(&hold_mu);
+    }
+    return done;
 }
 
 CUresult cu_stream_write_after(struct CUstream_st *s, struct sim_ticket *after)

@@ -50,8 +50,8 @@ CUresult cu_stream(CUstream h, struct CUstream_st **out)
 
 CUresult cu_stream_wait(struct CUstream_st *s)
 {
-    CUresult r = cu_stream_settle(s);
-    if (r)
+    CUresult r = CUDA_SUCCESS;
+    if (cu_stream_hold_done(s, 1, &r) < 0)
         return r;
     struct sim_err e = {0};
     if (sim_engine_wait(&e, cu_g.st, s->ctx->phys, &s->q.last) < 0)
@@ -230,8 +230,9 @@ static CUresult stream_query(CUstream h)
         return r;
     if (s->capture)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    if ((r = cu_stream_settle(s)))
-        return r;
+    int held = cu_stream_hold_done(s, 0, &r);
+    if (held <= 0)
+        return held < 0 ? r : CUDA_ERROR_NOT_READY;
     struct sim_err e = {0};
     int done = sim_engine_query(&e, cu_g.st, s->ctx->phys, &s->q.last);
     if (done < 0)
