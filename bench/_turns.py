@@ -17,6 +17,10 @@ spin kernel (US µs each) and a stream sync, then HOST_US of host time. MODE:
   relay    as queued, but through a word only the next holder writes: a relay stream of its own
            waits for the holder's event and then writes the word its main stream waits for (the
            design docs/design/arbitration.md chose for sharegpu's hand-over)
+  relayctx as relay, the relay stream in a context of its own and the word in page-locked host
+           memory (cuMemHostAlloc, portable): what the shim's plan does, so that the program's
+           cuCtxSynchronize never waits for the relay; on a GPU the second context's time slice
+           may cost a switch more per hand-over
 First the two exchange their event and memory handles over FD_OUT/FD_IN; each prints `ready` and
 waits for a go byte on FD_IN. Then prints `bursts=N seconds=S start=T` (T: its CLOCK_MONOTONIC start,
 in seconds).
@@ -65,6 +69,13 @@ def main(argv: list[str]) -> int:
     (spin,) = check(cu.cuModuleGetFunction(mod, b"spin"))
     (stream,) = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING))
     (relay,) = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING))
+    if mode == "relayctx":  # the relay in a context of its own, its word in host memory
+        check(cu.cuCtxCreate(None, 0, dev))
+        (relay,) = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING))
+        check(cu.cuCtxSetCurrent(ctx))
+        (host_word,) = check(cu.cuMemHostAlloc(4, 1 | 2))  # CU_MEMHOSTALLOC_PORTABLE | DEVICEMAP
+        ctypes.c_uint32.from_address(host_word).value = 0
+        (own_gate,) = check(cu.cuMemHostGetDevicePointer(host_word, 0))
     flags = cu.CUevent_flags.CU_EVENT_INTERPROCESS | cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
     (mine,) = check(cu.cuEventCreate(flags))
     (exported,) = check(cu.cuIpcGetEventHandle(mine))
@@ -108,18 +119,19 @@ def main(argv: list[str]) -> int:
                 check(cu.cuStreamWaitEvent(stream, theirs, 0))
             elif mode == "word":
                 check(cu.cuStreamWaitValue32(stream, gate, received, geq))
-            elif mode == "relay":
+            elif mode in ("relay", "relayctx"):
+                word = gate if mode == "relay" else own_gate
                 check(cu.cuStreamWaitEvent(relay, theirs, 0))
-                check(cu.cuStreamWriteValue32(relay, gate, received, 0))
-                check(cu.cuStreamWaitValue32(stream, gate, received, geq))
+                check(cu.cuStreamWriteValue32(relay, word, received, 0))
+                check(cu.cuStreamWaitValue32(stream, word, received, geq))
         run_burst()
         hand_on = turn + 1 < turns and owner(turn + 1, share) != role
-        if mode in ("queued", "relay"):
+        if mode in ("queued", "relay", "relayctx"):
             check(cu.cuEventRecord(mine, stream))
         if mode == "word" and hand_on:
             given += 1
             check(cu.cuStreamWriteValue32(stream, their_gate, given, 0))
-        if mode in ("queued", "word", "relay") and hand_on:
+        if mode in ("queued", "word", "relay", "relayctx") and hand_on:
             os.write(fd_out, b"t")
         check(cu.cuStreamSynchronize(stream))
         if mode == "drained" and hand_on:

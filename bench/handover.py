@@ -16,6 +16,9 @@ busy share (kernel time run / wall time) is printed for three ways of running th
   relay    as queued, through a word only the next holder writes: its relay stream waits for
            the holder's event, then writes the word its main stream waits for (the design
            chosen for sharegpu's hand-over: its watcher could open the word itself)
+  relayctx as relay, the relay stream in a context of its own and the word in page-locked host
+           memory, as the shim's plan has it (the program's cuCtxSynchronize never waits for the
+           relay); on a GPU the relay's context may cost a switch more per hand-over
 At 50/50 every turn is a hand-over, so queued against bare is the hand-over's whole cost. At an
 uneven split some turns follow their own program's, and each of those leaves that program's gap
 (its sync's return, host time and launch) idle however the hand-overs are made.
@@ -33,7 +36,7 @@ from pathlib import Path
 from _node import simulated_node
 
 HERE = Path(__file__).resolve().parent
-MODES = ("bare", "drained", "queued", "word", "relay")
+MODES = ("bare", "drained", "queued", "word", "relay", "relayctx")
 HOST_US = 20
 DEFAULT_CASES = "1x100,1x500,4x200,4x500,1x2000"
 

@@ -22,11 +22,17 @@ def test_a_queued_hand_over_costs_the_card_less_than_one_made_after_the_sync(bui
     with simulated_node() as node:
         res = {mode: run_case(node.base_env, mode, share=50, burst=1, us=500, seconds=0.6) for mode in MODES}
     print({mode: (round(r.card, 1), [round(x, 1) for x in r.split]) for mode, r in res.items()})
-    for mode in ("drained", "queued", "word", "relay"):  # turns in a fixed order: the split is the order's
+    for mode in (
+        "drained",
+        "queued",
+        "word",
+        "relay",
+        "relayctx",
+    ):  # turns in a fixed order: the split is the order's
         assert abs(res[mode].split[0] - res[mode].split[1]) < 1
     # Told after its sync, the next holder's wake-up and launch leave the card idle at every turn
     # (87% on a quiet host); queued behind the holder's event or word, it pays the GPU's switch
     # only, as the programs do without turns (97.5% and 98.0%).
-    for queued in ("queued", "word", "relay"):
+    for queued in ("queued", "word", "relay", "relayctx"):
         assert res[queued].card > res["drained"].card + 4, queued
         assert res[queued].card > res["bare"].card - 3, queued

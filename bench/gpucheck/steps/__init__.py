@@ -66,7 +66,7 @@ _TABLE: list[tuple[str, str, str, float, float, str | None, str | None]] = [
     ("overhead", "launch, alloc/free cost (bench/overhead.py)", "overhead:run", 90, 60, None, None),
     ("startup", "process start-up, 1 and 64 at once", "startup:run", 120, 60, None, None),
     ("timeslice", "the GPU's time slice and switch cost", "timeslice:run", 45, 30, None, None),
-    ("handover", "a hand-over queued on the GPU or told after the sync", "handover:run", 90, 60, None, None),
+    ("handover", "a hand-over queued on the GPU or told after the sync", "handover:run", 110, 60, None, None),
     ("memory-torch", "memory cap 4GiB, unmodified PyTorch", "memory:torch", 60, 10, TORCH, "memory-probe"),
     ("memory-cupy", "memory cap 4GiB, unmodified CuPy", "memory:cupy", 60, 10, CUPY, "memory-probe"),
     ("memory-nvcc", "memory cap 4GiB, nvcc-built cudaMalloc", "memory:nvcc", 90, 10, NVCC, "memory-probe"),

@@ -5,8 +5,9 @@ no sharegpu, take turns in a fixed order and tell each other after the holder's 
 stream waiting on the GPU for the holder's interprocess event ("queued") or for a word of its own
 memory that the holder's stream writes ("word": cuStreamWaitValue32 / cuStreamWriteValue32, the
 gate a waiter owns) or through a relay stream of its own that waits for the event and writes
-that word ("relay": the design chosen for sharegpu's hand-over), beside the same programs
-time-sliced by the GPU ("bare").
+that word ("relay": the design chosen for sharegpu's hand-over; "relayctx": the relay in a
+context of its own with its word in page-locked host memory, as the shim's plan has it, to see
+what the second context costs), beside the same programs time-sliced by the GPU ("bare").
 On a real GPU this measures whether a queued hand-over costs only the GPU's own switch, as it
 does on the simulated GPU.
 """
@@ -43,11 +44,11 @@ def run(ctx: StepContext) -> None:
         all(
             found[c][queued]["card_pct"] > found[c]["drained"]["card_pct"]
             for c in even
-            for queued in ("queued", "word", "relay")
+            for queued in ("queued", "word", "relay", "relayctx")
         ),
         "; ".join(
             f"{c}: {found[c]['queued']['card_pct']} / {found[c]['word']['card_pct']} / "
-            f"{found[c]['relay']['card_pct']} vs "
+            f"{found[c]['relay']['card_pct']} / {found[c]['relayctx']['card_pct']} vs "
             f"{found[c]['drained']['card_pct']}"
             for c in even
         ),
@@ -56,7 +57,7 @@ def run(ctx: StepContext) -> None:
         ", ".join(
             f"{c}: bare {v['bare']['card_pct']} / drained {v['drained']['card_pct']} / "
             f"queued {v['queued']['card_pct']} / word {v['word']['card_pct']} / "
-            f"relay {v['relay']['card_pct']}%"
+            f"relay {v['relay']['card_pct']} / relayctx {v['relayctx']['card_pct']}%"
             for c, v in found.items()
             if c.startswith("50/50")
         )
