@@ -6,6 +6,7 @@ write meets it, and bad input gets the driver's errors and queues nothing."""
 from __future__ import annotations
 
 import textwrap
+from typing import Any
 
 import pytest
 
@@ -332,16 +333,17 @@ holder.wait()
 """
 
 
+def relay(sim_env: dict[str, str], *argv: str) -> dict[str, Any]:
+    """RELAY's figures, run with `argv` (the holder's kernel in µs, the watcher's delay in ms)."""
+    body = f"import sys\nsys.argv = {['-', *argv]!r}\n" + RELAY
+    return run(sim_env, script(body), HELPERS_SRC=HELPERS, HOLDER_SRC=HOLDER)
+
+
 @pytest.mark.timing
 def test_a_relay_stream_holds_only_itself_and_its_word_opens_the_waiter_when_the_holders_work_ends(
     sim_env: dict[str, str],
 ) -> None:
-    res = run(
-        sim_env,
-        script("import sys\nsys.argv = ['-', '1000000']\n" + RELAY),
-        HELPERS_SRC=HELPERS,
-        HOLDER_SRC=HOLDER,
-    )
+    res = relay(sim_env, "1000000")
     # The third stream's kernel ran beside the holder's (the GPU's time-slicing: about 200 ms),
     # not after its 1 s kernel, though the relay, queued before it, waited for that kernel.
     assert res["other_ms"] < 600
@@ -358,12 +360,7 @@ def test_a_relay_stream_holds_only_itself_and_its_word_opens_the_waiter_when_the
 def test_a_watchers_write_opens_the_waiter_while_the_relay_stays_stuck_behind_the_holder(
     sim_env: dict[str, str],
 ) -> None:
-    res = run(
-        sim_env,
-        script("import sys\nsys.argv = ['-', '3000000', '400']\n" + RELAY),
-        HELPERS_SRC=HELPERS,
-        HOLDER_SRC=HOLDER,
-    )
+    res = relay(sim_env, "3000000", "400")
     assert res["main_held"] == "CUDA_ERROR_NOT_READY"
     assert 400 <= res["gate_ms"] <= 500  # the watcher's write, not the holder's 3 s kernel
     assert res["ref_after_launch_ms"] + res["gate_ms"] + res["kernel_ms"] < 2000
