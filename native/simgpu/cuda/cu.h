@@ -220,9 +220,11 @@ SIM_HIDDEN CUresult cu_stream_settle(struct CUstream_st *s);
  * its awaited kernel has completed (the hold is dropped); 0 while it runs (wait: sleep until
  * it has completed); -1 with *r set on error. */
 SIM_HIDDEN int cu_stream_hold_done(struct CUstream_st *s, int wait, CUresult *r);
-/* The ticket a memory write queued on s now follows: the stream's last work, or, when that is
- * done and a held wait is pending, the awaited kernel (only that stream waits for it). */
-SIM_HIDDEN CUresult cu_stream_write_after(struct CUstream_st *s, struct sim_ticket *after);
+/* What a memory write queued on s now follows, in *after: the stream's last work (&s->q.last,
+ * which the engine reads under the state lock), or, when that is done and a held wait is
+ * pending, the awaited kernel (copied into *held; only that stream waits for it). */
+SIM_HIDDEN CUresult cu_stream_write_after(struct CUstream_st *s, struct sim_ticket *held,
+                                          const struct sim_ticket **after);
 SIM_HIDDEN void cu_ipc_event_fork_child(void);
 
 /* Stream memory operations (memop.c): store this process's queued writes whose work has

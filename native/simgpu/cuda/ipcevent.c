@@ -212,26 +212,24 @@ int cu_stream_hold_done(struct CUstream_st *s, int wait, CUresult *r)
     return done;
 }
 
-CUresult cu_stream_write_after(struct CUstream_st *s, struct sim_ticket *after)
+CUresult cu_stream_write_after(struct CUstream_st *s, struct sim_ticket *held,
+                               const struct sim_ticket **after)
 {
-    if (!may_hold(s)) {
-        *after = s->q.last; /* the common case */
+    *after = &s->q.last; /* the common case */
+    if (!may_hold(s))
         return CUDA_SUCCESS;
-    }
     struct sim_err e = {0};
     int idle = sim_engine_query(&e, cu_g.st, s->ctx->phys, &s->q.last);
     if (idle < 0)
         return cu_result(&e);
     pthread_mutex_lock(&hold_mu);
-    struct sim_ticket held = read_hold(s);
+    *held = read_hold(s);
     pthread_mutex_unlock(&hold_mu);
-    if (idle && held.seq1) {
+    if (idle && held->seq1) {
         *after = held; /* only the awaited kernel is ahead of the write */
         return CUDA_SUCCESS;
     }
-    CUresult r = cu_stream_settle(s); /* the stream's own work is ahead too: gate as before */
-    *after = s->q.last;
-    return r;
+    return cu_stream_settle(s); /* the stream's own work is ahead too: gate as before */
 }
 
 CUresult cu_ipc_event_gate(CUevent ev, struct CUstream_st *s)

@@ -175,14 +175,15 @@ static CUresult do_wait(struct CUstream_st *s, const struct sim_word *w, CUdevic
 static CUresult do_write(struct CUstream_st *s, const struct sim_word *w, CUdeviceptr addr,
                          uint64_t value)
 {
-    struct sim_ticket after;
-    CUresult r = cu_stream_write_after(s, &after);
+    struct sim_ticket held;
+    const struct sim_ticket *after;
+    CUresult r = cu_stream_write_after(s, &held, &after);
     if (r)
         return r;
     struct sim_err e = {0};
     uint64_t seq = 0;
     void *mem = (void *)(uintptr_t)addr;
-    int k = sim_mem_write(&e, cu_g.st, s->ctx->phys, w, mem, value, &after, &seq);
+    int k = sim_mem_write(&e, cu_g.st, s->ctx->phys, w, mem, value, after, &seq);
     if (k < 0)
         return cu_result(&e);
     return k ? remember(k - 1, seq, mem) : CUDA_SUCCESS;
