@@ -86,18 +86,12 @@ static int forget(const void *p, int registered)
     return found;
 }
 
-/* 1 when every page of [p, p+size) is mapped in this process. */
+/* 1 when every page of [p, p+size) is mapped in this process (msync: ENOMEM for a hole). */
 static int mapped(uintptr_t p, size_t size)
 {
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     const uintptr_t lo = p & ~(page - 1), hi = (p + size + page - 1) & ~(page - 1);
-    size_t n = (hi - lo) / page;
-    unsigned char *vec = malloc(n ? n : 1);
-    if (!vec)
-        return 0;
-    int ok = mincore((void *)lo, hi - lo, vec) == 0 || errno != ENOMEM; /* ENOMEM: a hole */
-    free(vec);
-    return ok;
+    return msync((void *)lo, hi - lo, MS_ASYNC) == 0 || errno != ENOMEM;
 }
 
 int cu_host_range(uintptr_t p, size_t len, int *read_only)

@@ -140,6 +140,7 @@ static CUresult gate(struct CUstream_st *s, const struct sim_ticket *t)
 }
 
 static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
+static const struct sim_ticket no_hold = {0};
 
 void cu_ipc_event_fork_child(void)
 {
@@ -166,15 +167,23 @@ static struct sim_ticket read_hold(const struct CUstream_st *s)
                                .chan = s->hold.chan};
 }
 
+/* s's held wait (seq1 0: none), read under hold_mu. */
+static struct sim_ticket peek_hold(const struct CUstream_st *s)
+{
+    pthread_mutex_lock(&hold_mu);
+    struct sim_ticket t = read_hold(s);
+    pthread_mutex_unlock(&hold_mu);
+    return t;
+}
+
 /* Takes s's held wait (seq1 0: none). */
 static struct sim_ticket take_hold(struct CUstream_st *s)
 {
-    static const struct sim_ticket none = {0};
     if (!may_hold(s))
-        return none;
+        return no_hold;
     pthread_mutex_lock(&hold_mu);
     struct sim_ticket t = read_hold(s);
-    set_hold(s, &none);
+    set_hold(s, &no_hold);
     pthread_mutex_unlock(&hold_mu);
     return t;
 }
@@ -187,11 +196,7 @@ CUresult cu_stream_settle(struct CUstream_st *s)
 
 int cu_stream_hold_done(struct CUstream_st *s, int wait, CUresult *r)
 {
-    if (!may_hold(s))
-        return 1;
-    pthread_mutex_lock(&hold_mu);
-    struct sim_ticket held = read_hold(s);
-    pthread_mutex_unlock(&hold_mu);
+    struct sim_ticket held = may_hold(s) ? peek_hold(s) : no_hold;
     if (!held.seq1)
         return 1;
     struct sim_err e = {0};
@@ -203,10 +208,9 @@ int cu_stream_hold_done(struct CUstream_st *s, int wait, CUresult *r)
     }
     if (done) {
         pthread_mutex_lock(&hold_mu);
-        if (read_hold(s).seq1 == held.seq1 && read_hold(s).chan == held.chan) {
-            static const struct sim_ticket none = {0};
-            set_hold(s, &none); /* nothing left to wait for (unless another wait came meanwhile) */
-        }
+        struct sim_ticket now = read_hold(s);
+        if (now.seq1 == held.seq1 && now.chan == held.chan)
+            set_hold(s, &no_hold); /* nothing left to wait for (unless another wait came meanwhile) */
         pthread_mutex_unlock(&hold_mu);
     }
     return done;
@@ -222,9 +226,7 @@ CUresult cu_stream_write_after(struct CUstream_st *s, struct sim_ticket *held,
     int idle = sim_engine_query(&e, cu_g.st, s->ctx->phys, &s->q.last);
     if (idle < 0)
         return cu_result(&e);
-    pthread_mutex_lock(&hold_mu);
-    *held = read_hold(s);
-    pthread_mutex_unlock(&hold_mu);
+    *held = peek_hold(s);
     if (idle && held->seq1) {
         *after = held; /* only the awaited kernel is ahead of the write */
         return CUDA_SUCCESS;
