@@ -106,6 +106,60 @@ def test_a_write_on_one_processes_stream_releases_anothers_wait_on_the_gpu(
     assert res["word"] == 7  # the writer stores the word once it looks at its work
 
 
+# The waiter on a shared file: maps the file the writer maps, registers the page, and waits on
+# the GPU for the word the writer's stream writes after its kernel (no CUDA IPC: processes in
+# different containers cannot open each other's IPC handles, but all map the arbiter region).
+FILE_WAITER = r"""
+import mmap
+f = open(sys.argv[1], "r+b")
+page = mmap.mmap(f.fileno(), 4096)
+base = ctypes.addressof(ctypes.c_char.from_buffer(page))
+ck(d.cuMemHostRegister(base, 4096, 2))  # CU_MEMHOSTREGISTER_DEVICEMAP
+ptr = ck(d.cuMemHostGetDevicePointer(base + 128, 0))
+""" + WAITER.split("\n", 2)[2]
+
+
+@pytest.mark.timing
+def test_a_word_of_a_shared_file_orders_two_processes_work_without_ipc_handles(
+    sim_env: dict[str, str], tmp_path: Any
+) -> None:
+    shared = tmp_path / "region"
+    shared.write_bytes(bytes(4096))
+    res = run(
+        sim_env,
+        script(
+            r"""
+        import mmap
+        f = open(SHARED, "r+b")
+        page = mmap.mmap(f.fileno(), 4096)
+        base = ctypes.addressof(ctypes.c_char.from_buffer(page))
+        ck(d.cuMemHostRegister(base, 4096, 2))
+        word = ck(d.cuMemHostGetDevicePointer(base + 128, 0))
+        stream = ck(d.cuStreamCreate(0))
+        launched = out["launched"] = time.monotonic()
+        launch(stream, 300000)
+        ck(d.cuStreamWriteValue32(stream, word, 7, 0))  # lands when the 300 ms kernel ends
+        p = subprocess.run([sys.executable, "-c", PRELUDE_SRC + HELPERS_SRC + WAITER_SRC, SHARED],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        kid = out["child"] = json.loads(p.stdout.strip().splitlines()[-1])
+        out["child_done_ms"] = (kid["done_at"] - launched) * 1000
+        ck(d.cuStreamSynchronize(stream))
+        out["word"] = ctypes.c_uint32.from_address(base + 128).value
+        """.replace("HELPERS_SRC", repr(HELPERS))
+            .replace("WAITER_SRC", repr(FILE_WAITER))
+            .replace("SHARED", repr(str(shared)))
+        ),
+    )
+    kid = res["child"]
+    assert kid["stream_waiting"] == "CUDA_ERROR_NOT_READY"
+    assert res["child_done_ms"] >= 300 + 100 - 5  # never beside the writer's kernel
+    gate_open_ms = (kid["ref_at"] - res["launched"]) * 1000 + kid["gate_ms"]
+    assert 300 <= gate_open_ms <= 320
+    assert res["word"] == 7
+    assert shared.read_bytes()[128:132] == (7).to_bytes(4, "little")  # in the file itself
+
+
 @pytest.mark.timing
 def test_a_wait_nobody_met_holds_the_stream_until_a_write_meets_it(sim_env: dict[str, str]) -> None:
     res = run(

@@ -301,6 +301,9 @@ SIM_HIDDEN int cu_vmm_range_ok(uintptr_t p, size_t len);
 /* hostmem.c: 0 when [p, p+len) lies inside one page-locked host range (*read_only: registered
  * with CU_MEMHOSTREGISTER_READ_ONLY), -1 if not. */
 SIM_HIDDEN int cu_host_range(uintptr_t p, size_t len, int *read_only);
+/* A registered byte of a shared file mapping: the file's name for words and the byte's offset
+ * in it (hostmem.c).  -1: not such memory. */
+SIM_HIDDEN int cu_host_file(uintptr_t p, uint64_t *file, uint64_t *off);
 SIM_HIDDEN void cu_host_fork_child(void);
 /* 0 with the allocation (not VMM mapping) that contains p; -1 if none. */
 SIM_HIDDEN int cu_mem_range_of(uintptr_t p, uintptr_t *base, size_t *size);

@@ -11,11 +11,16 @@
  *     unified addressing is the host address; cuMemHostGetFlags the range's flags.
  * Nothing is locked or charged: it is ordinary host memory, and the device reads it at the same
  * address (copies, stream memory operations: memop.c asks cu_host_range).  The ranges are the
- * process's, not a context's, and outlive the context that made them.
+ * process's, not a context's, and outlive the context that made them.  A registered range inside
+ * one shared mapping of a file (MAP_SHARED: a region every tenant maps, /dev/shm) is the same
+ * memory in every process that registers it: its words are named by the file and the offset
+ * (cu_host_file), so one process's stream write meets another's stream wait, as on a GPU that
+ * reaches the same physical pages through either mapping.
  */
 #include "cu.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -31,6 +36,8 @@ struct host_range {
     size_t size;
     unsigned flags;
     int registered; /* 1: cuMemHostRegister (the program's memory), 0: cuMemHostAlloc (ours) */
+    uint64_t file;  /* a shared mapping of a file: its name for words (cu_host_file); 0: none */
+    uint64_t file_off; /* the file offset of base */
 };
 
 static pthread_mutex_t host_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -66,8 +73,49 @@ static CUresult add(uintptr_t base, size_t size, unsigned flags, int registered)
         ranges = n;
         capranges = cap;
     }
-    ranges[nranges++] = (struct host_range){base, size, flags, registered};
+    ranges[nranges++] = (struct host_range){base, size, flags, registered, 0, 0};
     return CUDA_SUCCESS;
+}
+
+/* The file [p, p+size) is a shared mapping of, from /proc/self/maps: its name for words (bit 63
+ * set, so it never meets the inode of exported device memory; the device and the inode
+ * otherwise) and the file offset of p.  0 when the range is not all inside one such mapping. */
+static uint64_t shared_file_of(uintptr_t p, size_t size, uint64_t *file_off)
+{
+    FILE *f = fopen("/proc/self/maps", "re");
+    if (!f)
+        return 0;
+    char line[512];
+    uint64_t id = 0;
+    while (!id && fgets(line, sizeof line, f)) {
+        unsigned long lo, hi, off, ino;
+        unsigned maj, mnr;
+        char perms[5];
+        if (sscanf(line, "%lx-%lx %4s %lx %x:%x %lu", &lo, &hi, perms, &off, &maj, &mnr, &ino) != 7)
+            continue;
+        if (p < lo || p >= hi)
+            continue;
+        if (perms[3] == 's' && ino && p + size <= hi) {
+            id = 1ull << 63 | (((uint64_t)maj << 52) ^ ((uint64_t)mnr << 40) ^ (uint64_t)ino);
+            *file_off = off + (p - lo);
+        }
+        break;
+    }
+    fclose(f);
+    return id;
+}
+
+int cu_host_file(uintptr_t p, uint64_t *file, uint64_t *off)
+{
+    pthread_mutex_lock(&host_mu);
+    const struct host_range *r = holding(p);
+    int ok = r && r->file;
+    if (ok) {
+        *file = r->file;
+        *off = r->file_off + (p - r->base);
+    }
+    pthread_mutex_unlock(&host_mu);
+    return ok ? 0 : -1;
 }
 
 /* Forgets the range whose base is p and that was made the `registered` way: 0, or -1 when
@@ -163,9 +211,14 @@ static CUresult host_register(void *p, size_t bytesize, unsigned flags)
         return CUDA_ERROR_NOT_SUPPORTED; /* no device I/O memory to map here */
     if (!mapped((uintptr_t)p, bytesize))
         return CUDA_ERROR_INVALID_VALUE;
+    uint64_t file_off = 0, file = shared_file_of((uintptr_t)p, bytesize, &file_off);
     pthread_mutex_lock(&host_mu);
     r = overlaps((uintptr_t)p, bytesize) ? CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
                                          : add((uintptr_t)p, bytesize, flags, 1);
+    if (!r) {
+        ranges[nranges - 1].file = file;
+        ranges[nranges - 1].file_off = file_off;
+    }
     pthread_mutex_unlock(&host_mu);
     return r;
 }

@@ -7,7 +7,8 @@
  *   - the word is device memory of this process, or memory another process shared with
  *     cuIpcGetMemHandle, so that one process's write releases another's wait on the GPU, or
  *     page-locked host memory of this process (hostmem.c: cuMemHostAlloc, cuMemHostRegister;
- *     a write to a range registered read-only is CUDA_ERROR_INVALID_VALUE);
+ *     a write to a range registered read-only is CUDA_ERROR_INVALID_VALUE), which, registered
+ *     inside a shared mapping of a file, is the same word in every process that registers it;
  *   - the address must be aligned to the word's size and inside an allocation
  *     (CUDA_ERROR_INVALID_VALUE otherwise); unknown flags get CUDA_ERROR_INVALID_VALUE, and
  *     CU_STREAM_WAIT_VALUE_FLUSH and CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES, which need platform
@@ -119,6 +120,8 @@ static CUresult word_of(CUdeviceptr addr, uint32_t size, int write, struct sim_w
     if (cu_mem_word((uintptr_t)addr, size, &ino, &off) < 0 &&
         (cu_host_range((uintptr_t)addr, size, &read_only) < 0 || (write && read_only)))
         return CUDA_ERROR_INVALID_VALUE; /* neither device memory nor page-locked host memory */
+    if (!ino)
+        cu_host_file((uintptr_t)addr, &ino, &off); /* a shared file's: every process's word */
     *w = (struct sim_word){.ino = ino, .off = ino ? off : (uint64_t)addr, .size = size};
     if (!ino) { /* never exported: this process's own word */
         struct sim_err e = {0};
