@@ -155,6 +155,15 @@ TUNABLES: dict[str, Tunable] = {
             nanoseconds=True,
         ),
         Tunable(
+            "handoff",
+            what="hand-over",
+            allowed=f"one of {', '.join(abi.ARB_HANDOFF_NAMES.values())}",
+            doc="How the token moves within a class at a sync that covers the holder's work: "
+            + ", ".join(f"{code} {name}" for code, name in abi.ARB_HANDOFF_NAMES.items()),
+            default=abi.ARB_DEFAULT_HANDOFF,
+            codes={name: code for code, name in abi.ARB_HANDOFF_NAMES.items()},
+        ),
+        Tunable(
             "offline_quiet_ns",
             what="quiet window",
             allowed="must be 0 (off) to 1 s",
@@ -177,6 +186,7 @@ class Tunables(TypedDict, total=False):
     holdback_max_ns: int | None
     online_preempt: str | None
     preempt_min_kernel_ns: int | None
+    handoff: str | None
     offline_quiet_ns: int | None
 
 
@@ -206,8 +216,7 @@ def _gpus_lock(gpus: Path) -> Iterator[None]:
 
 def _init_region(view: mmap.mmap, uuid: str, quantum_ns: int) -> None:
     region = abi.Arbiter.from_buffer(view)
-    size = ctypes.sizeof(abi.Arbiter)
-    region.hdr = new_header(abi.MAGIC_ARBITER, size)
+    region.hdr = new_header(abi.MAGIC_ARBITER, abi.ARB_FILE_SIZE)
     region.uuid[:] = abi.uuid_to_bytes(uuid)
     region.tenant_slots = abi.ARB_MAX_TENANTS
     region.client_slots = abi.ARB_MAX_CLIENTS
@@ -341,7 +350,7 @@ def ensure_arbiter(root: Path, uuid: str, quantum_ns: int | None = None) -> Path
 def _create(path: Path, uuid: str, quantum_ns: int) -> None:
     """Write a fresh region at `path` atomically, mode 0600 (its creator; each tenant owner is
     granted by ACL, grant_arbiter).  Caller holds the gpus lock."""
-    size = ctypes.sizeof(abi.Arbiter)
+    size = abi.ARB_FILE_SIZE
     publish_region(
         path.parent, path.name, None, size, 0o600, fill=lambda view: _init_region(view, uuid, quantum_ns)
     )
@@ -457,6 +466,11 @@ class ArbiterStatus:
     loans: int = 0  # grants lent for a holder's host gap (1.10)
     online_gap_ns: int = 0  # learned host time of a closed-loop service after a request (1.11)
     online_gap_samples: int = 0  # consistent such gaps in a row
+    handoff: str = "drain"  # how the token moves within a class at a covering sync (1.12)
+    queued_handovers: int = 0  # hand-overs made before the holder's work ended (1.12)
+    gated_holds: int = 0  # holds whose first work waited on the GPU for the last holder's
+    gates_opened: int = 0  # of those, gates a holder opened itself (bound passed, bad handle)
+    gate_wait_ns: int = 0  # time first work waited at those gates (not charged)
     tenants: list[ArbiterTenant] = field(default_factory=list)
     clients: list[ArbiterClient] = field(default_factory=list)
 
@@ -486,11 +500,28 @@ _TENANT_ID_AT = abi.Arbiter.tenants.offset + abi.ArbTenant.tenant_id.offset
 _CLIENTS_AT = abi.Arbiter.clients.offset + abi.ArbClient.pid.offset
 
 
+def _handoff_totals(data: bytes | mmap.mmap, region: abi.Arbiter) -> tuple[int, int, int, int]:
+    """The hand-over records' counters summed over the client entries (1.12): queued
+    hand-overs, gated holds, gates opened by their holder, gate wait; zeros for a region
+    without the records."""
+    base = abi.ARB_HANDOFFS_OFFSET
+    if region.hdr.total_size < abi.ARB_FILE_SIZE or len(data) < abi.ARB_FILE_SIZE:
+        return 0, 0, 0, 0
+    records = abi.ArbHandoffs.from_buffer_copy(data[base : abi.ARB_FILE_SIZE]).h
+    return (
+        sum(r.queued for r in records),
+        sum(r.gated for r in records),
+        sum(r.gates_opened for r in records),
+        sum(r.gate_wait_ns for r in records),
+    )
+
+
 def read_arbiter(path: Path) -> ArbiterStatus:
     """Read an arbiter region (validated: magic, ABI major, size)."""
     size = ctypes.sizeof(abi.Arbiter)
     data = mapped_region(path, abi.MAGIC_ARBITER, size, "arbiter")
     region = abi.Arbiter.from_buffer_copy(data)
+    queued, gated, opened, gate_wait = _handoff_totals(data, region)
     # Walk only the occupied entries (most of the 64 + 256 are empty): found with numpy.
     import numpy as np  # here, not at the top: the CDI hooks import this module and never call this
 
@@ -586,6 +617,11 @@ def read_arbiter(path: Path) -> ArbiterStatus:
         loans=region.loans,
         online_gap_ns=region.online_gap_ns,
         online_gap_samples=region.online_gap_samples,
+        handoff=abi.ARB_HANDOFF_NAMES.get(region.handoff, str(region.handoff)),
+        queued_handovers=queued,
+        gated_holds=gated,
+        gates_opened=opened,
+        gate_wait_ns=gate_wait,
         tenants=tenants,
         clients=clients,
     )

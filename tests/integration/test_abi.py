@@ -45,6 +45,12 @@ def _c_layout(tmp_path: Path) -> dict[str, int]:
         "SG_ARB_DEFAULT_ONLINE_PREEMPT",
         "SG_ARB_DEFAULT_PREEMPT_MIN_KERNEL_NS",
         "SG_ARB_DEFAULT_OFFLINE_QUIET_NS",
+        "SG_ARB_HANDOFF_DRAIN",
+        "SG_ARB_HANDOFF_QUEUED",
+        "SG_ARB_DEFAULT_HANDOFF",
+        "SG_ARB_FILE_SIZE",
+        "SG_ARB_HANDOFFS_OFFSET",
+        "SG_ARB_HO_WAITS",
         "SG_ARB_YIELD_CLASS",
         "SG_ARB_YIELD_TURN",
         "SG_ARB_YIELD_LOAN",
@@ -104,6 +110,12 @@ def test_constants_agree(tmp_path: Path) -> None:
     assert c["SG_ARB_DEFAULT_ONLINE_PREEMPT"] == abi.ARB_DEFAULT_ONLINE_PREEMPT
     assert c["SG_ARB_DEFAULT_PREEMPT_MIN_KERNEL_NS"] == abi.ARB_DEFAULT_PREEMPT_MIN_KERNEL_NS
     assert c["SG_ARB_DEFAULT_OFFLINE_QUIET_NS"] == abi.ARB_DEFAULT_OFFLINE_QUIET_NS
+    assert c["SG_ARB_HANDOFF_DRAIN"] == abi.ARB_HANDOFF_DRAIN
+    assert c["SG_ARB_HANDOFF_QUEUED"] == abi.ARB_HANDOFF_QUEUED
+    assert c["SG_ARB_DEFAULT_HANDOFF"] == abi.ARB_DEFAULT_HANDOFF
+    assert c["SG_ARB_FILE_SIZE"] == abi.ARB_FILE_SIZE
+    assert c["SG_ARB_HANDOFFS_OFFSET"] == abi.ARB_HANDOFFS_OFFSET
+    assert c["SG_ARB_HO_WAITS"] == abi.ARB_HO_WAITS
     assert [c["SG_ARB_YIELD_CLASS"], c["SG_ARB_YIELD_TURN"], c["SG_ARB_YIELD_LOAN"]] == [
         abi.ARB_YIELD_CLASS,
         abi.ARB_YIELD_TURN,

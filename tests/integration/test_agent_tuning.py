@@ -250,8 +250,12 @@ SETTING_GAUGES = {
     "online_preempt": ("sharegpu_arbiter_online_preempt", None),  # the mode's code
     "preempt_min_kernel_ns": ("sharegpu_arbiter_preempt_min_kernel_seconds", 1e-9),
     "offline_quiet_ns": ("sharegpu_arbiter_offline_quiet_seconds", 1e-9),
+    "handoff": ("sharegpu_arbiter_handoff", None),
 }
-PREEMPT_CODES = {"drain": 0, "early": 1, "by-kernel": 2}
+MODE_CODES = {
+    "online_preempt": {"drain": 0, "early": 1, "by-kernel": 2},
+    "handoff": {"drain": 0, "queued": 1},
+}
 
 
 def setting_gauges(port: int, gpu: str) -> dict[str, Any]:
@@ -265,7 +269,7 @@ def setting_gauges(port: int, gpu: str) -> dict[str, Any]:
         assert fams[metric].type == "gauge", metric
         (value,) = [s.value for s in fams[metric].samples if s.labels["gpu"] == gpu]
         if scale is None:
-            found[name] = {code: mode for mode, code in PREEMPT_CODES.items()}[int(value)]
+            found[name] = {code: mode for mode, code in MODE_CODES[name].items()}[int(value)]
         else:
             found[name] = round(value / scale)
     return found
@@ -292,6 +296,7 @@ def test_the_settings_show_in_the_metrics_and_a_bad_one_changes_nothing(sim: Sim
             "online_preempt": "by-kernel",
             "preempt_min_kernel_ns": 4_000_000,
             "offline_quiet_ns": 6_000_000,
+            "handoff": "queued",
         }
         tune_arbiter(path, **wanted)
         assert tunables(path) == wanted

@@ -43,6 +43,9 @@ INTERNAL = {
     "pad1",
     "pad2",
     "pad3",
+    "pad4",
+    "queued_by",
+    "queued_seq",
     "online_last_end_ns",
     "online_gap_jitter_ns",
     "reserved",
@@ -68,7 +71,7 @@ def test_the_settings_are_the_tables_but_the_qos_loops_bound() -> None:
     assert set(ArbiterTuning.model_fields) == set(TUNABLES) - {"offline_inflight_max"}
     for name in ArbiterTuning.model_fields:  # each checked by its entry (the same one-line errors)
         with pytest.raises(ValueError, match=f"invalid {TUNABLES[name].what} "):
-            ArbiterTuning.model_validate({name: "by-nothing" if name == "online_preempt" else 10**12})
+            ArbiterTuning.model_validate({name: "by-nothing" if TUNABLES[name].codes else 10**12})
 
 
 @pytest.mark.parametrize(

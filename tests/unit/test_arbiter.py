@@ -69,7 +69,12 @@ def test_ensure_arbiter_is_idempotent_and_race_free(tmp_path: Path) -> None:
         abi.ABI_MAJOR,
         abi.ABI_MINOR,
     )
-    assert region.hdr.total_size == ctypes.sizeof(abi.Arbiter)
+    # The hand-over records follow from a page boundary (1.12).
+    assert (
+        region.hdr.total_size == abi.ARB_FILE_SIZE == abi.ARB_HANDOFFS_OFFSET + ctypes.sizeof(abi.ArbHandoffs)
+    )
+    assert abi.ARB_HANDOFFS_OFFSET % 4096 == 0
+    assert ctypes.sizeof(abi.Arbiter) <= abi.ARB_HANDOFFS_OFFSET
     kind = int.from_bytes(bytes(region.lock)[16:20], "little")  # glibc __kind
     assert kind & (16 | 128) == 16 | 128, "robust + process-shared"
     assert path.stat().st_mode & 0o777 == 0o600  # its creator; tenant owners get ACL entries
@@ -117,6 +122,7 @@ def test_a_new_region_holds_the_default_tunables(tmp_path: Path) -> None:
         "holdback_max_ns": abi.ARB_DEFAULT_HOLDBACK_MAX_NS,
         "online_preempt": abi.ARB_PREEMPT_EARLY,
         "preempt_min_kernel_ns": abi.ARB_DEFAULT_PREEMPT_MIN_KERNEL_NS,
+        "handoff": abi.ARB_HANDOFF_DRAIN,
         "offline_quiet_ns": abi.ARB_DEFAULT_OFFLINE_QUIET_NS,
     }
 
@@ -139,6 +145,7 @@ BAD_TUNABLES = [
         "invalid online preemption 'sometimes': one of drain, early, by-kernel",
     ),
     ({"preempt_min_kernel_ns": 10**9 + 1}, "invalid preemption threshold 1000000001 ns: must be 0 to 1 s"),
+    ({"handoff": "eventually"}, "invalid hand-over 'eventually': one of drain, queued"),
     ({"quantum_ns": "5ms"}, "invalid quantum '5ms': must be between 500000 ns and 1000000000 ns"),
 ]
 
@@ -153,6 +160,7 @@ def test_each_tunable_lands_in_its_field_and_a_bad_one_changes_nothing(tmp_path:
         "holdback_max_ns": 4_000_000,
         "online_preempt": "by-kernel",
         "preempt_min_kernel_ns": 3_000_000,
+        "handoff": "queued",
         "offline_quiet_ns": 1_000_000,
     }
     assert set(values) == set(TUNABLES) == set(Tunables.__annotations__)  # the keywords are the table's

@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 #define SG_ABI_MAJOR 1
-#define SG_ABI_MINOR 11 /* 1.1: the GPU arbiter region and the compute counters;
+#define SG_ABI_MINOR 12 /* 1.1: the GPU arbiter region and the compute counters;
                           1.2: predicted online arrivals (offline hold-back);
                           1.3: liveness locks and pid namespaces of entries, tenant
                                incarnations;
@@ -49,7 +49,13 @@
                                host gap to a waiter of its class (SG_ARB_YIELD_LOAN, loans);
                           1.11: an online service that waits for each request before its host
                                time is predicted from that host time (online_last_end_ns,
-                               online_gap_*) */
+                               online_gap_*);
+                          1.12: queued hand-overs: at a sync that covers its hold, a holder
+                               offers the token before its work ends, and the next holder's
+                               work waits on the GPU for a word of the region the holder's
+                               stream writes after its work (handoff, queued_by, queued_seq;
+                               the records struct sg_arb_handoffs at SG_ARB_HANDOFFS_OFFSET,
+                               present when total_size says so) */
 
 #define SG_MAGIC_LIMITS 0x4d4c4753u  /* "SGLM" little-endian */
 #define SG_MAGIC_USAGE 0x53554753u   /* "SGUS" */
@@ -325,6 +331,18 @@ _Static_assert(sizeof(struct sg_usage) ==
 #define SG_ARB_DEFAULT_ONLINE_PREEMPT SG_ARB_PREEMPT_EARLY
 #define SG_ARB_DEFAULT_PREEMPT_MIN_KERNEL_NS 1000000ull
 #define SG_ARB_DEFAULT_OFFLINE_QUIET_NS 0ull
+/* handoff (1.12): how the token moves between holders of a class at a sync that covers the
+ * holder's work (docs/design/arbitration.md, "Queued hand-overs").  DRAIN: the holder waits for
+ * its work to end, then grants (every hand-over of <= 1.11).  QUEUED: the token may move while
+ * the holder's sync waits; the holder's stream writes a word of the region after its work and
+ * the next holder's streams wait on the GPU for it, so the card switches to its work as the
+ * holder's ends.  A region without the hand-over records (1.11 and older) drains whatever it
+ * says. */
+#define SG_ARB_HANDOFF_DRAIN 0u
+#define SG_ARB_HANDOFF_QUEUED 1u
+/* DRAIN by default: on the simulated GPU the drain's hand-over already costs what the GPU's own
+ * switch does, and QUEUED measured within a point of it either way; a real GPU decides. */
+#define SG_ARB_DEFAULT_HANDOFF SG_ARB_HANDOFF_DRAIN
 /* sg_arb_client.yield: why a waiter asks the holder to give the card up. */
 #define SG_ARB_YIELD_CLASS 1u /* a higher class waits: yield now */
 #define SG_ARB_YIELD_TURN 2u  /* one of the same class came back behind in virtual time: end the
@@ -549,7 +567,15 @@ struct sg_arbiter {
     uint64_t online_gap_jitter_ns;  /* [lock] its mean deviation */
     uint32_t online_gap_samples;    /* [lock] consistent gaps in a row (<= 1000) */
     uint32_t pad3;
-    uint8_t reserved[16];
+    /* ABI 1.12: queued hand-overs.  A region of ABI <= 1.11 reads zeros: drain. */
+    uint32_t handoff;               /* [atomic relaxed] W: creator, agent.  SG_ARB_HANDOFF_* */
+    uint32_t queued_by;             /* [lock] 1 + the client whose hold was last handed on
+                                       queued, while its work may still run (its event is what
+                                       the next grant waits for); 0: none.  Cleared by that
+                                       client when its sync returned, or by a gate opened past
+                                       the bound */
+    uint32_t queued_seq;            /* [lock] that client's handoffs[].seq at that hand-over */
+    uint32_t pad4;
     struct sg_arb_tenant tenants[SG_ARB_MAX_TENANTS];
     struct sg_arb_client clients[SG_ARB_MAX_CLIENTS];
 };
@@ -584,10 +610,64 @@ _Static_assert(offsetof(struct sg_arbiter, online_relearns) == 448, "arb online_
 _Static_assert(offsetof(struct sg_arbiter, loans) == 456, "arb loans");
 _Static_assert(offsetof(struct sg_arbiter, online_last_end_ns) == 464, "arb online_last_end_ns");
 _Static_assert(offsetof(struct sg_arbiter, online_gap_samples) == 488, "arb online_gap_samples");
+_Static_assert(offsetof(struct sg_arbiter, handoff) == 496, "arb handoff");
 _Static_assert(offsetof(struct sg_arbiter, tenants) == 512, "arb tenants");
 _Static_assert(offsetof(struct sg_arbiter, clients) == 512 + 192 * SG_ARB_MAX_TENANTS, "arb clients");
 _Static_assert(sizeof(struct sg_arbiter) ==
                    512 + 192 * SG_ARB_MAX_TENANTS + 128 * SG_ARB_MAX_CLIENTS,
                "arbiter size");
+
+
+/* The hand-over records (1.12): in the arbiter file from SG_ARB_HANDOFFS_OFFSET (a page
+ * boundary: every process page-locks the records' pages, cuMemHostRegister, for the GPU to read
+ * and write their `done` words), one per client entry.  A region whose total_size is
+ * sizeof(struct sg_arbiter) has none (1.11 and older): its holders drain.  W: the entry's owner
+ * unless marked. */
+#define SG_ARB_HO_WAITS 1u /* flags: the owner's streams can wait for the done words (its
+                              registration of the records succeeded): it may be granted queued */
+struct sg_arb_handoff {
+    uint32_t done;         /* [the GPU] the owner's stream writes its offer's seq here after its
+                              offered work; the next holder's streams wait for it (GEQ) */
+    uint32_t seq;          /* [lock] +1 at each offer of the owner (never 0) */
+    uint32_t behind;       /* [lock] W: the granter.  1 + the client whose done word the owner's
+                              next hold waits for (queued_by at the grant); 0: none.  The owner
+                              takes it when it wakes holding */
+    uint32_t behind_seq;   /* [lock] W: the granter.  The seq that word must reach */
+    uint32_t offer;        /* [lock] the owner, holding, is in a sync that covers all its hold's
+                              work, and `done` reaches `offer` (its seq) after that work: a
+                              waiter of its class may take the token queued behind it; 0: none.
+                              Cleared when taken, withdrawn or the hold ends */
+    uint32_t taken;        /* [lock] W: the taker.  The offer a waiter took (the owner pays for
+                              its work to its end when its sync returns, then clears it) */
+    uint32_t flags;        /* [lock] SG_ARB_HO_* */
+    uint32_t pad;
+    uint64_t queued;       /* [atomic relaxed] hand-overs of the owner's holds made queued */
+    uint64_t gated;        /* [atomic relaxed] holds of the owner whose work waited on the GPU
+                              for the previous holder's */
+    uint64_t gates_opened; /* [atomic relaxed] of those, gates the owner opened itself: the
+                              awaited work ran past the bound (quantum + SG_ARB_STALL_NS), or
+                              its streams could not wait */
+    uint64_t gate_wait_ns; /* [atomic relaxed] time the owner's first work waited at its gates
+                              (left out of its charge) */
+    uint64_t tail_ns;      /* [atomic relaxed] the owner's work at its last covering sync, from
+                              the sync's begin (or its offer) to the work's end: what a queued
+                              decision leaves uncharged until the sync returns */
+    uint8_t reserved[56];
+};
+_Static_assert(sizeof(struct sg_arb_handoff) == 128, "arb handoff size");
+_Static_assert(offsetof(struct sg_arb_handoff, done) == 0, "arb h done");
+_Static_assert(offsetof(struct sg_arb_handoff, flags) == 24, "arb h flags");
+_Static_assert(offsetof(struct sg_arb_handoff, queued) == 32, "arb h queued");
+_Static_assert(offsetof(struct sg_arb_handoff, tail_ns) == 64, "arb h tail_ns");
+
+struct sg_arb_handoffs {
+    struct sg_arb_handoff h[SG_ARB_MAX_CLIENTS];
+};
+#define SG_ARB_HANDOFFS_OFFSET 49152u
+_Static_assert(SG_ARB_HANDOFFS_OFFSET >= sizeof(struct sg_arbiter) &&
+                   SG_ARB_HANDOFFS_OFFSET % 4096 == 0,
+               "the records start on a page after the region");
+/* The whole arbiter file of ABI 1.12 and later. */
+#define SG_ARB_FILE_SIZE (SG_ARB_HANDOFFS_OFFSET + sizeof(struct sg_arb_handoffs))
 
 #endif /* SHAREGPU_ABI_H */

@@ -525,6 +525,19 @@ class SharegpuCollector(Collector):
             "sharegpu_arbiter_loans",
             "Grants that lent the card for a holder's host gap to a waiter of its class",
         )
+        queued = counter(
+            "sharegpu_arbiter_queued_handovers",
+            "Hand-overs made before the holder's work ended, the next holder's queued behind it on the GPU",
+        )
+        gates_opened = counter(
+            "sharegpu_arbiter_gates_opened",
+            "Queued holds whose holder opened its gate itself (the awaited work ran past the bound, or "
+            "the previous holder's event did not open)",
+        )
+        gate_wait = counter(
+            "sharegpu_arbiter_gate_wait_seconds",
+            "Time first work of queued holds waited on the GPU for the previous holder's work",
+        )
         reclaims = counter("sharegpu_arbiter_reclaims", "Tokens reclaimed from a dead holder")
         stall_reclaims = counter(
             "sharegpu_arbiter_stall_reclaims",
@@ -565,6 +578,9 @@ class SharegpuCollector(Collector):
             stalls.add_metric([uuid], float(a.online_stalls))
             relearns.add_metric([uuid], float(a.online_relearns))
             loans.add_metric([uuid], float(a.loans))
+            queued.add_metric([uuid], float(a.queued_handovers))
+            gates_opened.add_metric([uuid], float(a.gates_opened))
+            gate_wait.add_metric([uuid], a.gate_wait_ns / _NS)
             reclaims.add_metric([uuid], float(a.reclaims))
             stall_reclaims.add_metric([uuid], float(a.stall_reclaims))
             entry_waits.add_metric([uuid], float(a.entry_waits))
@@ -585,6 +601,9 @@ class SharegpuCollector(Collector):
             stalls,
             relearns,
             loans,
+            queued,
+            gates_opened,
+            gate_wait,
             reclaims,
             stall_reclaims,
             entry_waits,

@@ -422,6 +422,24 @@ class ArbiterView(BaseModel):
         "service that waits for each request; ABI 1.11); 0: none learned",
     )
     online_gap_samples: int = Field(default=0, description="Consistent such gaps in a row")
+    handoff: str = Field(
+        default="drain",
+        description="How the token moves within a class at a sync that covers the holder's work: drain "
+        "(after the work ends) or queued (at once, the next holder's work waiting on the GPU; ABI 1.12)",
+    )
+    queued_handovers: int = Field(
+        default=0,
+        description="Hand-overs made before the holder's work ended, the next holder's queued behind it",
+    )
+    gated_holds: int = Field(
+        default=0, description="Holds whose first work waited on the GPU for the previous holder's work"
+    )
+    gates_opened: int = Field(
+        default=0,
+        description="Of those, gates a holder opened itself: the awaited work ran past the bound "
+        "(quantum + stall), or the previous holder's event did not open",
+    )
+    gate_wait_ns: int = Field(default=0, description="Time first work waited at those gates (not charged)")
 
 
 class GpuView(BaseModel):

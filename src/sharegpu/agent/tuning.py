@@ -94,6 +94,11 @@ class ArbiterTuning(BaseModel):
     preempt_min_kernel_ns: Nanoseconds | None = Field(
         default=None, description="by-kernel: preempt early only when the holder's kernels are this long"
     )
+    handoff: str | None = Field(
+        default=None,
+        description="How the token moves within a class at a sync that covers the holder's work: "
+        "drain (after its work ends) or queued (at once; the next holder's work waits on the GPU)",
+    )
     offline_quiet_ns: Nanoseconds | None = Field(
         default=None, description="No offline grant for this long after an online request; 0: off"
     )

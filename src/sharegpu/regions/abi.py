@@ -11,7 +11,7 @@ import ctypes
 import uuid as uuidlib
 
 ABI_MAJOR = 1
-ABI_MINOR = 11
+ABI_MINOR = 12
 
 MAGIC_LIMITS = 0x4D4C4753  # "SGLM"
 MAGIC_USAGE = 0x53554753  # "SGUS"
@@ -62,6 +62,11 @@ ARB_PREEMPT_NAMES = {
 ARB_DEFAULT_ONLINE_PREEMPT = ARB_PREEMPT_EARLY
 ARB_DEFAULT_PREEMPT_MIN_KERNEL_NS = 1_000_000
 ARB_DEFAULT_OFFLINE_QUIET_NS = 0
+# handoff (1.12): how the token moves within a class at a sync that covers the holder's work
+ARB_HANDOFF_DRAIN, ARB_HANDOFF_QUEUED = 0, 1
+ARB_HANDOFF_NAMES = {ARB_HANDOFF_DRAIN: "drain", ARB_HANDOFF_QUEUED: "queued"}
+ARB_DEFAULT_HANDOFF = ARB_HANDOFF_DRAIN
+ARB_HO_WAITS = 1  # sg_arb_handoff.flags: the owner's streams can wait for the done words
 # sg_arb_client.yield: why a waiter asks the holder to give the card up (abi.h)
 ARB_YIELD_CLASS, ARB_YIELD_TURN, ARB_YIELD_LOAN = 1, 2, 3
 ARB_FREE, ARB_IDLE, ARB_WAITING, ARB_HOLDING = 0, 1, 2, 3
@@ -275,10 +280,44 @@ class Arbiter(ctypes.Structure):
         ("online_gap_jitter_ns", u64),
         ("online_gap_samples", u32),
         ("pad3", u32),
-        ("reserved", u8 * 16),
+        ("handoff", u32),  # 1.12: queued hand-overs
+        ("queued_by", u32),
+        ("queued_seq", u32),
+        ("pad4", u32),
         ("tenants", ArbTenant * ARB_MAX_TENANTS),
         ("clients", ArbClient * ARB_MAX_CLIENTS),
     )
+
+
+class ArbHandoff(ctypes.Structure):
+    """One client entry's hand-over record (1.12), in the file from ARB_HANDOFFS_OFFSET."""
+
+    _fields_ = (
+        ("done", u32),
+        ("seq", u32),
+        ("behind", u32),
+        ("behind_seq", u32),
+        ("offer", u32),
+        ("taken", u32),
+        ("flags", u32),
+        ("pad", u32),
+        ("queued", u64),
+        ("gated", u64),
+        ("gates_opened", u64),
+        ("gate_wait_ns", u64),
+        ("tail_ns", u64),
+        ("reserved", u8 * 56),
+    )
+
+
+class ArbHandoffs(ctypes.Structure):
+    _fields_ = (("h", ArbHandoff * ARB_MAX_CLIENTS),)
+
+
+# Where the records start (a page after the region) and the whole file of ABI 1.12 and later
+# (SG_ARB_HANDOFFS_OFFSET, SG_ARB_FILE_SIZE); 1.11's file is the Arbiter alone.
+ARB_HANDOFFS_OFFSET = 49152
+ARB_FILE_SIZE = ARB_HANDOFFS_OFFSET + ctypes.sizeof(ArbHandoffs)
 
 
 STRUCTS: dict[str, type[ctypes.Structure]] = {
@@ -292,6 +331,8 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "sg_arb_tenant": ArbTenant,
     "sg_arb_client": ArbClient,
     "sg_arbiter": Arbiter,
+    "sg_arb_handoff": ArbHandoff,
+    "sg_arb_handoffs": ArbHandoffs,
 }
 
 
