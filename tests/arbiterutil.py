@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -59,6 +61,37 @@ def spawn(sim: Sim, tenant: Path | None, *args: object) -> subprocess.Popen[str]
     """The probe with `args` as a process of `tenant` (None: outside any tenant)."""
     env = sim.tenant_env(tenant) if tenant is not None else sim.env()
     return sim.spawn_probe(*(str(a) for a in args), env=env)
+
+
+def spin_script(us: int, body: str) -> str:
+    """A cuda-python program: the simulated GPU's spin kernel of `us` µs loaded on device 0's
+    primary context as `f`, its launch arguments in `params`; then `body`."""
+    prelude = f"""
+        import ctypes, sys, time
+        from cuda.bindings import driver as d
+        d.cuInit(0)
+        err, dev = d.cuDeviceGet(0)
+        err, ctx = d.cuDevicePrimaryCtxRetain(dev)
+        d.cuCtxSetCurrent(ctx)
+        ptx = (b".version 8.0\\n.target sm_90\\n.address_size 64\\n"
+               b".visible .entry spin(.param .u64 us)\\n{{\\n ret;\\n}}\\n")
+        err, mod = d.cuModuleLoadData(ptx)
+        err, f = d.cuModuleGetFunction(mod, b"spin")
+        us = ctypes.c_uint64({us})
+        params = (ctypes.c_void_p * 1)(ctypes.addressof(us))
+    """
+    return textwrap.dedent(prelude) + textwrap.dedent(body)
+
+
+def spawn_python(sim: Sim, tenant: Path, code: str) -> subprocess.Popen[str]:
+    """A Python program (dedented) under `tenant`'s shim, its output piped."""
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=sim.tenant_env(tenant),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def spawn_in_pid_namespace(sim: Sim, tenant: Path, *args: object, mount_proc: bool) -> subprocess.Popen[str]:

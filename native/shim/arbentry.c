@@ -188,8 +188,11 @@ static int open_region(struct sg_gpu *g, struct sg_err *e)
         return sg_fail(e, SG_E_CONFIG, "%s: not a GPU arbiter region (%lld bytes, need %zu)",
                        path, (long long)st.st_size, sizeof(struct sg_arbiter));
     }
-    struct sg_arbiter *a =
-        mmap(NULL, sizeof *a, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    /* The hand-over records (1.12) follow the region in a file made for them; the file's size
+     * is fixed at its creation, so a mapping of it never reaches past its end. */
+    size_t len = (uint64_t)st.st_size >= SG_ARB_FILE_SIZE ? SG_ARB_FILE_SIZE
+                                                           : sizeof(struct sg_arbiter);
+    struct sg_arbiter *a = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (a == MAP_FAILED)
         return sg_fail(e, SG_E_CONFIG, "%s: cannot map: %s", path, strerror(errno));
@@ -197,9 +200,12 @@ static int open_region(struct sg_gpu *g, struct sg_err *e)
     if (rc > 0)
         rc = SG_E_CONFIG; /* another ABI major: refused all the same */
     if (rc < 0) {
-        munmap(a, sizeof *a);
+        munmap(a, len);
         return rc;
     }
+    g->handoffs = len == SG_ARB_FILE_SIZE && a->hdr.total_size >= SG_ARB_FILE_SIZE
+                      ? (struct sg_arb_handoff *)((char *)a + SG_ARB_HANDOFFS_OFFSET)
+                      : NULL;
     g->region_dev = (uint64_t)st.st_dev; /* only a valid region counts as seen (sg_arb_reattach) */
     g->region_ino = (uint64_t)st.st_ino;
     g->a = a;

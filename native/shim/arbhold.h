@@ -56,6 +56,28 @@ void sg_arb_sync_context(CUcontext ctx);
 void sg_arb_hold_back(struct sg_gpu *g, uint64_t until);
 /* The first launch after a drained sync: learn the program's own gap between bursts. */
 void sg_arb_note_gap(struct sg_gpu *g, uint64_t now);
+/* Queued hand-overs (arbqueue.c; ABI 1.12). */
+/* A sync that covers our hold began (our last launch then at `last`) and its end event is
+ * recorded: offer the token, queued behind our interprocess event recorded after our work; hand
+ * it on at once if a waiter of our class is the one the drained sync would hand to. */
+void sg_arb_offer_queued(struct sg_gpu *g, uint64_t last);
+/* Our offer ends (the sync returned, or another of our threads launches): withdrawn if nobody
+ * took it; taken, our work is charged from the offer to its end and our hold forgotten.  True
+ * when it was taken. */
+bool sg_arb_offer_end(struct sg_gpu *g);
+/* Under the region lock, waiter w finds holder h offering (acquire): take the token queued
+ * behind h's work if the drained sync would hand it to w.  True when taken. */
+bool sg_arb_take_offer_locked(struct sg_arbiter *a, struct sg_arb_handoff *rec, int h, int w,
+                              uint64_t now);
+/* Our work at a covering sync ran `ns` from the sync's begin to its end (the bound on what a
+ * queued decision leaves uncharged). */
+void sg_arb_note_tail(struct sg_gpu *g, uint64_t ns);
+/* Shared with arbqueue.c (arbiter.c). */
+void sg_arb_stop_launches(struct sg_gpu *g);
+void sg_arb_forget_token(struct sg_gpu *g);
+void sg_arb_charge_locked(struct sg_arbiter *a, struct sg_gpu *g, int c, uint64_t now);
+void sg_arb_charge_drain_locked(struct sg_arbiter *a, struct sg_gpu *g, int c, uint64_t held,
+                                uint64_t now);
 /* How long a holder may idle before a lower class or an online request's end hands it on. */
 uint64_t sg_arb_idle_grace(uint64_t quantum);
 

@@ -90,7 +90,7 @@ static uint64_t idle_take(struct sg_gpu *g, uint64_t from, uint64_t now)
  * time held, less the idle time after its syncs that drained the hold (g: ours; NULL when the
  * holder is another process, which is charged the wall time).  Exclusive holds make this the
  * time the card ran its work, up to the lateness of each sync's return. */
-static void charge_locked(struct sg_arbiter *a, struct sg_gpu *g, int c, uint64_t now)
+void sg_arb_charge_locked(struct sg_arbiter *a, struct sg_gpu *g, int c, uint64_t now)
 {
     struct sg_arb_client *cl = &a->clients[c];
     uint64_t held = now > cl->grant_ns ? now - cl->grant_ns : 0;
@@ -207,7 +207,7 @@ static void drain(struct sg_gpu *g)
 
 /* Our queued work ran `held` ns after we handed the token on: it is ours, so our tenant pays for
  * it (GPU time held, virtual time, ceiling bucket) as if we had still held the card. */
-static void charge_drain_locked(struct sg_arbiter *a, struct sg_gpu *g, int c, uint64_t held,
+void sg_arb_charge_drain_locked(struct sg_arbiter *a, struct sg_gpu *g, int c, uint64_t held,
                                 uint64_t now)
 {
     if (sg_arb_client_is_mine(&a->clients[c]) && sg_arb_pay_locked(a, c, held, now) && g->usage)
@@ -315,9 +315,10 @@ static void start_quiet_locked(struct sg_arbiter *a, int c, uint64_t now)
  * (its work waited behind ours); when the GPU preempted our kernel the overlap is the holder's. */
 static void lend_locked(struct sg_arbiter *a, const struct sg_gpu *g, int c, int next, uint64_t now);
 
-static void release_as(struct sg_gpu *g, enum sg_arb_decision why)
+/* Stop new fast-path launches (they take the slow path, which waits for g->mu) and wait for
+ * those under way. */
+void sg_arb_stop_launches(struct sg_gpu *g)
 {
-    bool preempted = why == SG_ARB_PREEMPT;
     __atomic_store_n(&g->revoked, 1, __ATOMIC_SEQ_CST);
     for (unsigned spins = 0; __atomic_load_n(&g->launching, __ATOMIC_SEQ_CST); spins++) {
         if (spins < 100)
@@ -327,6 +328,45 @@ static void release_as(struct sg_gpu *g, enum sg_arb_decision why)
             nanosleep(&ts, NULL);
         }
     }
+}
+
+/* Under the region lock, holding: charge our hold to `now`, free the token and grant the best
+ * waiter.  Returns the token word granted, 0 none. */
+static uint64_t hand_token_locked(struct sg_arbiter *a, struct sg_gpu *g, int c, uint64_t now,
+                                  enum sg_arb_decision why)
+{
+    sg_arb_charge_locked(a, g, c, now);
+    if (g->ho.offered && g->handoffs) { /* drained now: nothing is left to queue behind */
+        g->handoffs[c].offer = 0;
+        g->ho.offered = 0;
+    }
+    __atomic_store_n(&a->clients[c].state, SG_ARB_IDLE, __ATOMIC_RELAXED);
+    __atomic_store_n(&a->clients[c].yield, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&a->token, SG_ARB_TOKEN(SG_ARB_TOKEN_GEN(a->token), -1), __ATOMIC_RELEASE);
+    a->last_release_ns = now;
+    sg_arb_note_online_locked(a, c, now);
+    start_quiet_locked(a, c, now);
+    int next = sg_arb_pick_locked(a, now);
+    if (next < 0)
+        return 0;
+    sg_arb_grant_locked(a, next, now);
+    if (why == SG_ARB_LEND)
+        lend_locked(a, g, c, next, now);
+    return a->token;
+}
+
+void sg_arb_forget_token(struct sg_gpu *g)
+{
+    __atomic_store_n(&g->token, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g->since_sync, 0, __ATOMIC_RELAXED);
+    sg_arb_hold_reset(g);
+    __atomic_store_n(&g->revoked, 0, __ATOMIC_SEQ_CST);
+}
+
+static void release_as(struct sg_gpu *g, enum sg_arb_decision why)
+{
+    bool preempted = why == SG_ARB_PREEMPT;
+    sg_arb_stop_launches(g);
     struct sg_arbiter *a = g->a;
     bool ceiling = g->tenant < 0 || g->tenant >= SG_ARB_MAX_TENANTS ||
                    sg_arb_has_ceiling(&a->tenants[g->tenant]);
@@ -334,28 +374,15 @@ static void release_as(struct sg_gpu *g, enum sg_arb_decision why)
     if (!early_pre)
         drain(g);
     uint64_t now = sg_mono_ns();
+    sg_ho_settle(g, now);
     int c = -1;
     uint64_t handed = 0;
     if (sg_arb_lock(a) == 0) {
         if (sg_arb_holding(g)) {
             c = g->client;
-            charge_locked(a, g, c, now);
-            __atomic_store_n(&a->clients[c].state, SG_ARB_IDLE, __ATOMIC_RELAXED);
-            __atomic_store_n(&a->clients[c].yield, 0, __ATOMIC_RELAXED);
-            __atomic_store_n(&a->token, SG_ARB_TOKEN(SG_ARB_TOKEN_GEN(a->token), -1),
-                             __ATOMIC_RELEASE);
-            a->last_release_ns = now;
-            sg_arb_note_online_locked(a, c, now);
-            start_quiet_locked(a, c, now);
-            int next = sg_arb_pick_locked(a, now);
-            if (next >= 0) {
-                sg_arb_grant_locked(a, next, now);
-                handed = a->token;
-                if (early_pre)
-                    a->early_preemptions++;
-                if (why == SG_ARB_LEND)
-                    lend_locked(a, g, c, next, now);
-            }
+            handed = hand_token_locked(a, g, c, now, why);
+            if (handed && early_pre)
+                a->early_preemptions++;
         }
         sg_arb_unlock(a);
         /* The card idles until the next holder launches: let it run now if it was woken onto
@@ -371,16 +398,13 @@ static void release_as(struct sg_gpu *g, enum sg_arb_decision why)
             uint64_t owed = unheld_locked(a, handed, now, done) +
                             overlap_to_us_locked(a, handed, done, ran_straight(g, done));
             if (owed)
-                charge_drain_locked(a, g, c, owed, done);
+                sg_arb_charge_drain_locked(a, g, c, owed, done);
             sg_arb_unlock(a);
         }
     }
     if (preempted)
         count_preemption(g);
-    __atomic_store_n(&g->token, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&g->since_sync, 0, __ATOMIC_RELAXED);
-    sg_arb_hold_reset(g);
-    __atomic_store_n(&g->revoked, 0, __ATOMIC_SEQ_CST);
+    sg_arb_forget_token(g);
 }
 
 void sg_arb_release(struct sg_gpu *g, bool preempted)
@@ -526,6 +550,7 @@ enum sg_arb_decision sg_arb_decide(struct sg_gpu *g, uint64_t now, bool burst_en
     bool native = __atomic_load_n(&g->state, __ATOMIC_ACQUIRE) == SG_GPU_NATIVE;
     if (native)
         return SG_ARB_RELEASE; /* resized to native: the card is no longer arbitrated for us */
+    sg_ho_settle(g, now);
     if (sg_arb_lock(a) < 0)
         return SG_ARB_KEEP;
     enum sg_arb_decision d = SG_ARB_KEEP;
@@ -535,7 +560,7 @@ enum sg_arb_decision sg_arb_decide(struct sg_gpu *g, uint64_t now, bool burst_en
     }
     /* Where our work ended, if a sync drained it: read before the charge restarts the period. */
     uint64_t work_end = burst_end ? __atomic_load_n(&g->drained_at, __ATOMIC_SEQ_CST) : 0;
-    charge_locked(a, g, c, now);
+    sg_arb_charge_locked(a, g, c, now);
     sg_arb_tenant_sync_locked(a, g->tenant, &lim, gen); /* a resize applies from the next quantum */
     struct sg_arb_tenant *t = &a->tenants[g->tenant];
     int best = sg_arb_pick_locked(a, now);
@@ -659,11 +684,11 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
     }
     t->last_active_ns = now;
     sg_arb_note_online_locked(a, c, now);
-    bool slept = false, handed = false;
+    bool slept = false, handed = false, took = false;
     for (;;) {
         int holder = SG_ARB_TOKEN_HOLDER(a->token);
         if (holder == c) {
-            handed = slept; /* granted by a releasing holder while we slept */
+            handed = slept || took; /* granted by a releasing holder while we slept, or taken */
             break;
         }
         if (holder < 0) {
@@ -674,6 +699,11 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
                 break;
         } else if (holder < SG_ARB_MAX_CLIENTS) {
             struct sg_arb_client *h = &a->clients[holder];
+            if (g->handoffs && g->ho.words_ok && g->ho.words_for == a &&
+                sg_arb_take_offer_locked(a, g->handoffs, holder, c, now)) {
+                took = true; /* queued behind the holder's work, in its sync (arbqueue.c) */
+                continue;
+            }
             if (slept && sg_mono_ns() >= sg_arb_last_reap_ns + REAP_INTERVAL_NS) {
                 sg_arb_reap_and_pick_locked(a); /* a dead holder's token comes back */
                 continue;
@@ -745,6 +775,10 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
     }
     __atomic_store_n(&g->qend, a->quantum_end_ns, __ATOMIC_RELAXED);
     sg_arb_hold_reset(g);
+    sg_ho_granted_locked(g, c); /* queued behind the last holder's work? */
+    if (g->handoffs && g->ho.words_ok && g->ho.words_for == a)
+        g->handoffs[c].flags |= SG_ARB_HO_WAITS; /* it may be granted queued */
+    g->ho.contended = slept || took; /* others hold the card too: offer it at our syncs */
     /* Nothing of ours runs until our first launch: the wake-up is not ours to pay. */
     __atomic_store_n(&g->drained_at, me->grant_ns ? me->grant_ns : now, __ATOMIC_SEQ_CST);
     __atomic_store_n(&g->token, a->token, __ATOMIC_RELAXED);
@@ -851,6 +885,8 @@ static void hold_back_if_due_locked(struct sg_gpu *g, uint64_t now)
  * unarbitrated (the region broke on the way); < 0 an error. */
 int sg_arb_hold_for_launch_locked(struct sg_gpu *g, struct sg_err *e)
 {
+    if (g->ho.offered)
+        sg_arb_offer_end(g); /* a launch after the offer is not behind its word: end it first */
     sg_arb_note_gap(g, sg_mono_ns());
     int rc = sg_arb_ensure_client(g, e);
     while (rc == 0) {
@@ -921,10 +957,14 @@ CUresult sg_arb_enter_slow(struct sg_gate *gt, CUstream s)
         sg_in_hook--;
         return CUDA_SUCCESS;
     }
+    if (g->handoffs && g->ho.words_for != g->a &&
+        __atomic_load_n(&g->a->handoff, __ATOMIC_RELAXED) == SG_ARB_HANDOFF_QUEUED)
+        sg_ho_words(g, ctx); /* once per region: to wait for a holder's word, or write ours */
     rc = sg_arb_hold_for_launch_locked(g, &e);
     if (rc == 0) {
         if (g->nctx == 0)
             sg_bc_hold_start(g, ctx); /* before the hold's first launch, the stream idle */
+        sg_ho_gate_launch(g, ctx, s); /* behind a queued hand-over: wait for its work first */
         rc = register_work(g, ctx, s);
     }
     if (rc == 0) {
@@ -964,6 +1004,7 @@ static void atfork_child(void)
         g->syncing = 0;
         g->since_sync = 0;
         sg_arb_hold_reset(g);
+        sg_ho_fork_child(g);
         g->usage = NULL;
         if (g->live_fd >= 0)
             close(g->live_fd); /* the parent's liveness locks stay the parent's */
@@ -1024,7 +1065,7 @@ __attribute__((destructor)) static void sg_arb_exit_hook(void)
                 uint64_t now = sg_mono_ns();
                 bool held = SG_ARB_TOKEN_HOLDER(a->token) == g->client;
                 if (held)
-                    charge_locked(a, g, g->client, now);
+                    sg_arb_charge_locked(a, g, g->client, now);
                 sg_arb_free_client_locked(a, g->client);
                 if (held) {
                     int next = sg_arb_pick_locked(a, now);

@@ -28,6 +28,16 @@ static int live_fd_of(const struct sg_arbiter *a)
     return sg_arb_agent_live_fd;
 }
 
+/* The records are ours to touch only in a mapping made for them: a process's own GPU entry
+ * knows (the agent maps none: its grants leave them alone). */
+struct sg_arb_handoff *sg_arb_handoffs(const struct sg_arbiter *a)
+{
+    for (int i = 0; i < SG_MAX_DEVICES; i++)
+        if (__atomic_load_n(&sg_gpus[i].a, __ATOMIC_RELAXED) == a)
+            return sg_gpus[i].handoffs;
+    return NULL;
+}
+
 void sg_arb_free_client_locked(struct sg_arbiter *a, int c)
 {
     struct sg_arb_client *cl = &a->clients[c];
@@ -45,6 +55,15 @@ void sg_arb_free_client_locked(struct sg_arbiter *a, int c)
         a->tenants[cl->tenant].clients--;
     __atomic_store_n(&cl->state, SG_ARB_FREE, __ATOMIC_RELAXED);
     __atomic_store_n(&cl->yield, 0, __ATOMIC_RELAXED);
+    if (a->queued_by == (uint32_t)c + 1)
+        a->queued_by = 0; /* its work died with it: nobody waits for its word */
+    struct sg_arb_handoff *h = sg_arb_handoffs(a);
+    if (h) { /* the next owner of the entry starts with none of these */
+        h[c].behind = 0;
+        h[c].offer = 0;
+        h[c].taken = 0;
+        h[c].flags = 0;
+    }
     cl->start_time = 0;
     cl->flags = 0;
     cl->pidns = 0;

@@ -143,6 +143,19 @@ bool sg_arb_better_locked(struct sg_arbiter *a, int w, int c, bool c_holds)
     return c_holds || x->wait_since_ns < y->wait_since_ns;
 }
 
+bool sg_arb_better_pending_locked(struct sg_arbiter *a, int w, uint64_t w_pending, int c,
+                                  uint64_t c_pending, uint64_t now)
+{
+    const struct sg_arb_client *x = &a->clients[w], *y = &a->clients[c];
+    if (x->priority != y->priority)
+        return x->priority > y->priority;
+    uint64_t vx = a->tenants[x->tenant].vtime +
+                  w_pending * 1000u / eff_weight_locked(a, (int)x->tenant, now);
+    uint64_t vy = a->tenants[y->tenant].vtime +
+                  c_pending * 1000u / eff_weight_locked(a, (int)y->tenant, now);
+    return vx <= vy; /* a tie goes to the waiter, as against a holder */
+}
+
 bool sg_arb_may_lend_locked(struct sg_arbiter *a, int c, int w, uint64_t now)
 {
     const struct sg_arb_client *x = &a->clients[w], *y = &a->clients[c];
@@ -202,6 +215,12 @@ void sg_arb_grant_locked(struct sg_arbiter *a, int c, uint64_t now)
         __atomic_store_n(&a->waiting, a->waiting - 1, __ATOMIC_RELAXED);
     __atomic_store_n(&cl->state, SG_ARB_HOLDING, __ATOMIC_RELAXED);
     __atomic_store_n(&cl->yield, 0, __ATOMIC_RELAXED);
+    struct sg_arb_handoff *h = sg_arb_handoffs(a);
+    if (h) { /* queued behind the last holder's work, if it may still run (ABI 1.12) */
+        h[c].behind = a->queued_by;
+        h[c].behind_seq = a->queued_seq;
+        h[c].offer = 0; /* a new hold offers nothing yet */
+    }
     a->grants++;
     struct sg_arb_tenant *t = &a->tenants[cl->tenant];
     __atomic_fetch_add(&t->grants, 1, __ATOMIC_RELAXED);

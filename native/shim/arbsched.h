@@ -39,6 +39,10 @@ bool sg_arb_pay_locked(struct sg_arbiter *a, int c, uint64_t used, uint64_t now)
 /* Is waiter w a better candidate than client c?  Against the holder (c_holds) a tie goes to
  * the waiter, so processes of one tenant alternate. */
 bool sg_arb_better_locked(struct sg_arbiter *a, int w, int c, bool c_holds);
+/* sg_arb_better_locked against holder c, each tenant's virtual time counted as if its client's
+ * work not yet charged (`*_pending` ns, a queued hand-over's work in flight) were paid. */
+bool sg_arb_better_pending_locked(struct sg_arbiter *a, int w, uint64_t w_pending, int c,
+                                  uint64_t c_pending, uint64_t now);
 /* May holder c lend the card for its host gap to waiter w, which is behind it in virtual time?
  * Only within a class other than online, and while w's tenant is ahead by less than a quarter
  * quantum of its GPU time, so that what loans give it stays bounded (arbiter.c, "Loans"). */
@@ -47,7 +51,11 @@ bool sg_arb_may_lend_locked(struct sg_arbiter *a, int c, int w, uint64_t now);
 int sg_arb_pick_locked(struct sg_arbiter *a, uint64_t now);
 /* The quantum client c would be granted now: shortened so a ceiling bucket does not run dry. */
 uint64_t sg_arb_quantum_len_locked(struct sg_arbiter *a, int c, uint64_t now);
-/* Grant the token to client c (and wake it). */
+/* The hand-over records of region a (1.12), where this process mapped them with it; NULL
+ * otherwise (arbregion.c). */
+struct sg_arb_handoff *sg_arb_handoffs(const struct sg_arbiter *a);
+/* Grant the token to client c (and wake it): its record names the holder whose work it queues
+ * behind (queued_by). */
 void sg_arb_grant_locked(struct sg_arbiter *a, int c, uint64_t now);
 /* Client c asked for, holds or was granted the token: an online one keeps offline work out of
  * the online window from now. */

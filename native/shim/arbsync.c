@@ -43,9 +43,12 @@ static uint64_t mark_drained_locked(struct sg_gpu *g, enum sg_sync_kind kind, co
  * code: the hold is marked drained from the kernel's end (the burst clock, as at a sync of the
  * program's), so that the charge leaves that time out, but the program's gap (idle_from) is not
  * begun. */
+static uint32_t mark_sync(struct sg_gpu *g, enum sg_sync_kind kind, const void *what, bool offer);
+
 static void bound_sync(struct sg_gpu *g, CUcontext ctx, uint64_t start)
 {
-    uint32_t seq = sg_arb_sync_mark(g, SG_SYNC_CTX, ctx); /* the kernel's end, by the GPU's clock */
+    /* The kernel's end, by the GPU's clock.  No offer: the bound decides after it returns. */
+    uint32_t seq = mark_sync(g, SG_SYNC_CTX, ctx, false);
     __atomic_fetch_add(&g->syncing, 1, __ATOMIC_RELAXED); /* waiting for our kernel: not idle */
     sg_arb_sync_context(ctx);
     __atomic_fetch_sub(&g->syncing, 1, __ATOMIC_RELAXED);
@@ -119,17 +122,26 @@ bool sg_sync_covers_hold(struct sg_gpu *g, enum sg_sync_kind kind, const void *w
 }
 
 /* A sync that may cover all the work of our hold is about to wait: record the burst clock's end
- * event after that work.  Never blocks behind a release under way (its drain may be long): the
- * sync's return then stands for the end. */
-uint32_t sg_arb_sync_mark(struct sg_gpu *g, enum sg_sync_kind kind, const void *what)
+ * event after that work, and (a sync of the program's, `offer`) offer the token queued behind it
+ * (arbqueue.c).  Never blocks behind a release under way (its drain may be long): the sync's
+ * return then stands for the end. */
+static uint32_t mark_sync(struct sg_gpu *g, enum sg_sync_kind kind, const void *what, bool offer)
 {
     if (pthread_mutex_trylock(&g->mu) != 0)
         return 0;
     sg_in_hook++;
+    uint64_t last = __atomic_load_n(&g->last_launch, __ATOMIC_SEQ_CST);
     uint32_t seq = sg_arb_holding(g) && sg_sync_covers_hold(g, kind, what) ? sg_bc_sync_begin(g) : 0;
+    if (seq && offer)
+        sg_arb_offer_queued(g, last);
     sg_in_hook--;
     pthread_mutex_unlock(&g->mu);
     return seq;
+}
+
+uint32_t sg_arb_sync_mark(struct sg_gpu *g, enum sg_sync_kind kind, const void *what)
+{
+    return mark_sync(g, kind, what, true);
 }
 
 /* A sync returned that waited for `what`.  When that covered all the work of our hold
@@ -140,9 +152,16 @@ void sg_arb_drained(struct sg_gpu *g, const struct sg_sync *s, enum sg_sync_kind
 {
     sg_in_hook++;
     pthread_mutex_lock(&g->mu);
+    if (g->ho.offered && s->end_seq && s->end_seq == g->ho.offer_end_seq && sg_arb_offer_end(g)) {
+        pthread_mutex_unlock(&g->mu); /* taken queued as this sync waited: paid to its end */
+        sg_in_hook--;
+        return;
+    }
     uint64_t end = mark_drained_locked(g, kind, what, s->begin, s->end_seq);
-    if (end)
+    if (end) {
         __atomic_store_n(&g->idle_from, end, __ATOMIC_RELAXED); /* the program's own gap begins */
+        sg_arb_note_tail(g, end > s->begin ? end - s->begin : 0);
+    }
     pthread_mutex_unlock(&g->mu);
     sg_in_hook--;
 }

@@ -64,6 +64,7 @@ static void watch_one(struct sg_gpu *g, uint64_t now)
         __atomic_store_n(&g->token, 0, __ATOMIC_RELAXED);
         return;
     }
+    sg_ho_watch(g, now); /* a gate whose awaited work ran past the bound */
     uint64_t q = sg_arb_quantum(g->a);
     uint32_t why = __atomic_load_n(&g->a->clients[g->client].yield, __ATOMIC_RELAXED);
     bool yield = why == SG_ARB_YIELD_CLASS;

@@ -58,6 +58,7 @@ static bool clock_for(struct sg_burst_clock *bc, CUcontext ctx)
         if (SG_REAL(cuEventDestroy_v2)) {
             SG_REAL(cuEventDestroy_v2)(bc->ref);
             SG_REAL(cuEventDestroy_v2)(bc->end);
+            SG_REAL(cuEventDestroy_v2)(bc->start);
         }
         if (SG_REAL(cuStreamDestroy_v2))
             SG_REAL(cuStreamDestroy_v2)(bc->stream);
@@ -68,10 +69,11 @@ static bool clock_for(struct sg_burst_clock *bc, CUcontext ctx)
         return false;
     if (SG_REAL(cuCtxPushCurrent_v2)(ctx) != CUDA_SUCCESS)
         return false;
-    CUevent ref = NULL, end = NULL;
+    CUevent ref = NULL, end = NULL, start = NULL;
     CUstream s = NULL;
     bool ok = SG_REAL(cuEventCreate)(&ref, 0) == CUDA_SUCCESS &&
               SG_REAL(cuEventCreate)(&end, 0) == CUDA_SUCCESS &&
+              SG_REAL(cuEventCreate)(&start, 0) == CUDA_SUCCESS &&
               SG_REAL(cuStreamCreate)(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS;
     CUcontext popped;
     SG_REAL(cuCtxPopCurrent_v2)(&popped);
@@ -81,10 +83,13 @@ static bool clock_for(struct sg_burst_clock *bc, CUcontext ctx)
                 SG_REAL(cuEventDestroy_v2)(ref);
             if (end)
                 SG_REAL(cuEventDestroy_v2)(end);
+            if (start)
+                SG_REAL(cuEventDestroy_v2)(start);
         }
         return false;
     }
-    *bc = (struct sg_burst_clock){.ctx = ctx, .ref = ref, .end = end, .stream = s, .epoch = epoch};
+    *bc = (struct sg_burst_clock){
+        .ctx = ctx, .ref = ref, .end = end, .start = start, .stream = s, .epoch = epoch};
     return true;
 }
 
@@ -113,6 +118,7 @@ void sg_bc_hold_start(struct sg_gpu *g, CUcontext ctx)
 {
     struct sg_burst_clock *bc = &g->bc;
     bc->ref_ok = false;
+    bc->start_set = false;
     bc->end_seq++; /* an end recorded in an earlier hold is not this one's */
     if (ctx && clock_for(bc, ctx))
         record_ref(bc);
@@ -144,14 +150,50 @@ uint32_t sg_bc_sync_begin(struct sg_gpu *g)
     return ++bc->end_seq;
 }
 
+bool sg_bc_end_stream(const struct sg_gpu *g, CUstream *s)
+{
+    return hold_end_stream(g, s);
+}
+
 /* CUDA 12.8+ has a _v2; older drivers only the first. */
-static CUresult elapsed(const struct sg_burst_clock *bc, float *ms)
+static CUresult elapsed(const struct sg_burst_clock *bc, CUevent to, float *ms)
 {
     if (SG_REAL(cuEventElapsedTime_v2))
-        return SG_REAL(cuEventElapsedTime_v2)(ms, bc->ref, bc->end);
+        return SG_REAL(cuEventElapsedTime_v2)(ms, bc->ref, to);
     if (SG_REAL(cuEventElapsedTime))
-        return SG_REAL(cuEventElapsedTime)(ms, bc->ref, bc->end);
+        return SG_REAL(cuEventElapsedTime)(ms, bc->ref, to);
     return CUDA_ERROR_NOT_FOUND;
+}
+
+bool sg_bc_gate_start(struct sg_gpu *g, CUcontext ctx, CUstream s)
+{
+    struct sg_burst_clock *bc = &g->bc;
+    if (!bc->ref_ok || bc->ctx != ctx || bc->start_set || !not_capturing(s))
+        return false;
+    bc->start_set = SG_REAL(cuEventRecord)(bc->start, s) == CUDA_SUCCESS;
+    return bc->start_set;
+}
+
+bool sg_bc_gate_passed(struct sg_gpu *g)
+{
+    return g->bc.start_set && SG_REAL(cuEventQuery) &&
+           SG_REAL(cuEventQuery)(g->bc.start) == CUDA_SUCCESS;
+}
+
+int sg_bc_gate_open(struct sg_gpu *g, uint64_t *at)
+{
+    struct sg_burst_clock *bc = &g->bc;
+    float ms;
+    if (!bc->start_set || !bc->ref_ok)
+        return -1;
+    CUresult r = elapsed(bc, bc->start, &ms);
+    if (r == CUDA_ERROR_NOT_READY)
+        return 0;
+    bc->start_set = false;
+    if (r != CUDA_SUCCESS || ms < 0)
+        return -1;
+    *at = bc->ref_host + (uint64_t)((double)ms * 1e6);
+    return 1;
 }
 
 uint64_t sg_bc_end(struct sg_gpu *g, uint32_t seq, uint64_t fallback)
@@ -159,7 +201,7 @@ uint64_t sg_bc_end(struct sg_gpu *g, uint32_t seq, uint64_t fallback)
     struct sg_burst_clock *bc = &g->bc;
     float ms;
     if (!seq || seq != bc->end_seq || !bc->ref_ok ||
-        elapsed(bc, &ms) != CUDA_SUCCESS || ms < 0)
+        elapsed(bc, bc->end, &ms) != CUDA_SUCCESS || ms < 0)
         return fallback;
     uint64_t end = bc->ref_host + (uint64_t)((double)ms * 1e6);
     return end < fallback ? end : fallback;

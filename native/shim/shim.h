@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "sharegpu/abi.h"
 #include "sharegpu/cuda_api.h"
@@ -366,12 +367,49 @@ enum sg_hold_streams { SG_HOLD_NONE, SG_HOLD_ONE, SG_HOLD_DEFAULT, SG_HOLD_MIXED
 struct sg_burst_clock {
     CUcontext ctx;     /* the context the events and the stream belong to; NULL: none */
     CUevent ref, end;
+    CUevent start;     /* a queued hold's gate opened (handoff.c): recorded after its wait */
+    bool start_set;    /* `start` recorded in this hold, not yet read */
     CUstream stream;   /* private, non-blocking: `ref` completes as soon as it is recorded */
     uint32_t epoch;    /* sg_stream_epoch when made */
     uint32_t end_seq;  /* bumped by each record of `end` (and at each hold's start) */
     uint64_t ref_host; /* CLOCK_MONOTONIC when `ref` was recorded */
     bool ref_ok;       /* `ref` recorded in this hold */
 };
+/* Queued hand-overs (handoff.c, arbqueue.c; ABI 1.12).  All [mu]. */
+#define SG_HO_GATED_STREAMS 8
+struct sg_handoff {
+    /* The region's records, page-locked once (cuMemHostRegister) for the GPU to reach. */
+    const struct sg_arbiter *words_for; /* the region they were registered for; NULL: not yet */
+    bool words_ok;            /* registered: our streams can write and wait for done words */
+    CUdeviceptr words_dev;    /* the device's address of the records */
+    uint32_t seq;             /* our last offer's seq (the next one is seq + 1, never 0) */
+    /* As the holder that offers the token at a covering sync. */
+    bool contended;           /* our last grant came after a wait (or a take): offer at syncs */
+    bool tail_known;          /* tail_ns was measured */
+    uint64_t tail_ns;         /* our work at our last covering sync, from its begin to its end:
+                                 what a hand-over queued there leaves uncharged until it ends */
+    uint32_t offered;         /* our record's seq offered at a covering sync; 0: none */
+    uint64_t offer_at;        /* when: our charge was closed then */
+    uint32_t offer_end_seq;   /* that sync's burst clock end event */
+    /* As the next holder: this hold's work waits on the GPU for the last holder's word. */
+    bool gate;                /* this hold has a gate (taken from our record at the grant) */
+    bool waiting;             /* a stream of ours waits for it */
+    bool open;                /* it is open: the word is up (or we wrote it ourselves) */
+    uint32_t behind;          /* 1 + the client whose done word it is */
+    uint32_t behind_seq;      /* the seq it must reach */
+    uint64_t gate_at;         /* when our first stream began to wait (the bound runs from it) */
+    uint64_t wait_from;       /* the gate's wait not yet left out of our charge runs from here */
+    CUcontext opener_ctx;     /* an idle stream of ours to write a word from (the bound) */
+    CUstream opener;
+    uint32_t opener_epoch;
+    int ngated;
+    struct {
+        CUcontext ctx;
+        CUstream s;
+        pid_t tid;            /* the per-thread default stream's thread; 0 otherwise */
+    } gated[SG_HO_GATED_STREAMS]; /* streams that wait for the word in this hold */
+};
+
 struct sg_gpu {
     uint64_t token;      /* [atomic relaxed] the token word this process holds; 0: none */
     uint64_t qend;       /* [atomic relaxed] end of our quantum (CLOCK_MONOTONIC) */
@@ -424,6 +462,8 @@ struct sg_gpu {
     int ctx_cap;         /* [mu] room in ctxs, grown as a hold reaches more contexts */
     CUcontext *ctxs;     /* [mu] */
     struct sg_burst_clock bc; /* [mu] */
+    struct sg_arb_handoff *handoffs; /* [mu] the region's hand-over records; NULL: none (1.11) */
+    struct sg_handoff ho;     /* [mu] */
     /* Work of the process's other API (the Vulkan layer, layer_api.c) in this hold: each
      * registered drain is waited for at release, as the contexts are. */
     uint64_t hold_seq;   /* [atomic relaxed; written under mu] bumped at every hold's end */
@@ -543,6 +583,31 @@ void sg_bc_renew(struct sg_gpu *g);
 uint32_t sg_bc_sync_begin(struct sg_gpu *g);
 /* When the work the end event followed ended (CLOCK_MONOTONIC), at the latest `fallback`. */
 uint64_t sg_bc_end(struct sg_gpu *g, uint32_t seq, uint64_t fallback);
+/* The stream a sync's end event went to (sg_bc_sync_begin succeeded). */
+bool sg_bc_end_stream(const struct sg_gpu *g, CUstream *s);
+/* A queued hold's first gated stream s of ctx: record `start` after its wait.  True if set. */
+bool sg_bc_gate_start(struct sg_gpu *g, CUcontext ctx, CUstream s);
+/* When that gate opened: 1 and *at, 0 not yet, -1 unknown (no start recorded, or unreadable). */
+int sg_bc_gate_open(struct sg_gpu *g, uint64_t *at);
+/* Has that gate opened (without reading the time)? */
+bool sg_bc_gate_passed(struct sg_gpu *g);
+
+/* Queued hand-overs (handoff.c; callers hold g->mu). */
+/* Our streams can write and wait for the records' done words (registered once per region, with
+ * ctx pushed): false when the region has no records or the driver refused. */
+bool sg_ho_words(struct sg_gpu *g, CUcontext ctx);
+/* The holder: our done word raised to `seq` on stream s, after the hold's work.  False: not. */
+bool sg_ho_record(struct sg_gpu *g, CUstream s, uint32_t seq);
+/* The next holder, at the grant, under the region lock: take the gate from our record. */
+void sg_ho_granted_locked(struct sg_gpu *g, int c);
+/* A launch of this hold to stream s of ctx: make it wait for the gate first. */
+void sg_ho_gate_launch(struct sg_gpu *g, CUcontext ctx, CUstream s);
+/* Before a charge: move the time our work waited at the gate into idle_ns (not charged). */
+void sg_ho_settle(struct sg_gpu *g, uint64_t now);
+/* The watcher: open a gate whose awaited work ran past the bound. */
+void sg_ho_watch(struct sg_gpu *g, uint64_t now);
+/* After fork: nothing of the parent's handles is ours. */
+void sg_ho_fork_child(struct sg_gpu *g);
 
 static inline void sg_arb_sync_begin(struct sg_sync *s, enum sg_sync_kind kind, const void *what)
 {
@@ -561,8 +626,9 @@ static inline void sg_arb_sync_end(struct sg_sync *s, CUresult res, enum sg_sync
 {
     if (s->g) {
         __atomic_fetch_sub(&s->g->syncing, 1, __ATOMIC_RELAXED);
+        /* A sync whose end event was recorded may also close a queued hand-over's charge. */
         if (res == CUDA_SUCCESS && kind != SG_SYNC_OTHER &&
-            __atomic_load_n(&s->g->token, __ATOMIC_RELAXED))
+            (s->end_seq || __atomic_load_n(&s->g->token, __ATOMIC_RELAXED)))
             sg_arb_drained(s->g, s, kind, what);
     }
     sg_arb_burst_end();

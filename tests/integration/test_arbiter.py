@@ -32,6 +32,8 @@ from arbiterutil import (
     patch_file,
     spawn,
     spawn_in_pid_namespace,
+    spawn_python,
+    spin_script,
     start_at,
     stop_a_token_holder,
 )
@@ -71,26 +73,6 @@ def achieved_by_script(sim: Sim, tenant: Path, script: str, *args: str) -> float
     )
     assert proc.returncode == 0, proc.stderr
     return float(parse_kv(proc.stdout)[0]["achieved"]) * 100
-
-
-def spin_script(us: int, body: str) -> str:
-    """A cuda-python program: the simulated GPU's spin kernel of `us` µs loaded on device 0's
-    primary context as `f`, its launch arguments in `params`; then `body`."""
-    prelude = f"""
-        import ctypes, sys, time
-        from cuda.bindings import driver as d
-        d.cuInit(0)
-        err, dev = d.cuDeviceGet(0)
-        err, ctx = d.cuDevicePrimaryCtxRetain(dev)
-        d.cuCtxSetCurrent(ctx)
-        ptx = (b".version 8.0\\n.target sm_90\\n.address_size 64\\n"
-               b".visible .entry spin(.param .u64 us)\\n{{\\n ret;\\n}}\\n")
-        err, mod = d.cuModuleLoadData(ptx)
-        err, f = d.cuModuleGetFunction(mod, b"spin")
-        us = ctypes.c_uint64({us})
-        params = (ctypes.c_void_p * 1)(ctypes.addressof(us))
-    """
-    return textwrap.dedent(prelude) + textwrap.dedent(body)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,13 +248,7 @@ def test_a_loop_that_pauses_hands_the_card_to_its_own_class_within_a_poll(sim: S
         """,
     )
     waiter = spawn(sim, a, "saturate", 20, 500, "kernel")
-    loop = subprocess.Popen(
-        [sys.executable, "-c", code],
-        env=sim.tenant_env(b),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    loop = spawn_python(sim, b, code)
     region = arbiter_of(sim)
     delays_ms = []
     assert loop.stdout is not None

@@ -430,6 +430,9 @@ SG_CUAPI cuGraphLaunch(CUgraphExec exec, CUstream stream);
 SG_CUAPI cuGraphExecDestroy(CUgraphExec exec);
 
 SG_CUAPI cuStreamCreate(CUstream *stream, unsigned int flags);
+/* Page-locked host memory (cuMemHostRegister flags: PORTABLE 0x1, DEVICEMAP 0x2). */
+SG_CUAPI cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags);
+SG_CUAPI cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int flags);
 SG_CUAPI cuStreamDestroy_v2(CUstream stream);
 SG_CUAPI cuStreamSynchronize(CUstream stream);
 SG_CUAPI cuStreamQuery(CUstream stream);
