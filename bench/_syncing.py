@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from _node import Node, parse, start_at
-from sharegpu.arbiter import read_arbiter
+from sharegpu.arbiter import read_arbiter, tune_arbiter
 from sharegpu.native import probe_path
 from sharegpu.spec import ComputeSpec
 
@@ -325,6 +325,7 @@ def measure(
     *,
     runs: int,
     seconds: float,
+    handoff: str | None = None,
     progress: Callable[[str], None] = lambda line: None,
 ) -> list[Result]:
     demand_of: dict[Work, float] = {}
@@ -346,6 +347,8 @@ def measure(
         for _ in range(runs):
             node.clear_tenants()
             jobs = [(node.tenant_env(f"t{i}", t.spec()), t.work) for i, t in enumerate(case.tenants)]
+            if handoff:
+                tune_arbiter(node.arbiter(), handoff=handoff)
             before = read_arbiter(node.arbiter())
             got.append(run_together(node, jobs, window))
             after = read_arbiter(node.arbiter())
@@ -389,10 +392,15 @@ HEADER = (
 )
 
 
-def table(results: Sequence[Result], runs: int, cpu_wakeup_us: int | None = None) -> list[str]:
+def table(
+    results: Sequence[Result], runs: int, cpu_wakeup_us: int | None = None, handoff: str | None = None
+) -> list[str]:
     cpus = (
         "" if cpu_wakeup_us is None else f", CPUs asked to wake within {cpu_wakeup_us} µs (PM QoS, both runs)"
     )
+    if handoff:
+        cpus += f", hand-overs {handoff}"
+
     lines = [
         f"Tenants that synchronise — simulated GPU, median of {runs} run(s) per figure{cpus}",
         "got: each tenant's finished kernel time / window, % of the card; policies give: what the",

@@ -18,9 +18,12 @@ spin kernel (US µs each) and a stream sync, then HOST_US of host time. MODE:
            waits for the holder's event and then writes the word its main stream waits for (the
            design docs/design/arbitration.md chose for sharegpu's hand-over)
   relayctx as relay, the relay stream in a context of its own and the word in page-locked host
-           memory (cuMemHostAlloc, portable): what the shim's plan does, so that the program's
-           cuCtxSynchronize never waits for the relay; on a GPU the second context's time slice
-           may cost a switch more per hand-over
+           memory (cuMemHostAlloc, portable), so that the program's cuCtxSynchronize never waits
+           for the relay; on a GPU the second context's time slice may cost a switch more per
+           hand-over
+  shared   each program's word is in a file both map ($TURNS_SHARED_FILE) and page-lock
+           (cuMemHostRegister): the holder's stream writes its own word after its burst, the next
+           holder's stream waits for it (what the shim does with the arbiter region's done words)
 First the two exchange their event and memory handles over FD_OUT/FD_IN; each prints `ready` and
 waits for a go byte on FD_IN. Then prints `bursts=N seconds=S start=T` (T: its CLOCK_MONOTONIC start,
 in seconds).
@@ -82,6 +85,15 @@ def main(argv: list[str]) -> int:
     (gate,) = check(cu.cuMemAlloc(4096))  # the word other programs' work opens this one's gate by
     check(cu.cuMemsetD32(gate, 0, 1024))
     (gate_handle,) = check(cu.cuIpcGetMemHandle(gate))
+    if mode == "shared":  # the words of a file both map: no interprocess handle needed
+        import mmap
+
+        shared_file = open(os.environ["TURNS_SHARED_FILE"], "r+b")  # noqa: SIM115 (lives with the run)
+        page = mmap.mmap(shared_file.fileno(), 4096)
+        base = ctypes.addressof(ctypes.c_char.from_buffer(page))
+        check(cu.cuMemHostRegister(base, 4096, 1 | 2))  # CU_MEMHOSTREGISTER_PORTABLE | DEVICEMAP
+        (words,) = check(cu.cuMemHostGetDevicePointer(base, 0))
+        my_word, their_word = int(words) + 128 * role, int(words) + 128 * (1 - role)
     os.write(fd_out, ctypes.string_at(exported.getPtr(), 64) + ctypes.string_at(gate_handle.getPtr(), 64))
     handle, their_handle = cu.CUipcEventHandle(), cu.CUipcMemHandle()
     ctypes.memmove(handle.getPtr(), read_exactly(fd_in, 64), 64)
@@ -119,6 +131,8 @@ def main(argv: list[str]) -> int:
                 check(cu.cuStreamWaitEvent(stream, theirs, 0))
             elif mode == "word":
                 check(cu.cuStreamWaitValue32(stream, gate, received, geq))
+            elif mode == "shared":
+                check(cu.cuStreamWaitValue32(stream, their_word, received, geq))
             elif mode in ("relay", "relayctx"):
                 word = gate if mode == "relay" else own_gate
                 check(cu.cuStreamWaitEvent(relay, theirs, 0))
@@ -131,7 +145,10 @@ def main(argv: list[str]) -> int:
         if mode == "word" and hand_on:
             given += 1
             check(cu.cuStreamWriteValue32(stream, their_gate, given, 0))
-        if mode in ("queued", "word", "relay", "relayctx") and hand_on:
+        if mode == "shared" and hand_on:
+            given += 1
+            check(cu.cuStreamWriteValue32(stream, my_word, given, 0))
+        if mode in ("queued", "word", "relay", "relayctx", "shared") and hand_on:
             os.write(fd_out, b"t")
         check(cu.cuStreamSynchronize(stream))
         if mode == "drained" and hand_on:

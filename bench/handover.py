@@ -17,8 +17,12 @@ busy share (kernel time run / wall time) is printed for three ways of running th
            the holder's event, then writes the word its main stream waits for (the design
            chosen for sharegpu's hand-over: its watcher could open the word itself)
   relayctx as relay, the relay stream in a context of its own and the word in page-locked host
-           memory, as the shim's plan has it (the program's cuCtxSynchronize never waits for the
-           relay); on a GPU the relay's context may cost a switch more per hand-over
+           memory (the program's cuCtxSynchronize never waits for the relay); on a GPU the
+           relay's context may cost a switch more per hand-over
+  shared   the next holder's stream waits for a word of a file both programs map and page-lock
+           (cuMemHostRegister), which the holder's stream writes after its burst: sharegpu's
+           hand-over (ABI 1.12: the done words of the arbiter region), with no CUDA
+           interprocess handle, which opens only between processes that see each other's pids
 At 50/50 every turn is a hand-over, so queued against bare is the hand-over's whole cost. At an
 uneven split some turns follow their own program's, and each of those leaves that program's gap
 (its sync's return, host time and launch) idle however the hand-overs are made.
@@ -30,13 +34,14 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from _node import simulated_node
 
 HERE = Path(__file__).resolve().parent
-MODES = ("bare", "drained", "queued", "word", "relay", "relayctx")
+MODES = ("bare", "drained", "queued", "word", "relay", "relayctx", "shared")
 HOST_US = 20
 DEFAULT_CASES = "1x100,1x500,4x200,4x500,1x2000"
 
@@ -50,6 +55,17 @@ class Result:
 def run_case(env: dict[str, str], mode: str, *, share: int, burst: int, us: int, seconds: float) -> Result:
     """The two programs for about `seconds`, with pipes between them for handles and turns."""
     turns = max(10, int(seconds * 1e6 / (burst * us + 30)))
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None  # a tmpfs, as a runtime directory is
+    with tempfile.NamedTemporaryFile(prefix="sg-turns-", dir=shm) as shared:
+        shared.write(bytes(4096))
+        shared.flush()
+        env = env | {"TURNS_SHARED_FILE": shared.name}
+        return run_programs(env, mode, share=share, burst=burst, us=us, seconds=seconds, turns=turns)
+
+
+def run_programs(
+    env: dict[str, str], mode: str, *, share: int, burst: int, us: int, seconds: float, turns: int
+) -> Result:
     zero_to_one, one_to_zero = os.pipe(), os.pipe()
     ends = [(one_to_zero[0], zero_to_one[1]), (zero_to_one[0], one_to_zero[1])]
     procs = []

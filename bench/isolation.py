@@ -58,6 +58,7 @@ from _node import Node, simulated_node, start_at
 from sharegpu.agent.cpulatency import CpuLatencyRequest
 from sharegpu.arbiter import read_arbiter
 from sharegpu.native import parse_probe_output
+from sharegpu.regions import abi
 from sharegpu.spec import ComputeSpec
 
 SPLITS: dict[str, list[int]] = {
@@ -378,6 +379,7 @@ def syncing_section(args: argparse.Namespace) -> list[_syncing.Result]:
             cases,
             runs=args.syncing_runs,
             seconds=args.seconds,
+            handoff=args.handoff,
             progress=lambda line: print(line, file=sys.stderr, flush=True),
         )
 
@@ -475,6 +477,13 @@ def main(argv: list[str] | None = None, out: Callable[[str], None] = print) -> i
         default="",
         help="section syncing: only the cases whose group or workload contains this text",
     )
+    parser.add_argument(
+        "--handoff",
+        choices=tuple(abi.ARB_HANDOFF_NAMES.values()),
+        default=None,
+        help="section syncing: the arbiter's hand-over within a class (default: the region's, "
+        f"{abi.ARB_HANDOFF_NAMES[abi.ARB_DEFAULT_HANDOFF]})",
+    )
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--random", action="store_true", help="only section 5: random arrivals")
     parser.add_argument("--requests", type=int, default=200, help="online requests per run (section 5)")
@@ -541,7 +550,7 @@ def _run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
         )
         return 0
     if syncing:
-        for line in _syncing.table(syncing, args.syncing_runs, args.cpu_wakeup_latency_us):
+        for line in _syncing.table(syncing, args.syncing_runs, args.cpu_wakeup_latency_us, args.handoff):
             out(line)
         if not rows:
             return 0

@@ -1,6 +1,7 @@
 """bench/handover.py on the simulated GPU: two programs that take turns themselves, told after the
 holder's sync or queued on the GPU behind the holder's interprocess event or behind a word that the
-holder's stream writes."""
+holder's stream writes (in its own memory, or in a file both map: `shared`, sharegpu's since ABI
+1.12)."""
 
 from __future__ import annotations
 
@@ -28,11 +29,12 @@ def test_a_queued_hand_over_costs_the_card_less_than_one_made_after_the_sync(bui
         "word",
         "relay",
         "relayctx",
+        "shared",
     ):  # turns in a fixed order: the split is the order's
         assert abs(res[mode].split[0] - res[mode].split[1]) < 1
     # Told after its sync, the next holder's wake-up and launch leave the card idle at every turn
     # (87% on a quiet host); queued behind the holder's event or word, it pays the GPU's switch
     # only, as the programs do without turns (97.5% and 98.0%).
-    for queued in ("queued", "word", "relay", "relayctx"):
+    for queued in ("queued", "word", "relay", "relayctx", "shared"):
         assert res[queued].card > res["drained"].card + 4, queued
         assert res[queued].card > res["bare"].card - 3, queued

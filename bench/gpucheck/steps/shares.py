@@ -12,10 +12,12 @@ dry run on the simulated GPU allows 5).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import statistics
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,11 @@ GRAPH_CASE = ("graphs share 30/70", [(30, "share"), (70, "share")])
 # waits leave the card idle under an exclusive token: docs/design/arbitration.md).
 SYNC_CASE = ("syncing share 30/70 (4 x 1 ms, then a sync)", [(30, "share"), (70, "share")])
 SYNC_WORK = ["4", "1000", "20"]
+# The same with the hand-over queued on the GPU (ABI 1.12, `handoff: queued`: the next holder's
+# work waits for a word the holder's stream writes), and with bursts of one 100 µs kernel, where
+# a hand-over's cost shows most: whether it beats the drain on a real GPU, as it does not on the
+# simulated one (docs/design/arbitration.md, "Queued hand-overs").
+SHORT_SYNC_WORK = ["1", "100", "20"]
 PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
 
 
@@ -113,8 +120,10 @@ def _options(pct: int, policy: str, name: str) -> list[str]:
     return ["--memory", "2GiB", "--compute", f"{pct}%", "--policy", policy, "--name", name]
 
 
-def probe_case(ctx: StepContext, split: list[tuple[int, str]], seconds: float, mode: str) -> Outcome:
-    """mode: saturate's (kernel, graph), or "sync" for `sgprobe syncloop` with SYNC_WORK."""
+def probe_case(
+    ctx: StepContext, split: list[tuple[int, str]], seconds: float, mode: str, work: list[str] = SYNC_WORK
+) -> Outcome:
+    """mode: saturate's (kernel, graph), or "sync" for `sgprobe syncloop` with `work`."""
     from sharegpu.native import probe_path
 
     delay = ctx.scale(3.0, 2.5) + 0.3 * len(split)
@@ -122,7 +131,7 @@ def probe_case(ctx: StepContext, split: list[tuple[int, str]], seconds: float, m
     procs = []
     for i, (pct, policy) in enumerate(split):
         if mode == "sync":
-            argv = [str(probe_path()), "syncloop", f"{seconds:g}", *SYNC_WORK, str(start)]
+            argv = [str(probe_path()), "syncloop", f"{seconds:g}", *work, str(start)]
         else:
             argv = [str(probe_path()), "saturate", f"{seconds:g}", str(KERNEL_US), mode, str(start)]
         procs.append(ctx.target.spawn(ctx.target.run_command(_options(pct, policy, f"gc-share-{i}"), argv)))
@@ -177,6 +186,34 @@ def probe(ctx: StepContext) -> None:
     got = probe_case(ctx, split, seconds, "sync")
     parts.append(_record(ctx, case, split, got, as_split=True) + f" (card {sum(got.shares):.1f}%)")
     ctx.summary("; ".join(parts))
+    for handoff, work, label in (
+        ("queued", SYNC_WORK, "4 x 1 ms"),
+        ("drain", SHORT_SYNC_WORK, "1 x 100 µs"),
+        ("queued", SHORT_SYNC_WORK, "1 x 100 µs"),
+    ):
+        with hand_over(ctx, handoff):
+            got = probe_case(ctx, split, seconds, "sync", work)
+        name = f"syncing share 30/70 ({label}, then a sync), hand-overs {handoff}"
+        parts.append(
+            _record(ctx, name, split, got, as_split=True) + f" (card {sum(got.shares):.1f}%, {handoff})"
+        )
+        ctx.summary("; ".join(parts))
+
+
+@contextlib.contextmanager
+def hand_over(ctx: StepContext, handoff: str) -> Iterator[None]:
+    """Every arbiter region of the run's runtime directory set to `handoff`, the default after."""
+    from sharegpu.arbiter import iter_arbiters, tune_arbiter
+    from sharegpu.regions import abi
+
+    regions = list(iter_arbiters(Path(ctx.target.env["SHAREGPU_RUNTIME_DIR"])))
+    for path in regions:
+        tune_arbiter(path, handoff=handoff)
+    try:
+        yield
+    finally:
+        for path in regions:
+            tune_arbiter(path, handoff=abi.ARB_HANDOFF_NAMES[abi.ARB_DEFAULT_HANDOFF])
 
 
 def graphs_probe(ctx: StepContext) -> None:
