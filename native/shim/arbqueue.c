@@ -36,7 +36,10 @@ void sg_arb_note_tail(struct sg_gpu *g, uint64_t ns)
 {
     g->ho.tail_ns = ns;
     g->ho.tail_known = true;
-    if (g->handoffs && g->client >= 0 && g->client < SG_ARB_MAX_CLIENTS)
+    /* Published only where it is read (a region that drains has no queued decisions): no store
+     * to a line every tenant shares at each drained sync. */
+    if (g->handoffs && g->client >= 0 && g->client < SG_ARB_MAX_CLIENTS &&
+        __atomic_load_n(&g->a->handoff, __ATOMIC_RELAXED) == SG_ARB_HANDOFF_QUEUED)
         __atomic_store_n(&g->handoffs[g->client].tail_ns, ns, __ATOMIC_RELAXED);
 }
 
