@@ -400,7 +400,6 @@ def table(
     )
     if handoff:
         cpus += f", hand-overs {handoff}"
-
     lines = [
         f"Tenants that synchronise — simulated GPU, median of {runs} run(s) per figure{cpus}",
         "got: each tenant's finished kernel time / window, % of the card; policies give: what the",

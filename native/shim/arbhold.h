@@ -58,7 +58,7 @@ void sg_arb_hold_back(struct sg_gpu *g, uint64_t until);
 void sg_arb_note_gap(struct sg_gpu *g, uint64_t now);
 /* Queued hand-overs (arbqueue.c; ABI 1.12). */
 /* A sync that covers our hold began (our last launch then at `last`) and its end event is
- * recorded: offer the token, queued behind our interprocess event recorded after our work; hand
+ * recorded: offer the token, queued behind our done word raised after our work; hand
  * it on at once if a waiter of our class is the one the drained sync would hand to. */
 void sg_arb_offer_queued(struct sg_gpu *g, uint64_t last);
 /* Our offer ends (the sync returned, or another of our threads launches): withdrawn if nobody

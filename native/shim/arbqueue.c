@@ -2,15 +2,15 @@
  * Queued hand-overs: when the token moves before the holder's work has ended (ABI 1.12;
  * docs/design/arbitration.md, "Queued hand-overs"; the driver calls of both sides: handoff.c).
  *
- * A holder whose sync is about to wait for all of its hold's work offers the token: its
- * interprocess event is recorded after that work, its charge is closed, and its record marked
+ * A holder whose sync is about to wait for all of its hold's work offers the token: its stream
+ * raises its done word after that work, its charge is closed, and its record marked
  * (`offer`).  A waiter of its class that the drained sync would hand the token to takes it at
  * once, queued: the holder itself when that waiter already waits, else the waiter when it comes
  * during the sync (a program that syncs right after its launches, as most do, is inside its sync
  * by the time the one it alternates with asks again).  The new holder's work waits on the GPU
- * for the event; the old holder pays for its work from the offer to its end, read from the GPU's
+ * for the word; the old holder pays for its work from the offer to its end, read from the GPU's
  * clock when its sync returns.  Launches of the holder's other threads during the offer take the
- * slow path (g->revoked), which ends the offer first: work launched after the event is not
+ * slow path (g->revoked), which ends the offer first: work launched after the word's write is not
  * behind it.
  *
  * A decision made during the sync does not know the holder's work still in flight (charged when
@@ -77,7 +77,7 @@ static void queue_to_locked(struct sg_arbiter *a, struct sg_arb_handoff *rec, in
     __atomic_store_n(&a->token, SG_ARB_TOKEN(SG_ARB_TOKEN_GEN(a->token), -1), __ATOMIC_RELEASE);
     a->last_release_ns = now;
     sg_arb_note_online_locked(a, h, now);
-    a->queued_by = (uint32_t)h + 1; /* the grant below waits for h's event */
+    a->queued_by = (uint32_t)h + 1; /* the grant below waits for h's word */
     a->queued_seq = rec[h].offer;
     rec[h].taken = rec[h].offer;
     rec[h].offer = 0;

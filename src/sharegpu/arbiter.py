@@ -469,7 +469,7 @@ class ArbiterStatus:
     handoff: str = "drain"  # how the token moves within a class at a covering sync (1.12)
     queued_handovers: int = 0  # hand-overs made before the holder's work ended (1.12)
     gated_holds: int = 0  # holds whose first work waited on the GPU for the last holder's
-    gates_opened: int = 0  # of those, gates a holder opened itself (bound passed, bad handle)
+    gates_opened: int = 0  # of those, gates a holder opened itself (bound passed, holder dead)
     gate_wait_ns: int = 0  # time first work waited at those gates (not charged)
     tenants: list[ArbiterTenant] = field(default_factory=list)
     clients: list[ArbiterClient] = field(default_factory=list)

@@ -570,7 +570,7 @@ struct sg_arbiter {
     /* ABI 1.12: queued hand-overs.  A region of ABI <= 1.11 reads zeros: drain. */
     uint32_t handoff;               /* [atomic relaxed] W: creator, agent.  SG_ARB_HANDOFF_* */
     uint32_t queued_by;             /* [lock] 1 + the client whose hold was last handed on
-                                       queued, while its work may still run (its event is what
+                                       queued, while its work may still run (its done word is what
                                        the next grant waits for); 0: none.  Cleared by that
                                        client when its sync returned, or by a gate opened past
                                        the bound */
