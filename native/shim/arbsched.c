@@ -130,30 +130,38 @@ bool sg_arb_pay_locked(struct sg_arbiter *a, int c, uint64_t used, uint64_t now)
     return true;
 }
 
-/* Is waiter w a better candidate than client c (by class, virtual time, then waiting time)?
- * Against the holder (c_holds) a tie goes to the waiter, so processes of one tenant alternate. */
-bool sg_arb_better_locked(struct sg_arbiter *a, int w, int c, bool c_holds)
+/* Client c's tenant's virtual time, as if `pending` ns of its work not yet charged were paid. */
+static uint64_t vtime_paid_locked(struct sg_arbiter *a, int c, uint64_t pending, uint64_t now)
+{
+    const struct sg_arb_client *cl = &a->clients[c];
+    uint64_t v = a->tenants[cl->tenant].vtime;
+    return pending ? v + pending * 1000u / eff_weight_locked(a, (int)cl->tenant, now) : v;
+}
+
+/* Is waiter w a better candidate than client c (by class, virtual time with each one's pending
+ * work paid, then waiting time)?  Against the holder (c_holds) a tie goes to the waiter, so
+ * processes of one tenant alternate. */
+static bool better_paid_locked(struct sg_arbiter *a, int w, uint64_t w_pending, int c,
+                               uint64_t c_pending, bool c_holds, uint64_t now)
 {
     const struct sg_arb_client *x = &a->clients[w], *y = &a->clients[c];
     if (x->priority != y->priority)
         return x->priority > y->priority;
-    uint64_t vx = a->tenants[x->tenant].vtime, vy = a->tenants[y->tenant].vtime;
+    uint64_t vx = vtime_paid_locked(a, w, w_pending, now), vy = vtime_paid_locked(a, c, c_pending, now);
     if (vx != vy)
         return vx < vy;
     return c_holds || x->wait_since_ns < y->wait_since_ns;
 }
 
+bool sg_arb_better_locked(struct sg_arbiter *a, int w, int c, bool c_holds)
+{
+    return better_paid_locked(a, w, 0, c, 0, c_holds, 0);
+}
+
 bool sg_arb_better_pending_locked(struct sg_arbiter *a, int w, uint64_t w_pending, int c,
                                   uint64_t c_pending, uint64_t now)
 {
-    const struct sg_arb_client *x = &a->clients[w], *y = &a->clients[c];
-    if (x->priority != y->priority)
-        return x->priority > y->priority;
-    uint64_t vx = a->tenants[x->tenant].vtime +
-                  w_pending * 1000u / eff_weight_locked(a, (int)x->tenant, now);
-    uint64_t vy = a->tenants[y->tenant].vtime +
-                  c_pending * 1000u / eff_weight_locked(a, (int)y->tenant, now);
-    return vx <= vy; /* a tie goes to the waiter, as against a holder */
+    return better_paid_locked(a, w, w_pending, c, c_pending, true, now);
 }
 
 bool sg_arb_may_lend_locked(struct sg_arbiter *a, int c, int w, uint64_t now)
