@@ -257,7 +257,11 @@ static uint64_t gate_stop(const struct sim_gpu *g, int c)
 static void open_gates(struct sim_state *st, struct sim_gpu *g, int from, uint64_t ts, int depth);
 
 /* Channel k's gate is open at g->clock: what it may run joins the round (at its end, as a newly
- * busy channel does); a 0 µs kernel just behind the gate completes now. */
+ * busy channel does).  A 0 µs kernel just behind the gate (an event recorded after the wait)
+ * completes when the channel runs again, after the switch to it, as a GPU executes a channel's
+ * commands after a semaphore acquire only once its context is back on the engine: the switch is
+ * not the channel's work, and an event after the wait must not say so.  With nothing else to run
+ * it completes now. */
 static void open_gate(struct sim_state *st, struct sim_gpu *g, int k, uint64_t ts, int depth)
 {
     struct sim_chan *ch = &g->chan[k];
@@ -265,8 +269,9 @@ static void open_gate(struct sim_state *st, struct sim_gpu *g, int k, uint64_t t
     ch->gate_live = 0;
     g->gates--;
     uint64_t done = ch->done;
-    complete(ch, g->clock, ch->exec_ns);
-    if (!ch->active && ch->exec_ns < ch->sub_ns)
+    if (ch->exec_ns >= ch->sub_ns)
+        complete(ch, g->clock, ch->exec_ns);
+    else if (!ch->active)
         list_insert(g, k, g->clock, ts);
     if (ch->done != done && depth < 8)
         open_gates(st, g, k, ts, depth + 1); /* a gate on what just completed */
