@@ -25,7 +25,7 @@ from __future__ import annotations
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -432,4 +432,34 @@ def table(
         f"{card_ok}/{len(results)} (of the others, {bound} where turns cannot reach it, within 1 point of "
         "what they can)",
     ]
+    return lines
+
+
+def compare_table(by_mode: Mapping[str | None, Sequence[Result]]) -> list[str]:
+    """The cards of the same cases under each hand-over mode, side by side (one invocation, the
+    modes measured in turn), with each mode's split error and the run without sharegpu."""
+    modes = list(by_mode)
+    names = [m or "default" for m in modes]
+    head = f"{'case':62} " + " ".join(f"{n + ' card':>13} {'split':>5}" for n in names)
+    lines = [
+        "Hand-over modes side by side: card busy % and the worst split error (points) under each;",
+        "bare: without sharegpu (the first mode's run); turns: as above",
+        f"{head} {'bare':>6} {'turns':>6}",
+    ]
+    firsts = by_mode[modes[0]]
+    for i, first in enumerate(firsts):
+        label = f"{first.case.policy} {first.case.label()} {first.case.configured()}"
+        cells = []
+        for m in modes:
+            r = by_mode[m][i]
+            mark = "" if r.card_met else ("~" if r.card_bound else "-")
+            cells.append(f"{sum(r.got):12.1f}{mark or ' '} {r.split_error:5.1f}")
+        lines.append(
+            f"{label[:62]:62} " + " ".join(cells) + f" {sum(first.bare):6.1f} {first.turns_bound:6.1f}"
+        )
+    met = ", ".join(
+        f"{n} {sum(r.card_met for r in by_mode[m])}/{len(by_mode[m])}"
+        for m, n in zip(modes, names, strict=True)
+    )
+    lines += [f"cards within 1 point of their goal (-: not, ~: within 1 point of turns): {met}"]
     return lines

@@ -22,7 +22,8 @@
    same tenants without sharegpu. Goals: each tenant within 1 point of what the policies give it
    out of the card's total, and that total within 1 point of the same tenants without sharegpu.
    --cpu-wakeup-latency-us N holds the agent's CPU wake-up latency request (PM QoS) through every
-   run of every section, with sharegpu and without (root).
+   run of every section, with sharegpu and without (root). --handoff drain,queued measures every
+   case under each hand-over mode in turn and ends with their cards side by side.
 
 6. Random arrivals (--random, not in the default sections; about 30 minutes): online p50/p99 / alone
    and the offline share of idle time per offline kernel length (0.5, 2, 8 ms) x arrival pattern
@@ -370,18 +371,37 @@ def build_rows(args: argparse.Namespace) -> list[Row]:
     return rows
 
 
-def syncing_section(args: argparse.Namespace) -> list[_syncing.Result]:
-    """Section 5: tenants that wait for their own work (bench/_syncing.py)."""
+def handoff_modes(text: str | None) -> list[str | None]:
+    """--handoff: one hand-over mode, or several separated by commas, each measured in turn;
+    none: the region's default."""
+    if not text:
+        return [None]
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    known = tuple(abi.ARB_HANDOFF_NAMES.values())
+    for m in modes:
+        if m not in known:
+            raise SystemExit(f"--handoff: unknown mode {m!r} (known: {', '.join(known)})")
+    if len(set(modes)) != len(modes):
+        raise SystemExit(f"--handoff: a mode is named twice in {text!r}")
+    return list(modes)
+
+
+def syncing_section(args: argparse.Namespace) -> dict[str | None, list[_syncing.Result]]:
+    """Section 5: tenants that wait for their own work (bench/_syncing.py), under each hand-over
+    mode asked for."""
     cases = [c for c in _syncing.CASES if args.cases in c.group or args.cases in c.label()]
+    results: dict[str | None, list[_syncing.Result]] = {}
     with simulated_node() as node:
-        return _syncing.measure(
-            node,
-            cases,
-            runs=args.syncing_runs,
-            seconds=args.seconds,
-            handoff=args.handoff,
-            progress=lambda line: print(line, file=sys.stderr, flush=True),
-        )
+        for mode in handoff_modes(args.handoff):
+            results[mode] = _syncing.measure(
+                node,
+                cases,
+                runs=args.syncing_runs,
+                seconds=args.seconds,
+                handoff=mode,
+                progress=lambda line: print(line, file=sys.stderr, flush=True),
+            )
+    return results
 
 
 REPEAT_LEGEND = """\
@@ -479,10 +499,10 @@ def main(argv: list[str] | None = None, out: Callable[[str], None] = print) -> i
     )
     parser.add_argument(
         "--handoff",
-        choices=tuple(abi.ARB_HANDOFF_NAMES.values()),
         default=None,
-        help="section syncing: the arbiter's hand-over within a class (default: the region's, "
-        f"{abi.ARB_HANDOFF_NAMES[abi.ARB_DEFAULT_HANDOFF]})",
+        help="section syncing: the arbiter's hand-over within a class, or several separated by "
+        "commas (drain,queued: each measured in turn, then their cards side by side; default: the "
+        f"region's, {abi.ARB_HANDOFF_NAMES[abi.ARB_DEFAULT_HANDOFF]})",
     )
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--random", action="store_true", help="only section 5: random arrivals")
@@ -519,7 +539,8 @@ def _run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
         return random_section(args, out)
     sections = set(args.sections.split(","))
     rows = build_rows(args) if sections - {"syncing"} else []
-    syncing = syncing_section(args) if "syncing" in sections else []
+    handoff_modes(args.handoff)  # a bad --handoff is refused before anything runs
+    by_mode = syncing_section(args) if "syncing" in sections else {}
     if args.json:
         out(
             json.dumps(
@@ -529,6 +550,7 @@ def _run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
                     "rows": [r.__dict__ for r in rows],
                     "syncing": [
                         {
+                            "handoff": mode,
                             "group": r.case.group,
                             "policy": r.case.policy,
                             "workload": r.case.label(),
@@ -542,6 +564,7 @@ def _run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
                             "split_met": r.split_met,
                             "card_met": r.card_met,
                         }
+                        for mode, syncing in by_mode.items()
                         for r in syncing
                     ],
                 },
@@ -549,9 +572,14 @@ def _run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
             )
         )
         return 0
-    if syncing:
-        for line in _syncing.table(syncing, args.syncing_runs, args.cpu_wakeup_latency_us, args.handoff):
-            out(line)
+    if by_mode:
+        for mode, syncing in by_mode.items():
+            for line in _syncing.table(syncing, args.syncing_runs, args.cpu_wakeup_latency_us, mode):
+                out(line)
+            out("")
+        if len(by_mode) > 1:
+            for line in _syncing.compare_table(by_mode):
+                out(line)
         if not rows:
             return 0
         out("")

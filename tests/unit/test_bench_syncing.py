@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 try:
-    from _syncing import CASES, GPU_SWITCH_US, Case, Result, Tenant, Work, expected, waterfill
+    from _syncing import CASES, GPU_SWITCH_US, Case, Result, Tenant, Work, compare_table, expected, waterfill
 finally:
     sys.path.pop(0)
 
@@ -125,3 +125,16 @@ def test_the_cases_cover_what_users_run() -> None:
     assert {c.policy for c in CASES} >= {"share", "cap", "mixed"}
     assert any(len(c.tenants) == 4 for c in CASES)
     assert any(t.priority == "offline" for c in CASES for t in c.tenants)
+
+
+def test_the_modes_table_puts_each_modes_card_and_split_error_side_by_side() -> None:
+    case = Case("g", (Tenant(30, W), Tenant(70, W)))
+    drain = Result(case, got=[28.8, 67.0], bare=[48.0, 48.5], demands=[95, 95])
+    queued = Result(case, got=[27.0, 66.0], bare=[48.2, 48.4], demands=[95, 95])
+    lines = compare_table({"drain": [drain], "queued": [queued]})
+    row = next(line for line in lines if line.startswith("share "))
+    cells = row[62:].split()
+    assert cells[:2] == ["95.8", f"{drain.split_error:.1f}"]  # met: no mark
+    assert cells[2] == "93.0-" and cells[3] == f"{queued.split_error:.1f}"  # short of its goal
+    assert cells[4:] == ["96.5", f"{drain.turns_bound:.1f}"]  # the first mode's bare run
+    assert lines[-1].endswith("drain 1/1, queued 0/1")
