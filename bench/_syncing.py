@@ -443,7 +443,8 @@ def compare_table(by_mode: Mapping[str | None, Sequence[Result]]) -> list[str]:
     head = f"{'case':62} " + " ".join(f"{n + ' card':>13} {'split':>5}" for n in names)
     lines = [
         "Hand-over modes side by side: card busy % and the worst split error (points) under each;",
-        "bare: without sharegpu (the first mode's run); turns: as above",
+        "(*: a tenant wants less than its share, outside the split goal); bare: without sharegpu",
+        "(the first mode's run); turns: as above",
         f"{head} {'bare':>6} {'turns':>6}",
     ]
     firsts = by_mode[modes[0]]
@@ -453,7 +454,7 @@ def compare_table(by_mode: Mapping[str | None, Sequence[Result]]) -> list[str]:
         for m in modes:
             r = by_mode[m][i]
             mark = "" if r.card_met else ("~" if r.card_bound else "-")
-            cells.append(f"{sum(r.got):12.1f}{mark or ' '} {r.split_error:5.1f}")
+            cells.append(f"{sum(r.got):12.1f}{mark or ' '} {r.split_error:5.1f}{'' if r.in_goal else '*'}")
         lines.append(
             f"{label[:62]:62} " + " ".join(cells) + f" {sum(first.bare):6.1f} {first.turns_bound:6.1f}"
         )

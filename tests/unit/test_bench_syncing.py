@@ -135,6 +135,10 @@ def test_the_modes_table_puts_each_modes_card_and_split_error_side_by_side() -> 
     row = next(line for line in lines if line.startswith("share "))
     cells = row[62:].split()
     assert cells[:2] == ["95.8", f"{drain.split_error:.1f}"]  # met: no mark
-    assert cells[2] == "93.0-" and cells[3] == f"{queued.split_error:.1f}"  # short of its goal
+    assert cells[2] == "93.0-"  # short of its goal
+    assert cells[3] == f"{queued.split_error:.1f}"
     assert cells[4:] == ["96.5", f"{drain.turns_bound:.1f}"]  # the first mode's bare run
     assert lines[-1].endswith("drain 1/1, queued 0/1")
+    wants_less = Result(case, got=[28.8, 47.0], bare=[48.0, 48.5], demands=[95, 50])
+    row = next(line for line in compare_table({None: [wants_less]}) if line.startswith("share "))
+    assert row[62:].split()[1].endswith("*")  # outside the split goal, marked as such
