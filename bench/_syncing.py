@@ -290,6 +290,11 @@ class Result:
         return sum(self.got) >= self.card_goal
 
     @property
+    def card_verdict(self) -> str:
+        """The card's goal: "yes" met, "bound" short only where turns are (card_bound), "NO"."""
+        return "yes" if self.card_met else ("bound" if self.card_bound else "NO")
+
+    @property
     def card_bound(self) -> bool:
         """Short of the goal where turns cannot reach it, and within 1 point of what they can."""
         return (
@@ -377,11 +382,10 @@ def _pcts(values: Sequence[float]) -> str:
 
 def line(r: Result) -> str:
     split = ("yes" if r.split_met else "NO") + ("" if r.in_goal else "*")
-    card = "yes" if r.card_met else ("bound" if r.card_bound else "NO")
     return (
         f"{r.case.policy:6} {r.case.label():34} {r.case.configured():20} {_pcts(r.got):20} "
         f"{_pcts(r.want):20} {_pcts(r.bare):20} {sum(r.got):6.1f} {r.card_goal + 1:6.1f} "
-        f"{r.turns_bound:6.1f} {r.handovers:5.0f} {r.idle_us:5.0f}  {split:5} {card}"
+        f"{r.turns_bound:6.1f} {r.handovers:5.0f} {r.idle_us:5.0f}  {split:5} {r.card_verdict}"
     )
 
 
@@ -435,6 +439,9 @@ def table(
     return lines
 
 
+CARD_MARKS = {"yes": " ", "bound": "~", "NO": "-"}  # the modes table's short form of card_verdict
+
+
 def compare_table(by_mode: Mapping[str | None, Sequence[Result]]) -> list[str]:
     """The cards of the same cases under each hand-over mode, side by side (one invocation, the
     modes measured in turn), with each mode's split error and the run without sharegpu."""
@@ -453,8 +460,8 @@ def compare_table(by_mode: Mapping[str | None, Sequence[Result]]) -> list[str]:
         cells = []
         for m in modes:
             r = by_mode[m][i]
-            mark = "" if r.card_met else ("~" if r.card_bound else "-")
-            cells.append(f"{sum(r.got):12.1f}{mark or ' '} {r.split_error:5.1f}{'' if r.in_goal else '*'}")
+            mark = CARD_MARKS[r.card_verdict]
+            cells.append(f"{sum(r.got):12.1f}{mark} {r.split_error:5.1f}{'' if r.in_goal else '*'}")
         lines.append(
             f"{label[:62]:62} " + " ".join(cells) + f" {sum(first.bare):6.1f} {first.turns_bound:6.1f}"
         )

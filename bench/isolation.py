@@ -376,23 +376,25 @@ def handoff_modes(text: str | None) -> list[str | None]:
     none: the region's default."""
     if not text:
         return [None]
-    modes = [m.strip() for m in text.split(",") if m.strip()]
+    modes: list[str | None] = [m.strip() for m in text.split(",") if m.strip()]
     known = tuple(abi.ARB_HANDOFF_NAMES.values())
     for m in modes:
         if m not in known:
             raise SystemExit(f"--handoff: unknown mode {m!r} (known: {', '.join(known)})")
     if len(set(modes)) != len(modes):
         raise SystemExit(f"--handoff: a mode is named twice in {text!r}")
-    return list(modes)
+    return modes
 
 
-def syncing_section(args: argparse.Namespace) -> dict[str | None, list[_syncing.Result]]:
+def syncing_section(
+    args: argparse.Namespace, modes: list[str | None]
+) -> dict[str | None, list[_syncing.Result]]:
     """Section 5: tenants that wait for their own work (bench/_syncing.py), under each hand-over
-    mode asked for."""
+    mode of `modes` (handoff_modes)."""
     cases = [c for c in _syncing.CASES if args.cases in c.group or args.cases in c.label()]
     results: dict[str | None, list[_syncing.Result]] = {}
     with simulated_node() as node:
-        for mode in handoff_modes(args.handoff):
+        for mode in modes:
             results[mode] = _syncing.measure(
                 node,
                 cases,
@@ -538,9 +540,9 @@ def _run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     if args.random:
         return random_section(args, out)
     sections = set(args.sections.split(","))
+    modes = handoff_modes(args.handoff)  # a bad --handoff is refused before anything runs
     rows = build_rows(args) if sections - {"syncing"} else []
-    handoff_modes(args.handoff)  # a bad --handoff is refused before anything runs
-    by_mode = syncing_section(args) if "syncing" in sections else {}
+    by_mode = syncing_section(args, modes) if "syncing" in sections else {}
     if args.json:
         out(
             json.dumps(
