@@ -24,9 +24,11 @@ from sharegpu.agent.cpulatency import CpuLatencyRequest
 from sharegpu.arbiter import ArbiterStatus, read_arbiter, tune_arbiter
 from sharegpu.regions import abi
 
+RUN_SECONDS = 2.0  # each syncing run's window
+
 
 def syncing_run(
-    sim: Sim, shares: dict[str, int], handoff: str, kernel_us: int, seconds: float = 2.0
+    sim: Sim, shares: dict[str, int], handoff: str, kernel_us: int, seconds: float = RUN_SECONDS
 ) -> tuple[list[float], ArbiterStatus]:
     """Share tenants (name -> %), each bursts of one kernel, a sync and 20 µs of host time,
     started together under `handoff`: what each achieved (%) and the region after (its counters
@@ -84,8 +86,11 @@ def test_syncing_tenants_hand_over_queued_and_each_pays_for_its_own_work(
     split = [x / sum(got) * 100 for x in got]
     paid = charged(queued, drained, names)
     # Charged / ran, each tenant: its GPU time in the books over what its own count of finished
-    # kernel time says it ran in the run's window (2 s).
-    books = [ns / 2e9 * 100 / x for ns, x in zip(charged_ns(queued, drained, names), got, strict=True)]
+    # kernel time says it ran in the run's window.
+    ran_window_ns = RUN_SECONDS * 1e9
+    books = [
+        ns / ran_window_ns * 100 / x for ns, x in zip(charged_ns(queued, drained, names), got, strict=True)
+    ]
     print(
         f"{shares}, 1 x {kernel_us} µs: drain {drained_got} = {sum(drained_got):.1f}%, queued {got} = "
         f"{sum(got):.1f}% (split {[round(x, 1) for x in split]}, charged {[round(x, 1) for x in paid]}); "
