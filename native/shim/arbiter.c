@@ -70,6 +70,13 @@ __thread struct sg_arb_tls sg_arb_tls __attribute__((tls_model("initial-exec")))
 static uint64_t idle_take(struct sg_gpu *g, uint64_t from, uint64_t now)
 {
     uint64_t idle = __atomic_exchange_n(&g->idle_ns, 0, __ATOMIC_RELAXED);
+    uint64_t woke = __atomic_exchange_n(&g->wake_to, 0, __ATOMIC_ACQUIRE);
+    if (woke) {
+        uint64_t start = __atomic_load_n(&g->wake_from, __ATOMIC_RELAXED);
+        start = start > from ? start : from;
+        if (woke > start)
+            idle += woke - start;
+    }
     uint64_t d = __atomic_exchange_n(&g->drained_at, 0, __ATOMIC_SEQ_CST);
     if (!d)
         return idle;
@@ -182,6 +189,8 @@ void sg_arb_hold_reset(struct sg_gpu *g)
     g->hold_streams = SG_HOLD_NONE;
     __atomic_store_n(&g->drained_at, 0, __ATOMIC_SEQ_CST);
     __atomic_store_n(&g->idle_ns, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g->wake_open, false, __ATOMIC_RELAXED);
+    __atomic_store_n(&g->wake_to, 0, __ATOMIC_RELEASE);
 }
 
 /* Wait for the work of one context, whichever is current on this thread. */
@@ -263,6 +272,22 @@ static uint64_t overlap_to_us_locked(struct sg_arbiter *a, uint64_t handed, uint
     uint64_t overlap = done - a->clients[h].grant_ns;
     a->clients[h].grant_ns = done;
     return overlap;
+}
+
+/* Under g->mu, before an early preemption's drain: the burst clock's end event after our work
+ * in flight (0: none), so that the drain's end is read from the GPU's clock.  Its return comes
+ * later by the sync's wake-up, and an online holder's charge starts at that end
+ * (overlap_to_us_locked): read from the return, each request paid a few µs too little and the
+ * offline job as much too much. */
+static uint32_t end_event(struct sg_gpu *g)
+{
+    if (g->nctx != 1 || !SG_REAL(cuCtxPushCurrent_v2) || !SG_REAL(cuCtxPopCurrent_v2) ||
+        SG_REAL(cuCtxPushCurrent_v2)(g->ctxs[0]) != CUDA_SUCCESS)
+        return 0;
+    uint32_t seq = sg_bc_sync_begin(g); /* the legacy stream's event wants our context current */
+    CUcontext popped;
+    SG_REAL(cuCtxPopCurrent_v2)(&popped);
+    return seq;
 }
 
 /* Did our work in flight end at `done` within our usual kernel length of our last launch (the
@@ -392,8 +417,9 @@ static void release_as(struct sg_gpu *g, enum sg_arb_decision why)
             sched_yield();
     }
     if (early_pre) {
+        uint32_t end_seq = end_event(g);
         drain(g);
-        uint64_t done = sg_mono_ns();
+        uint64_t done = sg_bc_end(g, end_seq, sg_mono_ns());
         if (c >= 0 && done > now && sg_arb_lock(a) == 0) {
             uint64_t owed = unheld_locked(a, handed, now, done) +
                             overlap_to_us_locked(a, handed, done, ran_straight(g, done));
@@ -780,6 +806,7 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
         g->handoffs[c].flags |= SG_ARB_HO_WAITS; /* it may be granted queued */
     g->ho.contended = slept || took; /* others hold the card too: offer it at our syncs */
     /* Nothing of ours runs until our first launch: the wake-up is not ours to pay. */
+    __atomic_store_n(&g->wake_open, true, __ATOMIC_RELAXED);
     __atomic_store_n(&g->drained_at, me->grant_ns ? me->grant_ns : now, __ATOMIC_SEQ_CST);
     __atomic_store_n(&g->token, a->token, __ATOMIC_RELAXED);
     sg_arb_unlock(a);

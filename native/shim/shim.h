@@ -436,6 +436,10 @@ struct sg_gpu {
                             ours is on the GPU since; 0 once a launch followed.  The time until
                             that launch is not ours to pay (sg_arb_idle_end, charge_locked) */
     uint64_t idle_ns;    /* [atomic relaxed] such idle time in this hold not yet charged */
+    uint64_t wake_from, wake_to; /* [atomic: wake_to release/acquire] of those, the time from
+                            our grant to our first launch, kept apart: a charge starting after
+                            it leaves out only what follows its start (sg_arb_idle_end) */
+    bool wake_open;      /* [atomic relaxed] drained_at is still our grant: no launch yet */
     uint64_t idle_from;  /* [atomic relaxed] the end of our work at our last drained sync, until
                             our next launch measures the gap (gap_ns), held or not */
     CUstream hold_stream; /* [mu] SG_HOLD_ONE: the stream */

@@ -496,7 +496,9 @@ def test_an_online_request_that_waits_behind_an_offline_kernel_does_not_pay_for_
         f"early preemptions {status.early_preemptions}"
     )
     assert status.early_preemptions >= requests // 2  # the requests did find the job holding
-    assert abs(charged_ms - work_ms) <= 0.15 * work_ms, (
+    # Not short: the wait from its grant to its first launch, left out twice, charged it 2% less
+    # than its kernels (87.8-88.4 ms of 90, 2026-12-07); over by the GPU's switch to it (~1%).
+    assert 0.99 * work_ms <= charged_ms <= 1.10 * work_ms, (
         f"{work_ms:.0f} ms of kernels, charged {charged_ms:.1f} ms"
     )
     assert abs(batch_t.gpu_time_ns / 2.6e7 - job_got) <= 2, f"job ran {job_got:.1f}%"
