@@ -61,6 +61,8 @@ void sg_arb_note_gap(struct sg_gpu *g, uint64_t now);
  * recorded: offer the token, queued behind our done word raised after our work; hand
  * it on at once if a waiter of our class is the one the drained sync would hand to. */
 void sg_arb_offer_queued(struct sg_gpu *g, uint64_t last);
+/* Do our gaps repay a queued loan of the card for them (arbiter.c, "Loans")? */
+bool sg_arb_lends_queued(const struct sg_gpu *g);
 /* Our offer ends (the sync returned, or another of our threads launches): withdrawn if nobody
  * took it; taken, our work is charged from the offer to its end and our hold forgotten.  True
  * when it was taken. */

@@ -51,11 +51,12 @@ static bool hand_to_locked(struct sg_arbiter *a, const struct sg_arb_handoff *re
                            uint64_t now)
 {
     const struct sg_arb_client *hc = &a->clients[h];
+    uint32_t yield = __atomic_load_n(&hc->yield, __ATOMIC_RELAXED);
     if (w < 0 || w == h || !(rec[w].flags & SG_ARB_HO_WAITS) ||
         a->clients[w].priority != hc->priority ||
-        __atomic_load_n(&hc->yield, __ATOMIC_RELAXED) || hc->tenant >= SG_ARB_MAX_TENANTS ||
+        (yield && yield != SG_ARB_YIELD_LOAN) || hc->tenant >= SG_ARB_MAX_TENANTS ||
         sg_arb_has_ceiling(&a->tenants[hc->tenant]))
-        return false;
+        return false; /* (a borrower hands back by the same rule: the lender is ahead of it) */
     /* The holder's work at its sync is not yet charged, nor a queued waiter's still in flight:
      * each is counted at its last measured length (its tail), bounded so that the error of that
      * estimate stays small. */
@@ -85,14 +86,57 @@ static void queue_to_locked(struct sg_arbiter *a, struct sg_arb_handoff *rec, in
     sg_arb_grant_locked(a, w, now);
 }
 
+/* Under the region lock: may holder h, offering and keeping the card by virtual time, lend it
+ * to w for its gap instead?  Its offer said its gaps repay it (SG_ARB_HO_LENDS); w's bursts are
+ * of several kernels (SG_ARB_HO_SEVERAL: a burst of one lent is a turn, which only the split
+ * decides, so the loan buys nothing and costs both sides host work); the rules of a loan hold (sg_arb_may_lend_locked: same class, not online, w
+ * ahead of h by less than a quarter quantum of its GPU time); and w's own work is not still in
+ * flight uncharged. */
+static bool lend_to_locked(struct sg_arbiter *a, const struct sg_arb_handoff *rec, int h, int w,
+                           uint64_t now)
+{
+    const struct sg_arb_client *hc = &a->clients[h];
+    return w >= 0 && w != h && (rec[h].flags & SG_ARB_HO_LENDS) &&
+           (rec[w].flags & SG_ARB_HO_WAITS) && (rec[w].flags & SG_ARB_HO_SEVERAL) &&
+           !__atomic_load_n(&hc->yield, __ATOMIC_RELAXED) &&
+           hc->tenant < SG_ARB_MAX_TENANTS && !sg_arb_has_ceiling(&a->tenants[hc->tenant]) &&
+           a->queued_by != (uint32_t)w + 1 &&
+           __atomic_load_n(&rec[h].tail_ns, __ATOMIC_RELAXED) <= tail_bound(a) &&
+           sg_arb_may_lend_locked(a, h, w, now);
+}
+
+/* Under the region lock: h's offer goes to w as a loan.  w keeps one kernel in flight and
+ * offers the card back after each (sg_arb_loan_bound); h, back from its gap, takes it queued
+ * behind that kernel.  A lender that does not come back within its work's tail and an idle
+ * grace leaves w an ordinary hold. */
+static void lend_queued_locked(struct sg_arbiter *a, struct sg_arb_handoff *rec, int h, int w,
+                               uint64_t now)
+{
+    uint64_t tail = __atomic_load_n(&rec[h].tail_ns, __ATOMIC_RELAXED);
+    queue_to_locked(a, rec, h, w, now);
+    __atomic_store_n(&a->clients[w].yield, SG_ARB_YIELD_LOAN, __ATOMIC_RELAXED);
+    a->quantum_end_ns = now + tail + sg_arb_idle_grace(sg_arb_quantum(a));
+    a->loans++;
+}
+
+/* Under the region lock: hand h's offer to w, as a hand-over or a loan.  True when it went. */
+static bool give_offer_locked(struct sg_arbiter *a, struct sg_arb_handoff *rec, int h, int w,
+                              uint64_t now)
+{
+    if (hand_to_locked(a, rec, h, w, now))
+        queue_to_locked(a, rec, h, w, now);
+    else if (lend_to_locked(a, rec, h, w, now))
+        lend_queued_locked(a, rec, h, w, now);
+    else
+        return false;
+    return true;
+}
+
 bool sg_arb_take_offer_locked(struct sg_arbiter *a, struct sg_arb_handoff *rec, int h, int w,
                               uint64_t now)
 {
-    if (!rec[h].offer || __atomic_load_n(&a->handoff, __ATOMIC_RELAXED) != SG_ARB_HANDOFF_QUEUED ||
-        sg_arb_pick_locked(a, now) != w || !hand_to_locked(a, rec, h, w, now))
-        return false;
-    queue_to_locked(a, rec, h, w, now);
-    return true;
+    return rec[h].offer && __atomic_load_n(&a->handoff, __ATOMIC_RELAXED) == SG_ARB_HANDOFF_QUEUED &&
+           sg_arb_pick_locked(a, now) == w && give_offer_locked(a, rec, h, w, now);
 }
 
 void sg_arb_offer_queued(struct sg_gpu *g, uint64_t last)
@@ -125,15 +169,16 @@ void sg_arb_offer_queued(struct sg_gpu *g, uint64_t last)
             rec[c].seq = seq;
             rec[c].offer = seq;
             rec[c].taken = 0;
+            rec[c].flags &= ~(SG_ARB_HO_LENDS | SG_ARB_HO_SEVERAL);
+            if (sg_arb_lends_queued(g))
+                rec[c].flags |= SG_ARB_HO_LENDS;
+            if (__atomic_load_n(&g->ho.several, __ATOMIC_RELAXED))
+                rec[c].flags |= SG_ARB_HO_SEVERAL;
             g->ho.offered = seq;
             g->ho.offer_at = now;
             g->ho.offer_end_seq = g->bc.end_seq;
             offered = true;
-            int best = sg_arb_pick_locked(a, now);
-            if (hand_to_locked(a, rec, c, best, now)) {
-                queue_to_locked(a, rec, c, best, now);
-                handed = true;
-            }
+            handed = give_offer_locked(a, rec, c, sg_arb_pick_locked(a, now), now);
         }
         sg_arb_unlock(a);
     }

@@ -45,10 +45,10 @@ static uint64_t mark_drained_locked(struct sg_gpu *g, enum sg_sync_kind kind, co
  * begun. */
 static uint32_t mark_sync(struct sg_gpu *g, enum sg_sync_kind kind, const void *what, bool offer);
 
-static void bound_sync(struct sg_gpu *g, CUcontext ctx, uint64_t start)
+static void bound_sync(struct sg_gpu *g, CUcontext ctx, uint64_t start, bool offer)
 {
-    /* The kernel's end, by the GPU's clock.  No offer: the bound decides after it returns. */
-    uint32_t seq = mark_sync(g, SG_SYNC_CTX, ctx, false);
+    /* The kernel's end, by the GPU's clock; a loan's kernel is offered back queued. */
+    uint32_t seq = mark_sync(g, SG_SYNC_CTX, ctx, offer);
     __atomic_fetch_add(&g->syncing, 1, __ATOMIC_RELAXED); /* waiting for our kernel: not idle */
     sg_arb_sync_context(ctx);
     __atomic_fetch_sub(&g->syncing, 1, __ATOMIC_RELAXED);
@@ -73,7 +73,7 @@ void sg_arb_offline_bound(struct sg_gpu *g, CUcontext ctx)
         return;
     __atomic_store_n(&g->since_sync, 0, __ATOMIC_RELAXED);
     sg_in_hook++;
-    bound_sync(g, ctx, start);
+    bound_sync(g, ctx, start, false);
     pthread_mutex_unlock(&g->mu);
     sg_in_hook--;
     uint64_t now = sg_mono_ns();
@@ -92,11 +92,17 @@ void sg_arb_offline_bound(struct sg_gpu *g, CUcontext ctx)
  * waits for one kernel at most; when it is back, the card goes to it as our kernel ends.  The
  * bound's idle time is left out of our charge (bound_sync: charged, it cost a borrower of
  * 4 x 100 µs bursts on the 2-core VM up to a third more than its kernels ran, and the split
- * moved to 25/75). */
+ * moved to 25/75).  Under `handoff: queued` the kernel is offered back as it is waited for:
+ * the lender, back, takes the card queued behind it, with no wake-up of ours between. */
 void sg_arb_loan_bound(struct sg_gpu *g, CUcontext ctx)
 {
     sg_in_hook++;
-    bound_sync(g, ctx, sg_mono_ns());
+    bound_sync(g, ctx, sg_mono_ns(), true);
+    if (g->ho.offered && sg_arb_offer_end(g)) {
+        pthread_mutex_unlock(&g->mu); /* taken back queued: paid to our kernel's end */
+        sg_in_hook--;
+        return;
+    }
     if (g->client >= 0 && sg_arb_holding(g) &&
         __atomic_load_n(&g->a->clients[g->client].yield, __ATOMIC_RELAXED) == SG_ARB_YIELD_LOAN)
         sg_arb_hand_on(g, sg_arb_decide(g, sg_mono_ns(), false));
@@ -122,9 +128,9 @@ bool sg_sync_covers_hold(struct sg_gpu *g, enum sg_sync_kind kind, const void *w
 }
 
 /* A sync that may cover all the work of our hold is about to wait: record the burst clock's end
- * event after that work, and (a sync of the program's, `offer`) offer the token queued behind it
- * (arbqueue.c).  Never blocks behind a release under way (its drain may be long): the sync's
- * return then stands for the end. */
+ * event after that work, and (`offer`: a sync of the program's, or a loan's bound) offer the
+ * token queued behind it (arbqueue.c).  Never blocks behind a release under way (its drain
+ * may be long): the sync's return then stands for the end. */
 static uint32_t mark_sync(struct sg_gpu *g, enum sg_sync_kind kind, const void *what, bool offer)
 {
     if (pthread_mutex_trylock(&g->mu) != 0)
@@ -141,6 +147,11 @@ static uint32_t mark_sync(struct sg_gpu *g, enum sg_sync_kind kind, const void *
 
 uint32_t sg_arb_sync_mark(struct sg_gpu *g, enum sg_sync_kind kind, const void *what)
 {
+    /* A sync of the program's ends its burst, held or not (a burst of one kernel lent and taken
+     * back is synced after its hold ended): were its kernels several? */
+    uint32_t launches = __atomic_exchange_n(&g->burst_launches, 0, __ATOMIC_RELAXED);
+    if (launches)
+        __atomic_store_n(&g->ho.several, launches > 1, __ATOMIC_RELAXED);
     return mark_sync(g, kind, what, true);
 }
 

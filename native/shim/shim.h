@@ -385,6 +385,8 @@ struct sg_handoff {
     uint32_t seq;             /* our last offer's seq (the next one is seq + 1, never 0) */
     /* As the holder that offers the token at a covering sync. */
     bool contended;           /* our last grant came after a wait (or a take): offer at syncs */
+    bool several;             /* [atomic relaxed] our last burst (the launches between two syncs
+                                 of the program's) had several kernels (SG_ARB_HO_SEVERAL) */
     bool tail_known;          /* tail_ns was measured */
     uint64_t tail_ns;         /* our work at our last covering sync, from its begin to its end:
                                  what a hand-over queued there leaves uncharged until it ends */
@@ -428,6 +430,9 @@ struct sg_gpu {
                             idle grace or longer (a service between its requests) */
     uint32_t lend_gaps;  /* [atomic relaxed] how many of those idle times in a row lasted
                             LEND_MIN_GAP_NS (arbiter.c, "Loans") */
+    uint32_t qlend_gaps; /* [atomic relaxed] ... and LEND_QUEUED_MIN_GAP_NS (a queued loan) */
+    uint32_t burst_launches; /* [atomic relaxed] launches since our program's last sync
+                            (ho.several) */
     int syncing;         /* [atomic relaxed] threads inside a sync call: waiting for our own
                             work is not idleness */
     uint64_t drained_at; /* [atomic seq_cst] while we hold the token: when our work last ended,
@@ -711,6 +716,7 @@ static inline void sg_arb_exit(struct sg_gate *gt)
     if (!g)
         return;
     __atomic_fetch_sub(&g->launching, 1, __ATOMIC_RELEASE);
+    __atomic_fetch_add(&g->burst_launches, 1, __ATOMIC_RELAXED);
     int c = __atomic_load_n(&g->client, __ATOMIC_RELAXED);
     if (__builtin_expect(c >= 0 && __atomic_load_n(&g->a->clients[c].yield, __ATOMIC_RELAXED) ==
                                        SG_ARB_YIELD_LOAN, 0))

@@ -51,6 +51,8 @@ def _c_layout(tmp_path: Path) -> dict[str, int]:
         "SG_ARB_FILE_SIZE",
         "SG_ARB_HANDOFFS_OFFSET",
         "SG_ARB_HO_WAITS",
+        "SG_ARB_HO_LENDS",
+        "SG_ARB_HO_SEVERAL",
         "SG_ARB_YIELD_CLASS",
         "SG_ARB_YIELD_TURN",
         "SG_ARB_YIELD_LOAN",
@@ -115,7 +117,11 @@ def test_constants_agree(tmp_path: Path) -> None:
     assert c["SG_ARB_DEFAULT_HANDOFF"] == abi.ARB_DEFAULT_HANDOFF
     assert c["SG_ARB_FILE_SIZE"] == abi.ARB_FILE_SIZE
     assert c["SG_ARB_HANDOFFS_OFFSET"] == abi.ARB_HANDOFFS_OFFSET
-    assert c["SG_ARB_HO_WAITS"] == abi.ARB_HO_WAITS
+    assert [c["SG_ARB_HO_WAITS"], c["SG_ARB_HO_LENDS"], c["SG_ARB_HO_SEVERAL"]] == [
+        abi.ARB_HO_WAITS,
+        abi.ARB_HO_LENDS,
+        abi.ARB_HO_SEVERAL,
+    ]
     assert [c["SG_ARB_YIELD_CLASS"], c["SG_ARB_YIELD_TURN"], c["SG_ARB_YIELD_LOAN"]] == [
         abi.ARB_YIELD_CLASS,
         abi.ARB_YIELD_TURN,

@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 #define SG_ABI_MAJOR 1
-#define SG_ABI_MINOR 12 /* 1.1: the GPU arbiter region and the compute counters;
+#define SG_ABI_MINOR 13 /* 1.1: the GPU arbiter region and the compute counters;
                           1.2: predicted online arrivals (offline hold-back);
                           1.3: liveness locks and pid namespaces of entries, tenant
                                incarnations;
@@ -55,7 +55,11 @@
                                work waits on the GPU for a word of the region the holder's
                                stream writes after its work (handoff, queued_by, queued_seq;
                                the records struct sg_arb_handoffs at SG_ARB_HANDOFFS_OFFSET,
-                               present when total_size says so) */
+                               present when total_size says so);
+                          1.13: queued loans: a holder that keeps the card by virtual time
+                               offers its gap to a waiter of its class whose bursts have several
+                               kernels, one kernel queued behind its work (SG_ARB_HO_LENDS,
+                               SG_ARB_HO_SEVERAL in a record's flags) */
 
 #define SG_MAGIC_LIMITS 0x4d4c4753u  /* "SGLM" little-endian */
 #define SG_MAGIC_USAGE 0x53554753u   /* "SGUS" */
@@ -625,6 +629,12 @@ _Static_assert(sizeof(struct sg_arbiter) ==
  * unless marked. */
 #define SG_ARB_HO_WAITS 1u /* flags: the owner's streams can wait for the done words (its
                               registration of the records succeeded): it may be granted queued */
+#define SG_ARB_HO_LENDS 2u /* flags (1.13): the owner's offer, when it keeps the card by virtual
+                              time, is a loan of its gap: a waiter of its class may take it, one
+                              kernel queued behind the owner's work (arbqueue.c) */
+#define SG_ARB_HO_SEVERAL 4u /* flags (1.13): the owner's last burst (its launches between two
+                                syncs of its program's that covered its hold) had several
+                                kernels: lent one, it fills a lender's gap without taking a turn */
 struct sg_arb_handoff {
     uint32_t done;         /* [the GPU] the owner's stream writes its offer's seq here after its
                               offered work; the next holder's streams wait for it (GEQ) */

@@ -11,7 +11,7 @@ import ctypes
 import uuid as uuidlib
 
 ABI_MAJOR = 1
-ABI_MINOR = 12
+ABI_MINOR = 13
 
 MAGIC_LIMITS = 0x4D4C4753  # "SGLM"
 MAGIC_USAGE = 0x53554753  # "SGUS"
@@ -67,6 +67,8 @@ ARB_HANDOFF_DRAIN, ARB_HANDOFF_QUEUED = 0, 1
 ARB_HANDOFF_NAMES = {ARB_HANDOFF_DRAIN: "drain", ARB_HANDOFF_QUEUED: "queued"}
 ARB_DEFAULT_HANDOFF = ARB_HANDOFF_DRAIN
 ARB_HO_WAITS = 1  # sg_arb_handoff.flags: the owner's streams can wait for the done words
+ARB_HO_LENDS = 2  # (1.13) the owner's offer lends its gap when it keeps the card
+ARB_HO_SEVERAL = 4  # (1.13) the owner's last burst had several kernels
 # sg_arb_client.yield: why a waiter asks the holder to give the card up (abi.h)
 ARB_YIELD_CLASS, ARB_YIELD_TURN, ARB_YIELD_LOAN = 1, 2, 3
 ARB_FREE, ARB_IDLE, ARB_WAITING, ARB_HOLDING = 0, 1, 2, 3
