@@ -54,7 +54,7 @@ _TABLE: list[tuple[str, str, str, float, float, str | None, str | None]] = [
     ("memory-probe", "memory cap 4GiB, driver-API program", "memory:probe", 60, 30, None, None),
     (
         "shares-probe",
-        "shares 30/70, 10/90, cap 20%, syncing 30/70 drained and queued (driver API)",
+        "shares 30/70, 10/90, cap 20%, syncing 30/70 drained and queued, 1 and 4 kernels (driver API)",
         "shares:probe",
         120,
         60,
