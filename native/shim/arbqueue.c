@@ -89,9 +89,9 @@ static void queue_to_locked(struct sg_arbiter *a, struct sg_arb_handoff *rec, in
 /* Under the region lock: may holder h, offering and keeping the card by virtual time, lend it
  * to w for its gap instead?  Its offer said its gaps repay it (SG_ARB_HO_LENDS); w's bursts are
  * of several kernels (SG_ARB_HO_SEVERAL: a burst of one lent is a turn, which only the split
- * decides, so the loan buys nothing and costs both sides host work); the rules of a loan hold (sg_arb_may_lend_locked: same class, not online, w
- * ahead of h by less than a quarter quantum of its GPU time); and w's own work is not still in
- * flight uncharged. */
+ * decides, so the loan buys nothing and costs both sides host work); the rules of a loan hold
+ * (sg_arb_may_lend_locked: same class, not online, w ahead of h by less than a quarter quantum
+ * of its GPU time); and w's own work is not still in flight uncharged. */
 static bool lend_to_locked(struct sg_arbiter *a, const struct sg_arb_handoff *rec, int h, int w,
                            uint64_t now)
 {
