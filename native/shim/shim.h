@@ -716,7 +716,10 @@ static inline void sg_arb_exit(struct sg_gate *gt)
     if (!g)
         return;
     __atomic_fetch_sub(&g->launching, 1, __ATOMIC_RELEASE);
-    __atomic_fetch_add(&g->burst_launches, 1, __ATOMIC_RELAXED);
+    /* Only "more than one" is read (ho.several): no locked add per launch. */
+    uint32_t n = __atomic_load_n(&g->burst_launches, __ATOMIC_RELAXED);
+    if (n < 2)
+        __atomic_store_n(&g->burst_launches, n + 1, __ATOMIC_RELAXED);
     int c = __atomic_load_n(&g->client, __ATOMIC_RELAXED);
     if (__builtin_expect(c >= 0 && __atomic_load_n(&g->a->clients[c].yield, __ATOMIC_RELAXED) ==
                                        SG_ARB_YIELD_LOAN, 0))
