@@ -43,28 +43,38 @@ void sg_arb_note_tail(struct sg_gpu *g, uint64_t ns)
         __atomic_store_n(&g->handoffs[g->client].tail_ns, ns, __ATOMIC_RELAXED);
 }
 
-/* Under the region lock: would the drained sync of holder h (offering) hand the token to w?
- * The rule of sg_arb_decide at a drained sync, within a class: the quantum is over, or w is
- * further behind in virtual time; never for a holder under a ceiling (its bucket is spent by
- * whole holds) or one asked to yield (its own decision handles that). */
-static bool hand_to_locked(struct sg_arbiter *a, const struct sg_arb_handoff *rec, int h, int w,
-                           uint64_t now)
+/* Under the region lock: may holder h's offer go to waiter w at all?  w waits for a grant it
+ * can wait for on the GPU (SG_ARB_HO_WAITS); h was not asked to yield other than to hand a loan
+ * back (its own decision handles that); and h's work at its sync, not yet charged, is within
+ * the bound that keeps the error of counting it at its last measured length small. */
+static bool may_queue_to_locked(const struct sg_arbiter *a, const struct sg_arb_handoff *rec,
+                                int h, int w)
 {
     const struct sg_arb_client *hc = &a->clients[h];
     uint32_t yield = __atomic_load_n(&hc->yield, __ATOMIC_RELAXED);
-    if (w < 0 || w == h || !(rec[w].flags & SG_ARB_HO_WAITS) ||
-        a->clients[w].priority != hc->priority ||
-        (yield && yield != SG_ARB_YIELD_LOAN) || hc->tenant >= SG_ARB_MAX_TENANTS ||
-        sg_arb_has_ceiling(&a->tenants[hc->tenant]))
-        return false; /* (a borrower hands back by the same rule: the lender is ahead of it) */
+    return w >= 0 && w != h && (rec[w].flags & SG_ARB_HO_WAITS) &&
+           (!yield || yield == SG_ARB_YIELD_LOAN) && hc->tenant < SG_ARB_MAX_TENANTS &&
+           __atomic_load_n(&rec[h].tail_ns, __ATOMIC_RELAXED) <= tail_bound(a);
+}
+
+/* Under the region lock: would the drained sync of holder h (offering) hand the token to w?
+ * The rule of sg_arb_decide at a drained sync, within a class: the quantum is over, h's
+ * ceiling bucket runs dry once its work in flight is paid, or w is further behind in virtual
+ * time.  (A borrower hands back by the same rule: the lender is ahead of it.) */
+static bool hand_to_locked(struct sg_arbiter *a, const struct sg_arb_handoff *rec, int h, int w,
+                           uint64_t now)
+{
+    if (!may_queue_to_locked(a, rec, h, w) || a->clients[w].priority != a->clients[h].priority)
+        return false;
     /* The holder's work at its sync is not yet charged, nor a queued waiter's still in flight:
-     * each is counted at its last measured length (its tail), bounded so that the error of that
-     * estimate stays small. */
+     * each is counted at its last measured length (its tail). */
     uint64_t h_tail = __atomic_load_n(&rec[h].tail_ns, __ATOMIC_RELAXED);
     uint64_t w_tail = a->queued_by == (uint32_t)w + 1 ? __atomic_load_n(&rec[w].tail_ns, __ATOMIC_RELAXED) : 0;
-    if (h_tail > tail_bound(a) || w_tail > tail_bound(a))
+    if (w_tail > tail_bound(a))
         return false;
-    return now >= a->quantum_end_ns || sg_arb_better_pending_locked(a, w, w_tail, h, h_tail, now);
+    return now >= a->quantum_end_ns ||
+           sg_arb_runs_dry_locked(a, &a->tenants[a->clients[h].tenant], h_tail, now) ||
+           sg_arb_better_pending_locked(a, w, w_tail, h, h_tail, now);
 }
 
 /* Under the region lock: holder h's offer goes to waiter w.  h's charge was closed at its
@@ -91,18 +101,15 @@ static void queue_to_locked(struct sg_arbiter *a, struct sg_arb_handoff *rec, in
  * of several kernels (SG_ARB_HO_SEVERAL: a burst of one lent is a turn, which only the split
  * decides, so the loan buys nothing and costs both sides host work); the rules of a loan hold
  * (sg_arb_may_lend_locked: same class, not online, w ahead of h by less than a quarter quantum
- * of its GPU time); and w's own work is not still in flight uncharged. */
+ * of its GPU time); h is not itself a borrower; and w's own work is not still in flight
+ * uncharged. */
 static bool lend_to_locked(struct sg_arbiter *a, const struct sg_arb_handoff *rec, int h, int w,
                            uint64_t now)
 {
-    const struct sg_arb_client *hc = &a->clients[h];
-    return w >= 0 && w != h && (rec[h].flags & SG_ARB_HO_LENDS) &&
-           (rec[w].flags & SG_ARB_HO_WAITS) && (rec[w].flags & SG_ARB_HO_SEVERAL) &&
-           !__atomic_load_n(&hc->yield, __ATOMIC_RELAXED) &&
-           hc->tenant < SG_ARB_MAX_TENANTS && !sg_arb_has_ceiling(&a->tenants[hc->tenant]) &&
-           a->queued_by != (uint32_t)w + 1 &&
-           __atomic_load_n(&rec[h].tail_ns, __ATOMIC_RELAXED) <= tail_bound(a) &&
-           sg_arb_may_lend_locked(a, h, w, now);
+    return may_queue_to_locked(a, rec, h, w) && (rec[h].flags & SG_ARB_HO_LENDS) &&
+           (rec[w].flags & SG_ARB_HO_SEVERAL) &&
+           !__atomic_load_n(&a->clients[h].yield, __ATOMIC_RELAXED) &&
+           a->queued_by != (uint32_t)w + 1 && sg_arb_may_lend_locked(a, h, w, now);
 }
 
 /* Under the region lock: h's offer goes to w as a loan.  w keeps one kernel in flight and

@@ -78,6 +78,15 @@ bool sg_arb_eligible_locked(struct sg_arbiter *a, struct sg_arb_tenant *t, uint6
     return t->bucket_ns >= sg_arb_min_grant_ns(a);
 }
 
+bool sg_arb_runs_dry_locked(struct sg_arbiter *a, struct sg_arb_tenant *t, uint64_t pending,
+                            uint64_t now)
+{
+    if (!sg_arb_has_ceiling(t))
+        return false;
+    refill_locked(a, t, now);
+    return t->bucket_ns - (int64_t)pending < sg_arb_min_grant_ns(a);
+}
+
 /* Active: a client waiting or holding, or a request/grant/release within four quanta. */
 void sg_arb_active_tenants_locked(struct sg_arbiter *a, uint64_t now, bool active[])
 {

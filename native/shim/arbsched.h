@@ -30,6 +30,10 @@ uint64_t sg_arb_quantum(const struct sg_arbiter *a);
 int64_t sg_arb_min_grant_ns(const struct sg_arbiter *a);
 /* May tenant t be granted the token now (its ceiling bucket, brought up to now, allows it)? */
 bool sg_arb_eligible_locked(struct sg_arbiter *a, struct sg_arb_tenant *t, uint64_t now);
+/* Would tenant t's ceiling bucket, brought up to now, fall below the least grant once `pending`
+ * ns of its work not yet charged were paid?  False for a tenant with no ceiling. */
+bool sg_arb_runs_dry_locked(struct sg_arbiter *a, struct sg_arb_tenant *t, uint64_t pending,
+                            uint64_t now);
 /* active[t]: tenant t has a client waiting or holding, or asked, held or released within
  * four quanta. */
 void sg_arb_active_tenants_locked(struct sg_arbiter *a, uint64_t now, bool active[]);

@@ -35,14 +35,15 @@ def syncing_run(
     *,
     seconds: float = RUN_SECONDS,
     kernels: int = 1,
+    policy: str = "share",
 ) -> tuple[list[float], ArbiterStatus]:
-    """Share tenants (name -> %), each bursts of `kernels` kernels, a sync and 20 µs of host
-    time, started together under `handoff`: what each achieved (%) and the region after (its
-    counters since it was made)."""
+    """Tenants of `policy` (name -> %), each bursts of `kernels` kernels, a sync and 20 µs of
+    host time, started together under `handoff`: what each achieved (%) and the region after
+    (its counters since it was made)."""
     tenants = [
         sim.runtime / "tenants" / name
         if (sim.runtime / "tenants" / name).exists()
-        else compute_tenant(sim, name, "share", pct)
+        else compute_tenant(sim, name, policy, pct)
         for name, pct in shares.items()
     ]
     path = arbiter_of(sim)
@@ -154,6 +155,34 @@ def test_a_holder_that_keeps_the_card_lends_its_gap_one_kernel_at_a_time_queued(
     assert all(abs(b - 1) <= 0.04 for b in books), books
     # 1.2 points above the drain on the 2-core VM: a guard against losing the card, not the goal.
     assert sum(got) >= sum(drained_got) - 2
+
+
+@pytest.mark.timing
+def test_tenants_under_a_ceiling_hand_over_and_lend_queued_and_keep_their_caps(sim: Sim) -> None:
+    """`cap` 30/70, bursts of 4 x 100 µs and a sync, each tenant wanting more than its cap: a
+    holder under a ceiling hands over and lends queued like a share holder (it used to drain
+    every time: 95.4% of the card where 96.3% is now measured, the GPU without sharegpu 97.5%),
+    its bucket paying for its work in flight when its sync returns, so neither tenant runs over
+    its cap."""
+    caps = {"a": 30, "b": 70}
+    names = list(caps)
+    with CpuLatencyRequest(0):
+        drained_got, drained = syncing_run(sim, caps, "drain", 100, kernels=4, policy="cap")
+        got, queued = syncing_run(sim, caps, "queued", 100, kernels=4, policy="cap")
+    handovers = queued.handovers - drained.handovers
+    queued_handovers = queued.queued_handovers - drained.queued_handovers
+    loans = queued.loans - drained.loans
+    print(
+        f"cap 30/70, 4 x 100 µs: drain {drained_got} = {sum(drained_got):.1f}%, queued {got} = "
+        f"{sum(got):.1f}%; {queued_handovers} queued of {handovers} hand-overs, {loans} loans"
+    )
+    assert queued_handovers >= handovers / 2  # none before: holders under a ceiling drained
+    assert loans >= 100
+    for name, x in zip(names, got, strict=True):
+        assert x <= caps[name] + 0.5, name  # the ceiling holds
+        # Below its cap by what the card cannot run (the caps add up to all of it).
+        assert x >= caps[name] - 3, name
+    assert sum(got) >= sum(drained_got) - 2  # a guard against losing the card, not the goal
 
 
 # A tenant whose work changes shape: short bursts (its offers are taken queued), then one kernel

@@ -127,6 +127,23 @@ def test_a_ceiling_tenant_is_granted_no_more_than_its_bucket_allows(sched: Path)
     assert spent[-1]["best"] == -1  # throttled until the bucket refills
 
 
+def test_a_ceiling_bucket_runs_dry_once_the_work_in_flight_is_paid(sched: Path) -> None:
+    """What a queued hand-over asks of a holder under a ceiling (arbqueue.c): would its bucket,
+    earned up to now, fall below the least grant (half of the 10 ms quantum) once its work still
+    on the GPU were paid?"""
+    got = answers(
+        sched,
+        "tenant 0 cap 300 300 1 1000",  # starts with one grant's credit: 5000 µs
+        "tenant 1 share 700 700 1 1000",
+        "dry 0 0 1000",
+        "dry 0 1 1000",
+        "dry 0 3000 11000",  # 10 ms later it has earned 3000 µs at 30%
+        "dry 0 3001 11000",
+        "dry 1 1000000 11000",  # no ceiling: never dry
+    )
+    assert [g["dry"] for g in got if "dry" in g] == [0, 1, 0, 1, 0]
+
+
 def test_a_client_of_no_tenant_pays_nothing(sched: Path) -> None:
     got = answers(sched, "tenant 0 share 500 500 1 1000", "client 0 70 normal", "pay 0 1000 1000")
     assert got[-1]["paid"] == 0

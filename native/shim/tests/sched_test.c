@@ -14,6 +14,8 @@
  *   pay C USED T                     client C's tenant pays USED µs at T -> vtime, bucket
  *   holdback UNTIL                   offline grants held back until UNTIL -> until
  *   lend C W T                       may holder C lend its host gap to waiter W at T -> lend
+ *   dry I PENDING T                  would tenant I's ceiling bucket at T fall below a grant
+ *                                    once PENDING µs more were paid -> dry
  *   run T0 MS                        every client waits for ever from T0; for MS ms each grant
  *                                    holds a whole quantum (or what its ceiling allows) and
  *                                    is paid, the ceiling tenants sit out while throttled ->
@@ -149,6 +151,8 @@ int main(void)
             printf("until=%llu\n", x);
         } else if (!strcmp(cmd, "lend") && scanf("%d %d %llu", &c, &i, &x) == 3) {
             printf("lend=%d\n", sg_arb_may_lend_locked(a, c, i, x * 1000));
+        } else if (!strcmp(cmd, "dry") && scanf("%d %llu %llu", &i, &y, &x) == 3) {
+            printf("dry=%d\n", sg_arb_runs_dry_locked(a, &a->tenants[i], y * 1000, x * 1000));
         } else if (!strcmp(cmd, "run") && scanf("%llu %llu", &x, &v) == 2) {
             run(a, x * 1000, v);
         } else {
