@@ -41,7 +41,7 @@ void sg_arb_kick_watcher(void);
  * while it is awake or asleep with nothing held: wake it to be sure (arbwatch.c). */
 uint64_t sg_arb_watcher_due(void);
 /* While a GPU is held and one of the holder's class waits, the watcher looks at least this
- * often: a burst's end within a class need not wake it (arbiter.c, watch_burst_end_locked). */
+ * often: a burst's end within a class need not wake it (arbdecide.c, watch_burst_end_locked). */
 uint64_t sg_arb_watch_poll_ns(uint64_t quantum);
 /* No hold in progress: its marks (quantum end, drains, idle time) cleared. */
 void sg_arb_hold_reset(struct sg_gpu *g);
@@ -61,7 +61,7 @@ void sg_arb_note_gap(struct sg_gpu *g, uint64_t now);
  * recorded: offer the token, queued behind our done word raised after our work; hand
  * it on at once if a waiter of our class is the one the drained sync would hand to. */
 void sg_arb_offer_queued(struct sg_gpu *g, uint64_t last);
-/* Do our gaps repay a queued loan of the card for them (arbiter.c, "Loans")? */
+/* Do our gaps repay a queued loan of the card for them (arbdecide.c, "Loans")? */
 bool sg_arb_lends_queued(const struct sg_gpu *g);
 /* Our offer ends (the sync returned, or another of our threads launches): withdrawn if nobody
  * took it; taken, our work is charged from the offer to its end and our hold forgotten.  True
@@ -74,12 +74,15 @@ bool sg_arb_take_offer_locked(struct sg_arbiter *a, struct sg_arb_handoff *rec, 
 /* Our work at a covering sync ran `ns` from the sync's begin to its end (the bound on what a
  * queued decision leaves uncharged). */
 void sg_arb_note_tail(struct sg_gpu *g, uint64_t ns);
-/* Shared with arbqueue.c (arbiter.c). */
+/* Shared with arbqueue.c (arbiter.c, arbrelease.c). */
 void sg_arb_stop_launches(struct sg_gpu *g);
 void sg_arb_forget_token(struct sg_gpu *g);
 void sg_arb_charge_locked(struct sg_arbiter *a, struct sg_gpu *g, int c, uint64_t now);
 void sg_arb_charge_drain_locked(struct sg_arbiter *a, struct sg_gpu *g, int c, uint64_t held,
                                 uint64_t now);
+/* Under the region lock, in our release (arbrelease.c): the grant to `next` is a loan for our
+ * host gap (arbdecide.c), unless the pick moved meanwhile. */
+void sg_arb_lend_locked(struct sg_arbiter *a, const struct sg_gpu *g, int c, int next, uint64_t now);
 /* How long a holder may idle before a lower class or an online request's end hands it on. */
 uint64_t sg_arb_idle_grace(uint64_t quantum);
 

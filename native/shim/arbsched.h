@@ -49,7 +49,7 @@ bool sg_arb_better_pending_locked(struct sg_arbiter *a, int w, uint64_t w_pendin
                                   uint64_t c_pending, uint64_t now);
 /* May holder c lend the card for its host gap to waiter w, which is behind it in virtual time?
  * Only within a class other than online, and while w's tenant is ahead by less than a quarter
- * quantum of its GPU time, so that what loans give it stays bounded (arbiter.c, "Loans"). */
+ * quantum of its GPU time, so that what loans give it stays bounded (arbdecide.c, "Loans"). */
 bool sg_arb_may_lend_locked(struct sg_arbiter *a, int c, int w, uint64_t now);
 /* The best eligible waiter, or -1. */
 int sg_arb_pick_locked(struct sg_arbiter *a, uint64_t now);

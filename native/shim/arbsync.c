@@ -179,7 +179,7 @@ void sg_arb_drained(struct sg_gpu *g, const struct sg_sync *s, enum sg_sync_kind
 
 /* The first launch after a drained sync: the idle period since it is over.  The first launch of
  * a hold ends its wait since the grant, which is kept apart: an early preemption's overlap moves
- * our charge's start past it (overlap_to_us_locked, arbiter.c), and summed with the other idle
+ * our charge's start past it (overlap_to_us_locked, arbrelease.c), and summed with the other idle
  * time it was left out twice, a request of 3 x 300 µs charged 15-22 µs short. */
 void sg_arb_idle_end(struct sg_gpu *g, uint64_t now)
 {

@@ -429,7 +429,7 @@ struct sg_gpu {
     uint32_t long_gaps;  /* [atomic relaxed] how many of those idle times in a row lasted the
                             idle grace or longer (a service between its requests) */
     uint32_t lend_gaps;  /* [atomic relaxed] how many of those idle times in a row lasted
-                            LEND_MIN_GAP_NS (arbiter.c, "Loans") */
+                            LEND_MIN_GAP_NS (arbdecide.c, "Loans") */
     uint32_t qlend_gaps; /* [atomic relaxed] ... and LEND_QUEUED_MIN_GAP_NS (a queued loan) */
     uint32_t burst_launches; /* [atomic relaxed] launches since our program's last sync
                             (ho.several) */
