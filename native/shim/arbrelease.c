@@ -247,7 +247,7 @@ static void release_as(struct sg_gpu *g, enum sg_arb_decision why)
         /* The card idles until the next holder launches: let it run now if it was woken onto
          * our CPU, rather than after our host code (a program that syncs, hands on and spins
          * kept it waiting ~1 ms per handover on a 2-core VM, a third of the card). */
-        if (handed)
+        if (handed && a->clients[c].priority != SG_PRIORITY_ONLINE)
             sched_yield();
     }
     if (early_pre) {

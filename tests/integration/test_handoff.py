@@ -162,8 +162,8 @@ def test_tenants_under_a_ceiling_hand_over_and_lend_queued_and_keep_their_caps(s
     """`cap` 30/70, bursts of 4 x 100 µs and a sync, each tenant wanting more than its cap: a
     holder under a ceiling hands over and lends queued like a share holder (it used to drain
     every time: 95.4% of the card where 96.3% is now measured, the GPU without sharegpu 97.5%),
-    its bucket paying for its work in flight when its sync returns, so neither tenant runs over
-    its cap."""
+    its bucket paying for its work in flight when its sync returns (each charged what it ran), so
+    neither tenant runs over its cap."""
     caps = {"a": 30, "b": 70}
     names = list(caps)
     with CpuLatencyRequest(0):
@@ -172,10 +172,16 @@ def test_tenants_under_a_ceiling_hand_over_and_lend_queued_and_keep_their_caps(s
     handovers = queued.handovers - drained.handovers
     queued_handovers = queued.queued_handovers - drained.queued_handovers
     loans = queued.loans - drained.loans
+    books = [
+        ns / (RUN_SECONDS * 1e9) * 100 / x
+        for ns, x in zip(charged_ns(queued, drained, names), got, strict=True)
+    ]
     print(
         f"cap 30/70, 4 x 100 µs: drain {drained_got} = {sum(drained_got):.1f}%, queued {got} = "
-        f"{sum(got):.1f}%; {queued_handovers} queued of {handovers} hand-overs, {loans} loans"
+        f"{sum(got):.1f}%; {queued_handovers} queued of {handovers} hand-overs, {loans} loans; "
+        f"charged / ran {[round(b, 3) for b in books]}"
     )
+    assert all(abs(b - 1) <= 0.04 for b in books), books  # the buckets spent what ran
     assert queued_handovers >= handovers / 2  # none before: holders under a ceiling drained
     assert loans >= 100
     for name, x in zip(names, got, strict=True):
