@@ -70,6 +70,15 @@ def charged(status: ArbiterStatus, before: ArbiterStatus | None, names: list[str
     return [t / sum(times) * 100 for t in times]
 
 
+def charged_over_ran(
+    status: ArbiterStatus, before: ArbiterStatus, names: list[str], got: list[float]
+) -> list[float]:
+    """Each tenant's GPU time in the books over what its own count of finished kernel time says
+    it ran in the run's window (`got`, % of the card)."""
+    window_ns = RUN_SECONDS * 1e9
+    return [ns / window_ns * 100 / x for ns, x in zip(charged_ns(status, before, names), got, strict=True)]
+
+
 @pytest.mark.timing
 @pytest.mark.parametrize(
     ("shares", "kernel_us"),
@@ -92,12 +101,7 @@ def test_syncing_tenants_hand_over_queued_and_each_pays_for_its_own_work(
     handovers = queued.handovers - drained.handovers
     split = [x / sum(got) * 100 for x in got]
     paid = charged(queued, drained, names)
-    # Charged / ran, each tenant: its GPU time in the books over what its own count of finished
-    # kernel time says it ran in the run's window.
-    ran_window_ns = RUN_SECONDS * 1e9
-    books = [
-        ns / ran_window_ns * 100 / x for ns, x in zip(charged_ns(queued, drained, names), got, strict=True)
-    ]
+    books = charged_over_ran(queued, drained, names, got)
     print(
         f"{shares}, 1 x {kernel_us} µs: drain {drained_got} = {sum(drained_got):.1f}%, queued {got} = "
         f"{sum(got):.1f}% (split {[round(x, 1) for x in split]}, charged {[round(x, 1) for x in paid]}); "
@@ -138,10 +142,7 @@ def test_a_holder_that_keeps_the_card_lends_its_gap_one_kernel_at_a_time_queued(
         _, single = syncing_run(sim, shares, "queued", 100, kernels=1)
     loans = lent.loans - drained.loans
     split = [x / sum(got) * 100 for x in got]
-    books = [
-        ns / (RUN_SECONDS * 1e9) * 100 / x
-        for ns, x in zip(charged_ns(lent, drained, names), got, strict=True)
-    ]
+    books = charged_over_ran(lent, drained, names, got)
     print(
         f"4 x 100 µs at 30/70: drain {sum(drained_got):.1f}%, queued {sum(got):.1f}% "
         f"(split {[round(x, 1) for x in split]}); {loans} loans, {single.loans - lent.loans} with bursts "
@@ -172,10 +173,7 @@ def test_tenants_under_a_ceiling_hand_over_and_lend_queued_and_keep_their_caps(s
     handovers = queued.handovers - drained.handovers
     queued_handovers = queued.queued_handovers - drained.queued_handovers
     loans = queued.loans - drained.loans
-    books = [
-        ns / (RUN_SECONDS * 1e9) * 100 / x
-        for ns, x in zip(charged_ns(queued, drained, names), got, strict=True)
-    ]
+    books = charged_over_ran(queued, drained, names, got)
     print(
         f"cap 30/70, 4 x 100 µs: drain {drained_got} = {sum(drained_got):.1f}%, queued {got} = "
         f"{sum(got):.1f}%; {queued_handovers} queued of {handovers} hand-overs, {loans} loans; "
