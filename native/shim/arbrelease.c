@@ -246,7 +246,9 @@ static void release_as(struct sg_gpu *g, enum sg_arb_decision why)
         sg_arb_unlock(a);
         /* The card idles until the next holder launches: let it run now if it was woken onto
          * our CPU, rather than after our host code (a program that syncs, hands on and spins
-         * kept it waiting ~1 ms per handover on a 2-core VM, a third of the card). */
+         * kept it waiting ~1 ms per handover on a 2-core VM, a third of the card).  Not an
+         * online holder: it releases in its request's last sync, and the yield was its latency
+         * (its sync returned only when whatever else ran on its CPU let it: up to 4.9 ms). */
         if (handed && a->clients[c].priority != SG_PRIORITY_ONLINE)
             sched_yield();
     }
