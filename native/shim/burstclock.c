@@ -200,9 +200,15 @@ uint64_t sg_bc_end(struct sg_gpu *g, uint32_t seq, uint64_t fallback)
 {
     struct sg_burst_clock *bc = &g->bc;
     float ms;
-    if (!seq || seq != bc->end_seq || !bc->ref_ok ||
-        elapsed(bc, bc->end, &ms) != CUDA_SUCCESS || ms < 0)
+    if (!seq || seq != bc->end_seq || !bc->ref_ok)
         return fallback;
-    uint64_t end = bc->ref_host + (uint64_t)((double)ms * 1e6);
-    return end < fallback ? end : fallback;
+    /* A completed record's end does not move: read from the GPU once (a driver call that a
+     * holder keeping the card makes in its own gap, where the card idles). */
+    if (bc->end_read_seq != seq) {
+        if (elapsed(bc, bc->end, &ms) != CUDA_SUCCESS || ms < 0)
+            return fallback;
+        bc->end_read_seq = seq;
+        bc->end_read_ns = bc->ref_host + (uint64_t)((double)ms * 1e6);
+    }
+    return bc->end_read_ns < fallback ? bc->end_read_ns : fallback;
 }

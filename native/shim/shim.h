@@ -304,6 +304,11 @@ void sg_retrack(enum sg_kind kind, uint64_t key, const struct sg_charge *c);
 bool sg_tracked(enum sg_kind kind, uint64_t key);
 /* Credit the bytes of an entry whose real free succeeded. */
 void sg_credit(const struct sg_charge *c);
+/* The allocation table across fork (alloctable.c): held over the fork, so that the child's copy
+ * is whole; the child's (or a raw clone child's) forgets the parent's entries and lock. */
+void sg_alloc_table_lock(void);
+void sg_alloc_table_unlock(void);
+void sg_alloc_table_forget(void);
 
 /* Context memory (hooks_ctx.c): a new context's measured memory is admitted into the device's
  * overhead_bytes at once (used + overhead + bytes <= cap, else SG_E_OVERCAP), *idx_out = the
@@ -372,6 +377,8 @@ struct sg_burst_clock {
     CUstream stream;   /* private, non-blocking: `ref` completes as soon as it is recorded */
     uint32_t epoch;    /* sg_stream_epoch when made */
     uint32_t end_seq;  /* bumped by each record of `end` (and at each hold's start) */
+    uint32_t end_read_seq; /* the record of `end` last read complete (0: none), and what it */
+    uint64_t end_read_ns;  /* read: a sync's return reads it once for an offer, once to mark */
     uint64_t ref_host; /* CLOCK_MONOTONIC when `ref` was recorded */
     bool ref_ok;       /* `ref` recorded in this hold */
 };
