@@ -2,9 +2,9 @@
  * The agent's side of the usage region (ledger).  This file includes the shim's ledger.c, so
  * the lock protocol (robust mutex, EOWNERDEAD: recompute the totals from the slots, free dead
  * slots, mark consistent), the liveness test and the release of a slot are the shim's own code,
- * not a copy that could drift.  The ledger's process-local parts (allocation table, fork and
- * exit hooks) are compiled but unused here: the agent holds no slot, so its exit hook returns
- * at once (sg_usage_map is NULL outside a call).
+ * not a copy that could drift.  The ledger's process-local parts (fork and exit hooks, and the
+ * allocation table they hold: alloctable.c) are compiled but unused here: the agent holds no
+ * slot, so its exit hook returns at once (sg_usage_map is NULL outside a call).
  */
 #include "../shim/ledger.c"
 
