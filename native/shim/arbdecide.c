@@ -169,7 +169,7 @@ enum sg_arb_decision sg_arb_decide(struct sg_gpu *g, uint64_t now, bool burst_en
     sg_arb_tenant_sync_locked(a, g->tenant, &lim, gen); /* a resize applies from the next quantum */
     struct sg_arb_tenant *t = &a->tenants[g->tenant];
     int best = sg_arb_pick_locked(a, now);
-    bool throttled = sg_arb_has_ceiling(t) && t->bucket_ns < sg_arb_min_grant_ns(a);
+    bool throttled = sg_arb_runs_dry_locked(a, t, 0, now);
     /* A sync that drained our work is where handing on costs nothing but the wake-up; one that
      * left work queued (a pipeline's event sync) is no better a place than the quantum's end.
      * At a drained sync the token goes to a better waiter of our class whatever we held: the

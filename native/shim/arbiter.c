@@ -292,7 +292,7 @@ static int acquire(struct sg_gpu *g, struct sg_err *e)
                 sg_futex_wake(&h->watch, true);
             }
         }
-        bool throttled = sg_arb_has_ceiling(t) && !sg_arb_eligible_locked(a, t, now);
+        bool throttled = !sg_arb_eligible_locked(a, t, now);
         uint64_t sleep = LIVENESS_POLL_NS;
         if (throttled) {
             int64_t need = sg_arb_min_grant_ns(a) - t->bucket_ns;

@@ -72,10 +72,7 @@ int64_t sg_arb_min_grant_ns(const struct sg_arbiter *a)
 
 bool sg_arb_eligible_locked(struct sg_arbiter *a, struct sg_arb_tenant *t, uint64_t now)
 {
-    if (!sg_arb_has_ceiling(t))
-        return true;
-    refill_locked(a, t, now);
-    return t->bucket_ns >= sg_arb_min_grant_ns(a);
+    return !sg_arb_runs_dry_locked(a, t, 0, now);
 }
 
 bool sg_arb_runs_dry_locked(struct sg_arbiter *a, struct sg_arb_tenant *t, uint64_t pending,
