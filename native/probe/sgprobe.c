@@ -39,6 +39,7 @@
     X(cuDeviceGetUuid)                                                                             \
     X(cuDeviceTotalMem_v2)                                                                         \
     X(cuDevicePrimaryCtxRetain)                                                                    \
+    X(cuDevicePrimaryCtxSetFlags_v2)                                                               \
     X(cuDevicePrimaryCtxRelease_v2)                                                                \
     X(cuCtxSetCurrent)                                                                             \
     X(cuCtxSynchronize)                                                                            \
@@ -267,6 +268,18 @@ static int setup(int with_ctx)
     CK(api.cuDeviceGet(&dev, ordinal));
     if (!with_ctx)
         return 0;
+    /* SGPROBE_SYNC: how this probe's syncs wait, its context's CU_CTX_SCHED_* flag (a service
+     * on a node with more CPUs than it has contexts spins under the driver's default). */
+    const char *sync = getenv("SGPROBE_SYNC");
+    if (sync && *sync) {
+        static const char *const names[] = {"auto", "spin", "yield", "", "blocking"};
+        unsigned flag = 0;
+        while (flag < 5 && (!*names[flag] || strcmp(sync, names[flag]) != 0))
+            flag++;
+        if (flag == 5)
+            return usage("SGPROBE_SYNC: auto, spin, yield or blocking");
+        CK(api.cuDevicePrimaryCtxSetFlags_v2(dev, flag));
+    }
     CK(api.cuDevicePrimaryCtxRetain(&ctx, dev));
     CK(api.cuCtxSetCurrent(ctx));
     CK(api.cuStreamCreate(&stream, 0));
@@ -1467,7 +1480,8 @@ static int cmd_help(int argc, char **argv)
 {
     printf("usage: sgprobe [-d ORDINAL] COMMAND ARGS...\n"
            "KIND: plain pitch managed async pool vmm array; sizes accept k/M/G suffixes "
-           "(binary)\nexit: 0 ran, 1 unexpected driver failure (fail= error=), 2 usage\n");
+           "(binary)\nexit: 0 ran, 1 unexpected driver failure (fail= error=), 2 usage\n"
+           "SGPROBE_SYNC=auto|spin|yield|blocking: how its syncs wait (its context's flag)\n");
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
         printf("  %-12s %s\n", commands[i].name, commands[i].help);
     fflush(stdout);

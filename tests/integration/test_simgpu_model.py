@@ -397,6 +397,45 @@ def test_legacy_launch_api_and_profiler_switches(sim_env: dict[str, str]) -> Non
     assert res["after_last_detach"] == "CUDA_ERROR_INVALID_CONTEXT"
 
 
+@pytest.mark.timing
+def test_a_sync_waits_as_its_context_or_event_asks(sim_env: dict[str, str]) -> None:
+    """CU_CTX_SCHED_SPIN and _YIELD keep the waiting thread on its CPU (no timer can wake it
+    late), BLOCKING_SYNC and the default sleep, and an event made with CU_EVENT_BLOCKING_SYNC
+    sleeps whatever its context says: each wait's CPU time over its wall time."""
+    res = run(
+        sim_env,
+        r"""
+        def cpu_share(flags, event_flags=None):
+            c = ck(d.cuCtxCreate(None, flags, dev))
+            out.setdefault("flags", []).append(int(ck(d.cuCtxGetFlags())) & 7)
+            fn = ck(d.cuModuleGetFunction(ck(d.cuModuleLoadData(PTX)), b"spin"))
+            t, cpu = time.monotonic(), time.thread_time()
+            ck(d.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, 0, ((150000,), (ctypes.c_uint64,)), 0))
+            if event_flags is None:
+                ck(d.cuCtxSynchronize())
+            else:
+                ev = ck(d.cuEventCreate(event_flags))
+                ck(d.cuEventRecord(ev, 0))
+                ck(d.cuEventSynchronize(ev))
+            share = (time.thread_time() - cpu) / (time.monotonic() - t)
+            ck(d.cuCtxDestroy(c))
+            return share
+
+        for name, flags, event in [("spin", 1, None), ("yield", 2, None), ("blocking", 4, None),
+                                   ("auto", 0, None), ("spin_event", 1, 0), ("spin_blocking_event", 1, 1)]:
+            out[name] = cpu_share(flags, event)
+        """,
+    )
+    assert res["flags"] == [1, 2, 4, 0, 1, 1]
+    # A spinning wait takes what CPU the host gives it (a loaded 2-core machine: half or more).
+    spinning = {k: res[k] for k in ("spin", "spin_event")}
+    assert min(spinning.values()) > 0.4, res
+    assert res["yield"] > 0.2, res
+    # A sleeping one wakes ahead of the work's end and spins only the rest (tens of µs).
+    sleeping = {k: res[k] for k in ("blocking", "auto", "spin_blocking_event")}
+    assert max(sleeping.values()) < 0.1, res
+
+
 def test_a_process_in_another_pid_namespace_is_never_reaped_while_alive(
     sim_env: dict[str, str], tmp_path: Path
 ) -> None:

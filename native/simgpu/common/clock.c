@@ -2,6 +2,7 @@
 #include "sim.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <time.h>
 
@@ -73,4 +74,21 @@ void sim_sleep_until(uint64_t t_ns)
     }
     if (slack > 1)
         prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
+}
+
+void sim_wait_until(uint64_t t_ns, enum sim_wait_how how)
+{
+    if (how == SIM_WAIT_SLEEP) {
+        sim_sleep_until(t_ns);
+        return;
+    }
+    /* A spinning driver's wait never leaves the CPU, so no timer can wake it late. */
+    while (sim_now_ns() < t_ns) {
+        if (how == SIM_WAIT_YIELD)
+            sched_yield();
+#if defined(__x86_64__) || defined(__i386__)
+        else
+            __builtin_ia32_pause();
+#endif
+    }
 }

@@ -587,18 +587,20 @@ static uint64_t wait_step_locked(struct sim_state *st, int dev, const struct sim
  * waiter nor (outside the lock) anyone else.  A dead competitor's work is dropped and ours may
  * then complete sooner: after a sweep that freed a slot, return without sleeping (the caller
  * looks again).  -1: the lock failed (e set). */
-static int sleep_or_reap(struct sim_err *e, struct sim_state *st, uint64_t now, uint64_t wake, int reap)
+static int sleep_or_reap(struct sim_err *e, struct sim_state *st, uint64_t now, uint64_t wake, int reap,
+                         enum sim_wait_how how)
 {
     if (reap && wake > now + REAP_SLACK_NS) {
         int freed = sim_reap(e, st, SIM_REAP_NS);
         if (freed != 0)
             return freed < 0 ? -1 : 0;
     }
-    sim_sleep_until(wake);
+    sim_wait_until(wake, how);
     return 0;
 }
 
-int sim_engine_wait(struct sim_err *e, struct sim_state *st, int dev, const struct sim_ticket *t)
+int sim_engine_wait(struct sim_err *e, struct sim_state *st, int dev, const struct sim_ticket *t,
+                    enum sim_wait_how how)
 {
     struct sim_ticket w = {0};
     for (int first = 1;; first = 0) {
@@ -612,7 +614,7 @@ int sim_engine_wait(struct sim_err *e, struct sim_state *st, int dev, const stru
         sim_unlock(st);
         if (!wake)
             return 0;
-        if (sleep_or_reap(e, st, now, wake, reap) < 0)
+        if (sleep_or_reap(e, st, now, wake, reap, how) < 0)
             return -1;
     }
 }
@@ -702,7 +704,8 @@ int sim_engine_record(struct sim_err *e, struct sim_state *st, int dev, const st
     return 0;
 }
 
-int sim_engine_watch(struct sim_err *e, struct sim_state *st, struct sim_watch *w, int wait)
+int sim_engine_watch(struct sim_err *e, struct sim_state *st, struct sim_watch *w, int wait,
+                     enum sim_wait_how how)
 {
     for (;;) {
         if (__atomic_load_n(&w->at, __ATOMIC_ACQUIRE))
@@ -725,7 +728,7 @@ int sim_engine_watch(struct sim_err *e, struct sim_state *st, struct sim_watch *
         sim_unlock(st);
         if (!wait)
             return 0;
-        if (sleep_or_reap(e, st, now, wake, reap) < 0)
+        if (sleep_or_reap(e, st, now, wake, reap, how) < 0)
             return -1;
     }
 }
@@ -773,7 +776,7 @@ int sim_engine_gate(struct sim_err *e, struct sim_state *st, int dev, const stru
     advance_now(st, dev);
     int gated = sim_engine_gate_locked(st, dev, c, on);
     sim_unlock(st);
-    return gated == -2 ? sim_engine_wait(e, st, dev, on) : gated;
+    return gated == -2 ? sim_engine_wait(e, st, dev, on, SIM_WAIT_SLEEP) : gated;
 }
 
 int sim_engine_gate_word_locked(struct sim_state *st, int dev, int c, const struct sim_word *w,
@@ -888,7 +891,9 @@ int sim_engine_submit(struct sim_err *e, struct sim_state *st, int dev, struct s
         int reap = 0;
         uint64_t wake = wait.seq1 ? wait_step_locked(st, dev, &wait, now, &reap) : 0;
         sim_unlock(st);
-        if (wake && sleep_or_reap(e, st, now, wake, reap) < 0) /* a full queue: the loop re-checks */
+        /* A full queue: the loop re-checks.  (A driver's launch into a full queue waits as its
+         * context says too; the launch path here sleeps whatever the context.) */
+        if (wake && sleep_or_reap(e, st, now, wake, reap, SIM_WAIT_SLEEP) < 0)
             return -1;
     }
     return 0;

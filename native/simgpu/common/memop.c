@@ -112,7 +112,7 @@ int sim_mem_wait(struct sim_err *e, struct sim_state *st, int dev, const struct 
         /* Another GPU's write, or our channel already has a gate: wait here, then look again. */
         if (!host.seq1)
             sim_sleep_until(sim_now_ns() + SIM_WORD_POLL_NS);
-        else if (sim_engine_wait(e, st, hdev, &host) < 0)
+        else if (sim_engine_wait(e, st, hdev, &host, SIM_WAIT_SLEEP) < 0)
             return -1;
     }
 }
@@ -158,7 +158,7 @@ int sim_mem_write(struct sim_err *e, struct sim_state *st, int dev, const struct
         sim_unlock(st);
         /* Every entry is taken: the caller blocks until its stream's work is done (a GPU would
          * not), and the write lands then. */
-        if (sim_engine_wait(e, st, dev, after) < 0)
+        if (sim_engine_wait(e, st, dev, after, SIM_WAIT_SLEEP) < 0)
             return -1;
     }
 }

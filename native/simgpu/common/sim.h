@@ -47,6 +47,13 @@ SIM_HIDDEN void sim_log(const char *fmt, ...) __attribute__((format(printf, 1, 2
 SIM_HIDDEN uint64_t sim_now_ns(void);          /* CLOCK_MONOTONIC: comparable across processes */
 SIM_HIDDEN uint64_t sim_realtime_us(void);     /* CLOCK_REALTIME in µs (NVML timestamps) */
 SIM_HIDDEN void sim_sleep_until(uint64_t t_ns); /* absolute CLOCK_MONOTONIC; spins the last µs */
+/* How a synchronising call waits, from its context's scheduling flag (cu.h, cu_wait_how). */
+enum sim_wait_how {
+    SIM_WAIT_SLEEP, /* CU_CTX_SCHED_BLOCKING_SYNC, and AUTO here: sim_sleep_until */
+    SIM_WAIT_SPIN,  /* CU_CTX_SCHED_SPIN: reads the clock until the instant, never sleeps */
+    SIM_WAIT_YIELD, /* CU_CTX_SCHED_YIELD: the same, giving the CPU up between reads */
+};
+SIM_HIDDEN void sim_wait_until(uint64_t t_ns, enum sim_wait_how how);
 
 /* ---- configuration (fixed when the state file is created) ------------------------------ */
 #define SIM_MAX_GPUS 8
@@ -349,18 +356,19 @@ struct sim_watch {         /* one event: the completion instant of a ticket */
 SIM_HIDDEN int sim_engine_submit(struct sim_err *e, struct sim_state *st, int dev,
                                  struct sim_queue *q, struct sim_ticket *ctx_last,
                                  const uint64_t *dur_ns, size_t count);
-/* Sleeps until the kernel *t names (read under the lock when called) has completed. */
+/* Waits (as `how` says) until the kernel *t names (read under the lock when called) has
+ * completed. */
 SIM_HIDDEN int sim_engine_wait(struct sim_err *e, struct sim_state *st, int dev,
-                               const struct sim_ticket *t);
+                               const struct sim_ticket *t, enum sim_wait_how how);
 /* 1 when that kernel has completed, 0 if not yet, -1 on error. */
 SIM_HIDDEN int sim_engine_query(struct sim_err *e, struct sim_state *st, int dev,
                                 const struct sim_ticket *t);
 /* Events: w completes with the last kernel submitted on q so far (now if q is idle). */
 SIM_HIDDEN int sim_engine_record(struct sim_err *e, struct sim_state *st, int dev,
                                  const struct sim_queue *q, struct sim_watch *w);
-/* 1 when w is resolved (w->at set) or was never recorded, 0 if pending; wait=1 sleeps. */
+/* 1 when w is resolved (w->at set) or was never recorded, 0 if pending; wait=1 waits (how). */
 SIM_HIDDEN int sim_engine_watch(struct sim_err *e, struct sim_state *st, struct sim_watch *w,
-                                int wait);
+                                int wait, enum sim_wait_how how);
 SIM_HIDDEN void sim_engine_unwatch(struct sim_state *st, struct sim_watch *w);
 SIM_HIDDEN void sim_engine_fork_child(void); /* the parent's pending events are not ours */
 /* The calling process's later work on GPU dev waits, on the GPU, until kernel *on completes (a

@@ -35,10 +35,27 @@ CUresult cu_ctx_current(struct CUctx_st **out)
     return CUDA_SUCCESS;
 }
 
+enum sim_wait_how cu_wait_how(const struct CUctx_st *c)
+{
+    switch (c ? c->flags & CU_CTX_SCHED_MASK : 0) {
+    case CU_CTX_SCHED_SPIN:
+        return SIM_WAIT_SPIN;
+    case CU_CTX_SCHED_YIELD:
+        return SIM_WAIT_YIELD;
+    default: /* BLOCKING_SYNC; AUTO, whose heuristic would spin wherever contexts <= CPUs */
+        return SIM_WAIT_SLEEP;
+    }
+}
+
+enum sim_wait_how cu_event_wait_how(const struct CUevent_st *ev)
+{
+    return ev->flags & CU_EVENT_BLOCKING_SYNC ? SIM_WAIT_SLEEP : cu_wait_how(ev->ctx);
+}
+
 CUresult cu_ctx_wait(struct CUctx_st *c)
 {
     struct sim_err e = {0};
-    if (sim_engine_wait(&e, cu_g.st, c->phys, &c->last) < 0)
+    if (sim_engine_wait(&e, cu_g.st, c->phys, &c->last, cu_wait_how(c)) < 0)
         return cu_result(&e);
     cu_memop_land();
     return CUDA_SUCCESS;

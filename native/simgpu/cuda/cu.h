@@ -14,6 +14,13 @@
 
 #define SIM_EXPORT __attribute__((visibility("default")))
 
+/* The driver's flags that decide how a synchronising call waits (cuda.h's values). */
+#define CU_CTX_SCHED_SPIN 0x1u
+#define CU_CTX_SCHED_YIELD 0x2u
+#define CU_CTX_SCHED_BLOCKING_SYNC 0x4u
+#define CU_CTX_SCHED_MASK 0x7u
+#define CU_EVENT_BLOCKING_SYNC 0x1u
+
 /* ---- handles ------------------------------------------------------------------------------
  * Every handle is a pointer to one of these; `magic` is checked before any other field and is
  * cleared when the object dies, so a stale handle yields an error, not a wild access (as long
@@ -237,6 +244,12 @@ SIM_HIDDEN void cu_memop_fork_child(void);
 SIM_HIDDEN CUresult cu_ctx_current(struct CUctx_st **out);
 SIM_HIDDEN int cu_ctx_alive(const struct CUctx_st *c);
 SIM_HIDDEN CUresult cu_ctx_wait(struct CUctx_st *c); /* until all its work is done */
+/* How a sync in context c waits: its CU_CTX_SCHED_* flag.  A context of flag 0 (AUTO) sleeps,
+ * where a driver's heuristic spins while the process has no more contexts than the node has
+ * CPUs: the simulated GPU's tenants share a few CPUs, and one that spun would slow the rest. */
+SIM_HIDDEN enum sim_wait_how cu_wait_how(const struct CUctx_st *c);
+/* An event's wait: CU_EVENT_BLOCKING_SYNC sleeps, else as its context says. */
+SIM_HIDDEN enum sim_wait_how cu_event_wait_how(const struct CUevent_st *ev);
 SIM_HIDDEN void cu_ctx_fork_child(void);
 
 /* A process-wide counter for context and stream ids (real ids are unique per process too). */

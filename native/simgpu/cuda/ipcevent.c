@@ -115,7 +115,7 @@ int cu_ipc_event_done(CUevent ev, int wait, CUresult *r)
     struct sim_ticket t;
     int dev, done = 0;
     if (sim_ipc_event_read(&e, cu_g.st, ev->ipc_index, ev->ipc_gen, &dev, &t) == 0)
-        done = !t.seq1 ? 1 : wait ? (sim_engine_wait(&e, cu_g.st, dev, &t) < 0 ? -1 : 1)
+        done = !t.seq1 ? 1 : wait ? (sim_engine_wait(&e, cu_g.st, dev, &t, cu_event_wait_how(ev)) < 0 ? -1 : 1)
                                   : sim_engine_query(&e, cu_g.st, dev, &t);
     else
         done = -1;
@@ -200,7 +200,7 @@ int cu_stream_hold_done(struct CUstream_st *s, int wait, CUresult *r)
     if (!held.seq1)
         return 1;
     struct sim_err e = {0};
-    int done = wait ? (sim_engine_wait(&e, cu_g.st, s->ctx->phys, &held) < 0 ? -1 : 1)
+    int done = wait ? (sim_engine_wait(&e, cu_g.st, s->ctx->phys, &held, cu_wait_how(s->ctx)) < 0 ? -1 : 1)
                     : sim_engine_query(&e, cu_g.st, s->ctx->phys, &held);
     if (done < 0) {
         *r = cu_result(&e);
@@ -247,7 +247,7 @@ CUresult cu_ipc_event_gate(CUevent ev, struct CUstream_st *s)
         CUresult r = cu_stream_settle(s);
         if (r)
             return r;
-        return sim_engine_wait(&e, cu_g.st, dev, &t) < 0 ? cu_result(&e) : CUDA_SUCCESS; /* here */
+        return sim_engine_wait(&e, cu_g.st, dev, &t, cu_wait_how(s->ctx)) < 0 ? cu_result(&e) : CUDA_SUCCESS; /* here */
     }
     pthread_mutex_lock(&hold_mu);
     struct sim_ticket held = read_hold(s);

@@ -54,7 +54,7 @@ CUresult cu_stream_wait(struct CUstream_st *s)
     if (cu_stream_hold_done(s, 1, &r) < 0)
         return r;
     struct sim_err e = {0};
-    if (sim_engine_wait(&e, cu_g.st, s->ctx->phys, &s->q.last) < 0)
+    if (sim_engine_wait(&e, cu_g.st, s->ctx->phys, &s->q.last, cu_wait_how(s->ctx)) < 0)
         return cu_result(&e);
     cu_memop_land();
     return CUDA_SUCCESS;
@@ -335,7 +335,7 @@ static int event_done(CUevent ev, int wait, CUresult *r)
     if (ev->ipc)
         return cu_ipc_event_done(ev, wait, r);
     struct sim_err e = {0};
-    int done = sim_engine_watch(&e, cu_g.st, &ev->w, wait);
+    int done = sim_engine_watch(&e, cu_g.st, &ev->w, wait, cu_event_wait_how(ev));
     if (done < 0)
         *r = cu_result(&e);
     return done;
@@ -435,7 +435,7 @@ static CUresult stream_wait_event(CUstream h, CUevent ev, unsigned flags)
     if (ev->ctx && ev->ctx->phys == s->ctx->phys)
         return CUDA_SUCCESS;
     struct sim_err e = {0};
-    return sim_engine_watch(&e, cu_g.st, &ev->w, 1) < 0 ? cu_result(&e) : CUDA_SUCCESS;
+    return sim_engine_watch(&e, cu_g.st, &ev->w, 1, cu_wait_how(s->ctx)) < 0 ? cu_result(&e) : CUDA_SUCCESS;
 }
 
 SIM_EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags)
