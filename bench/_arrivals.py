@@ -21,6 +21,14 @@ from sharegpu.arbiter import read_arbiter, tune_arbiter
 from sharegpu.spec import ComputeSpec
 
 REQUEST = {"mean_ms": 20, "kernels": 3, "us": 300}
+# How the service's syncs wait (sgprobe's SGPROBE_SYNC, its context's CU_CTX_SCHED_* flag).
+# "auto" (the driver's default) sleeps on the simulated GPU, whose tenants share the VM's two
+# CPUs; a driver spins there for a process with fewer contexts than the node has CPUs, which
+# "spin" models. Measured both ways on this VM, the late sync returns are the same host stalls
+# (docs/design/arbitration.md, "Periodic repeats without MPS"), so the default stays comparable
+# with every earlier series.
+SERVICE_SYNC = "auto"
+SYNC_MODES = ("spin", "yield", "blocking", "auto")
 OFFLINE_BATCH = 4
 OFFLINE_KERNELS_US = (500, 2000, 8000)
 PATTERNS = {"periodic": "bursts", "poisson": "poisson", "bursty": "bursty"}
@@ -89,9 +97,15 @@ def _offline_args(seconds: float, kernel_us: int) -> list[str]:
     return ["saturate", f"{seconds:g}", str(kernel_us), "kernel", "START", str(OFFLINE_BATCH)]
 
 
-def alone(node: Node, run_together: RunTogether, pattern: str, requests: int) -> tuple[float, float]:
+def _service_env(env: dict[str, str], sync: str) -> dict[str, str]:
+    return env | {"SGPROBE_SYNC": sync}
+
+
+def alone(
+    node: Node, run_together: RunTogether, pattern: str, requests: int, *, sync: str = SERVICE_SYNC
+) -> tuple[float, float]:
     node.clear_tenants()
-    env = node.tenant_env("online", ComputeSpec.parse(priority="online"))
+    env = _service_env(node.tenant_env("online", ComputeSpec.parse(priority="online")), sync)
     (on,) = run_together(node, [(env, _online_args(pattern, requests))])
     return float(on["p50_us"]), float(on["p99_us"])
 
@@ -192,6 +206,7 @@ def shared(
     mechanism: str,
     counters: list[RunCounters] | None = None,
     served: list[Request] | None = None,
+    sync: str = SERVICE_SYNC,
 ) -> tuple[float, float, float]:
     """One run next to the offline job: online p50, p99 (µs) and the offline share of idle time;
     the arbiter's counters into `counters` and each request as the service measured it into
@@ -208,7 +223,11 @@ def shared(
     before = read_arbiter(node.arbiter()) if mechanism != NONE else None
     stolen = host_steal_ms()
     on, off = run_together(
-        node, [(online_env, _online_args(pattern, requests)), (offline_env, _offline_args(window, kernel_us))]
+        node,
+        [
+            (_service_env(online_env, sync), _online_args(pattern, requests)),
+            (offline_env, _offline_args(window, kernel_us)),
+        ],
     )
     stolen = host_steal_ms() - stolen
     if before is not None and counters is not None:
@@ -242,6 +261,7 @@ def measure(
     kernels_us: list[int],
     mechanisms: list[str],
     progress: Callable[[str], None] = lambda _: None,
+    sync: str = SERVICE_SYNC,
 ) -> tuple[list[Cell], dict[str, Cell]]:
     """The cells, and per pattern the service alone (a Cell with kernel 0)."""
     everything = [*mechanisms, NONE]
@@ -250,13 +270,15 @@ def measure(
     default = node_for(DEFAULT_GPU)
     for run in range(runs):
         for p in patterns:
-            a50, a99 = alone(default, run_together, p, requests)
+            a50, a99 = alone(default, run_together, p, requests, sync=sync)
             alones[p].p50.append(a50)
             alones[p].p99.append(a99)
             for k in kernels_us:
                 for m in everything:
                     node = node_for(gpu_of(m))
-                    s50, s99, share = shared(node, run_together, p, requests, kernel_us=k, mechanism=m)
+                    s50, s99, share = shared(
+                        node, run_together, p, requests, kernel_us=k, mechanism=m, sync=sync
+                    )
                     cell = cells[(p, k, m)]
                     cell.p50.append(s50)
                     cell.p99.append(s99)
@@ -292,13 +314,16 @@ def noise_warnings(alones: dict[str, Cell]) -> list[str]:
     return out
 
 
-def table(cells: list[Cell], alones: dict[str, Cell], runs: int) -> list[str]:
+def table(cells: list[Cell], alones: dict[str, Cell], runs: int, sync: str = SERVICE_SYNC) -> list[str]:
     """p50 and p99: the medians over the runs divided by the medians of the service alone."""
     head = (
         f"{'offline kernel':>14}  {'arrivals':<9} {'mechanism':<25} {'p50 x alone':>11} {'p99 x alone':>11}"
     )
     head += f" {'offline of idle':>15}  goal (p99, offline >= 70%)"
-    lines = [f"Online latency / arrivals x mechanism — simulated GPU, median of {runs} runs"]
+    lines = [
+        f"Online latency / arrivals x mechanism — simulated GPU, median of {runs} runs, "
+        f"the service's syncs {sync} (SGPROBE_SYNC)"
+    ]
     lines += [
         f"service alone, {p}: p50 {a.median('p50'):.0f} µs, p99 {a.median('p99'):.0f} µs"
         for p, a in alones.items()
@@ -335,13 +360,20 @@ def p99(values: list[float]) -> float:
 
 
 def periodic_repeats(
-    node: Node, run_together: RunTogether, *, repeats: int, requests: int, kernel_us: int, mechanism: str
+    node: Node,
+    run_together: RunTogether,
+    *,
+    repeats: int,
+    requests: int,
+    kernel_us: int,
+    mechanism: str,
+    sync: str = SERVICE_SYNC,
 ) -> tuple[float, list[float], list[RunCounters]]:
     """The service's periodic p99 alone (median of `repeats` runs), p99 / that of `repeats`
     periodic runs next to the offline job, and each run's arbiter counters (with `late`: the
     requests over 1.2 x the alone p50, `host_late`: those of them on time but for the time the
     service waited for a CPU, and the cause of each)."""
-    alones = [alone(node, run_together, "periodic", requests) for _ in range(repeats)]
+    alones = [alone(node, run_together, "periodic", requests, sync=sync) for _ in range(repeats)]
     alone50 = statistics.median(a[0] for a in alones)
     alone99 = statistics.median(a[1] for a in alones)
     ratios: list[float] = []
@@ -357,6 +389,7 @@ def periodic_repeats(
             mechanism=mechanism,
             counters=counters,
             served=served,
+            sync=sync,
         )
         ratios.append(s99 / alone99)
         if counters and served:
