@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from agentutil import Agent, allocator, create, step
-from conftest import Sim, parse_kv
+from conftest import Sim, parse_kv, wait_for
 from sharegpu import native
 from sharegpu.agent.cpulatency import effective_us
 from sharegpu.regions import abi
@@ -368,3 +368,42 @@ def test_a_cpu_wakeup_latency_request_lasts_as_long_as_the_agent(sim: Sim, tmp_p
     assert bad.returncode != 0
     assert "cpu_wakeup_latency_us" in bad.stderr
     assert effective_us() == before
+
+
+def test_a_cpu_wakeup_latency_request_while_online_follows_the_online_tenants(
+    sim: Sim, tmp_path: Path
+) -> None:
+    """--cpu-wakeup-latency-while online: the request is held only while a tenant of priority
+    online is on the node (the sweep looks each second), withdrawn when the last one goes, and
+    gone with the agent however it ends."""
+    before = effective_us()
+    assert before > 17, "another process holds a lower request: this test would prove nothing"
+    agent = Agent(
+        sim, tmp_path / "state", "--cpu-wakeup-latency-us", "17", "--cpu-wakeup-latency-while", "online"
+    )
+    agent.start()
+    try:
+        started = agent.events(kind="agent.started")[-1]
+        assert started["data"]["cpu_wakeup_latency_while"] == "online"
+        batch = {"name": "batch", "memory": "64MiB", "gpus": ["0"], "compute": "50%", "priority": "offline"}
+        with agent.client() as client:
+            client.create_tenant(batch)
+            time.sleep(2.5)  # two sweeps or more
+            assert effective_us() == before  # a node of batch jobs pays no power for it
+            client.create_tenant(batch | {"name": "web", "priority": "online"})
+            wait_for(lambda: effective_us() == 17, "the request held for the online tenant", 10)
+            (held,) = agent.events(kind="agent.cpu_latency")
+            assert held["data"]["held"] is True
+            assert held["data"]["online"] == ["web"]
+            client.delete_tenant("web")
+            wait_for(lambda: effective_us() == before, "the request withdrawn with the tenant", 10)
+            assert agent.events(kind="agent.cpu_latency")[-1]["data"]["held"] is False
+            client.create_tenant(batch | {"name": "web2", "priority": "online"})
+            wait_for(lambda: effective_us() == 17, "the request held again", 10)
+        agent.kill()
+        assert effective_us() == before
+    finally:
+        agent.close()
+    bad = Agent(sim, tmp_path / "state").refused("--cpu-wakeup-latency-while", "sometimes")
+    assert bad.returncode != 0
+    assert "cpu_wakeup_latency_while" in bad.stderr

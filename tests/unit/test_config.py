@@ -47,6 +47,7 @@ def test_the_default_file_may_be_absent(tmp_path: Path) -> None:
         ("enforce: sometimes\n", "invalid enforce"),
         ("cpu_wakeup_latency_us: -5\n", "invalid cpu_wakeup_latency_us"),
         ("cpu_wakeup_latency_us: soon\n", "invalid cpu_wakeup_latency_us"),
+        ("cpu_wakeup_latency_while: sometimes\n", "invalid cpu_wakeup_latency_while"),
     ],
     ids=[
         "yaml",
@@ -57,6 +58,7 @@ def test_the_default_file_may_be_absent(tmp_path: Path) -> None:
         "bad-choice",
         "negative-latency",
         "latency-not-a-number",
+        "latency-while-not-a-choice",
     ],
 )
 def test_a_bad_file_is_one_clear_error(tmp_path: Path, content: str, message: str) -> None:

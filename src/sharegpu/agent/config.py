@@ -74,6 +74,11 @@ class AgentConfig(BaseSettings):
         description="Ask every CPU to wake within this many µs while the agent runs (PM QoS; "
         "0: idle CPUs poll): faster hand-overs between tenants, more power; unset: off",
     )
+    cpu_wakeup_latency_while: Literal["agent", "online"] = Field(
+        default="agent",
+        description="When cpu_wakeup_latency_us is held: for as long as the agent runs, or only "
+        "while a tenant of priority online is on the node",
+    )
     cdi_spec: str = Field(
         default="/var/run/cdi/sharegpu.json", description="The CDI spec kept current; none: off"
     )

@@ -37,7 +37,7 @@ from sharegpu import __version__
 from sharegpu.agent.api import build_app
 from sharegpu.agent.busy import BusyMeter
 from sharegpu.agent.client import SOCKET_NAME
-from sharegpu.agent.cpulatency import CpuLatencyRequest
+from sharegpu.agent.cpulatency import LATENCY_WHILE, CpuLatencyRequest, OnlineLatency
 from sharegpu.agent.events import Event, Loop
 from sharegpu.agent.loops import build_loops
 from sharegpu.agent.notify import Notifier
@@ -67,8 +67,10 @@ class Settings:
     metrics_port: int = 0  # 0: no metrics endpoint (the CLI's default is metrics.DEFAULT_PORT)
     metrics_address: str = "0.0.0.0"
     qos_target_wait_ms: float = 2.0
-    # A PM QoS request held while the agent runs (sharegpu.agent.cpulatency); None: none.
+    # A PM QoS request (sharegpu.agent.cpulatency); None: none. Held while the agent runs
+    # ("agent") or while a tenant of priority online is on the node ("online").
     cpu_wakeup_latency_us: int | None = None
+    cpu_wakeup_latency_while: str = "agent"
     # Arbiter settings per GPU UUID or "default" (sharegpu.agent.tuning), kept by a loop.
     arbiter: Mapping[str, ArbiterTuning] = field(default_factory=dict)
     # Loops of the layers above the agent (the CDI spec keeper), built by the CLI.
@@ -79,6 +81,10 @@ def run_agent(settings: Settings) -> int:
     """Run the agent until SIGTERM/SIGINT; returns the exit status (0 after a clean stop)."""
     if settings.enforce not in ENFORCE_MODES:
         raise AgentError(f"invalid --enforce {settings.enforce!r}: use report or kill")
+    if settings.cpu_wakeup_latency_while not in LATENCY_WHILE:
+        raise AgentError(
+            f"invalid cpu_wakeup_latency_while {settings.cpu_wakeup_latency_while!r}: use agent or online"
+        )
     # The region readers import numpy on first use (the container hooks import them and never
     # read a region): the agent pays for it now, not in its first API request (it was the
     # 100 ms of the create p99).
@@ -403,21 +409,26 @@ async def _main(settings: Settings) -> int:
         us = settings.cpu_wakeup_latency_us
         cpu_latency = CpuLatencyRequest(us) if us is not None else None
         try:
-            if cpu_latency:
+            if cpu_latency and settings.cpu_wakeup_latency_while == "agent":
                 in_force = cpu_latency.hold()
                 log.info("CPUs wake within %d µs while the agent runs (requested %d µs)", in_force, us)
+            elif cpu_latency:
+                cpu_latency.check()  # a node that cannot take it stops the agent now, not later
+                log.info("CPUs will wake within %d µs while a tenant of priority online is on the node", us)
             # Tenant processes preload <runtime>/shim/libsharegpu.so, a link that `sharegpu
             # upgrade` swaps; the first agent on a node installs the package's own build there.
             shim = ensure_installed(root)
             log.info("tenant processes load %s -> %s", shim, current_shim(root))
-            return await _serve(settings, store, sock_path)
+            return await _serve(settings, store, sock_path, cpu_latency)
         finally:
             if cpu_latency:
                 cpu_latency.release()
             store.close()
 
 
-async def _serve(settings: Settings, store: Store, sock_path: Path) -> int:
+async def _serve(
+    settings: Settings, store: Store, sock_path: Path, cpu_latency: CpuLatencyRequest | None = None
+) -> int:
     root = settings.runtime_dir
     service = AgentService(root, store, allow_overcommit=settings.allow_overcommit, enforce=settings.enforce)
     write_admission_policy(root, allow_overcommit=settings.allow_overcommit)
@@ -452,6 +463,8 @@ async def _serve(settings: Settings, store: Store, sock_path: Path) -> int:
     sweep = _sweep_of(loops, root)
     service.meter = BusyMeter(root)  # GPU time per tenant, integrated from NVML
     sweep.add(service.meter)
+    if cpu_latency is not None and settings.cpu_wakeup_latency_while == "online":
+        sweep.add(OnlineLatency(root, cpu_latency))  # held from the first sweep that sees one
     loops.append(service.tuner)  # its first tick: at once, below
     metrics_server, on_events = _start_metrics(settings, service, sweep)
     tasks = _schedule(service, settings, loops, stop, on_events)
@@ -480,6 +493,7 @@ async def _serve(settings: Settings, store: Store, sock_path: Path) -> int:
                     "arbiter": {k: t.model_dump() for k, t in service.tuner.tunings.items()},
                     "metrics_port": metrics_server.port if metrics_server else None,
                     "cpu_wakeup_latency_us": settings.cpu_wakeup_latency_us,
+                    "cpu_wakeup_latency_while": settings.cpu_wakeup_latency_while,
                 },
             )
         ]

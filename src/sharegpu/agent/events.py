@@ -18,6 +18,7 @@ EventKind = Literal[
     "agent.started",
     "agent.stopped",
     "agent.store_restored",  # the agent's database was removed or replaced under it: written again
+    "agent.cpu_latency",  # the CPU wake-up latency request held or withdrawn (while: online)
     "gpu.added",
     "gpu.removed",
     "tenant.created",

@@ -64,6 +64,14 @@ def agent(  # noqa: PLR0917 (typer maps parameters to options)
             "CPUs poll): faster hand-overs of a GPU between tenants, more power. Default: off.",
         ),
     ] = None,
+    cpu_wakeup_latency_while: Annotated[
+        str | None,
+        typer.Option(
+            "--cpu-wakeup-latency-while",
+            help="agent: hold --cpu-wakeup-latency-us while the agent runs (default); online: only "
+            "while a tenant of priority online is on the node.",
+        ),
+    ] = None,
     config_file: Annotated[
         Path | None,
         typer.Option("--config", help="Settings file (default /etc/sharegpu/config.yaml, $SHAREGPU_CONFIG)."),
@@ -88,6 +96,7 @@ def agent(  # noqa: PLR0917 (typer maps parameters to options)
         "metrics_address": metrics_address,
         "cdi_spec": cdi_spec,
         "cpu_wakeup_latency_us": cpu_wakeup_latency_us,
+        "cpu_wakeup_latency_while": cpu_wakeup_latency_while,
     }
     loaded = load_config(flags, file=config_file)
     if print_config:
@@ -106,6 +115,7 @@ def agent(  # noqa: PLR0917 (typer maps parameters to options)
         metrics_address=cfg.metrics_address,
         qos_target_wait_ms=cfg.qos_target_wait_ms,
         cpu_wakeup_latency_us=cfg.cpu_wakeup_latency_us,
+        cpu_wakeup_latency_while=cfg.cpu_wakeup_latency_while,
         arbiter=cfg.arbiter,
         extra_loops=_cdi_loops(root, cfg.cdi_spec),
     )
